@@ -1,0 +1,45 @@
+"""aiolock: asyncio-native distributed locks on Redis.
+
+```python
+from aiolock import Lock
+
+async with Lock(redis, "orders:42", ttl=10) as lease:
+    await db.write(..., fence=lease.fencing_token)
+```
+
+Public names are exported from here only; the modules behind them are private.
+"""
+
+from __future__ import annotations
+
+from ._lease import Lease as Lease
+from ._lock import Lock as Lock
+from ._lock import LockInfo as LockInfo
+from ._version import __version__ as __version__
+from .errors import AcquireTimeoutError as AcquireTimeoutError
+from .errors import AiolockError as AiolockError
+from .errors import BackendError as BackendError
+from .errors import ConfigError as ConfigError
+from .errors import LeaseLostError as LeaseLostError
+from .errors import LockError as LockError
+from .errors import LossReason as LossReason
+
+__all__ = (
+    "AcquireTimeoutError",
+    "AiolockError",
+    "BackendError",
+    "ConfigError",
+    "Lease",
+    "LeaseLostError",
+    "Lock",
+    "LockError",
+    "LockInfo",
+    "LossReason",
+    "__version__",
+)
+
+for _name in __all__:
+    _obj = globals()[_name]
+    if getattr(_obj, "__module__", "").startswith("aiolock."):
+        _obj.__module__ = "aiolock"
+del _name, _obj

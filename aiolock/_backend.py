@@ -1,0 +1,199 @@
+"""The one seam between aiolock and redis-py.
+
+This is the only module that imports `redis`. It runs scripts (EVALSHA with an EVAL fallback
+on NOSCRIPT), bounds every call by a timeout, and translates redis errors into
+`BackendError` with the original chained. It also owns, per user client, the connections
+aiolock opens for itself: background work (renewals, the pub/sub subscription) must not wait
+for a free connection in the user's pool, and must not inherit the user's retry policy
+(redis-py's default retries a command for up to ~10 s, longer than many leases live).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Final
+
+import redis
+import redis.asyncio
+import redis.exceptions
+from redis.asyncio.client import PubSub
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from ._scripts import Script
+from ._waiting import Notifier
+from ._watchdog import RenewalScheduler
+from .errors import BackendError
+
+__all__ = (
+    "AsyncRedis",
+    "Backend",
+    "backend_for",
+    "check_client",
+    "outcome_unknown",
+    "translate_errors",
+)
+
+AsyncRedis = redis.asyncio.Redis
+
+
+def check_client(client: object) -> redis.asyncio.Redis:
+    """The client must be a `redis.asyncio.Redis` (fakeredis's async client is one)."""
+    if isinstance(client, redis.asyncio.Redis):
+        return client
+    if isinstance(client, redis.Redis):
+        raise TypeError(
+            "client must be an asyncio client (redis.asyncio.Redis), got the synchronous "
+            "redis.Redis; create it with redis.asyncio.Redis(...) or "
+            "redis.asyncio.from_url(...)"
+        )
+    if isinstance(client, redis.asyncio.RedisCluster):
+        raise TypeError("client: redis.asyncio.RedisCluster is not supported yet")
+    raise TypeError(f"client must be a redis.asyncio.Redis, got {type(client).__name__}")
+
+
+@contextmanager
+def translate_errors(operation: str, name: str | None, timeout: float) -> Iterator[None]:
+    """Turn redis and timeout errors raised inside the block into `BackendError`."""
+    what = f"{operation} of lock {name!r}" if name is not None else operation
+    try:
+        yield
+    except redis.exceptions.RedisError as exc:
+        raise BackendError(f"{what} failed: {exc}", operation=operation, name=name) from exc
+    except TimeoutError as exc:
+        raise BackendError(
+            f"{what}: no reply from Redis within {timeout:.3g}s", operation=operation, name=name
+        ) from exc
+    except OSError as exc:
+        raise BackendError(f"{what} failed: {exc}", operation=operation, name=name) from exc
+
+
+def outcome_unknown(error: BaseException) -> bool:
+    """Whether a failed call may still have been applied by the server.
+
+    A refused command (ACL, OOM, READONLY, a script error) was not applied; a timeout or a
+    broken connection may have been.
+    """
+    cause = error.__cause__ if isinstance(error, BackendError) else error
+    return not isinstance(cause, redis.exceptions.ResponseError)
+
+
+async def _eval(
+    client: redis.asyncio.Redis, script: Script, keys: Sequence[str], args: Sequence[str | int]
+) -> Any:
+    try:
+        return await client.execute_command(  # type: ignore[no-untyped-call]
+            "EVALSHA", script.sha, len(keys), *keys, *args
+        )
+    except redis.exceptions.NoScriptError:
+        return await client.execute_command(  # type: ignore[no-untyped-call]
+            "EVAL", script.source, len(keys), *keys, *args
+        )
+
+
+class Backend:
+    """Everything aiolock keeps per redis client: its own connections and background tasks.
+
+    Found with `backend_for(client)`; one per client and event loop. The client itself is
+    held weakly: locks hold it strongly, so it lives as long as they do.
+    """
+
+    connection_errors: Final = (redis.exceptions.RedisError, OSError)
+    """What a broken or refusing connection raises, for code that handles it unmapped."""
+
+    __slots__ = (
+        "__weakref__",
+        "_client_ref",
+        "_notifier",
+        "_renew_client",
+        "_scheduler",
+        "loop",
+    )
+
+    def __init__(self, client: redis.asyncio.Redis) -> None:
+        self._client_ref = weakref.ref(client)
+        self.loop = asyncio.get_running_loop()
+        self._renew_client: redis.asyncio.Redis | None = None
+        self._scheduler: RenewalScheduler | None = None
+        self._notifier: Notifier | None = None
+
+    @property
+    def client(self) -> redis.asyncio.Redis:
+        client = self._client_ref()
+        if client is None:  # pragma: no cover - locks keep their client alive
+            raise RuntimeError("the redis client of this lock was garbage-collected")
+        return client
+
+    @property
+    def scheduler(self) -> RenewalScheduler:
+        if self._scheduler is None:
+            self._scheduler = RenewalScheduler(self)
+        return self._scheduler
+
+    @property
+    def notifier(self) -> Notifier:
+        if self._notifier is None:
+            self._notifier = Notifier(self)
+        return self._notifier
+
+    async def run(
+        self,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[str | int],
+        *,
+        timeout: float,
+        operation: str,
+        name: str | None,
+        background: bool = False,
+    ) -> Any:
+        """Run one script in one round trip (two the first time a server sees it).
+
+        User-initiated calls go through the user's client; `background` calls (renewals)
+        through aiolock's own connection, which is never busy with the user's commands.
+        """
+        client = self._background_client() if background else self.client
+        with translate_errors(operation, name, timeout):
+            async with asyncio.timeout(timeout):
+                return await _eval(client, script, keys, args)
+
+    async def exists(self, key: str, *, timeout: float, name: str) -> bool:
+        with translate_errors("inspect", name, timeout):
+            async with asyncio.timeout(timeout):
+                return bool(await self.client.exists(key))
+
+    def _connection_pool(self) -> redis.asyncio.ConnectionPool:
+        """A new pool with the user's connection settings and no retries of its own."""
+        pool = self.client.connection_pool
+        kwargs = dict(pool.connection_kwargs)
+        kwargs["retry"] = Retry(NoBackoff(), 0)
+        return redis.asyncio.ConnectionPool(connection_class=pool.connection_class, **kwargs)
+
+    def _background_client(self) -> redis.asyncio.Redis:
+        if self._renew_client is None:
+            self._renew_client = redis.asyncio.Redis(connection_pool=self._connection_pool())
+        return self._renew_client
+
+    async def close_background_client(self) -> None:
+        """Close the renewal connection; called when no lease needs renewing."""
+        client, self._renew_client = self._renew_client, None
+        if client is not None:
+            await client.connection_pool.disconnect()
+
+    def new_pubsub(self) -> PubSub:
+        """A pub/sub session on a connection of its own."""
+        return PubSub(connection_pool=self._connection_pool())
+
+
+_backends: weakref.WeakKeyDictionary[redis.asyncio.Redis, Backend] = weakref.WeakKeyDictionary()
+
+
+def backend_for(client: redis.asyncio.Redis) -> Backend:
+    """The backend of `client` in the running event loop, created on first use."""
+    backend = _backends.get(client)
+    if backend is None or backend.loop is not asyncio.get_running_loop():
+        backend = _backends[client] = Backend(client)
+    return backend

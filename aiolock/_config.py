@@ -1,0 +1,194 @@
+"""Validation of user input and the frozen configuration of one lock.
+
+Every check raises at the call that received the bad value: `TypeError` for a wrong type,
+`ConfigError` (also a `ValueError`) for a value outside its range, naming the argument and
+the accepted range. Nothing here touches Redis.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+__all__ = (
+    "MAX_NAME_LENGTH",
+    "MAX_SECONDS",
+    "MIN_TTL",
+    "LockConfig",
+    "check_name",
+    "check_prefix",
+    "check_timeout",
+    "safety_margin",
+)
+
+MIN_TTL = 0.01
+"""Shortest accepted ttl in seconds; below it the safety margin would eat the lease."""
+
+MAX_SECONDS = 365 * 86400.0
+"""Longest accepted ttl, renewal interval, timeout or max_hold, in seconds."""
+
+MAX_NAME_LENGTH = 1000
+"""Longest accepted lock name, in characters."""
+
+
+def _number(argument: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(
+            f"{argument} must be a number of seconds (int or float), got {type(value).__name__}"
+        )
+    return float(value)
+
+
+def check_seconds(
+    argument: str, value: object, *, minimum: float, maximum: float = MAX_SECONDS
+) -> float:
+    """A finite number of seconds in [minimum, maximum]."""
+    seconds = _number(argument, value)
+    if not math.isfinite(seconds) or not minimum <= seconds <= maximum:
+        raise ConfigError(
+            f"{argument} must be a finite number of seconds from {minimum:g} to "
+            f"{maximum:g}, got {value!r}",
+            argument=argument,
+            value=value,
+        )
+    return seconds
+
+
+def check_timeout(value: object, *, argument: str = "timeout") -> float | None:
+    """None (wait forever), 0 (one attempt) or a finite positive number of seconds."""
+    if value is None:
+        return None
+    seconds = _number(argument, value)
+    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_SECONDS:
+        raise ConfigError(
+            f"{argument} must be None (wait forever) or a finite number of seconds from 0 "
+            f"to {MAX_SECONDS:g}, got {value!r}",
+            argument=argument,
+            value=value,
+        )
+    return seconds
+
+
+def check_name(name: object) -> str:
+    """A lock name: a non-empty `str` of at most MAX_NAME_LENGTH characters.
+
+    Any text is accepted (it is stored UTF-8 encoded) except a name starting with "}", which
+    would break the Redis Cluster hash tag that keeps one lock's keys in one slot.
+    """
+    if not isinstance(name, str):
+        raise TypeError(
+            f"name must be a str, got {type(name).__name__}"
+            + (" (decode it first)" if isinstance(name, bytes | bytearray) else "")
+        )
+    if not name:
+        raise ConfigError("name must not be empty", argument="name", value=name)
+    if len(name) > MAX_NAME_LENGTH:
+        raise ConfigError(
+            f"name must be at most {MAX_NAME_LENGTH} characters, got {len(name)}",
+            argument="name",
+            value=name,
+        )
+    if name.startswith("}"):
+        raise ConfigError(
+            "name must not start with '}' (it would break the Redis Cluster hash tag)",
+            argument="name",
+            value=name,
+        )
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(
+            "name must be encodable as UTF-8 (it contains a lone surrogate)",
+            argument="name",
+            value=name,
+        ) from None
+    return name
+
+
+def check_prefix(prefix: object) -> str:
+    """A key prefix: non-empty text without braces or whitespace, at most 100 characters."""
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
+    if not prefix or len(prefix) > 100 or any(c in prefix for c in "{} \t\r\n"):
+        raise ConfigError(
+            f"prefix must be 1 to 100 characters with no braces or whitespace, got {prefix!r}",
+            argument="prefix",
+            value=prefix,
+        )
+    return prefix
+
+
+def safety_margin(ttl: float) -> float:
+    """Seconds subtracted from a lease's validity: clock drift (1 %) plus 2 ms.
+
+    The 2 ms cover Redis's millisecond expiry precision and event-loop scheduling delay;
+    the 1 % covers rate differences between this machine's monotonic clock and the server's
+    wall clock. Never more than half the ttl.
+    """
+    return min(ttl * 0.01 + 0.002, ttl / 2)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LockConfig:
+    """The validated settings of one `Lock`; shared by every lease it grants."""
+
+    ttl: float
+    renew_interval: float | None
+    timeout: float | None
+    max_hold: float | None
+    prefix: str
+
+    @property
+    def ttl_ms(self) -> int:
+        """The ttl sent to Redis, rounded up so the server never expires before we think."""
+        return math.ceil(self.ttl * 1000)
+
+    @property
+    def margin(self) -> float:
+        return safety_margin(self.ttl)
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        ttl: object,
+        renew: object,
+        renew_interval: object,
+        timeout: object,
+        max_hold: object,
+        prefix: object,
+    ) -> LockConfig:
+        ttl_s = check_seconds("ttl", ttl, minimum=MIN_TTL)
+        if not isinstance(renew, bool):
+            raise TypeError(f"renew must be a bool, got {type(renew).__name__}")
+        interval: float | None = None
+        if renew:
+            if renew_interval is None:
+                interval = ttl_s / 3
+            else:
+                interval = _number("renew_interval", renew_interval)
+                validity = ttl_s - safety_margin(ttl_s)
+                if not math.isfinite(interval) or not 0 < interval < validity:
+                    raise ConfigError(
+                        f"renew_interval must be more than 0 and less than the ttl minus its "
+                        f"safety margin ({validity:g}s for ttl={ttl_s:g}), got "
+                        f"{renew_interval!r}",
+                        argument="renew_interval",
+                        value=renew_interval,
+                    )
+        elif renew_interval is not None:
+            raise ConfigError(
+                "renew_interval cannot be set when renew=False",
+                argument="renew_interval",
+                value=renew_interval,
+            )
+        hold = None if max_hold is None else check_seconds("max_hold", max_hold, minimum=ttl_s)
+        return cls(
+            ttl=ttl_s,
+            renew_interval=interval,
+            timeout=check_timeout(timeout),
+            max_hold=hold,
+            prefix=check_prefix(prefix),
+        )

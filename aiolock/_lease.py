@@ -1,0 +1,453 @@
+"""`Lease`: one acquisition of a lock, from grant to release or loss.
+
+A lease knows its token, fencing token and local deadline, and nothing about how it was
+granted: the `LeaseIssuer` that created it (a `Lock` today; Redlock, semaphores and
+read-write locks later) does the Redis work for extend and release. Renewal is done by the
+issuer's `RenewalScheduler`; the deadline is a timer owned here, so no slow batch can delay
+a loss.
+
+States: held → released (by its holder), or held → lost (Redis said "not owner", or the
+deadline passed without a confirmed renewal). Loss is final: a late renewal reply never
+brings a lost lease back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import warnings
+import weakref
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Final, Protocol, final
+
+import anyio
+
+from ._cancel import run_shielded
+from .errors import AiolockError, BackendError, LeaseLostError, LossReason
+
+if TYPE_CHECKING:
+    from ._watchdog import RenewalEntry, RenewalScheduler
+
+__all__ = ("Lease", "LeaseIssuer")
+
+logger = logging.getLogger("aiolock")
+
+RELEASE_TIMEOUT: Final = 5.0
+"""Longest wait for a release before giving up (the key then expires by its ttl)."""
+
+
+class LeaseIssuer(Protocol):
+    """What a lease needs from whatever granted it."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def _extend_lease(self, lease: Lease, *, timeout: float) -> bool:
+        """Reset the expiry; True if still ours, False if not. Raises BackendError."""
+        ...
+
+    async def _release_lease(self, lease: Lease, *, timeout: float) -> bool:
+        """Delete the key if ours; True if released (now or by an earlier attempt)."""
+        ...
+
+
+class _State(enum.Enum):
+    HELD = "held"
+    RELEASED = "released"
+    LOST = "lost"
+
+
+def _deadline_passed(ref: weakref.ref[Lease]) -> None:
+    lease = ref()
+    if lease is not None and lease._state is _State.HELD:
+        lease._deadline_reached()
+
+
+@final
+class Lease:
+    """One acquisition of a lock: held until released, or lost.
+
+    Obtained from `Lock.acquire()`, `Lock.try_acquire()` or `async with lock as lease`; not
+    created directly. While held, the lock's watchdog renews it in the background.
+
+    Use it as an async context manager (`async with lock as lease:` does this for you) to
+    have the body cancelled when the lease is lost; outside one, check `lost`, `remaining()`
+    or await `wait_lost()`, and pass `fencing_token` to storage that can reject stale writers.
+
+    Attributes:
+        name: the lock's name.
+        token: the secret that proves ownership in Redis (128 random bits, hex). Never
+            shown whole by `repr` or in errors.
+        fencing_token: a number strictly greater than that of every earlier lease of this
+            name, across processes and across a Redis restart that lost all data (as long as
+            the server's clock does not step back). Storage that remembers the highest token
+            it has seen can reject writes from a holder whose lease was lost.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_deadline",
+        "_ended",
+        "_entry",
+        "_issuer",
+        "_loop",
+        "_loss_cause",
+        "_loss_reason",
+        "_margin",
+        "_renew_error",
+        "_renewal_stopped_by_max_hold",
+        "_scheduler",
+        "_scope",
+        "_state",
+        "_timer",
+        "_ttl",
+        "fencing_token",
+        "name",
+        "token",
+    )
+
+    def __init__(
+        self,
+        *,
+        issuer: LeaseIssuer,
+        token: str,
+        fencing_token: int,
+        ttl: float,
+        margin: float,
+        sent_at: float,
+        scheduler: RenewalScheduler | None,
+        make_entry: Callable[[weakref.ref[Lease]], RenewalEntry] | None,
+    ) -> None:
+        self._issuer = issuer
+        self.name = issuer.name
+        self.token = token
+        self.fencing_token = fencing_token
+        self._ttl = ttl
+        self._margin = margin
+        self._loop = asyncio.get_running_loop()
+        self._state = _State.HELD
+        self._loss_reason: LossReason | None = None
+        self._loss_cause: BaseException | None = None
+        self._renew_error: BaseException | None = None
+        self._renewal_stopped_by_max_hold = False
+        self._ended = asyncio.Event()
+        self._scope: anyio.CancelScope | None = None
+        self._deadline = sent_at + ttl - margin
+        self._timer: asyncio.TimerHandle | None = None
+        self._arm_timer()
+        self._scheduler = scheduler
+        self._entry: RenewalEntry | None = None
+        if scheduler is not None and make_entry is not None:
+            self._entry = make_entry(weakref.ref(self))
+            scheduler.add(self._entry)
+
+    # ----------------------------------------------------------------- state, read-only
+    @property
+    def deadline(self) -> float:
+        """Local time (`loop.time()`, monotonic) until which the lease is valid for sure.
+
+        Moves forward with each confirmed renewal: time the renewal was *sent*, plus the ttl,
+        minus a safety margin, so delays before the reply shorten validity, never lengthen it.
+        """
+        return self._deadline
+
+    def remaining(self) -> float:
+        """Seconds of validity the holder can still count on; 0.0 once released or lost."""
+        if self._state is not _State.HELD:
+            return 0.0
+        return max(0.0, self._deadline - self._loop.time())
+
+    @property
+    def held(self) -> bool:
+        """True while neither released nor lost, and the deadline has not passed."""
+        return self.remaining() > 0.0
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease was lost (see `loss_reason`); never goes back to False."""
+        return self._state is _State.LOST
+
+    @property
+    def released(self) -> bool:
+        """True once the holder released the lease."""
+        return self._state is _State.RELEASED
+
+    @property
+    def loss_reason(self) -> LossReason | None:
+        """Why the lease was lost, or None."""
+        return self._loss_reason
+
+    def __repr__(self) -> str:
+        state = self._state.value
+        if self._state is _State.HELD:
+            state += f", {self.remaining():.3f}s left"
+        elif self._loss_reason is not None:
+            state += f" ({self._loss_reason.value})"
+        return (
+            f"<Lease {self.name!r} fencing_token={self.fencing_token} "
+            f"token={self.token[:6]}… {state}>"
+        )
+
+    async def wait_lost(self) -> LeaseLostError | None:
+        """Wait until the lease ends: returns the loss as an error, or None if released.
+
+        For code that holds a lease outside `async with` and wants to be told of a loss,
+        e.g. in a task of its own that cancels the work. Returns at once if already ended.
+
+        Cancellation:
+            Safe to cancel; nothing is changed.
+        """
+        await self._ended.wait()
+        return self.loss_error() if self.lost else None
+
+    def loss_error(self) -> LeaseLostError:
+        """A `LeaseLostError` describing this lease's loss, with the cause chained."""
+        reason = self._loss_reason or LossReason.NOT_OWNER
+        detail = {
+            LossReason.NOT_OWNER: "Redis no longer holds its token",
+            LossReason.DEADLINE: "no renewal was confirmed before its deadline",
+            LossReason.MAX_HOLD: "it was held longer than max_hold",
+        }[reason]
+        error = LeaseLostError(
+            f"lease on lock {self.name!r} (fencing token {self.fencing_token}) was lost: {detail}",
+            name=self.name,
+            reason=reason,
+            fencing_token=self.fencing_token,
+        )
+        error.__cause__ = self._loss_cause
+        return error
+
+    # ----------------------------------------------------------------- operations
+    async def extend(self) -> None:
+        """Reset the lease's expiry to the full ttl now, in one round trip.
+
+        The watchdog does this in the background; call it yourself when renewal is off
+        (`renew=False`) or before a step that must not straddle a renewal.
+
+        Raises:
+            LeaseLostError: the key no longer holds this lease's token, or the deadline had
+                passed before the call.
+            BackendError: Redis did not answer in time; the lease is still held until its
+                deadline unless a renewal succeeds.
+            RuntimeError: the lease was already released.
+
+        Cancellation:
+            Safe to cancel: the expiry is either reset or not, and the lease stays valid
+            until its current deadline either way.
+        """
+        self._check_not_released("extend")
+        self._check_deadline()
+        if self._state is _State.LOST:
+            raise self.loss_error()
+        sent_at = self._loop.time()
+        ours = await self._issuer._extend_lease(self, timeout=max(self.remaining(), 0.001))
+        if ours:
+            self._renewed(sent_at)
+        else:
+            self._not_owner()
+        if self.lost:
+            raise self.loss_error()
+
+    async def release(self) -> None:
+        """Give the lock up: stop renewal, delete the key if it is still ours, wake waiters.
+
+        Calling it again after a successful release does nothing.
+
+        Raises:
+            LeaseLostError: the lease had been lost, or the key was no longer ours; the work
+                done since the loss was not protected by the lock.
+            BackendError: Redis could not be reached within the release timeout; the key
+                will expire by itself within the ttl.
+
+        Cancellation:
+            The release runs to completion (for up to a few seconds) even if the caller is
+            cancelled meanwhile, also by a native `Task.cancel()`; the cancellation is
+            re-raised afterwards.
+        """
+        if self._state is _State.RELEASED:
+            return
+        self._stop_renewal()
+        self._check_deadline()
+        was_lost = self._state is _State.LOST
+        timeout = min(max(self._ttl, 0.5), RELEASE_TIMEOUT)
+        try:
+            ours = await run_shielded(
+                self._issuer._release_lease(self, timeout=timeout), timeout=timeout + 0.5
+            )
+        except TimeoutError as exc:  # only if the issuer's own bound failed
+            raise BackendError(
+                f"release of lock {self.name!r} did not finish within {timeout:g}s",
+                operation="release",
+                name=self.name,
+            ) from exc
+        except BaseException:
+            if self._state is _State.HELD:
+                self._finish(_State.RELEASED)
+            raise
+        if was_lost:
+            raise self.loss_error()
+        if not ours:
+            self._lose(LossReason.NOT_OWNER, None)
+            raise self.loss_error()
+        self._finish(_State.RELEASED)
+
+    # ----------------------------------------------------------------- context manager
+    def __enter__(self) -> None:
+        raise TypeError("use 'async with' with a Lease, not 'with'")
+
+    def __exit__(self, *exc_info: object) -> None:  # pragma: no cover - __enter__ raises
+        raise TypeError("use 'async with' with a Lease, not 'with'")
+
+    async def __aenter__(self) -> Lease:
+        """Guard the body: it is cancelled if the lease is lost while it runs."""
+        if self._scope is not None:
+            raise RuntimeError(f"lease on lock {self.name!r} is already guarding a block")
+        self._check_not_released("guard a block")
+        self._check_deadline()
+        if self._state is _State.LOST:
+            await self._cleanup_after_loss()
+            raise self.loss_error()
+        scope = anyio.CancelScope()
+        scope.__enter__()
+        self._scope = scope
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        """Release the lease, and say whether the body ran protected throughout.
+
+        Raises:
+            LeaseLostError: the lease was lost while the body ran (the body was cancelled),
+                or the body finished after the lease was gone. Chained to the cause.
+            The body's own exception propagates unchanged, with a note if the lease was
+            also lost meanwhile. A release that fails because Redis cannot be reached is
+            logged, not raised, when the body finished while the lease was valid: the work
+            was protected and the key expires by itself.
+
+        Cancellation:
+            Only the cancellation caused by the loss is turned into `LeaseLostError`; any
+            other cancellation propagates untouched, after the release.
+        """
+        scope, self._scope = self._scope, None
+        assert scope is not None, "__aexit__ without __aenter__"
+        swallowed = bool(scope.__exit__(exc_type, exc, tb))
+        self._check_deadline()
+        release_error: BaseException | None = None
+        try:
+            await self.release()
+        except LeaseLostError:
+            pass  # the state says it; handled below
+        except (AiolockError, TimeoutError) as error:
+            release_error = error
+        if self._state is _State.LOST:
+            if swallowed or exc is None:
+                raise self.loss_error()
+            if not isinstance(exc, asyncio.CancelledError):
+                exc.add_note(
+                    f"aiolock: the lease on lock {self.name!r} was also lost while this "
+                    f"exception was raised ({self.loss_error()})"
+                )
+            return False
+        if release_error is not None:
+            logger.warning(
+                "aiolock: could not release lock %r (it expires by itself): %s",
+                self.name,
+                release_error,
+            )
+        return swallowed
+
+    # ----------------------------------------------------------------- called by the watchdog
+    def _renewed(self, sent_at: float) -> None:
+        if self._state is not _State.HELD:
+            return  # loss is final; a late success changes nothing
+        deadline = sent_at + self._ttl - self._margin
+        if deadline > self._deadline:
+            self._deadline = deadline
+            self._arm_timer()
+        self._renew_error = None
+
+    def _renew_failed(self, error: BaseException) -> None:
+        self._renew_error = error
+        logger.debug("aiolock: renewal of lock %r failed, retrying: %s", self.name, error)
+
+    def _renewal_stopped(self) -> None:
+        self._renewal_stopped_by_max_hold = True
+
+    def _not_owner(self) -> None:
+        self._lose(LossReason.NOT_OWNER, None)
+
+    def _deadline_reached(self) -> None:
+        if self._renewal_stopped_by_max_hold:
+            self._lose(LossReason.MAX_HOLD, None)
+        else:
+            self._lose(LossReason.DEADLINE, self._renew_error)
+
+    # ----------------------------------------------------------------- internals
+    def _arm_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._loop.call_at(self._deadline, _deadline_passed, weakref.ref(self))
+
+    def _check_deadline(self) -> None:
+        """The timer may not have run yet if the event loop was blocked: check the clock."""
+        if self._state is _State.HELD and self._loop.time() >= self._deadline:
+            self._deadline_reached()
+
+    def _check_not_released(self, action: str) -> None:
+        if self._state is _State.RELEASED:
+            raise RuntimeError(f"cannot {action}: the lease on lock {self.name!r} was released")
+
+    def _stop_renewal(self) -> None:
+        if self._entry is not None and self._scheduler is not None:
+            self._scheduler.remove(self._entry)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _lose(self, reason: LossReason, cause: BaseException | None) -> None:
+        if self._state is not _State.HELD:
+            return
+        self._loss_reason = reason
+        self._loss_cause = cause
+        self._finish(_State.LOST)
+        logger.warning(
+            "aiolock: lease on lock %r (fencing token %d) lost: %s",
+            self.name,
+            self.fencing_token,
+            reason.value,
+        )
+        if self._scope is not None:
+            self._scope.cancel()
+
+    def _finish(self, state: _State) -> None:
+        self._state = state
+        self._stop_renewal()
+        self._ended.set()
+
+    async def _cleanup_after_loss(self) -> None:
+        with contextlib.suppress(AiolockError, TimeoutError):
+            await self.release()
+
+    def __del__(self) -> None:
+        if getattr(self, "_state", None) is not _State.HELD:
+            return
+        entry = self._entry
+        if self._timer is not None:
+            self._timer.cancel()
+        warnings.warn(
+            f"lease on lock {self.name!r} was garbage-collected without being released; "
+            "use 'async with' or call release()",
+            ResourceWarning,
+            stacklevel=1,
+            source=self,
+        )
+        if entry is not None and self._scheduler is not None:
+            with contextlib.suppress(RuntimeError):  # the event loop is already closed
+                self._scheduler.abandon(entry)

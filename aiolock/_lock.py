@@ -1,0 +1,435 @@
+"""`Lock`: a named lock on one Redis server, and how an acquisition is carried out."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import socket
+import weakref
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Final, final
+
+from ._backend import AsyncRedis, Backend, backend_for, check_client, outcome_unknown
+from ._cancel import run_shielded
+from ._config import LockConfig, check_name, check_timeout
+from ._layout import FENCE_KEY_TTL_MS, LockKeys
+from ._lease import Lease
+from ._retry import Backoff, poll_delay
+from ._scripts import ACQUIRE, INSPECT, RELEASE, RENEW
+from ._watchdog import RenewalEntry
+from .errors import AcquireTimeoutError, BackendError
+
+__all__ = ("Lock", "LockInfo")
+
+_HOST: Final = socket.gethostname()[:255]
+_ABORT_TIMEOUT: Final = 1.0
+"""Longest wait for the cleanup of an acquire whose outcome is unknown."""
+
+
+class _Unset:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<the Lock's timeout>"
+
+
+_UNSET: Final = _Unset()
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LockInfo:
+    """What Redis knows about the current holder of a lock (never the secret token)."""
+
+    name: str
+    fencing_token: int
+    host: str
+    pid: int
+    task: str
+    acquired_at: float
+    """Server time of the acquisition, Unix seconds."""
+    ttl: float
+    """The lease's ttl, seconds."""
+    expires_in: float
+    """Seconds until the key expires unless renewed."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Attempt:
+    lease: Lease | None
+    pttl_ms: int
+
+
+@final
+class Lock:
+    """A named lock in Redis, granting `Lease`s: one holder at a time, across processes.
+
+    Use one `Lock` per request (cheap: it holds no connection and sends nothing until used),
+    or share one between tasks: each `async with` is its own lease with its own token, and
+    no task can release another's.
+
+    ```python
+    async with Lock(redis, "orders:42", ttl=10) as lease:
+        await db.write(..., fence=lease.fencing_token)
+    ```
+
+    While held, the lease is renewed every `renew_interval` (ttl/3 by default) by a
+    background task shared by all leases of the client. If it is lost (renewal refused,
+    or Redis unreachable until the local deadline) the body of `async with` is cancelled
+    and `LeaseLostError` is raised. If the process dies, the key expires within `ttl`.
+
+    Args:
+        client: a `redis.asyncio.Redis` (fakeredis's async client works too). aiolock opens
+            its own connections with the same settings for renewals and notifications, so
+            an exhausted pool cannot starve them.
+        name: the lock's name; any non-empty text up to 1000 characters not starting
+            with "}".
+        ttl: seconds the key lives without renewal (0.01 to 1 year). Bounds how long a
+            crashed holder blocks others.
+        renew: renew the lease in the background while held.
+        renew_interval: seconds between renewals; default ttl/3. Must be less than the ttl.
+        timeout: seconds `async with` and `acquire()` wait for the lock; None waits
+            forever, 0 tries once.
+        max_hold: stop renewing after this many seconds (≥ ttl): a hung holder then loses
+            the lock at its next deadline instead of keeping it forever.
+        prefix: prefix of every Redis key of this lock (see ARCHITECTURE.md for the layout).
+
+    Raises:
+        TypeError: a wrong type (a `bytes` name, a synchronous client, ...).
+        ConfigError: a value out of range; the message names the argument and the range.
+    """
+
+    __slots__ = ("_client", "_config", "_held", "_keys", "_name")
+
+    def __init__(
+        self,
+        client: AsyncRedis,
+        name: str,
+        *,
+        ttl: float = 30.0,
+        renew: bool = True,
+        renew_interval: float | None = None,
+        timeout: float | None = None,
+        max_hold: float | None = None,
+        prefix: str = "aiolock",
+    ) -> None:
+        self._client = check_client(client)
+        self._name = check_name(name)
+        self._config = LockConfig.build(
+            ttl=ttl,
+            renew=renew,
+            renew_interval=renew_interval,
+            timeout=timeout,
+            max_hold=max_hold,
+            prefix=prefix,
+        )
+        self._keys = LockKeys.build(self._config.prefix, self._name)
+        self._held: weakref.WeakKeyDictionary[asyncio.Task[object], list[Lease]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def ttl(self) -> float:
+        return self._config.ttl
+
+    @property
+    def timeout(self) -> float | None:
+        return self._config.timeout
+
+    @property
+    def key(self) -> str:
+        """The Redis key that exists while the lock is held."""
+        return self._keys.lock
+
+    def __repr__(self) -> str:
+        held = sum(len(leases) for leases in self._held.values())
+        return f"<Lock {self._name!r} ttl={self._config.ttl:g}s held_here={held}>"
+
+    # ----------------------------------------------------------------- acquiring
+    async def acquire(self, *, timeout: float | _Unset | None = _UNSET) -> Lease:
+        """Wait for the lock and return the `Lease`.
+
+        Args:
+            timeout: seconds to wait; None waits forever, 0 tries once. Defaults to the
+                Lock's `timeout`.
+
+        Raises:
+            AcquireTimeoutError: the lock stayed held by others for the whole timeout.
+            BackendError: Redis could not be reached or refused the command.
+
+        Cancellation:
+            A cancelled acquire leaves no lock held: if the acquire script may have run
+            when the cancellation arrived, a token-guarded release (which also forbids a
+            late-arriving acquire with that token) is sent under a shield before the
+            cancellation propagates.
+        """
+        wait = self._config.timeout if isinstance(timeout, _Unset) else check_timeout(timeout)
+        backend = backend_for(self._client)
+        loop = backend.loop
+        started = loop.time()
+        deadline = None if wait is None else started + wait
+        notifier = backend.notifier
+        attempts = 0
+
+        def time_left() -> float | None:
+            return None if deadline is None else deadline - loop.time()
+
+        # Fast path: nobody of this process is queued, so try before subscribing. Otherwise
+        # queue behind them (first come, first served), unless this is a single try.
+        pttl_ms = self._config.ttl_ms
+        if wait == 0 or notifier.queue_length(self._keys.channel) == 0:
+            attempts += 1
+            attempt = await self._attempt(backend, time_left())
+            if attempt.lease is not None:
+                return attempt.lease
+            pttl_ms = attempt.pttl_ms
+        if wait == 0:
+            raise self._timeout_error(0.0, attempts)
+
+        waiter = await notifier.join(self._keys.channel, timeout=time_left())
+        acquired = False
+        try:
+            must_try = waiter.is_head
+            unknown_pttl = Backoff(base=0.01, cap=1.0, rng=notifier.rng)
+            while True:
+                if waiter.is_head and (waiter.take_wakeup() or must_try):
+                    must_try = False
+                    attempts += 1
+                    attempt = await self._attempt(backend, time_left())
+                    if attempt.lease is not None:
+                        acquired = True
+                        return attempt.lease
+                    pttl_ms = attempt.pttl_ms
+                remaining = time_left()
+                if remaining is not None and remaining <= 0:
+                    raise self._timeout_error(loop.time() - started, attempts)
+                delay = remaining
+                if waiter.is_head:
+                    poll = poll_delay(pttl_ms, fallback=unknown_pttl.next(), rng=notifier.rng)
+                    delay = poll if remaining is None else min(poll, remaining)
+                timed_out = await waiter.wait(delay)
+                if timed_out and waiter.is_head:
+                    must_try = True
+        finally:
+            notifier.leave(waiter, acquired=acquired)
+
+    async def try_acquire(self) -> Lease | None:
+        """Try once, without waiting: the `Lease`, or None if someone else holds the lock.
+
+        Raises:
+            BackendError: Redis could not be reached or refused the command.
+
+        Cancellation:
+            As for `acquire()`.
+        """
+        try:
+            return await self.acquire(timeout=0)
+        except AcquireTimeoutError:
+            return None
+
+    async def _attempt(self, backend: Backend, time_left: float | None) -> _Attempt:
+        """One acquire script call: one round trip."""
+        config = self._config
+        loop = backend.loop
+        token = secrets.token_hex(16)
+        task = asyncio.current_task()
+        task_name = task.get_name() if task is not None else ""
+        validity = config.ttl - config.margin
+        # A reply later than the lease's validity would be useless: bound the call by it.
+        bound = validity if time_left is None else max(min(validity, time_left), 0.001)
+        sent_at = loop.time()
+        try:
+            reply = await backend.run(
+                ACQUIRE,
+                [self._keys.lock, self._keys.fence],
+                [token, config.ttl_ms, _HOST, os.getpid(), task_name[:200], FENCE_KEY_TTL_MS],
+                timeout=bound,
+                operation="acquire",
+                name=self._name,
+            )
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError) or outcome_unknown(exc):
+                await self._abort(backend, token)
+            raise
+        status, value = int(reply[0]), int(reply[1])
+        if status != 1:
+            return _Attempt(None, value if status == 0 else -1)
+        if loop.time() >= sent_at + validity:
+            # The reply came too late to be of use (this process was paused): give it back.
+            await self._abort(backend, token)
+            return _Attempt(None, -1)
+        scheduler = backend.scheduler if config.renew_interval is not None else None
+        return _Attempt(
+            Lease(
+                issuer=self,
+                token=token,
+                fencing_token=value,
+                ttl=config.ttl,
+                margin=config.margin,
+                sent_at=sent_at,
+                scheduler=scheduler,
+                make_entry=(lambda ref: self._renewal_entry(ref, token, sent_at, backend))
+                if scheduler is not None
+                else None,
+            ),
+            0,
+        )
+
+    def _renewal_entry(
+        self, ref: weakref.ref[Lease], token: str, sent_at: float, backend: Backend
+    ) -> RenewalEntry:
+        config = self._config
+        assert config.renew_interval is not None
+        return RenewalEntry(
+            lease_ref=ref,
+            key=self._keys.lock,
+            fence_key=self._keys.fence,
+            channel=self._keys.channel,
+            token=token,
+            ttl_ms=config.ttl_ms,
+            interval=config.renew_interval,
+            due=sent_at + config.renew_interval,
+            stop_at=None if config.max_hold is None else sent_at + config.max_hold,
+            rng=backend.scheduler.rng,
+        )
+
+    async def _abort(self, backend: Backend, token: str) -> None:
+        """Undo an acquire whose outcome is unknown, under a shield; errors are dropped.
+
+        If the key was set and this fails too, it expires within the ttl.
+        """
+        with contextlib.suppress(BackendError, TimeoutError):
+            await run_shielded(
+                backend.run(
+                    RELEASE,
+                    [self._keys.lock, self._keys.fence],
+                    [token, self._keys.channel, FENCE_KEY_TTL_MS, "1"],
+                    timeout=_ABORT_TIMEOUT,
+                    operation="release",
+                    name=self._name,
+                ),
+                timeout=_ABORT_TIMEOUT + 0.5,
+            )
+
+    def _timeout_error(self, waited: float, attempts: int) -> AcquireTimeoutError:
+        return AcquireTimeoutError(
+            f"lock {self._name!r} not acquired within {waited:.3g}s ({attempts} attempts)",
+            name=self._name,
+            timeout=waited,
+            attempts=attempts,
+        )
+
+    # ----------------------------------------------------------------- the LeaseIssuer side
+    async def _extend_lease(self, lease: Lease, *, timeout: float) -> bool:
+        reply = await backend_for(self._client).run(
+            RENEW,
+            [self._keys.lock],
+            [lease.token, self._config.ttl_ms],
+            timeout=timeout,
+            operation="extend",
+            name=self._name,
+        )
+        return int(reply[0]) == 1
+
+    async def _release_lease(self, lease: Lease, *, timeout: float) -> bool:
+        backend = backend_for(self._client)
+        reply = await backend.run(
+            RELEASE,
+            [self._keys.lock, self._keys.fence],
+            [lease.token, self._keys.channel, FENCE_KEY_TTL_MS, "0"],
+            timeout=timeout,
+            operation="release",
+            name=self._name,
+        )
+        if int(reply) == 1:
+            backend.notifier.local_release(self._keys.channel, str(lease.fencing_token))
+        return int(reply) != 0
+
+    # ----------------------------------------------------------------- inspection
+    async def locked(self) -> bool:
+        """Whether anyone holds the lock right now (one EXISTS round trip).
+
+        Raises:
+            BackendError: Redis could not be reached.
+        """
+        return await backend_for(self._client).exists(self._keys.lock, timeout=5.0, name=self._name)
+
+    async def info(self) -> LockInfo | None:
+        """The current holder as recorded in Redis, or None if the lock is free.
+
+        Raises:
+            BackendError: Redis could not be reached.
+        """
+        reply = await backend_for(self._client).run(
+            INSPECT, [self._keys.lock], [], timeout=5.0, operation="inspect", name=self._name
+        )
+        pttl = int(reply[0])
+        fields = {
+            (k.decode() if isinstance(k, bytes) else str(k)): (
+                v.decode() if isinstance(v, bytes) else str(v)
+            )
+            for k, v in zip(reply[1::2], reply[2::2], strict=True)
+        }
+        if pttl == -2 or "fence" not in fields:
+            return None
+        return LockInfo(
+            name=self._name,
+            fencing_token=int(fields["fence"]),
+            host=fields.get("host", ""),
+            pid=int(fields.get("pid", "0")),
+            task=fields.get("task", ""),
+            acquired_at=int(fields.get("acquired_ms", "0")) / 1000,
+            ttl=int(fields.get("ttl_ms", "0")) / 1000,
+            expires_in=max(pttl, 0) / 1000,
+        )
+
+    # ----------------------------------------------------------------- async with
+    def __enter__(self) -> None:
+        raise TypeError("use 'async with' with a Lock, not 'with'")
+
+    def __exit__(self, *exc_info: object) -> None:  # pragma: no cover - __enter__ raises
+        raise TypeError("use 'async with' with a Lock, not 'with'")
+
+    async def __aenter__(self) -> Lease:
+        """Acquire (waiting up to the Lock's `timeout`) and guard the body with the lease.
+
+        The lease is the current task's: another task sharing this `Lock` gets a lease of
+        its own and cannot release this one.
+
+        Cancellation:
+            As for `acquire()`.
+        """
+        task = asyncio.current_task()
+        if task is None:  # pragma: no cover - asyncio always runs coroutines in a task
+            raise RuntimeError("Lock must be used from an asyncio task")
+        lease = await self.acquire()
+        try:
+            await lease.__aenter__()
+        except BaseException:
+            await lease._cleanup_after_loss()
+            raise
+        self._held.setdefault(task, []).append(lease)
+        return lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        """Release the current task's lease; see `Lease.__aexit__` for what is raised."""
+        task = asyncio.current_task()
+        leases = self._held.get(task) if task is not None else None
+        if not leases:
+            raise RuntimeError(f"lock {self._name!r} is not held by the current task")
+        lease = leases.pop()
+        if not leases and task is not None:
+            del self._held[task]
+        return await lease.__aexit__(exc_type, exc, tb)

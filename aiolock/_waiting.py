@@ -1,0 +1,290 @@
+"""Waiting for a lock without polling: one pub/sub subscription per client, local FIFO queues.
+
+Every release publishes on the lock's channel. Per backend, one `Notifier` holds one pub/sub
+connection (aiolock's own, never one from the user's pool) and a `WaitQueue` per lock name
+that has waiters in this process. Only the waiter at the head of a queue talks to Redis:
+a release wakes the head alone, and the others wait their turn without sending anything, so
+many waiters on one key cost Redis one attempt per release per process, not one per waiter.
+
+Expiry sends no notification, so the head also sleeps no longer than the holder's remaining
+ttl (plus a small random spread) before trying again. If the pub/sub connection breaks, every
+head is woken to try at once (a release may have been missed), and the subscription is
+re-established with backoff.
+
+A release from this same process wakes the local head directly, before the notification
+comes back from Redis; the notification that follows is recognised by its fencing token
+and ignored, so one release wakes one waiter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import random
+from typing import TYPE_CHECKING, Any, Final
+
+from ._retry import Backoff
+
+if TYPE_CHECKING:
+    from redis.asyncio.client import PubSub
+
+    from ._backend import Backend
+
+__all__ = ("Notifier", "WaitQueue", "Waiter")
+
+logger = logging.getLogger("aiolock")
+
+LINGER: Final = 1.0
+"""Seconds a subscription (and the pub/sub connection) outlives its last waiter, so that
+waiting in bursts does not subscribe and unsubscribe every time."""
+
+
+def _connected(pubsub: PubSub) -> bool:
+    """Whether the pub/sub session has its connection (it opens on the first command)."""
+    return getattr(pubsub, "connection", None) is not None
+
+
+class Waiter:
+    """One task's place in a `WaitQueue`."""
+
+    __slots__ = ("_future", "_try_now", "queue")
+
+    def __init__(self, queue: WaitQueue) -> None:
+        self.queue = queue
+        self._future: asyncio.Future[None] | None = None
+        self._try_now = False
+
+    @property
+    def is_head(self) -> bool:
+        return bool(self.queue.waiters) and self.queue.waiters[0] is self
+
+    def wake(self) -> None:
+        """Ask this waiter to try to acquire now (or as soon as it next waits)."""
+        self._try_now = True
+        self.nudge()
+
+    def nudge(self) -> None:
+        """Make a sleeping waiter re-evaluate its wait (it became head) without trying."""
+        if self._future is not None and not self._future.done():
+            self._future.set_result(None)
+
+    def take_wakeup(self) -> bool:
+        """Consume a pending "try now": True if there was one."""
+        pending, self._try_now = self._try_now, False
+        return pending
+
+    async def wait(self, timeout: float | None) -> bool:
+        """Sleep until woken, nudged, or `timeout` passes; True if the timeout passed."""
+        if self._try_now:
+            return False
+        self._future = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(timeout):
+                await self._future
+        except TimeoutError:
+            return True
+        finally:
+            self._future = None
+        return False
+
+
+class WaitQueue:
+    """The waiters of one lock name in this process, first come first served."""
+
+    __slots__ = ("channel", "last_local_fence", "requested", "subscribed", "waiters")
+
+    def __init__(self, channel: str) -> None:
+        self.channel = channel
+        self.waiters: collections.deque[Waiter] = collections.deque()
+        self.subscribed = asyncio.Event()
+        self.requested = False  # SUBSCRIBE sent on the current connection
+        self.last_local_fence: str | None = None
+
+    def wake_head(self) -> None:
+        if self.waiters:
+            self.waiters[0].wake()
+
+
+class Notifier:
+    """The pub/sub subscription and wait queues of one backend."""
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self._queues: dict[str, WaitQueue] = {}
+        self._subscribed: dict[str, float] = {}  # channel -> time it last had no waiters
+        self._pubsub: PubSub | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.rng = random.Random()
+        self.messages_received = 0
+
+    def queue_length(self, channel: str) -> int:
+        queue = self._queues.get(channel)
+        return len(queue.waiters) if queue is not None else 0
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None
+
+    async def wait_idle(self) -> None:
+        """Wait until the listener task has ended (no waiter for LINGER seconds)."""
+        while self._task is not None:
+            await asyncio.wait({self._task})
+
+    async def join(self, channel: str, *, timeout: float | None) -> Waiter:
+        """Queue up for `channel`, subscribed before this returns (or `timeout` passes).
+
+        Once this returns, no release can go unnoticed: a release before the subscription
+        took effect is seen by the caller's next attempt, one after it by the notification.
+
+        Cancellation:
+            Safe: the waiter leaves the queue.
+        """
+        queue = self._queues.get(channel)
+        if queue is None:
+            queue = self._queues[channel] = WaitQueue(channel)
+            if self._subscribed.pop(channel, None) is not None:
+                queue.requested = True  # still subscribed from earlier waiters
+                queue.subscribed.set()
+        waiter = Waiter(queue)
+        queue.waiters.append(waiter)
+        try:
+            if not queue.subscribed.is_set():
+                await self._subscribe(queue)
+                async with asyncio.timeout(timeout):
+                    await queue.subscribed.wait()
+        except TimeoutError:
+            pass  # the caller's attempts and fallback timer still work without the message
+        except BaseException:
+            self.leave(waiter, acquired=False)
+            raise
+        return waiter
+
+    def leave(self, waiter: Waiter, *, acquired: bool) -> None:
+        """Take `waiter` out of its queue.
+
+        If it was at the head and did not acquire, the next waiter is woken to try at once:
+        a release meant for the leaver must not be lost. If it acquired, the next waiter
+        becomes head without trying (the lock is held), and waits for the release.
+        """
+        queue = waiter.queue
+        was_head = waiter.is_head
+        try:
+            queue.waiters.remove(waiter)
+        except ValueError:
+            return
+        if queue.waiters:
+            if was_head:
+                if acquired:
+                    queue.waiters[0].nudge()
+                else:
+                    queue.waiters[0].wake()
+            return
+        del self._queues[queue.channel]
+        if queue.requested:
+            self._subscribed[queue.channel] = self._backend.loop.time()
+
+    def local_release(self, channel: str, fence: str) -> None:
+        """A lease of this process was released: wake the local head without waiting for Redis."""
+        queue = self._queues.get(channel)
+        if queue is not None and queue.waiters:
+            queue.last_local_fence = fence
+            queue.wake_head()
+
+    # ----------------------------------------------------------------- the listener
+    async def _subscribe(self, queue: WaitQueue) -> None:
+        self._ensure_listener()
+        if queue.requested:
+            return
+        if self._pubsub is not None and _connected(self._pubsub):
+            queue.requested = True
+            try:
+                await self._pubsub.subscribe(queue.channel)
+            except self._backend.connection_errors as exc:
+                # The listener sees the broken connection too and re-subscribes everything.
+                logger.debug("aiolock: subscribe failed, the listener will retry: %s", exc)
+
+    def _ensure_listener(self) -> None:
+        if self._task is None:
+            self._pubsub = self._backend.new_pubsub()
+            self._task = self._backend.loop.create_task(self._listen(), name="aiolock-notifier")
+
+    async def _listen(self) -> None:
+        backoff = Backoff(base=0.05, cap=2.0, rng=self.rng)
+        cancelled = False
+        loop = self._backend.loop
+        try:
+            while self._queues or self._subscribed:
+                pubsub = self._pubsub
+                assert pubsub is not None
+                try:
+                    if not _connected(pubsub):
+                        for queue in self._queues.values():
+                            queue.requested = True
+                        await pubsub.subscribe(*self._queues, *self._subscribed)
+                    message = await pubsub.get_message(timeout=LINGER)
+                except self._backend.connection_errors as exc:
+                    logger.warning("aiolock: pub/sub connection lost, reconnecting: %s", exc)
+                    await self._reset_pubsub(replace=True)
+                    for queue in self._queues.values():
+                        queue.wake_head()  # a release may have been missed
+                    await asyncio.sleep(backoff.next())
+                    continue
+                backoff.reset()
+                if message is not None:
+                    self._dispatch(message)
+                await self._drop_idle_channels(loop.time())
+        except asyncio.CancelledError:
+            cancelled = True
+            raise
+        finally:
+            try:
+                await self._reset_pubsub(replace=False)
+            finally:
+                self._task = None
+                if self._queues and not cancelled:
+                    # Waiters arrived while the connection was closing: start over.
+                    self._ensure_listener()
+                    for queue in self._queues.values():
+                        queue.wake_head()
+
+    async def _reset_pubsub(self, *, replace: bool) -> None:
+        """Close the pub/sub connection; every subscription must be made again."""
+        pubsub = self._pubsub
+        self._pubsub = self._backend.new_pubsub() if replace else None
+        self._subscribed = {}
+        for queue in self._queues.values():
+            queue.subscribed.clear()
+            queue.requested = False
+        if pubsub is not None:
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        channel = message["channel"]
+        if isinstance(channel, bytes):
+            channel = channel.decode()
+        queue = self._queues.get(channel)
+        if kind == "subscribe":
+            if queue is None:
+                self._subscribed.setdefault(channel, self._backend.loop.time())
+            elif queue.subscribed.is_set():
+                queue.wake_head()  # subscribed again after a reconnect: check the lock now
+            else:
+                queue.subscribed.set()
+        elif kind == "message" and queue is not None:
+            self.messages_received += 1
+            data = message["data"]
+            fence = data.decode() if isinstance(data, bytes) else str(data)
+            if fence != queue.last_local_fence:
+                queue.wake_head()
+
+    async def _drop_idle_channels(self, now: float) -> None:
+        idle = [ch for ch, since in self._subscribed.items() if now - since >= LINGER]
+        if idle and self._pubsub is not None:
+            for channel in idle:
+                del self._subscribed[channel]
+            try:
+                await self._pubsub.unsubscribe(*idle)
+            except self._backend.connection_errors:
+                await self._reset_pubsub(replace=True)

@@ -1,0 +1,274 @@
+"""Renewal of every lease of one client by one timer-driven task.
+
+One `RenewalScheduler` per backend keeps a heap of leases ordered by when they are next due.
+When the earliest is due it renews, in one script call, every lease due within a quarter of
+its interval (so leases drift together into shared batches), up to `MAX_BATCH` per call.
+The task exists only while some lease needs renewing, and closes its connection when it
+ends.
+
+What the scheduler decides, and what it leaves to the lease:
+- a renewal answered 1 moves the lease's deadline to (time the batch was *sent*) + ttl -
+  margin; answered 0 means "not owner": the lease is lost at once;
+- a batch that fails (no reply in time, connection error) is retried with backoff, and the
+  error is remembered as the cause if the lease's deadline passes first. The deadline itself
+  is a timer owned by the lease, so a slow or failed batch never delays a loss;
+- a lease whose `max_hold` is reached is no longer renewed: it ends at its deadline.
+
+Leases are held weakly. A lease garbage-collected while held (its holder forgot to release
+it) warns like an unclosed file, and the scheduler releases its key in the next batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import random
+from typing import TYPE_CHECKING, Final
+
+from ._layout import FENCE_KEY_TTL_MS
+from ._retry import Backoff
+from ._scripts import RELEASE, RENEW
+from .errors import BackendError
+
+if TYPE_CHECKING:
+    import weakref
+
+    from ._backend import Backend
+    from ._lease import Lease
+
+__all__ = ("MAX_BATCH", "RenewalEntry", "RenewalScheduler")
+
+logger = logging.getLogger("aiolock")
+
+MAX_BATCH: Final = 1000
+"""Most leases renewed by one script call: keeps each call well under a millisecond of
+server time."""
+
+
+class RenewalEntry:
+    """The scheduler's record of one lease: what to send, and when."""
+
+    __slots__ = (
+        "active",
+        "backoff",
+        "channel",
+        "due",
+        "fence_key",
+        "interval",
+        "key",
+        "lease_ref",
+        "stop_at",
+        "token",
+        "ttl_ms",
+    )
+
+    def __init__(
+        self,
+        *,
+        lease_ref: weakref.ref[Lease],
+        key: str,
+        fence_key: str,
+        channel: str,
+        token: str,
+        ttl_ms: int,
+        interval: float,
+        due: float,
+        stop_at: float | None,
+        rng: random.Random,
+    ) -> None:
+        self.lease_ref = lease_ref
+        self.key = key
+        self.fence_key = fence_key
+        self.channel = channel
+        self.token = token
+        self.ttl_ms = ttl_ms
+        self.interval = interval
+        self.due = due
+        self.stop_at = stop_at
+        self.active = True
+        self.backoff = Backoff(base=min(0.05, interval / 4), cap=interval / 2, rng=rng)
+
+
+class RenewalScheduler:
+    """Renews the leases of one backend; see the module docstring."""
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self._heap: list[tuple[float, int, RenewalEntry]] = []
+        self._seq = itertools.count()
+        self._active = 0
+        self._abandoned: list[RenewalEntry] = []
+        self._task: asyncio.Task[None] | None = None
+        self._wakeup: asyncio.Future[None] | None = None
+        self.rng = random.Random()
+        self.batches_sent = 0
+
+    @property
+    def active(self) -> int:
+        """Number of leases being renewed."""
+        return self._active
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None
+
+    def add(self, entry: RenewalEntry) -> None:
+        self._active += 1
+        heapq.heappush(self._heap, (entry.due, next(self._seq), entry))
+        self._ensure_running()
+        self._wake()
+
+    def remove(self, entry: RenewalEntry) -> None:
+        """Stop renewing; takes effect before the scheduler sends anything else."""
+        if entry.active:
+            entry.active = False
+            self._active -= 1
+            self._wake()
+
+    def abandon(self, entry: RenewalEntry) -> None:
+        """The lease was garbage-collected while held: release its key in the next batch."""
+        if entry.active:
+            self.remove(entry)
+            self._abandoned.append(entry)
+            self._ensure_running()
+
+    async def wait_idle(self) -> None:
+        """Wait until the scheduler's task has ended (no lease left to renew)."""
+        while self._task is not None:
+            await asyncio.wait({self._task})
+
+    def _ensure_running(self) -> None:
+        if self._task is None and self._backend.loop.is_running():
+            self._task = self._backend.loop.create_task(self._run(), name="aiolock-renewals")
+
+    def _wake(self) -> None:
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
+
+    async def _sleep_until(self, when: float) -> None:
+        loop = self._backend.loop
+        self._wakeup = loop.create_future()
+        handle = loop.call_at(when, self._wake)
+        try:
+            await self._wakeup
+        finally:
+            handle.cancel()
+            self._wakeup = None
+
+    def _take_due(self, now: float) -> list[RenewalEntry]:
+        batch: list[RenewalEntry] = []
+        while self._heap and len(batch) < MAX_BATCH:
+            due, _, entry = self._heap[0]
+            if not entry.active or due != entry.due:
+                heapq.heappop(self._heap)  # removed, or rescheduled under a new heap item
+                continue
+            if due > now + entry.interval / 4:
+                break
+            heapq.heappop(self._heap)
+            batch.append(entry)
+        return batch
+
+    def _reschedule(self, entry: RenewalEntry, due: float) -> None:
+        entry.due = due
+        heapq.heappush(self._heap, (due, next(self._seq), entry))
+
+    async def _run(self) -> None:
+        loop = self._backend.loop
+        cancelled = False
+        try:
+            while self._active or self._abandoned:
+                if self._abandoned:
+                    await self._release_abandoned()
+                    continue
+                while self._heap and not self._heap[0][2].active:
+                    heapq.heappop(self._heap)
+                if not self._heap:
+                    break
+                now = loop.time()
+                if self._heap[0][0] > now:
+                    await self._sleep_until(self._heap[0][0])
+                    continue
+                batch = self._take_due(now)
+                if batch:
+                    await self._renew(batch)
+        except asyncio.CancelledError:
+            cancelled = True  # the event loop is shutting down
+            raise
+        finally:
+            try:
+                await self._backend.close_background_client()
+            finally:
+                self._task = None
+                if not cancelled and (self._active or self._abandoned):
+                    self._ensure_running()  # work arrived while the connection was closing
+
+    async def _renew(self, batch: list[RenewalEntry]) -> None:
+        loop = self._backend.loop
+        live: list[tuple[RenewalEntry, Lease]] = []
+        for entry in batch:
+            lease = entry.lease_ref()
+            if lease is None:
+                self.abandon(entry)
+            elif entry.stop_at is not None and loop.time() >= entry.stop_at:
+                self.remove(entry)
+                lease._renewal_stopped()
+            else:
+                live.append((entry, lease))
+        if not live:
+            return
+        del batch
+        # Bound the call so that a dead connection is noticed in time to retry on a new one.
+        sent_at = loop.time()
+        remaining = min(lease.deadline for _, lease in live) - sent_at
+        timeout = max(remaining / 2, 0.005)
+        keys = [entry.key for entry, _ in live]
+        args: list[str | int] = []
+        for entry, _ in live:
+            args += (entry.token, entry.ttl_ms)
+        self.batches_sent += 1
+        try:
+            replies = await self._backend.run(
+                RENEW, keys, args, timeout=timeout, operation="renew", name=None, background=True
+            )
+        except BackendError as exc:
+            self._failed(live, exc)
+            return
+        except Exception as exc:  # a bug must not stop renewals silently
+            logger.exception("aiolock: unexpected error while renewing %d leases", len(live))
+            self._failed(live, BackendError(f"renew failed: {exc!r}", operation="renew", name=None))
+            return
+        for (entry, lease), reply in zip(live, replies, strict=True):
+            if not entry.active:
+                continue  # released while the batch was in flight
+            if int(reply) == 1:
+                entry.backoff.reset()
+                lease._renewed(sent_at)
+                self._reschedule(entry, sent_at + entry.interval * self.rng.uniform(0.9, 1.0))
+            else:
+                self.remove(entry)
+                lease._not_owner()
+
+    def _failed(self, live: list[tuple[RenewalEntry, Lease]], exc: BackendError) -> None:
+        now = self._backend.loop.time()
+        for entry, lease in live:
+            if entry.active:
+                lease._renew_failed(exc)
+                self._reschedule(entry, now + entry.backoff.next())
+
+    async def _release_abandoned(self) -> None:
+        entries, self._abandoned = self._abandoned, []
+        for entry in entries:
+            try:
+                await self._backend.run(
+                    RELEASE,
+                    [entry.key, entry.fence_key],
+                    [entry.token, entry.channel, FENCE_KEY_TTL_MS, "0"],
+                    timeout=max(entry.ttl_ms / 1000, 0.1),
+                    operation="release",
+                    name=None,
+                    background=True,
+                )
+            except BackendError as exc:
+                logger.warning("aiolock: could not release an abandoned lease: %s", exc)

@@ -1,0 +1,115 @@
+"""The exceptions aiolock raises, all under one root.
+
+```
+AiolockError
+├── ConfigError(AiolockError, ValueError)        .argument, .value
+├── LockError                                    .name
+│   ├── AcquireTimeoutError(LockError, TimeoutError)   .timeout, .attempts
+│   └── LeaseLostError                           .reason, .fencing_token
+└── BackendError                                 .operation, .name; __cause__ = the redis error
+```
+
+"Busy" and "broken" never share a class: a lock held by someone else for longer than you
+were willing to wait is an `AcquireTimeoutError`; a Redis that cannot be reached, refuses
+the command (ACL, OOM, READONLY) or does not answer in time is a `BackendError`, also while
+waiting for a lock. `asyncio.CancelledError` is never wrapped.
+
+Wrong *types* (a `bytes` name, a sync client) raise the builtin `TypeError`; wrong *values*
+raise `ConfigError`, which is also a `ValueError`.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = (
+    "AcquireTimeoutError",
+    "AiolockError",
+    "BackendError",
+    "ConfigError",
+    "LeaseLostError",
+    "LockError",
+    "LossReason",
+)
+
+
+class AiolockError(Exception):
+    """Root of every exception aiolock raises on purpose."""
+
+
+class ConfigError(AiolockError, ValueError):
+    """A value outside its accepted range, raised by the call that received it.
+
+    Nothing has been written to Redis when this is raised.
+    """
+
+    def __init__(self, message: str, *, argument: str, value: object) -> None:
+        super().__init__(message)
+        self.argument = argument
+        self.value = value
+
+
+class LockError(AiolockError):
+    """Something about one lock; `name` is the lock's name."""
+
+    def __init__(self, message: str, *, name: str) -> None:
+        super().__init__(message)
+        self.name = name
+
+
+class AcquireTimeoutError(LockError, TimeoutError):
+    """The lock stayed held by someone else for the whole `timeout`.
+
+    Redis answered every attempt: this is contention, not a failure. `timeout` is the
+    number of seconds waited and `attempts` the number of acquire attempts sent.
+    """
+
+    def __init__(self, message: str, *, name: str, timeout: float, attempts: int) -> None:
+        super().__init__(message, name=name)
+        self.timeout = timeout
+        self.attempts = attempts
+
+
+class LossReason(enum.Enum):
+    """Why a lease stopped being held before it was released."""
+
+    NOT_OWNER = "not_owner"
+    """Redis answered that the key no longer holds this lease's token (it expired, was
+    deleted, or another holder took it)."""
+
+    DEADLINE = "deadline"
+    """No renewal was confirmed before the local deadline: Redis was unreachable, too slow,
+    or this process did not run (paused, event loop blocked) until after the deadline."""
+
+    MAX_HOLD = "max_hold"
+    """Renewal stopped because the lease was held for longer than the lock's `max_hold`."""
+
+
+class LeaseLostError(LockError):
+    """The lease ended without being released by its holder.
+
+    Raised by `async with` when the body was cancelled because the lease was lost, or when the
+    body finished after the lease was already gone (its last effects were unprotected), and by
+    `Lease.extend()` / `Lease.release()` when Redis says the key is no longer this lease's.
+    `reason` is a `LossReason`; `fencing_token` identifies the lost lease. The underlying
+    cause (a redis error, for example) is chained as `__cause__` where there is one.
+    """
+
+    def __init__(self, message: str, *, name: str, reason: LossReason, fencing_token: int) -> None:
+        super().__init__(message, name=name)
+        self.reason = reason
+        self.fencing_token = fencing_token
+
+
+class BackendError(AiolockError):
+    """Redis could not be used: unreachable, no answer in time, or the command was refused.
+
+    `operation` names what aiolock was doing ("acquire", "release", "extend", "renew",
+    "subscribe", "inspect"), `name` the lock concerned (None for work on many locks at once).
+    The redis-py exception, if any, is `__cause__`.
+    """
+
+    def __init__(self, message: str, *, operation: str, name: str | None) -> None:
+        super().__init__(message)
+        self.operation = operation
+        self.name = name
