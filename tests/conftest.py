@@ -121,12 +121,17 @@ def make_client(url: str, log: CommandLog | None = None, **kwargs: Any) -> redis
     return redis.asyncio.Redis.from_url(url, **kwargs)
 
 
-@pytest.fixture(params=["real", "fakeredis"])
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Run each `client` test on a real server and on fakeredis, unless marked real_only."""
+    if "backend_kind" in metafunc.fixturenames:
+        real_only = metafunc.definition.get_closest_marker("real_only") is not None
+        kinds = ["real"] if real_only else ["real", "fakeredis"]
+        metafunc.parametrize("backend_kind", kinds, indirect=True)
+
+
+@pytest.fixture
 def backend_kind(request: pytest.FixtureRequest) -> str:
-    kind = str(request.param)
-    if kind == "fakeredis" and request.node.get_closest_marker("real_only"):
-        pytest.skip("needs a real server")
-    return kind
+    return str(request.param)
 
 
 @pytest.fixture

@@ -1,0 +1,151 @@
+"""Exact commands per operation, counted on the client's connections (real server only)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+import redis.asyncio
+
+from aiolock import Lock
+from aiolock._backend import backend_for
+
+from ..conftest import CommandLog
+
+pytestmark = pytest.mark.real_only
+
+
+async def warm_up(client: redis.asyncio.Redis, name: str) -> None:
+    """Load the scripts and open a connection, so what follows is the steady state."""
+    lease = await Lock(client, f"{name}:warm-up").acquire()
+    await lease.extend()
+    await lease.release()
+    await Lock(client, f"{name}:warm-up").info()
+
+
+async def test_acquire_release_extend_are_one_round_trip_each(
+    client: redis.asyncio.Redis, commands: CommandLog, name: str
+) -> None:
+    await warm_up(client, name)
+    lock = Lock(client, name, ttl=5)
+
+    mark = commands.mark()
+    lease = await lock.acquire()
+    assert commands.since(mark) == Counter({"EVALSHA acquire": 1})
+
+    mark = commands.mark()
+    await lease.extend()
+    assert commands.since(mark) == Counter({"EVALSHA renew": 1})
+
+    mark = commands.mark()
+    await lease.release()
+    assert commands.since(mark) == Counter({"EVALSHA release": 1})
+
+    mark = commands.mark()
+    assert not await lock.locked()
+    assert commands.since(mark) == Counter({"EXISTS": 1})
+
+    mark = commands.mark()
+    assert await lock.info() is None
+    assert commands.since(mark) == Counter({"EVALSHA inspect": 1})
+
+
+async def test_async_with_is_two_round_trips(
+    client: redis.asyncio.Redis, commands: CommandLog, name: str
+) -> None:
+    await warm_up(client, name)
+    mark = commands.mark()
+    async with Lock(client, name, ttl=5):
+        pass
+    assert commands.since(mark) == Counter({"EVALSHA acquire": 1, "EVALSHA release": 1})
+
+
+async def test_unknown_script_falls_back_to_eval_once(
+    client: redis.asyncio.Redis, commands: CommandLog, name: str
+) -> None:
+    await warm_up(client, name)
+    await client.script_flush()
+    mark = commands.mark()
+    lease = await Lock(client, name, ttl=5).acquire()
+    assert commands.commands[mark:] == ["EVALSHA acquire", "EVAL acquire"]
+    mark = commands.mark()
+    await lease.release()
+    await (await Lock(client, name, ttl=5).acquire()).release()
+    assert commands.commands[mark:] == [
+        "EVALSHA release",
+        "EVAL release",
+        "EVALSHA acquire",
+        "EVALSHA release",
+    ]
+
+
+async def test_renewals_of_many_leases_are_batched(
+    client: redis.asyncio.Redis, commands: CommandLog, name: str
+) -> None:
+    await warm_up(client, name)
+    leases = [await Lock(client, f"{name}:{i}", ttl=0.3).acquire() for i in range(200)]
+    first_deadlines = [lease.deadline for lease in leases]
+    mark = commands.mark()
+    scheduler = backend_for(client).scheduler
+    batches_before = scheduler.batches_sent
+    # Wait until every lease has been renewed at least twice.
+    while min(lease.deadline for lease in leases) < max(first_deadlines) + 0.2:
+        await asyncio.sleep(0.02)
+    renewals = commands.since(mark)["EVALSHA renew"]
+    assert renewals == scheduler.batches_sent - batches_before
+    assert 2 <= renewals <= 8, "200 leases must be renewed in a few script calls per tick"
+    assert all(lease.held for lease in leases)
+    for lease in leases:
+        await lease.release()
+
+
+async def test_a_waiter_is_silent_while_the_holder_holds(
+    client: redis.asyncio.Redis, commands: CommandLog, name: str
+) -> None:
+    await warm_up(client, name)
+    holder = await Lock(client, name, ttl=10).acquire()
+    mark = commands.mark()
+    waiter = asyncio.create_task(Lock(client, name, ttl=10).acquire())
+    notifier = backend_for(client).notifier
+    while notifier.queue_length(f"aiolock:{{{name}}}:released") == 0:
+        await asyncio.sleep(0)
+    await asyncio.sleep(0.5)  # a stretch of holding: nothing may be sent meanwhile
+    # try, subscribe, try again (closes the race with a release in between), then silence
+    assert commands.commands[mark:] == ["EVALSHA acquire", "SUBSCRIBE", "EVALSHA acquire"]
+    mark = commands.mark()
+    await holder.release()
+    lease = await waiter
+    assert commands.since(mark) == Counter({"EVALSHA release": 1, "EVALSHA acquire": 1})
+    await lease.release()
+
+
+async def test_one_release_wakes_one_of_many_local_waiters(
+    client: redis.asyncio.Redis, commands: CommandLog, name: str
+) -> None:
+    await warm_up(client, name)
+    holder = await Lock(client, name, ttl=10).acquire()
+    channel = f"aiolock:{{{name}}}:released"
+    notifier = backend_for(client).notifier
+    waiters = []
+    for _ in range(20):
+        waiters.append(asyncio.create_task(Lock(client, name, ttl=10).acquire()))
+        while notifier.queue_length(channel) < len(waiters):
+            await asyncio.sleep(0)
+    mark = commands.mark()
+    await holder.release()
+    done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.sleep(0.2)  # any herd would show up here as extra attempts
+    assert commands.since(mark) == Counter({"EVALSHA release": 1, "EVALSHA acquire": 1})
+    assert len(done) == 1
+    # Hand the lock down the queue: one release, one attempt each time, in order.
+    lease = done.pop().result()
+    for _ in range(19):
+        mark = commands.mark()
+        await lease.release()
+        pending = [w for w in waiters if not w.done()]
+        done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        assert len(done) == 1
+        lease = done.pop().result()
+        assert commands.since(mark) == Counter({"EVALSHA release": 1, "EVALSHA acquire": 1})
+    await lease.release()
