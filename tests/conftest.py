@@ -59,7 +59,7 @@ class CommandLog:
 
 def counting_connection(log: CommandLog) -> type[Connection]:
     class CountingConnection(Connection):
-        def pack_command(self, *args: Any) -> list[bytes | memoryview]:
+        def pack_command(self, *args: Any) -> list[bytes]:
             log.record(args)
             return super().pack_command(*args)
 

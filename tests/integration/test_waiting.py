@@ -1,0 +1,139 @@
+"""Waiting: notified hand-off, expiry fallback, local FIFO, clean shutdown of background tasks."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio
+
+from aiolock import Lease, Lock
+from aiolock._backend import Backend, backend_for
+
+from ..conftest import make_client
+from ..servers import RedisServer
+
+
+async def queued(client: redis.asyncio.Redis, lock: Lock, count: int) -> None:
+    """Wait until `count` tasks of this process are queued for `lock`."""
+    notifier = backend_for(client).notifier
+    while notifier.queue_length(f"aiolock:{{{lock.name}}}:released") < count:
+        await asyncio.sleep(0)
+
+
+def running(backend: Backend) -> tuple[bool, bool]:
+    return backend.scheduler.running, backend.notifier.running
+
+
+async def test_release_in_another_client_wakes_the_waiter_at_once(
+    client: redis.asyncio.Redis, backend_kind: str, request: pytest.FixtureRequest, name: str
+) -> None:
+    """Two clients stand for two processes: the wake-up comes by pub/sub, not by polling."""
+    if backend_kind == "real":
+        other = make_client(request.getfixturevalue("server_url"))
+    else:
+        import fakeredis
+
+        other = fakeredis.FakeAsyncRedis(connection_pool=client.connection_pool)
+    try:
+        holder = await Lock(other, name, ttl=30).acquire()
+        waiting = asyncio.create_task(Lock(client, name, ttl=30).acquire())
+        await queued(client, Lock(client, name), 1)
+        loop = asyncio.get_running_loop()
+        released_at = loop.time()
+        await holder.release()
+        lease = await asyncio.wait_for(waiting, 5)
+        # The holder's key had ~30 s left: only a notification explains a fast wake-up.
+        assert loop.time() - released_at < 2.0
+        await lease.release()
+    finally:
+        if other is not client:
+            await other.aclose()
+
+
+async def test_expiry_wakes_the_waiter_without_a_notification(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    lock = Lock(client, name, ttl=0.3, renew=False)
+    stale = await lock.acquire()  # never released: it simply expires
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    lease = await Lock(client, name, ttl=5).acquire(timeout=5)
+    waited = loop.time() - started
+    assert 0.2 < waited < 1.5, "woken by the holder's pttl, not by a long fixed poll"
+    assert lease.fencing_token > stale.fencing_token
+    assert stale.lost or stale.remaining() == 0.0
+    await lease.release()
+    await asyncio.wait_for(stale.wait_lost(), 5)
+
+
+async def test_local_waiters_are_served_first_come_first_served(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    lock = Lock(client, name, ttl=5)
+    holder = await lock.acquire()
+    order: list[int] = []
+
+    async def waiter(i: int) -> None:
+        async with Lock(client, name, ttl=5):
+            order.append(i)
+
+    tasks = []
+    for i in range(6):
+        tasks.append(asyncio.create_task(waiter(i)))
+        await queued(client, lock, i + 1)
+    await holder.release()
+    await asyncio.gather(*tasks)
+    assert order == list(range(6))
+
+
+async def test_a_waiter_that_times_out_passes_its_turn_on(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    lock = Lock(client, name, ttl=5)
+    holder = await lock.acquire()
+    impatient = asyncio.create_task(Lock(client, name).acquire(timeout=0.2))
+    await queued(client, lock, 1)
+    patient = asyncio.create_task(Lock(client, name).acquire(timeout=10))
+    await queued(client, lock, 2)
+    with pytest.raises(TimeoutError):
+        await impatient
+    await holder.release()
+    lease = await asyncio.wait_for(patient, 5)
+    await lease.release()
+
+
+async def test_background_tasks_end_when_idle(client: redis.asyncio.Redis, name: str) -> None:
+    backend = backend_for(client)
+    lock = Lock(client, name, ttl=0.3)
+    holder = await lock.acquire()
+    waiting = asyncio.create_task(Lock(client, name).acquire())
+    await queued(client, lock, 1)
+    assert running(backend) == (True, True)
+    await holder.release()
+    lease: Lease = await waiting
+    await lease.release()
+    await asyncio.wait_for(backend.scheduler.wait_idle(), 5)
+    await asyncio.wait_for(backend.notifier.wait_idle(), 5)
+    assert running(backend) == (False, False)
+
+
+@pytest.mark.real_only
+async def test_a_broken_subscription_does_not_strand_waiters(
+    server: RedisServer, name: str
+) -> None:
+    """The pub/sub connection is killed while a task waits: it still gets the lock."""
+    client = make_client(server.url)
+    admin = make_client(server.url)
+    try:
+        lock = Lock(client, name, ttl=30)
+        holder = await Lock(admin, name, ttl=30).acquire()
+        waiting = asyncio.create_task(lock.acquire())
+        await queued(client, lock, 1)
+        await admin.client_kill_filter(_type="pubsub")
+        await holder.release()  # the notification may be lost with the connection
+        lease = await asyncio.wait_for(waiting, 10)
+        await lease.release()
+    finally:
+        await client.aclose()
+        await admin.aclose()
