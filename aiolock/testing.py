@@ -109,7 +109,8 @@ class RedisServer:
 
     @property
     def pid(self) -> int:
-        assert self._executor is not None and self._executor.process is not None
+        if self._executor is None or self._executor.process is None:
+            raise RuntimeError("the server is not running")
         return int(self._executor.process.pid)
 
     def _command(self) -> list[str]:

@@ -183,9 +183,7 @@ async def test_info_describes_the_holder(client: redis.asyncio.Redis, name: str)
         assert lease.token not in repr(info)
 
 
-async def test_renewal_keeps_the_lease_past_its_ttl(
-    client: redis.asyncio.Redis, name: str
-) -> None:
+async def test_renewal_keeps_the_lease_past_its_ttl(client: redis.asyncio.Redis, name: str) -> None:
     lock = Lock(client, name, ttl=0.3)
     async with lock as lease:
         await asyncio.sleep(1.0)
@@ -207,9 +205,7 @@ async def test_without_renewal_the_lease_is_lost_at_its_deadline(
         await lease.release()
 
 
-async def test_wait_lost_returns_none_after_release(
-    client: redis.asyncio.Redis, name: str
-) -> None:
+async def test_wait_lost_returns_none_after_release(client: redis.asyncio.Redis, name: str) -> None:
     lease = await Lock(client, name).acquire()
     watcher = asyncio.create_task(lease.wait_lost())
     await lease.release()

@@ -41,11 +41,10 @@ async def test_loss_cancels_a_task_group_inside_the_body(
             raise
 
     with pytest.raises(LeaseLostError):
-        async with lock:
-            async with asyncio.TaskGroup() as group:
-                group.create_task(child())
-                group.create_task(child())
-                await client.delete(lock.key)
+        async with lock, asyncio.TaskGroup() as group:
+            group.create_task(child())
+            group.create_task(child())
+            await client.delete(lock.key)
     assert children_cancelled == 2
 
 
