@@ -401,7 +401,8 @@ class Lock:
         """Acquire (waiting up to the Lock's `timeout`) and guard the body with the lease.
 
         The lease is the current task's: another task sharing this `Lock` gets a lease of
-        its own and cannot release this one.
+        its own and cannot release this one. The lock is not reentrant: entering it again
+        in the task that holds it raises `RuntimeError` instead of waiting forever.
 
         Cancellation:
             As for `acquire()`.
@@ -409,6 +410,11 @@ class Lock:
         task = asyncio.current_task()
         if task is None:  # pragma: no cover - asyncio always runs coroutines in a task
             raise RuntimeError("Lock must be used from an asyncio task")
+        if self._held.get(task):
+            raise RuntimeError(
+                f"lock {self._name!r} is already held by this task and is not reentrant "
+                "(waiting for it would wait forever)"
+            )
         lease = await self.acquire()
         try:
             await lease.__aenter__()
