@@ -38,7 +38,10 @@ def _number(argument: str, value: object) -> float:
         raise TypeError(
             f"{argument} must be a number of seconds (int or float), got {type(value).__name__}"
         )
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond float range is outside every accepted range
+        return math.inf
 
 
 def check_seconds(

@@ -25,6 +25,8 @@ from .errors import AcquireTimeoutError, BackendError
 __all__ = ("Lock", "LockInfo")
 
 _HOST: Final = socket.gethostname()[:255]
+_MIN_ATTEMPT_TIMEOUT: Final = 1.0
+"""Shortest time an acquire attempt gives Redis to answer (connecting included)."""
 _ABORT_TIMEOUT: Final = 1.0
 """Longest wait for the cleanup of an acquire whose outcome is unknown."""
 
@@ -242,8 +244,12 @@ class Lock:
         task = asyncio.current_task()
         task_name = task.get_name() if task is not None else ""
         validity = config.ttl - config.margin
-        # A reply later than the lease's validity would be useless: bound the call by it.
-        bound = validity if time_left is None else max(min(validity, time_left), 0.001)
+        # A reply later than the lease's validity would be useless: bound the call by it,
+        # and by the caller's wait, but give Redis at least a moment to answer even when
+        # there is nothing left to wait (a single try, or the last one).
+        bound = validity
+        if time_left is not None:
+            bound = min(validity, max(time_left, _MIN_ATTEMPT_TIMEOUT))
         sent_at = loop.time()
         try:
             reply = await backend.run(
