@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
 
@@ -154,16 +154,49 @@ class Backend:
 
         User-initiated calls go through the user's client; `background` calls (renewals)
         through aiolock's own connection, which is never busy with the user's commands.
+        The whole call, retries included, is bounded by `timeout`.
         """
         client = self._background_client() if background else self.client
-        with translate_errors(operation, name, timeout):
-            async with asyncio.timeout(timeout):
-                return await _eval(client, script, keys, args)
+        return await self._call(lambda: _eval(client, script, keys, args), timeout, operation, name)
 
     async def exists(self, key: str, *, timeout: float, name: str) -> bool:
-        with translate_errors("inspect", name, timeout):
+        return bool(await self._call(lambda: self.client.exists(key), timeout, "inspect", name))
+
+    async def _call(
+        self,
+        command: Callable[[], Awaitable[Any]],
+        timeout: float,
+        operation: str,
+        name: str | None,
+    ) -> Any:
+        """Send `command`, bounded by `timeout`, with its errors translated.
+
+        A broken connection (a pooled connection the server closed, after a restart for
+        example) is retried once at once on a new one: every script is safe to apply twice.
+
+        Cancellation:
+            A cancellation that arrives while the reply is being read propagates. On Python
+            3.11, redis-py's socket timeout (`asyncio.wait_for`) can swallow a cancellation
+            that lands just as a send completes; it is detected here by the task's cancel
+            count and re-raised, so a cancelled acquire never turns into a granted lease.
+        """
+        task = asyncio.current_task()
+        cancelling = task.cancelling() if task is not None else 0
+        with translate_errors(operation, name, timeout):
             async with asyncio.timeout(timeout):
-                return bool(await self.client.exists(key))
+                try:
+                    result = await command()
+                except redis.exceptions.ConnectionError:
+                    result = await command()
+        if task is not None and task.cancelling() > cancelling:
+            raise asyncio.CancelledError
+        return result
+
+    @staticmethod
+    def refused(error: BaseException) -> bool:
+        """Whether the server answered with an error (ACL, OOM, READONLY...), as opposed to
+        a connection that broke or did not answer."""
+        return not outcome_unknown(error)
 
     def _connection_pool(self) -> redis.asyncio.ConnectionPool:
         """A new pool with the user's connection settings and no retries of its own."""

@@ -217,6 +217,7 @@ class Lock:
                     poll = poll_delay(pttl_ms, fallback=unknown_pttl.next(), rng=notifier.rng)
                     delay = poll if remaining is None else min(poll, remaining)
                 timed_out = await waiter.wait(delay)
+                waiter.check()
                 if timed_out and waiter.is_head:
                     must_try = True
         finally:

@@ -25,6 +25,7 @@ import random
 from typing import TYPE_CHECKING, Any, Final
 
 from ._retry import Backoff
+from .errors import BackendError
 
 if TYPE_CHECKING:
     from redis.asyncio.client import PubSub
@@ -34,6 +35,10 @@ if TYPE_CHECKING:
 __all__ = ("Notifier", "WaitQueue", "Waiter")
 
 logger = logging.getLogger("aiolock")
+
+SUBSCRIBE_TIMEOUT: Final = 2.0
+"""Longest a new waiter waits for its subscription to be confirmed before it relies on its
+fallback timer alone (the server may be unreachable: its attempts will say so)."""
 
 LINGER: Final = 1.0
 """Seconds a subscription (and the pub/sub connection) outlives its last waiter, so that
@@ -74,6 +79,16 @@ class Waiter:
         pending, self._try_now = self._try_now, False
         return pending
 
+    def check(self) -> None:
+        """Raise `BackendError` if notifications for this queue were refused by the server."""
+        refusal = self.queue.refusal
+        if refusal is not None:
+            raise BackendError(
+                f"subscription to {self.queue.channel!r} was refused: {refusal}",
+                operation="subscribe",
+                name=None,
+            ) from refusal
+
     async def wait(self, timeout: float | None) -> bool:
         """Sleep until woken, nudged, or `timeout` passes; True if the timeout passed."""
         if self._try_now:
@@ -92,18 +107,30 @@ class Waiter:
 class WaitQueue:
     """The waiters of one lock name in this process, first come first served."""
 
-    __slots__ = ("channel", "last_local_fence", "requested", "subscribed", "waiters")
+    __slots__ = ("_recent", "channel", "refusal", "requested", "subscribed", "waiters")
 
     def __init__(self, channel: str) -> None:
         self.channel = channel
         self.waiters: collections.deque[Waiter] = collections.deque()
-        self.subscribed = asyncio.Event()
+        self.subscribed = asyncio.Event()  # set once subscribed, or once refused
         self.requested = False  # SUBSCRIBE sent on the current connection
-        self.last_local_fence: str | None = None
+        self.refusal: Exception | None = None
+        self._recent: collections.deque[str] = collections.deque(maxlen=8)
 
     def wake_head(self) -> None:
         if self.waiters:
             self.waiters[0].wake()
+
+    def released(self, fence: str) -> None:
+        """A release was seen, from this process's own release or from the channel.
+
+        Each release is seen twice when its holder is in this process (the release's
+        reply, then its echo on the channel, in either order): the first wakes the head,
+        the second is recognised by the fencing token and ignored.
+        """
+        if fence not in self._recent:
+            self._recent.append(fence)
+            self.wake_head()
 
 
 class Notifier:
@@ -121,6 +148,11 @@ class Notifier:
     def queue_length(self, channel: str) -> int:
         queue = self._queues.get(channel)
         return len(queue.waiters) if queue is not None else 0
+
+    def is_subscribed(self, channel: str) -> bool:
+        """Whether waiters of `channel` are subscribed (a release now reaches them)."""
+        queue = self._queues.get(channel)
+        return queue is not None and queue.subscribed.is_set() and queue.refusal is None
 
     @property
     def running(self) -> bool:
@@ -151,10 +183,12 @@ class Notifier:
         try:
             if not queue.subscribed.is_set():
                 await self._subscribe(queue)
-                async with asyncio.timeout(timeout):
+                bound = SUBSCRIBE_TIMEOUT if timeout is None else min(timeout, SUBSCRIBE_TIMEOUT)
+                async with asyncio.timeout(bound):
                     await queue.subscribed.wait()
+            waiter.check()
         except TimeoutError:
-            pass  # the caller's attempts and fallback timer still work without the message
+            pass  # not subscribed yet: the head's attempts and fallback timer still work
         except BaseException:
             self.leave(waiter, acquired=False)
             raise
@@ -187,9 +221,8 @@ class Notifier:
     def local_release(self, channel: str, fence: str) -> None:
         """A lease of this process was released: wake the local head without waiting for Redis."""
         queue = self._queues.get(channel)
-        if queue is not None and queue.waiters:
-            queue.last_local_fence = fence
-            queue.wake_head()
+        if queue is not None:
+            queue.released(fence)
 
     # ----------------------------------------------------------------- the listener
     async def _subscribe(self, queue: WaitQueue) -> None:
@@ -224,10 +257,18 @@ class Notifier:
                         await pubsub.subscribe(*self._queues, *self._subscribed)
                     message = await pubsub.get_message(timeout=LINGER)
                 except self._backend.connection_errors as exc:
-                    logger.warning("aiolock: pub/sub connection lost, reconnecting: %s", exc)
                     await self._reset_pubsub(replace=True)
-                    for queue in self._queues.values():
-                        queue.wake_head()  # a release may have been missed
+                    if self._backend.refused(exc):
+                        logger.warning("aiolock: subscription refused: %s", exc)
+                        for queue in self._queues.values():
+                            queue.refusal = exc
+                            queue.subscribed.set()
+                            for waiter in queue.waiters:
+                                waiter.nudge()  # each raises the refusal as BackendError
+                    else:
+                        logger.warning("aiolock: pub/sub connection lost, reconnecting: %s", exc)
+                        for queue in self._queues.values():
+                            queue.wake_head()  # a release may have been missed
                     await asyncio.sleep(backoff.next())
                     continue
                 backoff.reset()
@@ -275,9 +316,7 @@ class Notifier:
         elif kind == "message" and queue is not None:
             self.messages_received += 1
             data = message["data"]
-            fence = data.decode() if isinstance(data, bytes) else str(data)
-            if fence != queue.last_local_fence:
-                queue.wake_head()
+            queue.released(data.decode() if isinstance(data, bytes) else str(data))
 
     async def _drop_idle_channels(self, now: float) -> None:
         idle = [ch for ch, since in self._subscribed.items() if now - since >= LINGER]
