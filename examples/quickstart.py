@@ -24,7 +24,7 @@ async def redis_url() -> AsyncIterator[str]:
     if url:
         yield url
         return
-    from aiolock.testing import RedisServer, find_binaries
+    from aiolock.testing import RedisServer, find_binaries  # noqa: PLC0415 - optional extra
 
     binaries = find_binaries()
     if not binaries:
