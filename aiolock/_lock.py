@@ -15,7 +15,7 @@ from typing import Final, final
 from ._backend import AsyncRedis, Backend, backend_for, check_client, outcome_unknown
 from ._cancel import run_shielded
 from ._config import LockConfig, check_name, check_timeout
-from ._layout import FENCE_KEY_TTL_MS, LockKeys
+from ._layout import FENCE_KEY_TTL_MS, GRACE_MS, RESERVATION_MS, LockKeys
 from ._lease import Lease
 from ._retry import Backoff, poll_delay
 from ._scripts import ACQUIRE, INSPECT, RELEASE, RENEW
@@ -204,9 +204,15 @@ class Lock:
                 if waiter.is_head and (waiter.take_wakeup() or must_try):
                     must_try = False
                     attempts += 1
-                    attempt = await self._attempt(backend, time_left())
+                    queue = waiter.queue
+                    behind = len(queue.waiters) - 1
+                    queue.registered = True
+                    attempt = await self._attempt(
+                        backend, time_left(), queue=queue.wid, behind=behind
+                    )
                     if attempt.lease is not None:
                         acquired = True
+                        queue.registered = behind > 0  # re-queued for those behind
                         return attempt.lease
                     pttl_ms = attempt.pttl_ms
                 remaining = time_left()
@@ -218,10 +224,19 @@ class Lock:
                     delay = poll if remaining is None else min(poll, remaining)
                 timed_out = await waiter.wait(delay)
                 waiter.check()
+                if waiter.poll_hint_ms is not None:  # the lock was handed to another process
+                    pttl_ms, waiter.poll_hint_ms = waiter.poll_hint_ms, None
                 if timed_out and waiter.is_head:
                     must_try = True
         finally:
-            notifier.leave(waiter, acquired=acquired)
+            queue_id = notifier.leave(waiter, acquired=acquired)
+            if queue_id is not None:
+                # The last waiter of this process gives up (timeout, cancellation, error):
+                # take its queue out of Redis first, so no release is reserved for it.
+                with contextlib.suppress(BackendError, TimeoutError):
+                    await run_shielded(
+                        self._withdraw(backend, queue_id), timeout=_ABORT_TIMEOUT + 0.5
+                    )
 
     async def try_acquire(self) -> Lease | None:
         """Try once, without waiting: the `Lease`, or None if someone else holds the lock.
@@ -237,8 +252,14 @@ class Lock:
         except AcquireTimeoutError:
             return None
 
-    async def _attempt(self, backend: Backend, time_left: float | None) -> _Attempt:
-        """One acquire script call: one round trip."""
+    async def _attempt(
+        self, backend: Backend, time_left: float | None, *, queue: str = "", behind: int = 0
+    ) -> _Attempt:
+        """One acquire script call: one round trip.
+
+        `queue` is the id of this process's wait queue for the lock (empty: do not queue),
+        `behind` the number of this process's waiters queued behind the caller.
+        """
         config = self._config
         loop = backend.loop
         token = secrets.token_hex(16)
@@ -255,8 +276,18 @@ class Lock:
         try:
             reply = await backend.run(
                 ACQUIRE,
-                [self._keys.lock, self._keys.fence],
-                [token, config.ttl_ms, _HOST, os.getpid(), task_name[:200], FENCE_KEY_TTL_MS],
+                self._keys.for_acquire,
+                [
+                    token,
+                    config.ttl_ms,
+                    _HOST,
+                    os.getpid(),
+                    task_name[:200],
+                    FENCE_KEY_TTL_MS,
+                    queue,
+                    behind,
+                    GRACE_MS,
+                ],
                 timeout=bound,
                 operation="acquire",
                 name=self._name,
@@ -297,8 +328,9 @@ class Lock:
         return RenewalEntry(
             lease_ref=ref,
             key=self._keys.lock,
-            fence_key=self._keys.fence,
-            channel=self._keys.channel,
+            release=lambda: self._release_token(
+                backend, token, abort=False, timeout=_ABORT_TIMEOUT, background=True
+            ),
             token=token,
             ttl_ms=config.ttl_ms,
             interval=config.renew_interval,
@@ -314,16 +346,58 @@ class Lock:
         """
         with contextlib.suppress(BackendError, TimeoutError):
             await run_shielded(
-                backend.run(
-                    RELEASE,
-                    [self._keys.lock, self._keys.fence],
-                    [token, self._keys.channel, FENCE_KEY_TTL_MS, "1"],
-                    timeout=_ABORT_TIMEOUT,
-                    operation="release",
-                    name=self._name,
-                ),
+                self._release_token(backend, token, abort=True, timeout=_ABORT_TIMEOUT),
                 timeout=_ABORT_TIMEOUT + 0.5,
             )
+
+    async def _withdraw(self, backend: Backend, queue_id: str) -> None:
+        """Take this process's wait queue out of Redis; pass on a reservation made for it."""
+        reply = await backend.run(
+            RELEASE,
+            self._keys.for_release,
+            ["", self._keys.channel, FENCE_KEY_TTL_MS, "0", RESERVATION_MS, queue_id],
+            timeout=_ABORT_TIMEOUT,
+            operation="release",
+            name=self._name,
+        )
+        handed_to = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+        backend.notifier.local_release(self._keys.channel, f"w{queue_id}", handed_to)
+
+    async def _release_token(
+        self,
+        backend: Backend,
+        token: str,
+        *,
+        abort: bool,
+        timeout: float,
+        background: bool = False,
+        fencing_token: int | None = None,
+    ) -> int:
+        """Run the release script for `token`: 1 released now, 2 already, 0 not the owner.
+
+        A release that hands the lock on is also told to this process's waiters at once.
+        """
+        reply = await backend.run(
+            RELEASE,
+            self._keys.for_release,
+            [
+                token,
+                self._keys.channel,
+                FENCE_KEY_TTL_MS,
+                "1" if abort else "0",
+                RESERVATION_MS,
+                "",
+            ],
+            timeout=timeout,
+            operation="release",
+            name=self._name,
+            background=background,
+        )
+        status = int(reply[0])
+        if status == 1 and fencing_token is not None:
+            reserved = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+            backend.notifier.local_release(self._keys.channel, str(fencing_token), reserved)
+        return status
 
     def _timeout_error(self, waited: float, attempts: int) -> AcquireTimeoutError:
         return AcquireTimeoutError(
@@ -346,18 +420,14 @@ class Lock:
         return int(reply[0]) == 1
 
     async def _release_lease(self, lease: Lease, *, timeout: float) -> bool:
-        backend = backend_for(self._client)
-        reply = await backend.run(
-            RELEASE,
-            [self._keys.lock, self._keys.fence],
-            [lease.token, self._keys.channel, FENCE_KEY_TTL_MS, "0"],
+        status = await self._release_token(
+            backend_for(self._client),
+            lease.token,
+            abort=False,
             timeout=timeout,
-            operation="release",
-            name=self._name,
+            fencing_token=lease.fencing_token,
         )
-        if int(reply) == 1:
-            backend.notifier.local_release(self._keys.channel, str(lease.fencing_token))
-        return int(reply) != 0
+        return status != 0
 
     # ----------------------------------------------------------------- inspection
     async def locked(self) -> bool:

@@ -28,24 +28,47 @@ class Script:
 ACQUIRE = Script(
     "acquire",
     """
--- KEYS[1] holder hash, KEYS[2] fence hash
+-- KEYS[1] holder hash, KEYS[2] fence hash, KEYS[3] waiter queue (zset), KEYS[4] waiter entries
 -- ARGV[1] token, ARGV[2] ttl (ms), ARGV[3] host, ARGV[4] pid, ARGV[5] task name,
--- ARGV[6] fence hash ttl (ms)
+-- ARGV[6] fence hash ttl (ms), ARGV[7] id of the caller's process-local wait queue
+-- ('' = do not queue), ARGV[8] waiters of that process queued behind the caller,
+-- ARGV[9] grace (ms) a queue entry outlives the holder's expiry
 -- Returns {1, fencing token}: acquired (also when a retry finds the key already ours);
---         {0, pttl ms of the current holder}: held by someone else;
+--         {0, pttl ms}: held, or reserved for another queue; the caller's queue entry is
+--           added (at the back) or refreshed, and lives until pttl + grace;
 --         {-1, 0}: this token was aborted by its owner, it must never be granted.
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now_ms = math.floor(now_us / 1000)
 local current = redis.call('HGET', KEYS[1], 'token')
 if current == ARGV[1] then
   return {1, tonumber(redis.call('HGET', KEYS[1], 'fence'))}
 end
-if current then
-  return {0, redis.call('PTTL', KEYS[1])}
+local wid = ARGV[7]
+local function enqueue(until_ms, count)
+  if not redis.call('ZSCORE', KEYS[3], wid) then
+    redis.call('ZADD', KEYS[3], now_us, wid)
+  end
+  redis.call('HSET', KEYS[4], wid,
+    string.format('%.0f %d %s %s', until_ms, count, ARGV[3], ARGV[4]))
+  local window = until_ms - now_ms + 1000
+  if redis.call('PTTL', KEYS[3]) < window then
+    redis.call('PEXPIRE', KEYS[3], window)
+    redis.call('PEXPIRE', KEYS[4], window)
+  end
+end
+local reserved = redis.call('HGET', KEYS[1], 'reserved')
+if current or (reserved and reserved ~= wid) then
+  local pttl = redis.call('PTTL', KEYS[1])
+  if wid ~= '' then
+    enqueue(now_ms + math.max(pttl, 0) + tonumber(ARGV[9]), tonumber(ARGV[8]) + 1)
+  end
+  return {0, pttl}
 end
 if redis.call('HGET', KEYS[2], 'aborted') == ARGV[1] then
   return {-1, 0}
 end
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- Free, or reserved for the caller's queue: take it.
 local fence = tonumber(redis.call('HGET', KEYS[2], 'n') or '0') + 1
 if fence < now_us then
   fence = now_us
@@ -53,10 +76,19 @@ end
 local fence_s = string.format('%.0f', fence)
 redis.call('HSET', KEYS[2], 'n', fence_s)
 redis.call('PEXPIRE', KEYS[2], ARGV[6])
+redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'v', '1', 'token', ARGV[1], 'fence', fence_s,
   'host', ARGV[3], 'pid', ARGV[4], 'task', ARGV[5],
-  'acquired_ms', string.format('%.0f', math.floor(now_us / 1000)), 'ttl_ms', ARGV[2])
+  'acquired_ms', string.format('%.0f', now_ms), 'ttl_ms', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if wid ~= '' then
+  redis.call('ZREM', KEYS[3], wid)
+  redis.call('HDEL', KEYS[4], wid)
+  if tonumber(ARGV[8]) > 0 then
+    -- More waiters in the caller's process: back of the queue, for after this hold.
+    enqueue(now_ms + tonumber(ARGV[2]) + tonumber(ARGV[9]), tonumber(ARGV[8]))
+  end
+end
 return {1, fence}
 """,
 )
@@ -64,28 +96,77 @@ return {1, fence}
 RELEASE = Script(
     "release",
     """
--- KEYS[1] holder hash, KEYS[2] fence hash
--- ARGV[1] token, ARGV[2] release channel, ARGV[3] fence hash ttl (ms),
--- ARGV[4] '1' to abort: also forbid a later acquire with this token (its outcome is unknown)
--- Returns 1: released now (and announced on the channel);
---         2: released already, by an earlier attempt of this same call;
---         0: not the owner (expired, deleted, or someone else holds it).
-if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
+-- KEYS[1] holder hash, KEYS[2] fence hash, KEYS[3] waiter queue, KEYS[4] waiter entries,
+-- KEYS[5] recent hold durations (list)
+-- ARGV[1] token ('' when only withdrawing a queue), ARGV[2] release channel,
+-- ARGV[3] fence hash ttl (ms),
+-- ARGV[4] '1' to abort: also forbid a later acquire with this token (its outcome is unknown),
+-- ARGV[5] reservation (ms): how long the lock waits for the first queued waiter to claim it,
+-- ARGV[6] id of a wait queue to withdraw ('' for none): its process stopped waiting
+-- Returns {1, queue id}: released now, reserved for that waiter queue ('' if none waited),
+--           and announced on the channel as "<fencing token> <queue id>";
+--         {2, ''}: released already, by an earlier attempt of this same call;
+--         {3, queue id}: the queue was withdrawn; if the lock was reserved for it, it was
+--           handed on (to the returned queue id, or '' for nobody) and announced;
+--         {0, ''}: not the owner (expired, deleted, or someone else holds it).
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- Give the lock to the first queue whose entry has not expired, and announce it.
+local function hand_over(fence)
+  local wid = ''
+  while true do
+    local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    if not head then
+      break
+    end
+    local entry = redis.call('HGET', KEYS[4], head)
+    local until_ms = tonumber(entry and string.match(entry, '^(%d+)') or '0')
+    redis.call('ZREM', KEYS[3], head)
+    redis.call('HDEL', KEYS[4], head)
+    if until_ms >= now_ms then
+      wid = head
+      break
+    end
+  end
+  if wid ~= '' then
+    redis.call('HSET', KEYS[1], 'reserved', wid)
+    redis.call('PEXPIRE', KEYS[1], ARGV[5])
+  end
+  redis.call('PUBLISH', ARGV[2], fence .. ' ' .. wid)
+  return wid
+end
+
+if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
   local fence = redis.call('HGET', KEYS[1], 'fence')
+  local acquired = tonumber(redis.call('HGET', KEYS[1], 'acquired_ms') or '0')
   redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[2], 'released', ARGV[1])
   redis.call('PEXPIRE', KEYS[2], ARGV[3])
-  redis.call('PUBLISH', ARGV[2], fence)
-  return 1
+  if acquired > 0 and ARGV[4] ~= '1' then
+    redis.call('LPUSH', KEYS[5], string.format('%.0f', now_ms - acquired))
+    redis.call('LTRIM', KEYS[5], 0, 99)
+    redis.call('PEXPIRE', KEYS[5], ARGV[3])
+  end
+  return {1, hand_over(fence)}
+end
+if ARGV[6] ~= '' then
+  redis.call('ZREM', KEYS[3], ARGV[6])
+  redis.call('HDEL', KEYS[4], ARGV[6])
+  if redis.call('HGET', KEYS[1], 'reserved') == ARGV[6] then
+    redis.call('DEL', KEYS[1])
+    return {3, hand_over('w' .. ARGV[6])}
+  end
+  return {3, ''}
 end
 if redis.call('HGET', KEYS[2], 'released') == ARGV[1] then
-  return 2
+  return {2, ''}
 end
 if ARGV[4] == '1' then
   redis.call('HSET', KEYS[2], 'aborted', ARGV[1])
   redis.call('PEXPIRE', KEYS[2], ARGV[3])
 end
-return 0
+return {0, ''}
 """,
 )
 

@@ -22,8 +22,10 @@ import asyncio
 import collections
 import logging
 import random
+import secrets
 from typing import TYPE_CHECKING, Any, Final
 
+from ._layout import RESERVATION_MS
 from ._retry import Backoff
 from .errors import BackendError
 
@@ -53,12 +55,13 @@ def _connected(pubsub: PubSub) -> bool:
 class Waiter:
     """One task's place in a `WaitQueue`."""
 
-    __slots__ = ("_future", "_try_now", "queue")
+    __slots__ = ("_future", "_try_now", "poll_hint_ms", "queue")
 
     def __init__(self, queue: WaitQueue) -> None:
         self.queue = queue
         self._future: asyncio.Future[None] | None = None
         self._try_now = False
+        self.poll_hint_ms: int | None = None  # when to check next, if told by a notification
 
     @property
     def is_head(self) -> bool:
@@ -107,10 +110,21 @@ class Waiter:
 class WaitQueue:
     """The waiters of one lock name in this process, first come first served."""
 
-    __slots__ = ("_recent", "channel", "refusal", "requested", "subscribed", "waiters")
+    __slots__ = (
+        "_recent",
+        "channel",
+        "refusal",
+        "registered",
+        "requested",
+        "subscribed",
+        "waiters",
+        "wid",
+    )
 
     def __init__(self, channel: str) -> None:
         self.channel = channel
+        self.wid = secrets.token_hex(8)  # this queue's id in the lock's queue in Redis
+        self.registered = False  # an attempt may have put `wid` in the queue in Redis
         self.waiters: collections.deque[Waiter] = collections.deque()
         self.subscribed = asyncio.Event()  # set once subscribed, or once refused
         self.requested = False  # SUBSCRIBE sent on the current connection
@@ -121,16 +135,26 @@ class WaitQueue:
         if self.waiters:
             self.waiters[0].wake()
 
-    def released(self, fence: str) -> None:
+    def released(self, fence: str, reserved_for: str) -> None:
         """A release was seen, from this process's own release or from the channel.
 
+        If the lock was handed to this queue, or to nobody, the head is woken to take it.
+        If it was handed to another process's queue, the head is told to check again once
+        that reservation would have lapsed (in case that process died), and sleeps on.
+
         Each release is seen twice when its holder is in this process (the release's
-        reply, then its echo on the channel, in either order): the first wakes the head,
-        the second is recognised by the fencing token and ignored.
+        reply, then its echo on the channel, in either order): the first counts, the
+        second is recognised by the fencing token and ignored.
         """
-        if fence not in self._recent:
-            self._recent.append(fence)
+        if fence in self._recent or not self.waiters:
+            return
+        self._recent.append(fence)
+        if reserved_for in ("", self.wid):
             self.wake_head()
+        else:
+            head = self.waiters[0]
+            head.poll_hint_ms = RESERVATION_MS
+            head.nudge()
 
 
 class Notifier:
@@ -194,35 +218,43 @@ class Notifier:
             raise
         return waiter
 
-    def leave(self, waiter: Waiter, *, acquired: bool) -> None:
+    def leave(self, waiter: Waiter, *, acquired: bool) -> str | None:
         """Take `waiter` out of its queue.
 
         If it was at the head and did not acquire, the next waiter is woken to try at once:
         a release meant for the leaver must not be lost. If it acquired, the next waiter
         becomes head without trying (the lock is held), and waits for the release.
+
+        Returns the queue id the caller must withdraw from Redis (the last waiter of this
+        process gave up: no release may be reserved for its queue any more), or None.
         """
         queue = waiter.queue
         was_head = waiter.is_head
         try:
             queue.waiters.remove(waiter)
         except ValueError:
-            return
+            return None
         if queue.waiters:
             if was_head:
-                if acquired:
-                    queue.waiters[0].nudge()
+                if acquired and queue.registered:
+                    queue.waiters[0].nudge()  # already queued in Redis by the acquire
                 else:
                     queue.waiters[0].wake()
-            return
+            return None
         del self._queues[queue.channel]
         if queue.requested:
             self._subscribed[queue.channel] = self._backend.loop.time()
+        return queue.wid if queue.registered and not acquired else None
 
-    def local_release(self, channel: str, fence: str) -> None:
-        """A lease of this process was released: wake the local head without waiting for Redis."""
+    def queue_id(self, channel: str) -> str:
+        """The id under which this process's waiters of `channel` queue in Redis."""
+        return self._queues[channel].wid
+
+    def local_release(self, channel: str, fence: str, reserved_for: str) -> None:
+        """A lease of this process was released: act on it without waiting for the echo."""
         queue = self._queues.get(channel)
         if queue is not None:
-            queue.released(fence)
+            queue.released(fence, reserved_for)
 
     # ----------------------------------------------------------------- the listener
     async def _subscribe(self, queue: WaitQueue) -> None:
@@ -316,7 +348,9 @@ class Notifier:
         elif kind == "message" and queue is not None:
             self.messages_received += 1
             data = message["data"]
-            queue.released(data.decode() if isinstance(data, bytes) else str(data))
+            text = data.decode() if isinstance(data, bytes) else str(data)
+            fence, _, reserved_for = text.partition(" ")
+            queue.released(fence, reserved_for)
 
     async def _drop_idle_channels(self, now: float) -> None:
         idle = [ch for ch, since in self._subscribed.items() if now - since >= LINGER]

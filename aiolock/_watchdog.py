@@ -25,11 +25,11 @@ import heapq
 import itertools
 import logging
 import random
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final
 
-from ._layout import FENCE_KEY_TTL_MS
 from ._retry import Backoff
-from ._scripts import RELEASE, RENEW
+from ._scripts import RENEW
 from .errors import BackendError
 
 if TYPE_CHECKING:
@@ -53,12 +53,11 @@ class RenewalEntry:
     __slots__ = (
         "active",
         "backoff",
-        "channel",
         "due",
-        "fence_key",
         "interval",
         "key",
         "lease_ref",
+        "release",
         "stop_at",
         "token",
         "ttl_ms",
@@ -69,20 +68,18 @@ class RenewalEntry:
         *,
         lease_ref: weakref.ref[Lease],
         key: str,
-        fence_key: str,
-        channel: str,
         token: str,
         ttl_ms: int,
         interval: float,
         due: float,
         stop_at: float | None,
         rng: random.Random,
+        release: Callable[[], Awaitable[object]],
     ) -> None:
         self.lease_ref = lease_ref
         self.key = key
-        self.fence_key = fence_key
-        self.channel = channel
         self.token = token
+        self.release = release  # deletes the key if still ours: for an abandoned lease
         self.ttl_ms = ttl_ms
         self.interval = interval
         self.due = due
@@ -261,14 +258,6 @@ class RenewalScheduler:
         entries, self._abandoned = self._abandoned, []
         for entry in entries:
             try:
-                await self._backend.run(
-                    RELEASE,
-                    [entry.key, entry.fence_key],
-                    [entry.token, entry.channel, FENCE_KEY_TTL_MS, "0"],
-                    timeout=max(entry.ttl_ms / 1000, 0.1),
-                    operation="release",
-                    name=None,
-                    background=True,
-                )
+                await entry.release()
             except BackendError as exc:
                 logger.warning("aiolock: could not release an abandoned lease: %s", exc)

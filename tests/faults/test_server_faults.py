@@ -24,7 +24,7 @@ from redis.backoff import NoBackoff
 
 from aiolock import AcquireTimeoutError, BackendError, Lease, LeaseLostError, Lock, LossReason
 from aiolock._backend import backend_for
-from aiolock._layout import FENCE_KEY_TTL_MS, LockKeys
+from aiolock._layout import FENCE_KEY_TTL_MS, GRACE_MS, RESERVATION_MS, LockKeys
 from aiolock._scripts import ACQUIRE, RELEASE, Script
 from aiolock._waiting import Notifier, Waiter
 
@@ -430,21 +430,21 @@ async def test_scripts_applied_twice_give_the_same_answer(server: RedisServer, n
     """What redis-py's retry after a lost reply does: the same script twice, one token."""
     client = make_client(server.url)
     keys = LockKeys.build("aiolock", name)
-    lock_keys = [keys.lock, keys.fence]
 
     def acquire_args(token: str) -> list[str | int]:
-        return [token, 5000, "host", os.getpid(), "task", FENCE_KEY_TTL_MS]
+        return [token, 5000, "host", os.getpid(), "task", FENCE_KEY_TTL_MS, "", 0, GRACE_MS]
 
     def release_args(token: str, abort: str) -> list[str | int]:
-        return [token, keys.channel, FENCE_KEY_TTL_MS, abort]
+        return [token, keys.channel, FENCE_KEY_TTL_MS, abort, RESERVATION_MS, ""]
 
     try:
         backend = backend_for(client)
 
         async def run(script: Script, args: list[str | int]) -> Any:
             operation = "acquire" if script is ACQUIRE else "release"
+            keys_of = keys.for_acquire if script is ACQUIRE else keys.for_release
             return await backend.run(
-                script, lock_keys, args, timeout=5, operation=operation, name=name
+                script, keys_of, args, timeout=5, operation=operation, name=name
             )
 
         token = secrets.token_hex(16)
@@ -456,12 +456,12 @@ async def test_scripts_applied_twice_give_the_same_answer(server: RedisServer, n
         assert [int(v) for v in second] == [1, fence]
         assert 4000 < await client.pttl(keys.lock) <= 5000
 
-        assert await run(RELEASE, release_args(token, "0")) == 1
-        assert await run(RELEASE, release_args(token, "0")) == 2
+        assert await run(RELEASE, release_args(token, "0")) == [1, b""]
+        assert await run(RELEASE, release_args(token, "0")) == [2, b""]
         assert not await client.exists(keys.lock)
 
         aborted = secrets.token_hex(16)
-        assert await run(RELEASE, release_args(aborted, "1")) == 0
+        assert await run(RELEASE, release_args(aborted, "1")) == [0, b""]
         late = await run(ACQUIRE, acquire_args(aborted))
         assert isinstance(late, list)
         assert [int(v) for v in late] == [-1, 0]

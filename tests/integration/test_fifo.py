@@ -1,0 +1,167 @@
+"""Hand-off across processes: the waiter queue in Redis, reservations, withdrawal.
+
+Each client stands for a process: it has its own notifier and its own wait queue id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio
+
+from aiolock import Lease, Lock
+from aiolock._backend import backend_for
+from aiolock._layout import RESERVATION_MS, LockKeys
+
+from ..conftest import CommandLog, make_client
+
+
+@pytest.fixture
+async def clients(
+    backend_kind: str, client: redis.asyncio.Redis, request: pytest.FixtureRequest
+) -> AsyncIterator[list[redis.asyncio.Redis]]:
+    """Four clients on one server, as four processes would have."""
+    if backend_kind == "real":
+        url = request.getfixturevalue("server_url")
+        others = [make_client(url) for _ in range(3)]
+    else:
+        import fakeredis
+
+        others = [
+            fakeredis.FakeAsyncRedis(connection_pool=client.connection_pool) for _ in range(3)
+        ]
+    try:
+        yield [client, *others]
+    finally:
+        for other in others:
+            if other.connection_pool is not client.connection_pool:
+                await other.aclose()
+
+
+async def queued_in_redis(client: redis.asyncio.Redis, name: str, count: int) -> None:
+    keys = LockKeys.build("aiolock", name)
+    while await client.zcard(keys.queue) < count:
+        await asyncio.sleep(0.001)
+
+
+async def test_waiting_processes_are_served_in_arrival_order(
+    clients: list[redis.asyncio.Redis], name: str
+) -> None:
+    holder = await Lock(clients[0], name, ttl=10).acquire()
+    order: list[int] = []
+
+    async def waiter(i: int) -> None:
+        async with Lock(clients[i], name, ttl=10):
+            order.append(i)
+
+    tasks = []
+    for i in (3, 1, 2):
+        tasks.append(asyncio.create_task(waiter(i)))
+        await queued_in_redis(clients[0], name, len(tasks))
+    await holder.release()
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert order == [3, 1, 2]
+
+
+async def test_a_released_lock_is_reserved_for_the_first_waiting_process(
+    clients: list[redis.asyncio.Redis], name: str
+) -> None:
+    holder = await Lock(clients[0], name, ttl=10).acquire()
+    first = asyncio.create_task(Lock(clients[1], name, ttl=10).acquire())
+    await queued_in_redis(clients[0], name, 1)
+    await holder.release()
+    # Between the release and the claim, a newcomer cannot barge in.
+    assert await Lock(clients[2], name, ttl=10).try_acquire() is None
+    lease = await asyncio.wait_for(first, 5)
+    await lease.release()
+
+
+async def test_a_crashed_waiters_entry_costs_one_reservation_at_most(
+    clients: list[redis.asyncio.Redis], name: str
+) -> None:
+    keys = LockKeys.build("aiolock", name)
+    holder = await Lock(clients[0], name, ttl=10).acquire()
+    # A process that queued and then died: its entry is still there, with time to live.
+    now_ms = int((await clients[0].time())[0]) * 1000
+    await clients[0].zadd(keys.queue, {"deadbeefdeadbeef": 1})
+    await clients[0].hset(keys.waiters, "deadbeefdeadbeef", f"{now_ms + 60_000} 1 gone 1")
+    live = asyncio.create_task(Lock(clients[1], name, ttl=10).acquire())
+    await queued_in_redis(clients[0], name, 2)
+    loop = asyncio.get_running_loop()
+    released_at = loop.time()
+    await holder.release()
+    lease = await asyncio.wait_for(live, 10)
+    waited = loop.time() - released_at
+    assert waited < RESERVATION_MS / 1000 + 1.0, "one lapsed reservation, then the live waiter"
+    await lease.release()
+
+
+async def test_a_waiter_that_gives_up_withdraws_from_the_queue(
+    clients: list[redis.asyncio.Redis], name: str
+) -> None:
+    keys = LockKeys.build("aiolock", name)
+    holder = await Lock(clients[0], name, ttl=10).acquire()
+    with pytest.raises(TimeoutError):
+        await Lock(clients[1], name, ttl=10).acquire(timeout=0.2)
+    assert await clients[0].zcard(keys.queue) == 0
+    await holder.release()
+    assert not await Lock(clients[0], name).locked(), "nothing reserved for a queue that left"
+
+
+async def test_a_cancelled_waiter_passes_on_a_reservation_made_for_it(
+    clients: list[redis.asyncio.Redis], name: str
+) -> None:
+    holder = await Lock(clients[0], name, ttl=10).acquire()
+    first = asyncio.create_task(Lock(clients[1], name, ttl=10).acquire())
+    await queued_in_redis(clients[0], name, 1)
+    second = asyncio.create_task(Lock(clients[2], name, ttl=10).acquire())
+    await queued_in_redis(clients[0], name, 2)
+    notifier = backend_for(clients[1]).notifier
+    await holder.release()  # reserved for the first queue...
+    # ...which gives up before or while claiming it: either its withdrawal passes the
+    # reservation on, or the abort of its claim releases the lock to the next queue.
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert notifier.queue_length(LockKeys.build("aiolock", name).channel) == 0
+    lease: Lease = await asyncio.wait_for(second, 5)
+    await lease.release()
+
+
+async def test_hold_durations_are_recorded(clients: list[redis.asyncio.Redis], name: str) -> None:
+    keys = LockKeys.build("aiolock", name)
+    for _ in range(3):
+        async with Lock(clients[0], name):
+            await asyncio.sleep(0.02)
+    holds = [int(ms) for ms in await clients[0].lrange(keys.holds, 0, -1)]
+    assert len(holds) == 3
+    assert all(15 <= ms < 1000 for ms in holds)
+    assert 0 < await clients[0].pttl(keys.holds) <= 86_400_000
+
+
+@pytest.mark.real_only
+async def test_a_hand_off_between_processes_costs_one_release_and_one_acquire(
+    server_url: str, name: str
+) -> None:
+    logs = [CommandLog(), CommandLog()]
+    a, b = (make_client(server_url, log) for log in logs)
+    try:
+        for client in (a, b):  # load the scripts: what follows is the steady state
+            await (await Lock(client, f"{name}:warm-up").acquire()).release()
+        holder = await Lock(a, name, ttl=10).acquire()
+        waiting = asyncio.create_task(Lock(b, name, ttl=10).acquire())
+        await queued_in_redis(a, name, 1)
+        while not backend_for(b).notifier.is_subscribed(LockKeys.build("aiolock", name).channel):
+            await asyncio.sleep(0.001)
+        marks = [log.mark() for log in logs]
+        await holder.release()
+        lease = await asyncio.wait_for(waiting, 5)
+        assert logs[0].since(marks[0]) == Counter({"EVALSHA release": 1})
+        assert logs[1].since(marks[1]) == Counter({"EVALSHA acquire": 1})
+        await lease.release()
+    finally:
+        await a.aclose()
+        await b.aclose()
