@@ -12,6 +12,9 @@ Public names are exported from here only; the modules behind them are private.
 
 from __future__ import annotations
 
+from ._events import EventKind as EventKind
+from ._events import LockEvent as LockEvent
+from ._events import add_listener as add_listener
 from ._lease import Lease as Lease
 from ._lock import Lock as Lock
 from ._lock import LockInfo as LockInfo
@@ -29,13 +32,16 @@ __all__ = (
     "AiolockError",
     "BackendError",
     "ConfigError",
+    "EventKind",
     "Lease",
     "LeaseLostError",
     "Lock",
     "LockError",
+    "LockEvent",
     "LockInfo",
     "LossReason",
     "__version__",
+    "add_listener",
 )
 
 for _name in __all__:

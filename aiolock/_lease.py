@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Final, Protocol, final
 
 import anyio
 
+from . import _events as events
 from ._cancel import run_shielded
 from .errors import AiolockError, BackendError, LeaseLostError, LossReason
 
@@ -92,6 +93,7 @@ class Lease:
         "_deadline",
         "_ended",
         "_entry",
+        "_granted_at",
         "_issuer",
         "_loop",
         "_loss_cause",
@@ -136,6 +138,7 @@ class Lease:
         self._ended = asyncio.Event()
         self._scope: anyio.CancelScope | None = None
         self._deadline = sent_at + ttl - margin
+        self._granted_at = self._loop.time()
         self._timer: asyncio.TimerHandle | None = None
         self._arm_timer()
         self._scheduler = scheduler
@@ -293,6 +296,7 @@ class Lease:
             self._lose(LossReason.NOT_OWNER, None)
             raise self.loss_error()
         self._finish(_State.RELEASED)
+        self._emit(events.EventKind.RELEASED)
 
     # ----------------------------------------------------------------- context manager
     def __enter__(self) -> None:
@@ -372,9 +376,11 @@ class Lease:
             self._deadline = deadline
             self._arm_timer()
         self._renew_error = None
+        self._emit(events.EventKind.RENEWED)
 
     def _renew_failed(self, error: BaseException) -> None:
         self._renew_error = error
+        self._emit(events.EventKind.RENEWAL_FAILED, error=error)
         logger.debug("aiolock: renewal of lock %r failed, retrying: %s", self.name, error)
 
     def _renewal_stopped(self) -> None:
@@ -423,8 +429,22 @@ class Lease:
             self.fencing_token,
             reason.value,
         )
+        self._emit(events.EventKind.LOST, error=cause)
         if self._scope is not None:
             self._scope.cancel()
+
+    def _emit(self, kind: events.EventKind, *, error: BaseException | None = None) -> None:
+        if events.enabled():
+            events.emit(
+                events.LockEvent(
+                    kind=kind,
+                    name=self.name,
+                    fencing_token=self.fencing_token,
+                    hold=self._loop.time() - self._granted_at,
+                    reason=self._loss_reason,
+                    error=error,
+                )
+            )
 
     def _finish(self, state: _State) -> None:
         self._state = state

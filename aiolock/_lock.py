@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Final, final
 
+from . import _events as events
 from ._backend import AsyncRedis, Backend, backend_for, check_client, outcome_unknown
 from ._cancel import run_shielded
 from ._config import LockConfig, check_name, check_timeout
@@ -190,7 +191,7 @@ class Lock:
             attempts += 1
             attempt = await self._attempt(backend, time_left())
             if attempt.lease is not None:
-                return attempt.lease
+                return self._granted(attempt.lease, loop.time() - started, attempts)
             pttl_ms = attempt.pttl_ms
         if wait == 0:
             raise self._timeout_error(0.0, attempts)
@@ -213,7 +214,7 @@ class Lock:
                     if attempt.lease is not None:
                         acquired = True
                         queue.registered = behind > 0  # re-queued for those behind
-                        return attempt.lease
+                        return self._granted(attempt.lease, loop.time() - started, attempts)
                     pttl_ms = attempt.pttl_ms
                 remaining = time_left()
                 if remaining is not None and remaining <= 0:
@@ -399,7 +400,29 @@ class Lock:
             backend.notifier.local_release(self._keys.channel, str(fencing_token), reserved)
         return status
 
+    def _granted(self, lease: Lease, waited: float, attempts: int) -> Lease:
+        if events.enabled():
+            events.emit(
+                events.LockEvent(
+                    kind=events.EventKind.ACQUIRED,
+                    name=self._name,
+                    fencing_token=lease.fencing_token,
+                    wait=waited,
+                    attempts=attempts,
+                )
+            )
+        return lease
+
     def _timeout_error(self, waited: float, attempts: int) -> AcquireTimeoutError:
+        if events.enabled():
+            events.emit(
+                events.LockEvent(
+                    kind=events.EventKind.ACQUIRE_TIMED_OUT,
+                    name=self._name,
+                    wait=waited,
+                    attempts=attempts,
+                )
+            )
         return AcquireTimeoutError(
             f"lock {self._name!r} not acquired within {waited:.3g}s ({attempts} attempts)",
             name=self._name,

@@ -1,0 +1,80 @@
+"""Lock events: what listeners see, and that a failing listener never breaks locking."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+import redis.asyncio
+
+import aiolock
+from aiolock import EventKind, LockEvent, LossReason
+
+
+@pytest.fixture
+def events() -> Iterator[list[LockEvent]]:
+    seen: list[LockEvent] = []
+    remove = aiolock.add_listener(seen.append)
+    try:
+        yield seen
+    finally:
+        remove()
+
+
+async def test_a_cycle_emits_acquired_renewed_released(
+    client: redis.asyncio.Redis, name: str, events: list[LockEvent]
+) -> None:
+    async with aiolock.Lock(client, name, ttl=0.15) as lease:
+        await asyncio.sleep(0.2)
+    kinds = [event.kind for event in events if event.name == name]
+    assert kinds[0] is EventKind.ACQUIRED
+    assert EventKind.RENEWED in kinds
+    assert kinds[-1] is EventKind.RELEASED
+    acquired = next(e for e in events if e.kind is EventKind.ACQUIRED)
+    released = next(e for e in events if e.kind is EventKind.RELEASED)
+    assert acquired.fencing_token == released.fencing_token == lease.fencing_token
+    assert acquired.attempts == 1
+    assert acquired.wait is not None and 0 <= acquired.wait < 1
+    assert released.hold is not None and 0.2 <= released.hold < 2
+
+
+async def test_timeouts_and_losses_are_events(
+    client: redis.asyncio.Redis, name: str, events: list[LockEvent]
+) -> None:
+    holder = await aiolock.Lock(client, name).acquire()
+    with pytest.raises(aiolock.AcquireTimeoutError):
+        await aiolock.Lock(client, name).acquire(timeout=0.05)
+    await client.delete(aiolock.Lock(client, name).key)
+    with pytest.raises(aiolock.LeaseLostError):
+        await holder.release()
+    timed_out = [e for e in events if e.kind is EventKind.ACQUIRE_TIMED_OUT]
+    lost = [e for e in events if e.kind is EventKind.LOST]
+    assert len(timed_out) == 1
+    assert timed_out[0].wait is not None and timed_out[0].wait >= 0.05
+    assert len(lost) == 1
+    assert lost[0].reason is LossReason.NOT_OWNER
+
+
+async def test_a_failing_listener_never_breaks_locking(
+    client: redis.asyncio.Redis, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(event: LockEvent) -> None:
+        raise RuntimeError("listener bug")
+
+    remove = aiolock.add_listener(broken)
+    try:
+        async with aiolock.Lock(client, name) as lease:
+            assert lease.held
+    finally:
+        remove()
+    assert lease.released
+    assert any("event listener" in record.getMessage() for record in caplog.records)
+
+
+def test_add_listener_checks_its_argument() -> None:
+    with pytest.raises(TypeError, match="listener must be callable"):
+        aiolock.add_listener("not a function")  # type: ignore[arg-type]
+    remove = aiolock.add_listener(lambda event: None)
+    remove()
+    remove()  # removing twice is harmless
