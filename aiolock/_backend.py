@@ -55,20 +55,25 @@ def check_client(client: object) -> redis.asyncio.Redis:
     raise TypeError(f"client must be a redis.asyncio.Redis, got {type(client).__name__}")
 
 
+def _backend_error(
+    operation: str, name: str | None, timeout: float, error: BaseException
+) -> BackendError:
+    """The `BackendError` for `error` (a redis error, an OSError, or our own timeout)."""
+    what = f"{operation} of lock {name!r}" if name is not None else operation
+    if isinstance(error, TimeoutError) and not isinstance(error, redis.exceptions.RedisError):
+        return BackendError(
+            f"{what}: no reply from Redis within {timeout:.3g}s", operation=operation, name=name
+        )
+    return BackendError(f"{what} failed: {error}", operation=operation, name=name)
+
+
 @contextmanager
 def translate_errors(operation: str, name: str | None, timeout: float) -> Iterator[None]:
-    """Turn redis and timeout errors raised inside the block into `BackendError`."""
-    what = f"{operation} of lock {name!r}" if name is not None else operation
+    """Turn redis errors and timeouts raised inside the block into `BackendError`."""
     try:
         yield
-    except redis.exceptions.RedisError as exc:
-        raise BackendError(f"{what} failed: {exc}", operation=operation, name=name) from exc
-    except TimeoutError as exc:
-        raise BackendError(
-            f"{what}: no reply from Redis within {timeout:.3g}s", operation=operation, name=name
-        ) from exc
-    except OSError as exc:
-        raise BackendError(f"{what} failed: {exc}", operation=operation, name=name) from exc
+    except (redis.exceptions.RedisError, TimeoutError, OSError) as exc:
+        raise _backend_error(operation, name, timeout, exc) from exc
 
 
 def outcome_unknown(error: BaseException) -> bool:
@@ -181,14 +186,32 @@ class Backend:
             count and re-raised, so a cancelled acquire never turns into a granted lease.
         """
         task = asyncio.current_task()
-        cancelling = task.cancelling() if task is not None else 0
-        with translate_errors(operation, name, timeout):
-            async with asyncio.timeout(timeout):
-                try:
-                    result = await command()
-                except redis.exceptions.ConnectionError:
-                    result = await command()
-        if task is not None and task.cancelling() > cancelling:
+        if task is None:  # pragma: no cover - asyncio always runs coroutines in a task
+            raise RuntimeError("aiolock must be used from an asyncio task")
+        cancelling = task.cancelling()
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            task.cancel()
+
+        # What asyncio.timeout does, for a fraction of its cost on this hot path.
+        timer = self.loop.call_later(timeout, expire)
+        try:
+            try:
+                result = await command()
+            except redis.exceptions.ConnectionError:
+                result = await command()
+        except asyncio.CancelledError as exc:
+            if expired and task.uncancel() <= cancelling:
+                raise _backend_error(operation, name, timeout, TimeoutError()) from exc
+            raise
+        except (redis.exceptions.RedisError, OSError) as exc:
+            raise _backend_error(operation, name, timeout, exc) from exc
+        finally:
+            timer.cancel()
+        if task.cancelling() > cancelling:
             raise asyncio.CancelledError
         return result
 

@@ -7,6 +7,7 @@ the accepted range. Nothing here touches Redis.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -152,6 +153,39 @@ class LockConfig:
     def margin(self) -> float:
         return safety_margin(self.ttl)
 
+    @staticmethod
+    def cached(
+        *,
+        ttl: object,
+        renew: object,
+        renew_interval: object,
+        timeout: object,
+        max_hold: object,
+        prefix: object,
+    ) -> LockConfig:
+        """`build`, remembered for recently used argument values (a Lock per request is the
+        usual pattern, and its arguments rarely change)."""
+        try:
+            return _cached_build(
+                ttl=ttl,
+                renew=renew,
+                renew_interval=renew_interval,
+                timeout=timeout,
+                max_hold=max_hold,
+                prefix=prefix,
+            )
+        except TypeError as exc:
+            if "unhashable" not in str(exc):
+                raise
+        return LockConfig.build(
+            ttl=ttl,
+            renew=renew,
+            renew_interval=renew_interval,
+            timeout=timeout,
+            max_hold=max_hold,
+            prefix=prefix,
+        )
+
     @classmethod
     def build(
         cls,
@@ -195,3 +229,24 @@ class LockConfig:
             max_hold=hold,
             prefix=check_prefix(prefix),
         )
+
+
+@functools.lru_cache(maxsize=128, typed=True)
+def _cached_build(
+    *,
+    ttl: object,
+    renew: object,
+    renew_interval: object,
+    timeout: object,
+    max_hold: object,
+    prefix: object,
+) -> LockConfig:
+    # typed=True: True and 1, or 1 and 1.0, are equal but not equally valid.
+    return LockConfig.build(
+        ttl=ttl,
+        renew=renew,
+        renew_interval=renew_interval,
+        timeout=timeout,
+        max_hold=max_hold,
+        prefix=prefix,
+    )

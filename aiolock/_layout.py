@@ -8,7 +8,7 @@ Format version 1. For a lock named NAME under PREFIX (default "aiolock"):
 | `PREFIX:{NAME}:fence`    | hash    | fencing counter and retry bookkeeping; TTL 1 day, refreshed by every acquire |
 | `PREFIX:{NAME}:queue`    | zset    | waiting processes, first come first served (member: queue id, score: arrival µs) |
 | `PREFIX:{NAME}:waiters`  | hash    | queue id -> "<expires at, Unix ms> <waiters> <host> <pid>" |
-| `PREFIX:{NAME}:holds`    | list    | the last 100 hold durations in ms, newest first; TTL 1 day |
+| `PREFIX:{NAME}:holds`    | list    | the last 100 hold durations in ms, newest first; TTL 1 day, renewed every 100 holds |
 | `PREFIX:{NAME}:released` | channel | one message per release: "<fencing token> <queue id reserved for, or empty>" |
 
 Fields of the holder hash: `v` (format version, "1"), `token` (128-bit hex secret),

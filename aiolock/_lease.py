@@ -135,7 +135,7 @@ class Lease:
         self._loss_cause: BaseException | None = None
         self._renew_error: BaseException | None = None
         self._renewal_stopped_by_max_hold = False
-        self._ended = asyncio.Event()
+        self._ended: asyncio.Event | None = None  # made by wait_lost(), when needed
         self._scope: anyio.CancelScope | None = None
         self._deadline = sent_at + ttl - margin
         self._granted_at = self._loop.time()
@@ -203,7 +203,10 @@ class Lease:
         Cancellation:
             Safe to cancel; nothing is changed.
         """
-        await self._ended.wait()
+        if self._state is _State.HELD:
+            if self._ended is None:
+                self._ended = asyncio.Event()
+            await self._ended.wait()
         return self.loss_error() if self.lost else None
 
     def loss_error(self) -> LeaseLostError:
@@ -277,9 +280,18 @@ class Lease:
         was_lost = self._state is _State.LOST
         timeout = min(max(self._ttl, 0.5), RELEASE_TIMEOUT)
         try:
-            ours = await run_shielded(
-                self._issuer._release_lease(self, timeout=timeout), timeout=timeout + 0.5
-            )
+            try:
+                ours = await self._issuer._release_lease(self, timeout=timeout)
+            except asyncio.CancelledError:
+                # Cancelled mid-release: whether it reached Redis is unknown. Releasing is
+                # idempotent, so finish it in a task of its own that no cancellation
+                # stops, then let the cancellation go on.
+                with contextlib.suppress(AiolockError, TimeoutError):
+                    await run_shielded(
+                        self._issuer._release_lease(self, timeout=timeout),
+                        timeout=timeout + 0.5,
+                    )
+                raise
         except TimeoutError as exc:  # only if the issuer's own bound failed
             raise BackendError(
                 f"release of lock {self.name!r} did not finish within {timeout:g}s",
@@ -449,7 +461,8 @@ class Lease:
     def _finish(self, state: _State) -> None:
         self._state = state
         self._stop_renewal()
-        self._ended.set()
+        if self._ended is not None:
+            self._ended.set()
 
     async def _cleanup_after_loss(self) -> None:
         with contextlib.suppress(AiolockError, TimeoutError):

@@ -121,7 +121,7 @@ class Lock:
     ) -> None:
         self._client = check_client(client)
         self._name = check_name(name)
-        self._config = LockConfig.build(
+        self._config = LockConfig.cached(
             ttl=ttl,
             renew=renew,
             renew_interval=renew_interval,
@@ -130,9 +130,7 @@ class Lock:
             prefix=prefix,
         )
         self._keys = LockKeys.build(self._config.prefix, self._name)
-        self._held: weakref.WeakKeyDictionary[asyncio.Task[object], list[Lease]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._held: list[tuple[asyncio.Task[object], Lease]] = []  # by `async with`
 
     @property
     def name(self) -> str:
@@ -152,7 +150,7 @@ class Lock:
         return self._keys.lock
 
     def __repr__(self) -> str:
-        held = sum(len(leases) for leases in self._held.values())
+        held = len(self._held)
         return f"<Lock {self._name!r} ttl={self._config.ttl:g}s held_here={held}>"
 
     # ----------------------------------------------------------------- acquiring
@@ -510,7 +508,7 @@ class Lock:
         task = asyncio.current_task()
         if task is None:  # pragma: no cover - asyncio always runs coroutines in a task
             raise RuntimeError("Lock must be used from an asyncio task")
-        if self._held.get(task):
+        if any(holder is task for holder, _ in self._held):
             raise RuntimeError(
                 f"lock {self._name!r} is already held by this task and is not reentrant "
                 "(waiting for it would wait forever)"
@@ -521,7 +519,7 @@ class Lock:
         except BaseException:
             await lease._cleanup_after_loss()
             raise
-        self._held.setdefault(task, []).append(lease)
+        self._held.append((task, lease))
         return lease
 
     async def __aexit__(
@@ -532,10 +530,10 @@ class Lock:
     ) -> bool:
         """Release the current task's lease; see `Lease.__aexit__` for what is raised."""
         task = asyncio.current_task()
-        leases = self._held.get(task) if task is not None else None
-        if not leases:
+        for index in range(len(self._held) - 1, -1, -1):
+            if self._held[index][0] is task:
+                lease = self._held.pop(index)[1]
+                break
+        else:
             raise RuntimeError(f"lock {self._name!r} is not held by the current task")
-        lease = leases.pop()
-        if not leases and task is not None:
-            del self._held[task]
         return await lease.__aexit__(exc_type, exc, tb)

@@ -37,13 +37,14 @@ ACQUIRE = Script(
 --         {0, pttl ms}: held, or reserved for another queue; the caller's queue entry is
 --           added (at the back) or refreshed, and lives until pttl + grace;
 --         {-1, 0}: this token was aborted by its owner, it must never be granted.
+local holder = redis.call('HMGET', KEYS[1], 'token', 'reserved', 'fence')
+local current, reserved = holder[1], holder[2]
+if current == ARGV[1] then
+  return {1, tonumber(holder[3])}
+end
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_ms = math.floor(now_us / 1000)
-local current = redis.call('HGET', KEYS[1], 'token')
-if current == ARGV[1] then
-  return {1, tonumber(redis.call('HGET', KEYS[1], 'fence'))}
-end
 local wid = ARGV[7]
 local function enqueue(until_ms, count)
   if not redis.call('ZSCORE', KEYS[3], wid) then
@@ -57,7 +58,6 @@ local function enqueue(until_ms, count)
     redis.call('PEXPIRE', KEYS[4], window)
   end
 end
-local reserved = redis.call('HGET', KEYS[1], 'reserved')
 if current or (reserved and reserved ~= wid) then
   local pttl = redis.call('PTTL', KEYS[1])
   if wid ~= '' then
@@ -65,18 +65,21 @@ if current or (reserved and reserved ~= wid) then
   end
   return {0, pttl}
 end
-if redis.call('HGET', KEYS[2], 'aborted') == ARGV[1] then
+local counter = redis.call('HMGET', KEYS[2], 'n', 'aborted')
+if counter[2] == ARGV[1] then
   return {-1, 0}
 end
 -- Free, or reserved for the caller's queue: take it.
-local fence = tonumber(redis.call('HGET', KEYS[2], 'n') or '0') + 1
+local fence = tonumber(counter[1] or '0') + 1
 if fence < now_us then
   fence = now_us
 end
 local fence_s = string.format('%.0f', fence)
 redis.call('HSET', KEYS[2], 'n', fence_s)
 redis.call('PEXPIRE', KEYS[2], ARGV[6])
-redis.call('DEL', KEYS[1])
+if reserved then
+  redis.call('DEL', KEYS[1])
+end
 redis.call('HSET', KEYS[1], 'v', '1', 'token', ARGV[1], 'fence', fence_s,
   'host', ARGV[3], 'pid', ARGV[4], 'task', ARGV[5],
   'acquired_ms', string.format('%.0f', now_ms), 'ttl_ms', ARGV[2])
@@ -130,25 +133,29 @@ local function hand_over(fence)
     end
   end
   if wid ~= '' then
+    -- Announce it only if someone waits: a waiter that is subscribed but not queued yet
+    -- always tries again after subscribing, and finds the lock free.
     redis.call('HSET', KEYS[1], 'reserved', wid)
     redis.call('PEXPIRE', KEYS[1], ARGV[5])
+    redis.call('PUBLISH', ARGV[2], fence .. ' ' .. wid)
   end
-  redis.call('PUBLISH', ARGV[2], fence .. ' ' .. wid)
   return wid
 end
 
-if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
-  local fence = redis.call('HGET', KEYS[1], 'fence')
-  local acquired = tonumber(redis.call('HGET', KEYS[1], 'acquired_ms') or '0')
+local holder = redis.call('HMGET', KEYS[1], 'token', 'fence', 'acquired_ms')
+if ARGV[1] ~= '' and holder[1] == ARGV[1] then
+  local acquired = tonumber(holder[3] or '0')
   redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[2], 'released', ARGV[1])
   redis.call('PEXPIRE', KEYS[2], ARGV[3])
   if acquired > 0 and ARGV[4] ~= '1' then
-    redis.call('LPUSH', KEYS[5], string.format('%.0f', now_ms - acquired))
-    redis.call('LTRIM', KEYS[5], 0, 99)
-    redis.call('PEXPIRE', KEYS[5], ARGV[3])
+    local held = redis.call('LPUSH', KEYS[5], string.format('%.0f', now_ms - acquired))
+    if held == 1 or held > 100 then
+      redis.call('LTRIM', KEYS[5], 0, 99)
+      redis.call('PEXPIRE', KEYS[5], ARGV[3])
+    end
   end
-  return {1, hand_over(fence)}
+  return {1, hand_over(holder[2])}
 end
 if ARGV[6] ~= '' then
   redis.call('ZREM', KEYS[3], ARGV[6])

@@ -3,8 +3,8 @@
 One `RenewalScheduler` per backend keeps a heap of leases ordered by when they are next due.
 When the earliest is due it renews, in one script call, every lease due within a quarter of
 its interval (so leases drift together into shared batches), up to `MAX_BATCH` per call.
-The task exists only while some lease needs renewing, and closes its connection when it
-ends.
+The task exists only while some lease needs renewing (and for IDLE_LINGER seconds after),
+and closes its connection when it ends.
 
 What the scheduler decides, and what it leaves to the lease:
 - a renewal answered 1 moves the lease's deadline to (time the batch was *sent*) + ttl -
@@ -38,9 +38,13 @@ if TYPE_CHECKING:
     from ._backend import Backend
     from ._lease import Lease
 
-__all__ = ("MAX_BATCH", "RenewalEntry", "RenewalScheduler")
+__all__ = ("IDLE_LINGER", "MAX_BATCH", "RenewalEntry", "RenewalScheduler")
 
 logger = logging.getLogger("aiolock")
+
+IDLE_LINGER: Final = 1.0
+"""Seconds the scheduler task outlives its last lease, so that locking in a loop does not
+start a task per lease."""
 
 MAX_BATCH: Final = 1000
 """Most leases renewed by one script call: keeps each call well under a millisecond of
@@ -85,7 +89,7 @@ class RenewalEntry:
         self.due = due
         self.stop_at = stop_at
         self.active = True
-        self.backoff = Backoff(base=min(0.05, interval / 4), cap=interval / 2, rng=rng)
+        self.backoff: Backoff | None = None  # made at the first failure
 
 
 class RenewalScheduler:
@@ -99,6 +103,7 @@ class RenewalScheduler:
         self._abandoned: list[RenewalEntry] = []
         self._task: asyncio.Task[None] | None = None
         self._wakeup: asyncio.Future[None] | None = None
+        self._sleeping_until: float | None = None
         self.rng = random.Random()
         self.batches_sent = 0
 
@@ -114,15 +119,25 @@ class RenewalScheduler:
     def add(self, entry: RenewalEntry) -> None:
         self._active += 1
         heapq.heappush(self._heap, (entry.due, next(self._seq), entry))
-        self._ensure_running()
-        self._wake()
+        if self._task is None:
+            self._ensure_running()
+        elif self._sleeping_until is None or entry.due < self._sleeping_until:
+            self._wake()
 
     def remove(self, entry: RenewalEntry) -> None:
-        """Stop renewing; takes effect before the scheduler sends anything else."""
+        """Stop renewing; takes effect before the scheduler sends anything else.
+
+        The scheduler is not woken: it skips inactive entries when they come due, and
+        drops them in bulk once they outnumber the active ones.
+        """
         if entry.active:
             entry.active = False
             self._active -= 1
-            self._wake()
+            if len(self._heap) > 2 * self._active + 64:
+                self._heap = [
+                    item for item in self._heap if item[2].active and item[0] == item[2].due
+                ]
+                heapq.heapify(self._heap)
 
     def abandon(self, entry: RenewalEntry) -> None:
         """The lease was garbage-collected while held: release its key in the next batch."""
@@ -130,6 +145,7 @@ class RenewalScheduler:
             self.remove(entry)
             self._abandoned.append(entry)
             self._ensure_running()
+            self._wake()
 
     async def wait_idle(self) -> None:
         """Wait until the scheduler's task has ended (no lease left to renew)."""
@@ -147,12 +163,14 @@ class RenewalScheduler:
     async def _sleep_until(self, when: float) -> None:
         loop = self._backend.loop
         self._wakeup = loop.create_future()
+        self._sleeping_until = when
         handle = loop.call_at(when, self._wake)
         try:
             await self._wakeup
         finally:
             handle.cancel()
             self._wakeup = None
+            self._sleeping_until = None
 
     def _take_due(self, now: float) -> list[RenewalEntry]:
         batch: list[RenewalEntry] = []
@@ -175,15 +193,21 @@ class RenewalScheduler:
         loop = self._backend.loop
         cancelled = False
         try:
-            while self._active or self._abandoned:
+            while True:
                 if self._abandoned:
                     await self._release_abandoned()
                     continue
-                while self._heap and not self._heap[0][2].active:
+                while self._heap and (
+                    not self._heap[0][2].active or self._heap[0][0] != self._heap[0][2].due
+                ):
                     heapq.heappop(self._heap)
-                if not self._heap:
-                    break
                 now = loop.time()
+                if not self._heap:
+                    # Idle: stay a moment for the next lease, then end and close the connection.
+                    await self._sleep_until(now + IDLE_LINGER)
+                    if self._heap or self._abandoned:
+                        continue
+                    break
                 if self._heap[0][0] > now:
                     await self._sleep_until(self._heap[0][0])
                     continue
@@ -240,7 +264,8 @@ class RenewalScheduler:
             if not entry.active:
                 continue  # released while the batch was in flight
             if int(reply) == 1:
-                entry.backoff.reset()
+                if entry.backoff is not None:
+                    entry.backoff.reset()
                 lease._renewed(sent_at)
                 self._reschedule(entry, sent_at + entry.interval * self.rng.uniform(0.9, 1.0))
             else:
@@ -252,6 +277,10 @@ class RenewalScheduler:
         for entry, lease in live:
             if entry.active:
                 lease._renew_failed(exc)
+                if entry.backoff is None:
+                    entry.backoff = Backoff(
+                        base=min(0.05, entry.interval / 4), cap=entry.interval / 2, rng=self.rng
+                    )
                 self._reschedule(entry, now + entry.backoff.next())
 
     async def _release_abandoned(self) -> None:
