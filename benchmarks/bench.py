@@ -1,0 +1,430 @@
+"""One library, one scenario, one run: prints a JSON object on stdout.
+
+Run by `benchmarks/run.py`, which starts the server, picks the interpreter that has each
+library installed, repeats every run and reports medians and ratios. By hand:
+
+    python benchmarks/bench.py --lib aiolock --scenario uncontended --url redis://127.0.0.1:PORT
+
+Libraries (each behind the same small adapter):
+    aiolock, redispy (redis-py's asyncio Lock, sleep=0.1), redispy-fast (sleep=0.001),
+    pottery (AIORedlock on one master), aioredlock, python-redis-lock (sync, in threads),
+    redis-lock-py (asyncio, pub/sub).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import contextlib
+import itertools
+import json
+import os
+import resource
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Self
+
+import redis
+import redis.asyncio
+
+Cycle = Callable[[str], contextlib.AbstractAsyncContextManager[Any]]
+
+
+# --------------------------------------------------------------------------- adapters
+class Adapter:
+    """`hold(name)` is an async context manager holding the lock `name`."""
+
+    ttl = 10.0
+    renewing = False  # the leases scenario: keep every lock alive by the library's renewal
+
+    async def open(self, url: str) -> None:
+        self.url = url
+        self.client = redis.asyncio.Redis.from_url(url, max_connections=512)
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    def hold(self, name: str) -> contextlib.AbstractAsyncContextManager[Any]:
+        raise NotImplementedError
+
+
+class AiolockAdapter(Adapter):
+    async def open(self, url: str) -> None:
+        await super().open(url)
+        from aiolock import Lock
+
+        self.lock_class = Lock
+
+    def hold(self, name: str) -> contextlib.AbstractAsyncContextManager[Any]:
+        return self.lock_class(self.client, name, ttl=self.ttl)
+
+
+class RedisPyAdapter(Adapter):
+    def __init__(self, sleep: float) -> None:
+        self.sleep = sleep
+
+    def hold(self, name: str) -> contextlib.AbstractAsyncContextManager[Any]:
+        return self.client.lock(name, timeout=self.ttl, sleep=self.sleep, thread_local=False)
+
+
+class PotteryAdapter(Adapter):
+    def hold(self, name: str) -> contextlib.AbstractAsyncContextManager[Any]:
+        from pottery import AIORedlock
+
+        return AIORedlock(key=name, masters={self.client}, auto_release_time=self.ttl)
+
+
+class AioredlockAdapter(Adapter):
+    async def open(self, url: str) -> None:
+        await super().open(url)
+        from aioredlock import Aioredlock
+
+        parsed = redis.asyncio.connection.parse_url(url)
+        self.manager = Aioredlock(
+            [{"host": parsed.get("host", "127.0.0.1"), "port": parsed.get("port", 6379)}],
+            retry_count=1_000_000,  # block until acquired, as the others do
+            internal_lock_timeout=self.ttl,
+        )
+
+    async def close(self) -> None:
+        await self.manager.destroy()
+        await super().close()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, name: str) -> AsyncIterator[None]:
+        # Without a lock_timeout, aioredlock extends the lock in the background.
+        lock = await self.manager.lock(name, lock_timeout=None if self.renewing else self.ttl)
+        try:
+            yield
+        finally:
+            await self.manager.unlock(lock)
+
+
+class PythonRedisLockAdapter(Adapter):
+    """Synchronous: each acquire blocks a thread (BLPOP), as its users run it."""
+
+    async def open(self, url: str) -> None:
+        await super().open(url)
+        import redis_lock
+
+        self.module = redis_lock
+        self.sync = redis.Redis.from_url(url, max_connections=512)
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=256)
+
+    async def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        self.sync.close()
+        await super().close()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, name: str) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        lock = self.module.Lock(self.sync, name, expire=int(self.ttl))
+        await loop.run_in_executor(self.pool, lock.acquire)
+        try:
+            yield
+        finally:
+            await loop.run_in_executor(self.pool, lock.release)
+
+
+class RedisLockPyAdapter(Adapter):
+    @contextlib.asynccontextmanager
+    async def hold(self, name: str) -> AsyncIterator[None]:
+        from redis_lock.asyncio import RedisLock
+
+        lock = RedisLock(self.client, name, blocking_timeout=600, expire_timeout=int(self.ttl))
+        await lock.acquire()
+        try:
+            yield
+        finally:
+            await lock.release()
+
+
+ADAPTERS: dict[str, Callable[[], Adapter]] = {
+    "aiolock": AiolockAdapter,
+    "redispy": lambda: RedisPyAdapter(0.1),
+    "redispy-fast": lambda: RedisPyAdapter(0.001),
+    "pottery": PotteryAdapter,
+    "aioredlock": AioredlockAdapter,
+    "python-redis-lock": PythonRedisLockAdapter,
+    "redis-lock-py": RedisLockPyAdapter,
+}
+
+
+# --------------------------------------------------------------------------- helpers
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def jain(counts: list[int]) -> float:
+    total = sum(counts)
+    squares = sum(c * c for c in counts)
+    return total * total / (len(counts) * squares) if squares else float("nan")
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class CommandCounter:
+    """Counts commands clients send (not those run inside scripts), through MONITOR."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.count = 0
+        self._task: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+
+    async def __aenter__(self) -> Self:
+        self._task = asyncio.create_task(self._run())
+        await self._ready.wait()
+        return self
+
+    async def _run(self) -> None:
+        client = redis.asyncio.Redis.from_url(self.url)
+        try:
+            async with client.monitor() as monitor:
+                self._ready.set()
+                while True:
+                    entry = await monitor.next_command()
+                    if entry.get("client_type") != "lua":
+                        self.count += 1
+        finally:
+            await client.aclose()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.sleep(0.2)  # let MONITOR deliver the last commands
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+def unique(prefix: str) -> str:
+    return f"bench:{prefix}:{uuid.uuid4().hex[:8]}"
+
+
+# --------------------------------------------------------------------------- scenarios
+async def floor(adapter: Adapter, args: argparse.Namespace) -> dict[str, Any]:
+    """The raw round trip: PING and a trivial EVALSHA on the same server."""
+    client = adapter.client
+    sha = await client.script_load("return 1")
+    out: dict[str, Any] = {}
+    for label, call in (("ping", client.ping), ("evalsha", lambda: client.evalsha(sha, 0))):
+        for _ in range(200):
+            await call()
+        samples = []
+        for _ in range(args.iterations):
+            start = time.perf_counter()
+            await call()
+            samples.append(time.perf_counter() - start)
+        out[f"{label}_p50_us"] = percentile(samples, 50) * 1e6
+    return out
+
+
+async def uncontended(adapter: Adapter, args: argparse.Namespace) -> dict[str, Any]:
+    """One task, acquire + release on one key, again and again."""
+    name = unique("uncontended")
+    for _ in range(100):
+        async with adapter.hold(name):
+            pass
+    samples = []
+    for _ in range(args.iterations):
+        start = time.perf_counter()
+        async with adapter.hold(name):
+            pass
+        samples.append(time.perf_counter() - start)
+    async with CommandCounter(adapter.url) as counter:
+        for _ in range(100):
+            async with adapter.hold(name):
+                pass
+    return {
+        "p50_us": percentile(samples, 50) * 1e6,
+        "p99_us": percentile(samples, 99) * 1e6,
+        "commands_per_cycle": counter.count / 100,
+    }
+
+
+async def distinct(adapter: Adapter, args: argparse.Namespace) -> dict[str, Any]:
+    """64 tasks, each cycling on a key of its own, for the run's duration."""
+    stop = time.perf_counter() + args.seconds
+    counts = [0] * 64
+
+    async def task(i: int) -> None:
+        name = unique(f"distinct{i}")
+        while time.perf_counter() < stop:
+            async with adapter.hold(name):
+                pass
+            counts[i] += 1
+
+    await asyncio.gather(*(task(i) for i in range(64)))
+    return {"cycles_per_s": sum(counts) / args.seconds}
+
+
+async def contended(adapter: Adapter, args: argparse.Namespace) -> dict[str, Any]:
+    """N tasks on one key: a 1 ms critical section, a 5 ms pause between holds.
+
+    With --processes > 1 this is one of several worker processes started together; the
+    orchestrator merges their records (monotonic clocks are shared by the machine).
+    """
+    name = args.key or unique("contended")
+    start_at = args.start_at or time.monotonic() + 0.5
+    await asyncio.sleep(max(0.0, start_at - time.monotonic()))
+    stop = start_at + args.seconds
+    records: list[tuple[float, float, int]] = []  # (acquired, released, task)
+
+    async def task(i: int) -> None:
+        while time.monotonic() < stop:
+            async with adapter.hold(name):
+                acquired = time.monotonic()
+                await asyncio.sleep(0.001)
+                released = time.monotonic()
+            records.append((acquired, released, i))
+            await asyncio.sleep(0.005)
+
+    cpu = cpu_seconds()
+    await asyncio.gather(*(task(i) for i in range(args.tasks)))
+    return {"records": records, "cpu_s": cpu_seconds() - cpu, "pid": os.getpid()}
+
+
+def summarize_contended(records: list[tuple[float, float, str]], seconds: float) -> dict[str, Any]:
+    records.sort()
+    gaps = [b[0] - a[1] for a, b in itertools.pairwise(records)]
+    overlaps = sum(1 for gap in gaps if gap < 0)
+    per_task: dict[str, int] = {}
+    for _, _, task in records:
+        per_task[task] = per_task.get(task, 0) + 1
+    counts = list(per_task.values())
+    return {
+        "critical_sections_per_s": len(records) / seconds,
+        "handoff_gap_p50_ms": percentile(gaps, 50) * 1e3,
+        "handoff_gap_p99_ms": percentile(gaps, 99) * 1e3,
+        "per_task_max": max(counts) if counts else 0,
+        "per_task_min": min(counts) if counts else 0,
+        "jain_fairness": jain(counts),
+        "overlaps": overlaps,
+        "critical_sections": len(records),
+    }
+
+
+async def wakeup(adapter: Adapter, args: argparse.Namespace) -> dict[str, Any]:
+    """A waiter blocked on a held lock: time from the release to the waiter holding it."""
+    count_runs = 20
+
+    async def one(name: str) -> float:
+        holder_in = asyncio.Event()
+        release = asyncio.Event()
+        released_at = 0.0
+
+        async def holder() -> None:
+            nonlocal released_at
+            async with adapter.hold(name):
+                holder_in.set()
+                await release.wait()
+                released_at = time.perf_counter()
+            # leaving the block released the lock
+
+        holding = asyncio.create_task(holder())
+        await holder_in.wait()
+
+        async def waiter() -> float:
+            async with adapter.hold(name):
+                return time.perf_counter()
+
+        waiting = asyncio.create_task(waiter())
+        await asyncio.sleep(0.05)  # the waiter is blocked by now
+        release.set()
+        acquired_at = await waiting
+        await holding
+        return acquired_at - released_at
+
+    samples = [await one(unique("wakeup")) for _ in range(args.iterations // 10)]
+    async with CommandCounter(adapter.url) as counter:
+        for _ in range(count_runs):
+            await one(unique("wakeup"))
+    return {
+        "p50_ms": percentile(samples, 50) * 1e3,
+        "p99_ms": percentile(samples, 99) * 1e3,
+        "commands_per_wakeup": counter.count / count_runs,
+    }
+
+
+async def leases(adapter: Adapter, args: argparse.Namespace) -> dict[str, Any]:
+    """Hold N leases with a short ttl for the run's duration: CPU, Redis load, false losses."""
+    info = redis.asyncio.Redis.from_url(adapter.url)
+    held: list[contextlib.AbstractAsyncContextManager[Any]] = []
+    entered = []
+    lost = 0
+    for i in range(args.leases):
+        cm = adapter.hold(f"bench:lease:{uuid.uuid4().hex[:6]}:{i}")
+        entered.append(await cm.__aenter__())
+        held.append(cm)
+    before = (await info.info("stats"))["total_commands_processed"]
+    cpu = cpu_seconds()
+    started = time.perf_counter()
+    await asyncio.sleep(args.seconds)
+    elapsed = time.perf_counter() - started
+    cpu_used = cpu_seconds() - cpu
+    after = (await info.info("stats"))["total_commands_processed"]
+    for lease in entered:
+        if getattr(lease, "lost", False):
+            lost += 1
+    for cm in held:
+        try:
+            await cm.__aexit__(None, None, None)
+        except Exception:
+            lost += 1
+    await info.aclose()
+    return {
+        "leases": args.leases,
+        "ttl_s": adapter.ttl,
+        "client_cpu_percent": 100 * cpu_used / elapsed,
+        "redis_commands_per_s": (after - before - 2) / elapsed,
+        "false_losses": lost,
+    }
+
+
+SCENARIOS = {
+    "floor": floor,
+    "uncontended": uncontended,
+    "distinct": distinct,
+    "contended": contended,
+    "wakeup": wakeup,
+    "leases": leases,
+}
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--lib", choices=sorted(ADAPTERS), required=True)
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS), required=True)
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--iterations", type=int, default=2000)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--tasks", type=int, default=32)
+    parser.add_argument("--leases", type=int, default=1000)
+    parser.add_argument("--ttl", type=float, default=10.0)
+    parser.add_argument("--key", default="")
+    parser.add_argument("--start-at", type=float, default=0.0)
+    args = parser.parse_args()
+    adapter = ADAPTERS[args.lib]()
+    adapter.ttl = args.ttl
+    adapter.renewing = args.scenario == "leases"
+    await adapter.open(args.url)
+    try:
+        result = await SCENARIOS[args.scenario](adapter, args)
+    finally:
+        await adapter.close()
+    json.dump({"lib": args.lib, "scenario": args.scenario, **result}, sys.stdout)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,341 @@
+"""Run every scenario against aiolock and its peers on one local server; write the results.
+
+    bash benchmarks/setup.sh                 # two virtualenvs: the peers clash on `redis_lock`
+    benchmarks/.venv/bin/python benchmarks/run.py            # about 15 minutes
+    benchmarks/.venv/bin/python benchmarks/run.py --quick    # about 3 minutes, fewer repeats
+    benchmarks/.venv/bin/python benchmarks/run.py --smoke    # seconds: checks the harness
+
+Writes `benchmarks/results/RESULTS.md` (tables, medians of the repeats, ratios to aiolock),
+`results.json` (every run) and PNG plots. Every library runs in the same session, against
+the same throwaway server (started here; never a shared one), one after another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+sys.path.insert(0, str(HERE))
+
+from bench import summarize_contended
+
+LIBS = [
+    "aiolock",
+    "redispy",
+    "redispy-fast",
+    "pottery",
+    "aioredlock",
+    "python-redis-lock",
+    "redis-lock-py",
+]
+# redis-lock-py and python-redis-lock both install a module named `redis_lock`.
+PYTHON = {lib: str(HERE / ".venv" / "bin" / "python") for lib in LIBS}
+PYTHON["redis-lock-py"] = str(HERE / ".venv-rlp" / "bin" / "python")
+
+
+def bench(lib: str, scenario: str, url: str, **options: Any) -> dict[str, Any]:
+    command = [PYTHON[lib], str(HERE / "bench.py"), "--lib", lib, "--scenario", scenario]
+    command += ["--url", url]
+    for key, value in options.items():
+        command += [f"--{key.replace('_', '-')}", str(value)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-1:] or ["failed"]}
+    return dict(json.loads(done.stdout))
+
+
+def contended(lib: str, url: str, processes: int, tasks: int, seconds: float) -> dict[str, Any]:
+    key = f"bench:contended:{uuid.uuid4().hex[:8]}"
+    start_at = time.monotonic() + 2.0  # every process starts its tasks at this instant
+    command = [PYTHON[lib], str(HERE / "bench.py"), "--lib", lib, "--scenario", "contended"]
+    command += ["--url", url, "--key", key, "--tasks", str(tasks), "--seconds", str(seconds)]
+    command += ["--start-at", str(start_at)]
+    commands_before = redis_commands(url)
+    workers = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(processes)
+    ]
+    records: list[tuple[float, float, str]] = []
+    for worker in workers:
+        out, err = worker.communicate(timeout=900)
+        if worker.returncode != 0:
+            return {"error": err.strip().splitlines()[-1:] or ["failed"]}
+        result = json.loads(out)
+        records += [(a, r, f"{result['pid']}:{t}") for a, r, t in result["records"]]
+    summary = summarize_contended(records, seconds)
+    # Counted on the server: includes commands run inside scripts.
+    summary["redis_commands_per_cs"] = (redis_commands(url) - commands_before) / max(
+        1, summary["critical_sections"]
+    )
+    return summary
+
+
+def redis_commands(url: str) -> int:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        return int(client.info("stats")["total_commands_processed"])
+    finally:
+        client.close()
+
+
+def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    good = [run for run in runs if "error" not in run]
+    if not good:
+        return {"error": runs[0].get("error")}
+    out: dict[str, Any] = {}
+    for key, value in good[0].items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out[key] = statistics.median(run[key] for run in good)
+    return out
+
+
+SCENARIOS: list[tuple[str, str, list[str]]] = [
+    # (id, title, libraries)
+    ("floor", "Raw round trip on the same server (redis.asyncio)", ["aiolock"]),
+    ("uncontended", "Uncontended acquire + release, one task", LIBS),
+    ("distinct", "64 tasks on 64 distinct keys", LIBS),
+    ("wakeup", "Wake-up of a blocked waiter after a release", LIBS),
+    ("contended", "32 tasks on one key (1 ms hold, 5 ms pause)", LIBS),
+    ("contended-4p", "4 processes x 8 tasks on one key (1 ms hold, 5 ms pause)", LIBS),
+    ("leases", "Leases held with renewal, one process", ["aiolock", "aioredlock"]),
+]
+
+
+def run_all(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    only = set(args.libs.split(",")) if args.libs else set(LIBS)
+    for scenario, _title, libs in SCENARIOS:
+        if args.scenarios and scenario not in args.scenarios.split(","):
+            continue
+        for lib in libs:
+            if lib not in only:
+                continue
+            runs = []
+            for _ in range(args.repeats):
+                if scenario == "contended":
+                    runs.append(contended(lib, url, 1, 32, args.seconds))
+                elif scenario == "contended-4p":
+                    runs.append(contended(lib, url, 4, 8, args.seconds))
+                elif scenario == "leases":
+                    for count in args.leases:
+                        results.setdefault(f"leases-{count}", {})[lib] = median_of(
+                            [
+                                bench(
+                                    lib,
+                                    "leases",
+                                    url,
+                                    leases=count,
+                                    ttl=args.lease_ttl,
+                                    seconds=args.lease_seconds,
+                                )
+                            ]
+                        )
+                    break
+                else:
+                    runs.append(
+                        bench(lib, scenario, url, iterations=args.iterations, seconds=args.seconds)
+                    )
+            if scenario == "leases":
+                for count in args.leases:
+                    row = results[f"leases-{count}"][lib]
+                    print(f"leases-{count:<7d} {lib:18s} {json.dumps(row)[:150]}", flush=True)
+                continue
+            results.setdefault(scenario, {})[lib] = median_of(runs)
+            results[scenario][lib]["runs"] = runs
+            print(f"{scenario:14s} {lib:18s} {json.dumps(median_of(runs))[:150]}", flush=True)
+    return results
+
+
+COLUMNS = {
+    "floor": [("ping_p50_us", "PING p50 µs"), ("evalsha_p50_us", "EVALSHA p50 µs")],
+    "uncontended": [
+        ("p50_us", "p50 µs"),
+        ("p99_us", "p99 µs"),
+        ("commands_per_cycle", "client commands / cycle"),
+    ],
+    "distinct": [("cycles_per_s", "cycles/s")],
+    "wakeup": [
+        ("p50_ms", "p50 ms"),
+        ("p99_ms", "p99 ms"),
+        ("commands_per_wakeup", "client commands / wake-up"),
+    ],
+    "contended": [
+        ("critical_sections_per_s", "critical sections/s"),
+        ("handoff_gap_p50_ms", "gap p50 ms"),
+        ("handoff_gap_p99_ms", "gap p99 ms"),
+        ("jain_fairness", "Jain fairness"),
+        ("per_task_min", "min/task"),
+        ("per_task_max", "max/task"),
+        ("redis_commands_per_cs", "Redis cmds / CS"),
+        ("overlaps", "overlaps"),
+    ],
+}
+COLUMNS["contended-4p"] = COLUMNS["contended"]
+LEASE_COLUMNS = [
+    ("client_cpu_percent", "client CPU % of one core"),
+    ("redis_commands_per_s", "Redis commands/s"),
+    ("false_losses", "false losses"),
+]
+HEADLINE = {
+    "uncontended": "p50_us",
+    "distinct": "cycles_per_s",
+    "wakeup": "p50_ms",
+    "contended": "critical_sections_per_s",
+    "contended-4p": "critical_sections_per_s",
+}
+
+
+def fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.3g}" if abs(value) < 100 else f"{value:,.0f}"
+    return str(value)
+
+
+def write_report(results: dict[str, Any], args: argparse.Namespace, server: str) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    lines = ["# Benchmark results", ""]
+    lines += [
+        (
+            f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with "
+            f"`{' '.join(sys.argv[1:]) or '(defaults)'}`: medians of {args.repeats} runs."
+        ),
+        (
+            f"Machine: {os.cpu_count()} cores, {platform.machine()}, Linux "
+            f"{platform.release()}, Python {platform.python_version()}; server: {server}, "
+            "on loopback, started for the run. Client and server share the cores."
+        ),
+        (
+            "Ratios compare each library with aiolock on the scenario's headline figure "
+            "(higher is better for rates, lower for latencies), written as aiolock's advantage."
+        ),
+        "",
+    ]
+    for scenario, title, _libs in SCENARIOS:
+        if scenario == "leases":
+            continue
+        rows = results.get(scenario)
+        if not rows:
+            continue
+        columns = COLUMNS[scenario]
+        headline = HEADLINE.get(scenario)
+        lines += [f"## {title}", ""]
+        header = ["library", *[label for _, label in columns]]
+        if headline:
+            header.append("aiolock advantage")
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        base = rows.get("aiolock", {}).get(headline) if headline else None
+        for lib, row in rows.items():
+            if "error" in row:
+                lines.append(f"| {lib} | error: {row['error']} |")
+                continue
+            cells = [lib, *[fmt(row.get(key, "")) for key, _ in columns]]
+            if headline and base:
+                value = row.get(headline)
+                if value:
+                    lower_better = headline.endswith(("_us", "_ms"))
+                    ratio = value / base if lower_better else base / value
+                    cells.append(f"{ratio:.2f}x")
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    lease_rows = {k: v for k, v in results.items() if k.startswith("leases-")}
+    if lease_rows:
+        lines += [f"## Leases held for {args.lease_seconds:g} s, ttl {args.lease_ttl:g} s", ""]
+        lines += ["| leases | library | " + " | ".join(l for _, l in LEASE_COLUMNS) + " |"]
+        lines += ["|---|---|" + "---|" * len(LEASE_COLUMNS)]
+        for key, rows in lease_rows.items():
+            for lib, row in rows.items():
+                cells = [key.split("-")[1], lib]
+                cells += [fmt(row.get(k, row.get("error", ""))) for k, _ in LEASE_COLUMNS]
+                lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    (out / "RESULTS.md").write_text("\n".join(lines))
+    plot(results, out)
+
+
+def plot(results: dict[str, Any], out: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plots")
+        return
+    for scenario, key, label in (
+        ("contended", "critical_sections_per_s", "critical sections/s (32 tasks, one key)"),
+        ("contended-4p", "critical_sections_per_s", "critical sections/s (4 processes x 8)"),
+        ("wakeup", "p50_ms", "wake-up after release, p50 ms (log scale)"),
+        ("uncontended", "p50_us", "uncontended acquire+release, p50 µs"),
+    ):
+        rows = {lib: row[key] for lib, row in results.get(scenario, {}).items() if key in row}
+        if not rows:
+            continue
+        figure, axes = plt.subplots(figsize=(8, 3.5))
+        colors = ["#2a9d8f" if lib == "aiolock" else "#8d99ae" for lib in rows]
+        axes.barh(list(rows), list(rows.values()), color=colors)
+        axes.invert_yaxis()
+        axes.set_xlabel(label)
+        if scenario == "wakeup":
+            axes.set_xscale("log")
+        figure.tight_layout()
+        figure.savefig(out / f"{scenario}.png", dpi=110)
+        plt.close(figure)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer repeats, shorter runs")
+    parser.add_argument("--smoke", action="store_true", help="seconds: only checks the harness")
+    parser.add_argument("--libs", default="", help="comma-separated subset of libraries")
+    parser.add_argument("--scenarios", default="", help="comma-separated subset of scenarios")
+    parser.add_argument("--url", default="", help="use this server instead of starting one")
+    parser.add_argument("--python", default="", help="one interpreter for every library")
+    parser.add_argument("--out", default=str(RESULTS), help="where to write the results")
+    args = parser.parse_args()
+    if args.python:
+        for lib in PYTHON:
+            PYTHON[lib] = args.python
+    args.repeats, args.seconds, args.iterations = 3, 5.0, 2000
+    args.leases, args.lease_ttl, args.lease_seconds = [1000, 10000], 10.0, 120.0
+    if args.quick:
+        args.repeats, args.seconds, args.iterations, args.lease_seconds = 2, 3.0, 1000, 30.0
+    if args.smoke:
+        args.repeats, args.seconds, args.iterations = 1, 0.5, 50
+        args.leases, args.lease_ttl, args.lease_seconds = [50], 1.0, 1.5
+    server = None
+    url = args.url
+    if not url:
+        from aiolock.testing import RedisServer, find_binaries
+
+        binary = find_binaries()[0]
+        server = RedisServer(binary).start()
+        url = server.url
+        description = f"{binary.kind} {binary.version}"
+    else:
+        description = url
+    try:
+        results = run_all(args, url)
+    finally:
+        if server is not None:
+            server.stop()
+    write_report(results, args, description)
+    print(f"wrote {Path(args.out) / 'RESULTS.md'}")
+
+
+if __name__ == "__main__":
+    main()
