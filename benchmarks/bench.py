@@ -50,6 +50,12 @@ class Adapter:
     def hold(self, name: str) -> contextlib.AbstractAsyncContextManager[Any]:
         raise NotImplementedError
 
+    async def take(self, name: str) -> tuple[Callable[[], bool], Callable[[], Any]]:
+        """Acquire outside any block: (is it lost?, release)."""
+        cm = self.hold(name)
+        await cm.__aenter__()
+        return (lambda: False), (lambda: cm.__aexit__(None, None, None))
+
 
 class AiolockAdapter(Adapter):
     async def open(self, url: str) -> None:
@@ -60,6 +66,10 @@ class AiolockAdapter(Adapter):
 
     def hold(self, name: str) -> contextlib.AbstractAsyncContextManager[Any]:
         return self.lock_class(self.client, name, ttl=self.ttl)
+
+    async def take(self, name: str) -> tuple[Callable[[], bool], Callable[[], Any]]:
+        lease = await self.lock_class(self.client, name, ttl=self.ttl).acquire()
+        return (lambda: lease.lost), lease.release
 
 
 class RedisPyAdapter(Adapter):
@@ -95,12 +105,16 @@ class AioredlockAdapter(Adapter):
 
     @contextlib.asynccontextmanager
     async def hold(self, name: str) -> AsyncIterator[None]:
-        # Without a lock_timeout, aioredlock extends the lock in the background.
-        lock = await self.manager.lock(name, lock_timeout=None if self.renewing else self.ttl)
+        lock = await self.manager.lock(name, lock_timeout=self.ttl)
         try:
             yield
         finally:
             await self.manager.unlock(lock)
+
+    async def take(self, name: str) -> tuple[Callable[[], bool], Callable[[], Any]]:
+        # Without a lock_timeout, aioredlock extends the lock in the background.
+        lock = await self.manager.lock(name, lock_timeout=None)
+        return (lambda: not lock.valid), (lambda: self.manager.unlock(lock))
 
 
 class PythonRedisLockAdapter(Adapter):
@@ -346,10 +360,11 @@ async def wakeup(adapter: Adapter, args: argparse.Namespace) -> dict[str, Any]:
         await holding
         return acquired_at - released_at
 
-    samples = [await one(unique("wakeup")) for _ in range(args.iterations // 10)]
+    name = unique("wakeup")  # one hot lock, as in a service
+    samples = [await one(name) for _ in range(args.iterations // 10)]
     async with CommandCounter(adapter.url) as counter:
         for _ in range(count_runs):
-            await one(unique("wakeup"))
+            await one(name)
     return {
         "p50_ms": percentile(samples, 50) * 1e3,
         "p99_ms": percentile(samples, 99) * 1e3,
@@ -358,36 +373,38 @@ async def wakeup(adapter: Adapter, args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def leases(adapter: Adapter, args: argparse.Namespace) -> dict[str, Any]:
-    """Hold N leases with a short ttl for the run's duration: CPU, Redis load, false losses."""
+    """Hold N leases with renewal for the run's duration: CPU, Redis load, false losses."""
     info = redis.asyncio.Redis.from_url(adapter.url)
-    held: list[contextlib.AbstractAsyncContextManager[Any]] = []
-    entered = []
-    lost = 0
-    for i in range(args.leases):
-        cm = adapter.hold(f"bench:lease:{uuid.uuid4().hex[:6]}:{i}")
-        entered.append(await cm.__aenter__())
-        held.append(cm)
-    before = (await info.info("stats"))["total_commands_processed"]
+    taken = [
+        await adapter.take(f"bench:lease:{uuid.uuid4().hex[:6]}:{i}") for i in range(args.leases)
+    ]
+
+    async def counters() -> tuple[int, int]:
+        stats = await info.info("commandstats")
+        scripts = sum(
+            int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "eval")
+        )
+        total = (await info.info("stats"))["total_commands_processed"]
+        return int(total), scripts
+
+    total_before, calls_before = await counters()
     cpu = cpu_seconds()
     started = time.perf_counter()
     await asyncio.sleep(args.seconds)
     elapsed = time.perf_counter() - started
     cpu_used = cpu_seconds() - cpu
-    after = (await info.info("stats"))["total_commands_processed"]
-    for lease in entered:
-        if getattr(lease, "lost", False):
-            lost += 1
-    for cm in held:
-        try:
-            await cm.__aexit__(None, None, None)
-        except Exception:
-            lost += 1
+    total_after, calls_after = await counters()
+    lost = sum(1 for is_lost, _ in taken if is_lost())
+    for _, release in taken:
+        with contextlib.suppress(Exception):
+            await release()
     await info.aclose()
     return {
         "leases": args.leases,
         "ttl_s": adapter.ttl,
         "client_cpu_percent": 100 * cpu_used / elapsed,
-        "redis_commands_per_s": (after - before - 2) / elapsed,
+        "redis_commands_per_s": (total_after - total_before) / elapsed,
+        "renewal_calls_per_s": (calls_after - calls_before) / elapsed,
         "false_losses": lost,
     }
 
