@@ -154,37 +154,15 @@ class LockConfig:
         return safety_margin(self.ttl)
 
     @staticmethod
-    def cached(
-        *,
-        ttl: object,
-        renew: object,
-        renew_interval: object,
-        timeout: object,
-        max_hold: object,
-        prefix: object,
-    ) -> LockConfig:
-        """`build`, remembered for recently used argument values (a Lock per request is the
-        usual pattern, and its arguments rarely change)."""
+    def cached(**arguments: object) -> LockConfig:
+        """`build`, remembered for recently used argument values: a Lock per request is the
+        usual pattern, and its arguments rarely change."""
         try:
-            return _cached_build(
-                ttl=ttl,
-                renew=renew,
-                renew_interval=renew_interval,
-                timeout=timeout,
-                max_hold=max_hold,
-                prefix=prefix,
-            )
-        except TypeError as exc:
+            return _cached_build(**arguments)
+        except TypeError as exc:  # an unhashable argument: validate it the slow way
             if "unhashable" not in str(exc):
                 raise
-        return LockConfig.build(
-            ttl=ttl,
-            renew=renew,
-            renew_interval=renew_interval,
-            timeout=timeout,
-            max_hold=max_hold,
-            prefix=prefix,
-        )
+        return LockConfig.build(**arguments)
 
     @classmethod
     def build(
@@ -231,22 +209,5 @@ class LockConfig:
         )
 
 
-@functools.lru_cache(maxsize=128, typed=True)
-def _cached_build(
-    *,
-    ttl: object,
-    renew: object,
-    renew_interval: object,
-    timeout: object,
-    max_hold: object,
-    prefix: object,
-) -> LockConfig:
-    # typed=True: True and 1, or 1 and 1.0, are equal but not equally valid.
-    return LockConfig.build(
-        ttl=ttl,
-        renew=renew,
-        renew_interval=renew_interval,
-        timeout=timeout,
-        max_hold=max_hold,
-        prefix=prefix,
-    )
+# typed=True: True and 1, or 1 and 1.0, are equal keys but not equally valid arguments.
+_cached_build = functools.lru_cache(maxsize=128, typed=True)(LockConfig.build)
