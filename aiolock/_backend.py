@@ -112,6 +112,8 @@ class Backend:
     __slots__ = (
         "__weakref__",
         "_client_ref",
+        "_connection_class",
+        "_connection_kwargs",
         "_notifier",
         "_renew_client",
         "_scheduler",
@@ -120,6 +122,12 @@ class Backend:
 
     def __init__(self, client: redis.asyncio.Redis) -> None:
         self._client_ref = weakref.ref(client)
+        # aiolock's own connections use the client's settings; kept here so that a
+        # lingering background task never needs the (weakly held) client itself.
+        pool = client.connection_pool
+        self._connection_class = pool.connection_class
+        self._connection_kwargs = dict(pool.connection_kwargs)
+        self._connection_kwargs["retry"] = Retry(NoBackoff(), 0)
         self.loop = asyncio.get_running_loop()
         self._renew_client: redis.asyncio.Redis | None = None
         self._scheduler: RenewalScheduler | None = None
@@ -223,10 +231,9 @@ class Backend:
 
     def _connection_pool(self) -> redis.asyncio.ConnectionPool:
         """A new pool with the user's connection settings and no retries of its own."""
-        pool = self.client.connection_pool
-        kwargs = dict(pool.connection_kwargs)
-        kwargs["retry"] = Retry(NoBackoff(), 0)
-        return redis.asyncio.ConnectionPool(connection_class=pool.connection_class, **kwargs)
+        return redis.asyncio.ConnectionPool(
+            connection_class=self._connection_class, **self._connection_kwargs
+        )
 
     def _background_client(self) -> redis.asyncio.Redis:
         if self._renew_client is None:

@@ -28,8 +28,18 @@ __all__ = ("Lock", "LockInfo")
 _HOST: Final = socket.gethostname()[:255]
 _MIN_ATTEMPT_TIMEOUT: Final = 1.0
 """Shortest time an acquire attempt gives Redis to answer (connecting included)."""
+_MIN_CLEANUP: Final = 0.1
+"""Shortest time given to a cleanup, even when the caller's timeout is used up."""
 _ABORT_TIMEOUT: Final = 1.0
 """Longest wait for the cleanup of an acquire whose outcome is unknown."""
+
+
+def _cleanup_budget(time_left: float | None) -> float:
+    """How long a cleanup after a failed or abandoned wait may take: what is left of the
+    caller's timeout (at least a moment, to try), at most _ABORT_TIMEOUT."""
+    if time_left is None:
+        return _ABORT_TIMEOUT
+    return min(_ABORT_TIMEOUT, max(time_left, _MIN_CLEANUP))
 
 
 class _Unset:
@@ -232,9 +242,10 @@ class Lock:
             if queue_id is not None:
                 # The last waiter of this process gives up (timeout, cancellation, error):
                 # take its queue out of Redis first, so no release is reserved for it.
+                budget = _cleanup_budget(time_left())
                 with contextlib.suppress(BackendError, TimeoutError):
                     await run_shielded(
-                        self._withdraw(backend, queue_id), timeout=_ABORT_TIMEOUT + 0.5
+                        self._withdraw(backend, queue_id, timeout=budget), timeout=budget + 0.1
                     )
 
     async def try_acquire(self) -> Lease | None:
@@ -292,15 +303,20 @@ class Lock:
                 name=self._name,
             )
         except BaseException as exc:
-            if isinstance(exc, asyncio.CancelledError) or outcome_unknown(exc):
-                await self._abort(backend, token)
+            if isinstance(exc, asyncio.CancelledError):
+                await self._abort(backend, token, timeout=_ABORT_TIMEOUT)
+            elif outcome_unknown(exc):
+                # Redis did not answer: its answer to the abort may not come either, and the
+                # caller's timeout must hold (the key, if set, expires within the ttl).
+                left = None if time_left is None else time_left - (loop.time() - sent_at)
+                await self._abort(backend, token, timeout=_cleanup_budget(left))
             raise
         status, value = int(reply[0]), int(reply[1])
         if status != 1:
             return _Attempt(None, value if status == 0 else -1)
         if loop.time() >= sent_at + validity:
             # The reply came too late to be of use (this process was paused): give it back.
-            await self._abort(backend, token)
+            await self._abort(backend, token, timeout=_ABORT_TIMEOUT)
             return _Attempt(None, -1)
         scheduler = backend.scheduler if config.renew_interval is not None else None
         return _Attempt(
@@ -338,24 +354,24 @@ class Lock:
             rng=backend.scheduler.rng,
         )
 
-    async def _abort(self, backend: Backend, token: str) -> None:
+    async def _abort(self, backend: Backend, token: str, *, timeout: float) -> None:
         """Undo an acquire whose outcome is unknown, under a shield; errors are dropped.
 
         If the key was set and this fails too, it expires within the ttl.
         """
         with contextlib.suppress(BackendError, TimeoutError):
             await run_shielded(
-                self._release_token(backend, token, abort=True, timeout=_ABORT_TIMEOUT),
-                timeout=_ABORT_TIMEOUT + 0.5,
+                self._release_token(backend, token, abort=True, timeout=timeout),
+                timeout=timeout + 0.1,
             )
 
-    async def _withdraw(self, backend: Backend, queue_id: str) -> None:
+    async def _withdraw(self, backend: Backend, queue_id: str, *, timeout: float) -> None:
         """Take this process's wait queue out of Redis; pass on a reservation made for it."""
         reply = await backend.run(
             RELEASE,
             self._keys.for_release,
-            ["", self._keys.channel, FENCE_KEY_TTL_MS, "0", RESERVATION_MS, queue_id],
-            timeout=_ABORT_TIMEOUT,
+            ["", self._keys.channel, FENCE_KEY_TTL_MS, "0", RESERVATION_MS, queue_id, "0"],
+            timeout=timeout,
             operation="release",
             name=self._name,
         )
@@ -386,6 +402,7 @@ class Lock:
                 "1" if abort else "0",
                 RESERVATION_MS,
                 "",
+                "0",
             ],
             timeout=timeout,
             operation="release",

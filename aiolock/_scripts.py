@@ -105,7 +105,9 @@ RELEASE = Script(
 -- ARGV[3] fence hash ttl (ms),
 -- ARGV[4] '1' to abort: also forbid a later acquire with this token (its outcome is unknown),
 -- ARGV[5] reservation (ms): how long the lock waits for the first queued waiter to claim it,
--- ARGV[6] id of a wait queue to withdraw ('' for none): its process stopped waiting
+-- ARGV[6] id of a wait queue to withdraw ('' for none): its process stopped waiting,
+-- ARGV[7] '1' when evicting the holder (aiolock release --force): its token is not recorded
+-- as released, so the evicted holder's own release reports the loss
 -- Returns {1, queue id}: released now, reserved for that waiter queue ('' if none waited),
 --           and announced on the channel as "<fencing token> <queue id>";
 --         {2, ''}: released already, by an earlier attempt of this same call;
@@ -146,8 +148,10 @@ local holder = redis.call('HMGET', KEYS[1], 'token', 'fence', 'acquired_ms')
 if ARGV[1] ~= '' and holder[1] == ARGV[1] then
   local acquired = tonumber(holder[3] or '0')
   redis.call('DEL', KEYS[1])
-  redis.call('HSET', KEYS[2], 'released', ARGV[1])
-  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  if ARGV[7] ~= '1' then
+    redis.call('HSET', KEYS[2], 'released', ARGV[1])
+    redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  end
   if acquired > 0 and ARGV[4] ~= '1' then
     local held = redis.call('LPUSH', KEYS[5], string.format('%.0f', now_ms - acquired))
     if held == 1 or held > 100 then

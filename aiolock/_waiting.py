@@ -113,6 +113,7 @@ class WaitQueue:
     __slots__ = (
         "_recent",
         "channel",
+        "reconnected",
         "refusal",
         "registered",
         "requested",
@@ -125,6 +126,7 @@ class WaitQueue:
         self.channel = channel
         self.wid = secrets.token_hex(8)  # this queue's id in the lock's queue in Redis
         self.registered = False  # an attempt may have put `wid` in the queue in Redis
+        self.reconnected = False  # lost its subscription: wake the head when it is back
         self.waiters: collections.deque[Waiter] = collections.deque()
         self.subscribed = asyncio.Event()  # set once subscribed, or once refused
         self.requested = False  # SUBSCRIBE sent on the current connection
@@ -327,6 +329,7 @@ class Notifier:
         self._pubsub = self._backend.new_pubsub() if replace else None
         self._subscribed = {}
         for queue in self._queues.values():
+            queue.reconnected = queue.reconnected or queue.subscribed.is_set()
             queue.subscribed.clear()
             queue.requested = False
         if pubsub is not None:
@@ -342,9 +345,14 @@ class Notifier:
             if queue is None:
                 self._subscribed.setdefault(channel, self._backend.loop.time())
             elif queue.subscribed.is_set():
-                queue.wake_head()  # subscribed again after a reconnect: check the lock now
+                queue.wake_head()  # a duplicate confirmation: check the lock, to be safe
             else:
                 queue.subscribed.set()
+                if queue.reconnected:
+                    # Subscribed again after a reconnect: a release may have come while
+                    # the channel was unheard, after the head's last try.
+                    queue.reconnected = False
+                    queue.wake_head()
         elif kind == "message" and queue is not None:
             self.messages_received += 1
             data = message["data"]

@@ -1,0 +1,616 @@
+"""A safety checker: processes x tasks contend for a few locks, every critical section is
+recorded and the history verified (RELIABILITY.md section (c), checks 2, 3 and 8).
+
+```
+python -m tests.checker --processes 4 --tasks 8 --names 3 --minutes 1 [--url redis://...]
+python -m tests.checker --seconds 10 --faults      # its own server, paused and restarted
+```
+
+Without `--url` the checker starts a throwaway server of its own (`aiolock.testing`), and
+only then may it inject faults (`--faults`): SIGSTOP the server briefly, restart it empty.
+From tests: `await run(CheckerConfig(...), server=server)`, then `report.ok`.
+
+What each worker process records, per critical section: the lock name, the fencing token,
+`time.monotonic()` on entering the body and on leaving it (one clock for every process of
+the machine, so the times are comparable), and whether `async with` reported the lease
+lost. What is verified, per name:
+
+1. **No overlap**: no two critical sections overlap in time, unless the earlier one was
+   reported lost (a restart that lost the key let the next holder in; the earlier holder
+   was told), or the later one was reported lost and carries the lower token (a stale
+   grant: its acquire ran before a restart wiped it, and its reply was read late).
+2. **Fencing order**: fencing tokens strictly increase in the order the sections were
+   entered, with the same stale-grant exception; no token is ever granted twice.
+3. **Nothing left held**: once every worker has exited, no lock key of the run still has a
+   holder (found with `SCAN ... TYPE hash`, never `KEYS`) after its ttl has run out; keys
+   still held right at the end are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import redis.asyncio
+
+from aiolock import AcquireTimeoutError, BackendError, LeaseLostError
+
+__all__ = (
+    "CheckerConfig",
+    "Fault",
+    "Report",
+    "Section",
+    "Verdict",
+    "main",
+    "periodic_faults",
+    "run",
+    "verify",
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_LOCK = "aiolock:Lock"
+
+LockFactory = Callable[..., AbstractAsyncContextManager[Any]]
+"""`factory(client, name, *, ttl=, timeout=)`: an async context manager whose value has a
+`fencing_token`. `aiolock.Lock` is one; the tests pass deliberately broken ones."""
+
+
+# =========================================================================== the history
+@dataclass(frozen=True, slots=True)
+class Section:
+    """One critical section: the body of one `async with` that was entered."""
+
+    name: str
+    token: int
+    enter: float
+    exit: float
+    lost: bool
+    worker: str = ""
+    reason: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "name": self.name,
+                "token": self.token,
+                "enter": self.enter,
+                "exit": self.exit,
+                "lost": self.lost,
+                "worker": self.worker,
+                "reason": self.reason,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, line: str) -> Section:
+        data = json.loads(line)
+        return cls(
+            name=str(data["name"]),
+            token=int(data["token"]),
+            enter=float(data["enter"]),
+            exit=float(data["exit"]),
+            lost=bool(data["lost"]),
+            worker=str(data.get("worker", "")),
+            reason=str(data.get("reason", "")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    kind: Literal["overlap", "token order", "duplicate token"]
+    earlier: Section
+    later: Section
+
+    def __str__(self) -> str:
+        e, l_ = self.earlier, self.later
+        detail = (
+            f"overlap of {min(e.exit, l_.exit) - l_.enter:.6f}s"
+            if self.kind == "overlap"
+            else f"token {l_.token} after {e.token}"
+        )
+        return (
+            f"{self.kind} on {e.name!r}: {detail}; earlier [{e.enter:.6f}, {e.exit:.6f}] "
+            f"token {e.token} by {e.worker} (lost={e.lost}), later [{l_.enter:.6f}, "
+            f"{l_.exit:.6f}] token {l_.token} by {l_.worker} (lost={l_.lost})"
+        )
+
+
+@dataclass(slots=True)
+class Verdict:
+    sections: int = 0
+    lost: int = 0
+    excused_overlaps: int = 0
+    violations: list[Violation] = field(default_factory=list)
+
+    @property
+    def overlaps(self) -> list[Violation]:
+        return [v for v in self.violations if v.kind == "overlap"]
+
+    @property
+    def token_violations(self) -> list[Violation]:
+        return [v for v in self.violations if v.kind != "overlap"]
+
+
+def _stale_grant(earlier: Section, later: Section) -> bool:
+    """`later` was granted before `earlier` by a server that then lost it, and knows it."""
+    return later.lost and later.token < earlier.token
+
+
+def verify(sections: Iterable[Section]) -> Verdict:
+    """Check a history of critical sections (checks 1 and 2 of the module docstring)."""
+    verdict = Verdict()
+    by_name: dict[str, list[Section]] = {}
+    for section in sections:
+        by_name.setdefault(section.name, []).append(section)
+        verdict.sections += 1
+        verdict.lost += section.lost
+    for history in by_name.values():
+        history.sort(key=lambda s: (s.enter, s.exit))
+        open_sections: list[Section] = []  # entered earlier and not yet exited
+        highest: Section | None = None
+        seen: dict[int, Section] = {}
+        for section in history:
+            open_sections = [s for s in open_sections if s.exit > section.enter]
+            for earlier in open_sections:
+                if earlier.lost or _stale_grant(earlier, section):
+                    verdict.excused_overlaps += 1
+                else:
+                    verdict.violations.append(Violation("overlap", earlier, section))
+            open_sections.append(section)
+            if section.token in seen:
+                verdict.violations.append(
+                    Violation("duplicate token", seen[section.token], section)
+                )
+            elif (
+                highest is not None
+                and section.token <= highest.token
+                and not _stale_grant(highest, section)
+            ):
+                verdict.violations.append(Violation("token order", highest, section))
+            seen.setdefault(section.token, section)
+            if highest is None or section.token > highest.token:
+                highest = section
+    return verdict
+
+
+# =========================================================================== configuration
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """`at` seconds after the start: "pause" the server for `length` s, or "restart" it empty."""
+
+    at: float
+    kind: Literal["pause", "restart"]
+    length: float = 0.0
+
+    def __str__(self) -> str:
+        if self.kind == "pause":
+            return f"pause {self.length:g}s at {self.at:g}s"
+        return f"restart empty at {self.at:g}s"
+
+
+def periodic_faults(duration: float, ttl: float, *, every: float = 5.0) -> list[Fault]:
+    """A pause of 30 % of the ttl and an empty restart, alternately, every `every` seconds."""
+    faults: list[Fault] = []
+    at = min(2.0, duration / 4)
+    while at < duration - 2.0:
+        if len(faults) % 2 == 0:
+            faults.append(Fault(at, "pause", round(ttl * 0.3, 3)))
+        else:
+            faults.append(Fault(at, "restart"))
+        at += every
+    return faults
+
+
+@dataclass(frozen=True, slots=True)
+class CheckerConfig:
+    processes: int = 4
+    tasks: int = 8
+    names: int = 3
+    duration: float = 60.0
+    """Seconds of contention (from the moment every worker is ready)."""
+    ttl: float = 1.0
+    hold: float = 0.005
+    """Longest time a body holds the lock (each picks uniformly in [0, hold])."""
+    url: str | None = None
+    faults: tuple[Fault, ...] = ()
+    lock: str = DEFAULT_LOCK
+    """The lock factory, as "module:attribute"."""
+    seed: int = 0
+
+
+@dataclass(slots=True)
+class Report:
+    config: CheckerConfig
+    verdict: Verdict
+    elapsed: float
+    faults_injected: list[str]
+    held_at_end: list[str]
+    """Keys of the run still held by someone when every worker had exited."""
+    leaked: list[str]
+    """Keys of the run still held a ttl (and a second) later: a violation."""
+    counters: Counter[str]
+    worker_failures: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not (self.verdict.violations or self.leaked or self.worker_failures)
+
+    def summary(self) -> str:
+        c, v = self.config, self.verdict
+        lines = [
+            (
+                f"checker: {c.processes} processes x {c.tasks} tasks x {c.duration:g}s on "
+                f"{c.names} names (lock {c.lock}, ttl {c.ttl:g}s, seed {c.seed}); "
+                f"{self.elapsed:.1f}s in all"
+            ),
+            (
+                f"critical sections checked: {v.sections} (reported lost: {v.lost}; overlaps "
+                f"excused because a lease was reported lost: {v.excused_overlaps})"
+            ),
+            f"overlaps found: {len(v.overlaps)}",
+            f"fencing-token violations: {len(v.token_violations)}",
+            (
+                f"held at the end: {len(self.held_at_end)} (still held after the ttl: "
+                f"{len(self.leaked)})"
+            ),
+            f"faults injected: {len(self.faults_injected)}"
+            + (f" ({', '.join(self.faults_injected)})" if self.faults_injected else ""),
+            "worker outcomes: "
+            + ", ".join(f"{key} {n}" for key, n in sorted(self.counters.items())),
+        ]
+        lines += [f"worker failure: {failure}" for failure in self.worker_failures]
+        lines += [f"VIOLATION {violation}" for violation in v.violations[:20]]
+        if len(v.violations) > 20:
+            lines.append(f"... and {len(v.violations) - 20} more violations")
+        lines.append("result: " + ("OK" if self.ok else "VIOLATIONS FOUND"))
+        return "\n".join(lines)
+
+
+# =========================================================================== a worker process
+def _open_log(path: str | Path, mode: str) -> Any:
+    """A log file, line-buffered when text (each record reaches the disk as written)."""
+    if "b" in mode:
+        return open(path, mode)  # the caller closes it
+    return open(path, mode, buffering=1, encoding="utf-8")
+
+
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def load_factory(spec: str) -> LockFactory:
+    module, _, attribute = spec.partition(":")
+    factory: LockFactory = getattr(importlib.import_module(module), attribute)
+    return factory
+
+
+async def _contend(
+    client: redis.asyncio.Redis,
+    factory: LockFactory,
+    names: Sequence[str],
+    *,
+    ttl: float,
+    hold: float,
+    end_at: float,
+    rng: random.Random,
+    worker: str,
+    out: Any,
+    counters: Counter[str],
+) -> None:
+    """One task: take a random lock, hold it a little, record the section; until `end_at`."""
+    while (now := time.monotonic()) < end_at:
+        name = rng.choice(names)
+        enter: float | None = None
+        exit_ = 0.0
+        token = 0
+        lost = False
+        reason = ""
+        try:
+            async with factory(client, name, ttl=ttl, timeout=min(5.0, end_at - now)) as lease:
+                enter = time.monotonic()
+                token = int(lease.fencing_token)
+                try:
+                    await asyncio.sleep(rng.uniform(0, hold))
+                finally:
+                    exit_ = time.monotonic()  # also when the loss cancels the body
+        except LeaseLostError as error:
+            lost = True
+            reason = error.reason.value
+            counters["lost"] += 1
+        except AcquireTimeoutError:
+            counters["acquire timeouts"] += 1
+            continue
+        except BackendError:
+            counters["backend errors"] += 1
+            await asyncio.sleep(0.05)
+            continue
+        if enter is None:
+            continue  # lost before the body began: no critical section
+        counters["sections"] += 1
+        section = Section(name, token, enter, exit_, lost, worker, reason)
+        out.write(section.to_json() + "\n")
+        out.flush()
+
+
+async def _worker(args: argparse.Namespace) -> None:
+    factory = load_factory(args.lock)
+    names = args.names.split(",")
+    _say(json.dumps({"event": "ready", "pid": os.getpid()}))
+    go = sys.stdin.readline()  # before any task runs: nothing else waits meanwhile
+    end_at = float(go.split()[1])
+    counters: Counter[str] = Counter()
+    client = redis.asyncio.Redis.from_url(args.url)
+    try:
+        with _open_log(args.out, "a") as out:
+            async with asyncio.TaskGroup() as group:
+                for i in range(args.tasks):
+                    group.create_task(
+                        _contend(
+                            client,
+                            factory,
+                            names,
+                            ttl=args.ttl,
+                            hold=args.hold,
+                            end_at=end_at,
+                            rng=random.Random(f"{args.seed}:{i}"),
+                            worker=f"{os.getpid()}/{i}",
+                            out=out,
+                            counters=counters,
+                        )
+                    )
+    finally:
+        await client.aclose()
+    _say(json.dumps({"event": "done", "counters": dict(counters)}))
+
+
+# =========================================================================== the orchestrator
+async def _held_keys(client: redis.asyncio.Redis, pattern: str) -> list[str]:
+    """Keys matching `pattern` that have a holder (the holder hash has a token)."""
+    keys = [key async for key in client.scan_iter(match=pattern, _type="hash", count=1000)]
+    return [
+        key.decode() if isinstance(key, bytes) else str(key)
+        for key in keys
+        if await client.hexists(key, "token")
+    ]
+
+
+async def _nemesis(server: Any, faults: Sequence[Fault], started: float, log: list[str]) -> None:
+    loop = asyncio.get_running_loop()
+    for fault in sorted(faults, key=lambda f: f.at):
+        await asyncio.sleep(max(0.0, started + fault.at - loop.time()))
+        if fault.kind == "pause":
+            server.pause()
+            try:
+                await asyncio.sleep(fault.length)
+            finally:
+                server.resume()
+        else:
+            await asyncio.to_thread(server.restart_empty)
+        log.append(str(fault))
+
+
+async def _spawn(
+    config: CheckerConfig, url: str, names: Sequence[str], index: int, directory: Path
+) -> tuple[asyncio.subprocess.Process, Path, Any]:
+    out = directory / f"worker-{index}.jsonl"
+    stderr = _open_log(directory / f"worker-{index}.stderr", "wb")  # closed by run()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.checker",
+        "--worker",
+        "--url",
+        url,
+        "--names",
+        ",".join(names),
+        "--tasks",
+        str(config.tasks),
+        "--ttl",
+        str(config.ttl),
+        "--hold",
+        str(config.hold),
+        "--seed",
+        f"{config.seed}:{index}",
+        "--lock",
+        config.lock,
+        "--out",
+        str(out),
+        cwd=ROOT,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=stderr,
+    )
+    return process, out, stderr
+
+
+async def _line(process: asyncio.subprocess.Process, timeout: float) -> dict[str, Any] | None:
+    assert process.stdout is not None
+    async with asyncio.timeout(timeout):
+        line = await process.stdout.readline()
+    return json.loads(line) if line else None
+
+
+async def run(config: CheckerConfig, *, server: Any = None) -> Report:
+    """Run the workload and verify it. `server` (an `aiolock.testing.RedisServer`) is needed
+    to inject faults; without it and without `config.url`, the checker starts its own."""
+    own_server = None
+    if server is None and config.url is None:
+        from aiolock.testing import RedisServer, find_binaries
+
+        own_server = server = RedisServer(find_binaries()[0]).start()
+    if config.faults and server is None:
+        raise ValueError("faults need a server the checker may pause and restart (no --url)")
+    url = config.url if server is None else server.url
+    assert url is not None
+    run_id = uuid.uuid4().hex[:8]
+    names = [f"checker-{run_id}:{i}" for i in range(config.names)]
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    counters: Counter[str] = Counter()
+    failures: list[str] = []
+    faults_log: list[str] = []
+    workers: list[tuple[asyncio.subprocess.Process, Path, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="aiolock-checker-") as tmp:
+        directory = Path(tmp)
+        try:
+            workers = [
+                await _spawn(config, url, names, i, directory) for i in range(config.processes)
+            ]
+            for process, _, _ in workers:
+                ready = await _line(process, 60)
+                if ready is None or ready.get("event") != "ready":
+                    raise RuntimeError(f"a worker did not start: {ready}")
+            started = loop.time()
+            end_at = time.monotonic() + config.duration
+            for process, _, _ in workers:
+                assert process.stdin is not None
+                process.stdin.write(f"go {end_at!r}\n".encode())
+                await process.stdin.drain()
+            nemesis = (
+                asyncio.create_task(_nemesis(server, config.faults, started, faults_log))
+                if config.faults
+                else None
+            )
+            try:
+                for index, (process, _, _) in enumerate(workers):
+                    done = await _line(process, config.duration + 60)
+                    code = await asyncio.wait_for(process.wait(), 30)
+                    if done is None or code != 0:
+                        failures.append(f"worker {index} exited with {code}")
+                    else:
+                        counters.update(done["counters"])
+            finally:
+                if nemesis is not None:
+                    if failures:
+                        nemesis.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await nemesis
+            sections = [
+                Section.from_json(line)
+                for _, out, _ in workers
+                if out.exists()
+                for line in out.read_text(encoding="utf-8").splitlines()
+                if line
+            ]
+            verdict = verify(sections)
+            held, leaked = await _sweep(url, names, config.ttl)
+        finally:
+            for process, _, stderr in workers:
+                if process.returncode is None:
+                    process.kill()
+                    await process.wait()
+                if process.stdin is not None:
+                    process.stdin.close()
+                if process.stdout is not None:
+                    await process.stdout.read()
+                stderr.close()
+            for index, (process, _, _) in enumerate(workers):
+                if process.returncode not in (0, None) and not failures:
+                    failures.append(f"worker {index} exited with {process.returncode}")
+            if own_server is not None:
+                own_server.stop()
+        for index in range(len(workers)):
+            log = (directory / f"worker-{index}.stderr").read_text(errors="replace")
+            if failures and log.strip():
+                failures.append(f"worker {index} stderr (last lines): {log[-2000:]}")
+    return Report(
+        config=config,
+        verdict=verdict,
+        elapsed=loop.time() - began,
+        faults_injected=faults_log,
+        held_at_end=held,
+        leaked=leaked,
+        counters=counters,
+        worker_failures=failures,
+    )
+
+
+async def _sweep(url: str, names: Sequence[str], ttl: float) -> tuple[list[str], list[str]]:
+    """Keys of the run held right at the end, and those still held after their ttl."""
+    prefix = names[0].rsplit(":", 1)[0]
+    pattern = f"aiolock:{{{prefix}:*"
+    client = redis.asyncio.Redis.from_url(url)
+    try:
+        held = await _held_keys(client, pattern)
+        leaked = held
+        if held:
+            await asyncio.sleep(ttl + 1.0)  # a release that failed: the key expires by itself
+            leaked = await _held_keys(client, pattern)
+        return held, leaked
+    finally:
+        await client.aclose()
+
+
+# =========================================================================== command line
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.checker",
+        description="Check aiolock's mutual exclusion and fencing under contention and faults.",
+    )
+    parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--tasks", type=int, default=8, help="tasks per process")
+    parser.add_argument("--names", default="3", help="number of lock names")
+    duration = parser.add_mutually_exclusive_group()
+    duration.add_argument("--minutes", type=float)
+    duration.add_argument("--seconds", type=float)
+    parser.add_argument("--url", help="an existing server (default: start one)")
+    parser.add_argument("--ttl", type=float, default=1.0)
+    parser.add_argument("--hold", type=float, default=0.005, help="longest body, seconds")
+    parser.add_argument(
+        "--faults", action="store_true", help="pause and restart the server (not with --url)"
+    )
+    parser.add_argument("--fault-every", type=float, default=5.0, help="seconds between faults")
+    parser.add_argument("--lock", default=DEFAULT_LOCK, help="lock factory, module:attribute")
+    parser.add_argument("--seed", default="0")
+    # Internal: what the orchestrator passes to a worker process.
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse(argv)
+    if args.worker:
+        asyncio.run(_worker(args))
+        return 0
+    if args.faults and args.url:
+        sys.stderr.write("--faults needs a server of the checker's own: leave out --url\n")
+        return 2
+    duration = 60.0 * args.minutes if args.minutes is not None else (args.seconds or 60.0)
+    config = CheckerConfig(
+        processes=args.processes,
+        tasks=args.tasks,
+        names=int(args.names),
+        duration=duration,
+        ttl=args.ttl,
+        hold=args.hold,
+        url=args.url,
+        faults=tuple(periodic_faults(duration, args.ttl, every=args.fault_every))
+        if args.faults
+        else (),
+        lock=args.lock,
+        seed=int(args.seed),
+    )
+    report = asyncio.run(run(config))
+    _say(report.summary())
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

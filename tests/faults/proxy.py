@@ -1,0 +1,249 @@
+"""`FaultProxy`: a TCP proxy between the clients of a test and one server, faulty on demand.
+
+One listener on a free port of 127.0.0.1 forwards every connection to the server. The test
+then turns faults on and off at any moment (RELIABILITY.md (b), "FaultProxy"):
+
+- `delay_replies(s)`: every reply chunk read from the server from now on reaches the
+  client `s` seconds later (requests still go through at once, in order);
+- `blackhole()`: nothing is forwarded in either direction, and every socket stays open
+  (a partition: the peers see silence, not an error). The bytes are held and delivered
+  by `restore()`, as TCP would after a partition heals; `blackhole(discard=True)` drops
+  them instead;
+- `reset_all()`: every open connection is reset now (RST, by SO_LINGER 0);
+- `refuse_new()`: the listener is closed, so new connections are refused (ECONNREFUSED);
+  open connections are untouched;
+- `hold_requests(b"SUBSCRIBE")`: requests containing these bytes are held (on their
+  connection, with whatever follows them) until `restore()`, to pin a fault to an exact
+  protocol step; the returned event is set when one is held;
+- `restore()`: all of the above undone.
+
+```python
+proxy = await FaultProxy(server.port).start()
+try:
+    client = redis.asyncio.Redis.from_url(proxy.url)
+    ...
+    proxy.blackhole()
+finally:
+    await client.aclose()
+    await proxy.aclose()
+```
+
+Traffic stays on 127.0.0.1. `aclose()` closes every socket and ends every task the proxy
+started, so tests running with warnings as errors stay clean.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+from typing import Self
+
+__all__ = ("FaultProxy",)
+
+_CHUNK = 65536
+_LINGER_ZERO = struct.pack("ii", 1, 0)
+
+
+def _set_linger_zero(writer: asyncio.StreamWriter) -> None:
+    """Make the next close of this socket send a RST instead of a FIN."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ZERO)
+
+
+class _Link:
+    """One client connection and its upstream connection to the server."""
+
+    def __init__(self, client: asyncio.StreamWriter, upstream: asyncio.StreamWriter) -> None:
+        self.client = client
+        self.upstream = upstream
+
+    def reset(self) -> None:
+        for writer in (self.client, self.upstream):
+            _set_linger_zero(writer)
+            writer.transport.abort()
+
+    def close(self) -> None:
+        for writer in (self.client, self.upstream):
+            writer.transport.abort()
+
+    async def wait_closed(self) -> None:
+        for writer in (self.client, self.upstream):
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+
+class FaultProxy:
+    """Forwards 127.0.0.1:`port` to 127.0.0.1:`upstream_port`, with faults on demand."""
+
+    def __init__(self, upstream_port: int, *, upstream_host: str = "127.0.0.1") -> None:
+        self.upstream_host = upstream_host
+        self.upstream_port = upstream_port
+        self.port = 0
+        self.connections_accepted = 0
+        self._server: asyncio.Server | None = None
+        self._links: set[_Link] = set()
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._delay = 0.0
+        self._flowing = asyncio.Event()
+        self._flowing.set()
+        self._discard = False
+        self._closed = False
+        self._holds: list[tuple[bytes, asyncio.Event]] = []
+        self._holds_lifted = asyncio.Event()
+        self._holds_lifted.set()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._links)
+
+    async def start(self) -> Self:
+        await self._listen()
+        return self
+
+    async def _listen(self) -> None:
+        self._server = await asyncio.start_server(
+            self._handle, "127.0.0.1", self.port, reuse_address=True
+        )
+        self.port = int(self._server.sockets[0].getsockname()[1])
+
+    # ----------------------------------------------------------------- faults
+    def delay_replies(self, seconds: float) -> None:
+        """Hold every reply chunk read from the server from now on for `seconds`."""
+        self._delay = seconds
+
+    def blackhole(self, *, discard: bool = False) -> None:
+        """Forward nothing, in either direction; keep every socket open.
+
+        Bytes are held until `restore()` (a partition that heals), or dropped if `discard`.
+        """
+        self._discard = discard
+        self._flowing.clear()
+
+    def reset_all(self) -> int:
+        """Reset (RST) every open connection now; returns how many there were."""
+        links = list(self._links)
+        for link in links:
+            link.reset()
+        return len(links)
+
+    def refuse_new(self) -> None:
+        """Stop listening: new connections are refused until `restore()`."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def hold_requests(self, containing: bytes) -> asyncio.Event:
+        """Hold every request chunk that contains `containing` until `restore()`.
+
+        Returns an event set as soon as such a request is held.
+        """
+        held = asyncio.Event()
+        self._holds.append((containing, held))
+        self._holds_lifted.clear()
+        return held
+
+    async def restore(self) -> None:
+        """Forward normally again: no delay, held bytes delivered, listening again."""
+        self._delay = 0.0
+        self._discard = False
+        self._flowing.set()
+        self._holds.clear()
+        self._holds_lifted.set()
+        if self._server is None and not self._closed:
+            await self._listen()
+
+    # ----------------------------------------------------------------- forwarding
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        self.connections_accepted += 1
+        link: _Link | None = None
+        try:
+            try:
+                up_reader, up_writer = await asyncio.open_connection(
+                    self.upstream_host, self.upstream_port
+                )
+            except OSError:
+                _set_linger_zero(writer)
+                writer.transport.abort()
+                return
+            link = _Link(writer, up_writer)
+            self._links.add(link)
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._requests(reader, up_writer))
+                group.create_task(self._replies(up_reader, writer))
+        except* (OSError, EOFError):
+            pass  # a side went away: the link is closed below
+        finally:
+            if link is not None:
+                self._links.discard(link)
+                link.close()
+                await link.wait_closed()
+            else:
+                writer.transport.abort()
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
+            self._handlers.discard(task)
+
+    async def _forward(self, data: bytes, dst: asyncio.StreamWriter) -> None:
+        if not self._flowing.is_set():
+            if self._discard:
+                return
+            await self._flowing.wait()
+        dst.write(data)
+        await dst.drain()
+
+    async def _requests(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        while data := await src.read(_CHUNK):
+            for pattern, held in self._holds:
+                if pattern in data:
+                    held.set()
+                    await self._holds_lifted.wait()
+                    break
+            await self._forward(data, dst)
+        raise EOFError
+
+    async def _replies(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        """Read replies as they come, deliver each `delay` seconds after it arrived, in order."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+        async def deliver() -> None:
+            while True:
+                due, data = await queue.get()
+                wait = due - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                await self._forward(data, dst)
+
+        async with asyncio.TaskGroup() as group:
+            group.create_task(deliver())
+            while data := await src.read(_CHUNK):
+                queue.put_nowait((loop.time() + self._delay, data))
+            raise EOFError
+
+    # ----------------------------------------------------------------- teardown
+    async def aclose(self) -> None:
+        """Close the listener and every connection, and end every task of the proxy."""
+        self._closed = True
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        for link in list(self._links):
+            link.close()
+        handlers = list(self._handlers)
+        for task in handlers:
+            task.cancel()
+        if handlers:
+            await asyncio.gather(*handlers, return_exceptions=True)
+        if server is not None:
+            await server.wait_closed()
