@@ -15,6 +15,8 @@ from __future__ import annotations
 from ._events import EventKind as EventKind
 from ._events import LockEvent as LockEvent
 from ._events import add_listener as add_listener
+from ._inspect import HoldStats as HoldStats
+from ._inspect import hold_stats as hold_stats
 from ._lease import Lease as Lease
 from ._lock import Lock as Lock
 from ._lock import LockInfo as LockInfo
@@ -33,6 +35,7 @@ __all__ = (
     "BackendError",
     "ConfigError",
     "EventKind",
+    "HoldStats",
     "Lease",
     "LeaseLostError",
     "Lock",
@@ -42,6 +45,7 @@ __all__ = (
     "LossReason",
     "__version__",
     "add_listener",
+    "hold_stats",
 )
 
 for _name in __all__:

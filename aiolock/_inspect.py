@@ -1,0 +1,476 @@
+"""Reading the data layout back: which locks exist, their state, and what their holds say.
+
+Shared by the `aiolock` command line and the public `hold_stats()`. Everything here reads
+(SCAN, one MULTI/EXEC snapshot per batch of locks), except `force_release`, which runs the
+ordinary token-guarded RELEASE script with the holder's token. The hold-time maths are
+pure functions of the recorded durations, tested as units.
+
+Hold durations come from the `holds` list of the layout: the release script records each
+normal release (server time from acquire to release, ms). Holds that ended by expiry or
+were aborted are not recorded, so a ttl that is far too short hides the longest holds:
+a `near_ttl` flag is the signal to look.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal, final
+
+from ._backend import AsyncRedis, backend_for, check_client, translate_errors
+from ._config import check_name, check_prefix
+from ._layout import FENCE_KEY_TTL_MS, RESERVATION_MS, LockKeys
+from ._lock import LockInfo
+from ._scripts import RELEASE
+
+__all__ = (
+    "ForceRelease",
+    "HoldStats",
+    "LockState",
+    "QueueEntry",
+    "Reservation",
+    "force_release",
+    "hold_stats",
+    "nearest_rank",
+    "read_locks",
+    "recommend_ttl_ms",
+    "scan_lock_names",
+    "summarize_holds",
+)
+
+READ_TIMEOUT: Final = 5.0
+"""Longest wait for one SCAN page or one snapshot batch, seconds."""
+_BATCH: Final = 200
+"""Locks read in one MULTI/EXEC snapshot."""
+_NEAR_TTL_SHARE: Final = 0.5
+"""A p99 hold above this share of the ttl is flagged."""
+_TTL_FACTOR: Final = 3
+"""Recommended ttl = this times the p99 hold, rounded up."""
+_MIN_RECOMMENDED_MS: Final = 1000
+_NICE_STEPS: Final = (10, 15, 20, 25, 30, 40, 50, 60, 80, 100)
+"""Mantissas (times 10^k) a recommended ttl is rounded up to: 1, 1.5, 2, 2.5, 3, 4, 5, 6, 8 s..."""
+
+
+# --------------------------------------------------------------------------- hold maths
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HoldStats:
+    """How long a lock's recent holds lasted, and the ttl they suggest.
+
+    Computed from the last (up to) 100 holds that ended in a release. Durations are server
+    time from acquire to release, in seconds; they are None when no hold was recorded.
+
+    Added in 0.1.
+    """
+
+    name: str
+    count: int
+    """Number of recorded holds (at most 100)."""
+    p50: float | None
+    p99: float | None
+    """99th percentile (nearest rank: with fewer than 100 holds, the longest)."""
+    max: float | None
+    ttl: float | None
+    """The ttl the holds were judged against (None: unknown)."""
+    recommended_ttl: float | None
+    """3 times p99, rounded up to 1, 1.5, 2, 2.5, 3, 4, 5, 6 or 8 times a power of ten, at least
+    1 s: room for a renewal or two to fail before the lease ends."""
+    near_ttl: bool
+    """True when p99 > 50 % of `ttl`: the holds approach the ttl and live on renewals."""
+
+
+def nearest_rank(sorted_values: Sequence[int], percent: float) -> int:
+    """The nearest-rank percentile of ascending `sorted_values` (not empty).
+
+    The smallest value such that at least `percent` % of the values are at most it.
+    """
+    if not sorted_values:
+        raise ValueError("no values")
+    if not 0 < percent <= 100:
+        raise ValueError(f"percent must be in (0, 100], got {percent!r}")
+    rank = math.ceil(percent / 100 * len(sorted_values))
+    return sorted_values[max(rank, 1) - 1]
+
+
+def recommend_ttl_ms(p99_ms: int) -> int:
+    """3 times the p99 hold, rounded up to a readable value, at least 1 s (all in ms)."""
+    wanted = max(_TTL_FACTOR * p99_ms, _MIN_RECOMMENDED_MS)
+    scale = 1
+    while scale * _NICE_STEPS[-1] < wanted:
+        scale *= 10
+    return next(step * scale for step in _NICE_STEPS if step * scale >= wanted)
+
+
+def summarize_holds(name: str, holds_ms: Iterable[int], *, ttl: float | None) -> HoldStats:
+    """Percentiles, the recommended ttl and the near-ttl flag of recorded holds (ms)."""
+    values = sorted(holds_ms)
+    if not values:
+        return HoldStats(
+            name=name,
+            count=0,
+            p50=None,
+            p99=None,
+            max=None,
+            ttl=ttl,
+            recommended_ttl=None,
+            near_ttl=False,
+        )
+    p99_ms = nearest_rank(values, 99)
+    return HoldStats(
+        name=name,
+        count=len(values),
+        p50=nearest_rank(values, 50) / 1000,
+        p99=p99_ms / 1000,
+        max=values[-1] / 1000,
+        ttl=ttl,
+        recommended_ttl=recommend_ttl_ms(p99_ms) / 1000,
+        near_ttl=ttl is not None and p99_ms > _NEAR_TTL_SHARE * ttl * 1000,
+    )
+
+
+# --------------------------------------------------------------------------- snapshots
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueEntry:
+    """One waiting process in a lock's queue (a process's waiters share one entry)."""
+
+    queue_id: str
+    position: int
+    """1 = next in line."""
+    host: str
+    pid: int
+    count: int
+    """Waiters of that process queued under this entry."""
+    expires_in: float
+    """Seconds until the entry expires; ≤ 0: expired (its process stopped refreshing it,
+    most likely it died), skipped by the next hand-over."""
+
+    @property
+    def expired(self) -> bool:
+        return self.expires_in <= 0
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reservation:
+    """A released lock waiting to be claimed by the first queued process."""
+
+    queue_id: str
+    expires_in: float
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LockState:
+    """Everything the data layout says about one lock, read in one snapshot."""
+
+    name: str
+    holder: LockInfo | None
+    age: float | None
+    """Seconds since the holder acquired the lock (server clock)."""
+    reservation: Reservation | None
+    last_fencing_token: int | None
+    """The fence counter: the last fencing token issued (None: no acquire in a day)."""
+    queue: tuple[QueueEntry, ...]
+    holds_ms: tuple[int, ...]
+    """Recent hold durations in ms, newest first."""
+    server_time: float
+    """Unix seconds, the server's clock at the snapshot."""
+
+    @property
+    def state(self) -> Literal["held", "reserved", "free"]:
+        if self.holder is not None:
+            return "held"
+        return "reserved" if self.reservation is not None else "free"
+
+    @property
+    def waiters(self) -> int:
+        """Waiting tasks, summed over the queue entries that have not expired."""
+        return sum(entry.count for entry in self.queue if not entry.expired)
+
+    @property
+    def known(self) -> bool:
+        """Whether Redis holds anything at all about this lock."""
+        return (
+            self.state != "free"
+            or self.last_fencing_token is not None
+            or bool(self.queue)
+            or bool(self.holds_ms)
+        )
+
+    def hold_stats(self, *, ttl: float | None = None) -> HoldStats:
+        """Stats of the recorded holds, judged against the holder's ttl if held, else `ttl`."""
+        in_use = self.holder.ttl if self.holder is not None else ttl
+        return summarize_holds(self.name, self.holds_ms, ttl=in_use)
+
+
+def _text(value: object) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _int(value: object, default: int = 0) -> int:
+    try:
+        return int(_text(value))
+    except ValueError:
+        return default
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def _check_pattern(pattern: str) -> str:
+    if not pattern:
+        raise ValueError("the pattern must not be empty (use '*' for every lock)")
+    return pattern
+
+
+async def scan_lock_names(
+    client: AsyncRedis,
+    *,
+    prefix: str = "aiolock",
+    pattern: str = "*",
+    with_holds: bool = False,
+) -> list[str]:
+    """Names of the locks whose holder hash exists (held or reserved), sorted.
+
+    Uses `SCAN MATCH "<prefix>:{<pattern>}" TYPE hash`, never KEYS. With `with_holds`,
+    also the names that only have recorded holds (`... :holds`, TYPE list).
+
+    Raises:
+        BackendError: Redis could not be reached or refused the command.
+    """
+    client = check_client(client)
+    prefix = check_prefix(prefix)
+    pattern = _check_pattern(pattern)
+    base = f"{_glob_escape(prefix)}:{{{pattern}}}"
+    head = len(prefix) + 2
+    names = await _scan(client, base, "hash", lambda key: key[head:-1])
+    if with_holds:
+        suffix = "}:holds"
+        names |= await _scan(client, f"{base}:holds", "list", lambda key: key[head : -len(suffix)])
+    return sorted(name for name in names if name)
+
+
+async def _scan(
+    client: AsyncRedis, match: str, type_: str, name_of: Callable[[str], str]
+) -> set[str]:
+    names: set[str] = set()
+    cursor: Any = 0
+    while True:
+        with translate_errors("scan", None, READ_TIMEOUT):
+            async with asyncio.timeout(READ_TIMEOUT):
+                cursor, keys = await client.scan(
+                    cursor=cursor, match=match, count=1000, _type=type_
+                )
+        names.update(name_of(_text(key)) for key in keys)
+        if int(cursor) == 0:
+            return names
+
+
+async def read_locks(
+    client: AsyncRedis, names: Sequence[str], *, prefix: str = "aiolock"
+) -> list[LockState]:
+    """A snapshot of each named lock (one MULTI/EXEC round trip per 200 locks), in order.
+
+    Raises:
+        BackendError: Redis could not be reached or refused the command.
+    """
+    client = check_client(client)
+    prefix = check_prefix(prefix)
+    names = [check_name(name) for name in names]
+    states: list[LockState] = []
+    for start in range(0, len(names), _BATCH):
+        states.extend(await _read_batch(client, names[start : start + _BATCH], prefix))
+    return states
+
+
+_PER_LOCK: Final = 6
+"""Commands per lock in a snapshot."""
+
+
+async def _read_batch(client: AsyncRedis, names: Sequence[str], prefix: str) -> list[LockState]:
+    with translate_errors("inspect", names[0] if len(names) == 1 else None, READ_TIMEOUT):
+        async with asyncio.timeout(READ_TIMEOUT):
+            async with client.pipeline(transaction=True) as pipe:
+                pipe.time()
+                for name in names:
+                    keys = LockKeys.build(prefix, name)
+                    pipe.pttl(keys.lock)
+                    pipe.hgetall(keys.lock)
+                    pipe.hget(keys.fence, "n")
+                    pipe.zrange(keys.queue, 0, -1)
+                    pipe.hgetall(keys.waiters)
+                    pipe.lrange(keys.holds, 0, -1)
+                replies: list[Any] = await pipe.execute()
+    seconds, micros = replies[0]
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    return [
+        _parse(name, now_ms, replies[1 + i * _PER_LOCK : 1 + (i + 1) * _PER_LOCK])
+        for i, name in enumerate(names)
+    ]
+
+
+def _parse(name: str, now_ms: int, replies: Sequence[Any]) -> LockState:
+    pttl_raw, holder_raw, fence_n, queue_raw, waiters_raw, holds_raw = replies
+    pttl = int(pttl_raw)
+    holder_fields = {_text(k): _text(v) for k, v in dict(holder_raw).items()}
+    holder: LockInfo | None = None
+    reservation: Reservation | None = None
+    age: float | None = None
+    if "fence" in holder_fields and pttl != -2:
+        acquired_ms = _int(holder_fields.get("acquired_ms"))
+        holder = LockInfo(
+            name=name,
+            fencing_token=_int(holder_fields["fence"]),
+            host=holder_fields.get("host", ""),
+            pid=_int(holder_fields.get("pid")),
+            task=holder_fields.get("task", ""),
+            acquired_at=acquired_ms / 1000,
+            ttl=_int(holder_fields.get("ttl_ms")) / 1000,
+            expires_in=max(pttl, 0) / 1000,
+        )
+        age = max(now_ms - acquired_ms, 0) / 1000 if acquired_ms else None
+    elif "reserved" in holder_fields and pttl != -2:
+        reservation = Reservation(
+            queue_id=holder_fields["reserved"], expires_in=max(pttl, 0) / 1000
+        )
+    entries = {_text(k): _text(v) for k, v in dict(waiters_raw).items()}
+    order = [_text(member) for member in queue_raw]
+    order += sorted(set(entries) - set(order))  # an entry outside the zset: shown last
+    queue = tuple(
+        _queue_entry(queue_id, position, entries.get(queue_id), now_ms)
+        for position, queue_id in enumerate(order, start=1)
+    )
+    return LockState(
+        name=name,
+        holder=holder,
+        age=age,
+        reservation=reservation,
+        last_fencing_token=None if fence_n is None else _int(fence_n),
+        queue=queue,
+        holds_ms=tuple(_int(value) for value in holds_raw),
+        server_time=now_ms / 1000,
+    )
+
+
+def _queue_entry(queue_id: str, position: int, entry: str | None, now_ms: int) -> QueueEntry:
+    """Parse "<expires at, Unix ms> <waiters> <host> <pid>"; a missing entry is expired."""
+    expires_ms, count, host, pid = 0, 0, "", 0
+    if entry is not None:
+        parts = entry.split(" ", 2)
+        if len(parts) == 3:
+            expires_ms, count = _int(parts[0]), _int(parts[1])
+            host, _, pid_text = parts[2].rpartition(" ")
+            pid = _int(pid_text)
+    return QueueEntry(
+        queue_id=queue_id,
+        position=position,
+        host=host,
+        pid=pid,
+        count=count,
+        expires_in=(expires_ms - now_ms) / 1000,
+    )
+
+
+# --------------------------------------------------------------------------- public API
+async def hold_stats(
+    client: AsyncRedis, name: str, *, ttl: float | None = None, prefix: str = "aiolock"
+) -> HoldStats:
+    """How long the recent holds of lock `name` lasted, and the ttl they suggest.
+
+    ```python
+    stats = await aiolock.hold_stats(redis, "orders:42", ttl=10)
+    if stats.near_ttl:
+        log.warning("holds of %s approach the ttl: use ttl=%s", stats.name, stats.recommended_ttl)
+    ```
+
+    One round trip. The holds are the last (up to) 100 that ended in a release, recorded
+    by the server; holds that ended by expiry are not among them.
+
+    Args:
+        client: a `redis.asyncio.Redis`.
+        name: the lock's name.
+        ttl: the ttl to judge the holds against (the one your code uses); default: the
+            current holder's ttl if the lock is held, else unknown (`near_ttl` is False).
+        prefix: the lock's key prefix.
+
+    Raises:
+        BackendError: Redis could not be reached or refused the command.
+
+    Cancellation:
+        Safe to cancel: it only reads.
+
+    Added in 0.1.
+    """
+    (state,) = await read_locks(client, [name], prefix=prefix)
+    if ttl is not None:
+        return summarize_holds(state.name, state.holds_ms, ttl=ttl)
+    return state.hold_stats()
+
+
+# --------------------------------------------------------------------------- force release
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ForceRelease:
+    """What `force_release` did."""
+
+    outcome: Literal["released", "not_held", "holder_changed", "declined"]
+    holder: LockInfo | None
+    """The holder that was read (and evicted, if `outcome` is "released")."""
+    handed_to: str | None = None
+    """Queue id the lock was handed to, or None if nobody was waiting."""
+
+
+async def force_release(
+    client: AsyncRedis,
+    name: str,
+    *,
+    prefix: str = "aiolock",
+    confirm: Callable[[LockInfo], Awaitable[bool]] | None = None,
+) -> ForceRelease:
+    """Evict the current holder of `name`: read its token, then RELEASE with that token.
+
+    Running the ordinary release script hands the lock over to the first queued process and
+    publishes the release, as a normal release would. If the holder changed between the
+    read and the release (or while `confirm` was asking), nothing is released and the
+    outcome is "holder_changed": a new holder is never evicted by mistake. The evicted
+    holder's watchdog finds the key gone at its next renewal and loses the lease
+    (`LossReason.NOT_OWNER`), cancelling its work; if it releases first, its release
+    raises `LeaseLostError` instead. One round trip to read, one MULTI/EXEC to release.
+
+    Raises:
+        BackendError: Redis could not be reached or refused the command.
+    """
+    client = check_client(client)
+    keys = LockKeys.build(check_prefix(prefix), check_name(name))
+    (state,) = await read_locks(client, [name], prefix=prefix)
+    if state.holder is None:
+        return ForceRelease(outcome="not_held", holder=None)
+    with translate_errors("inspect", name, READ_TIMEOUT):
+        async with asyncio.timeout(READ_TIMEOUT):
+            token_raw, fence_raw = await client.hmget(keys.lock, ["token", "fence"])
+    if token_raw is None or _int(fence_raw, -1) != state.holder.fencing_token:
+        return ForceRelease(outcome="holder_changed", holder=state.holder)
+    if confirm is not None and not await confirm(state.holder):
+        return ForceRelease(outcome="declined", holder=state.holder)
+    # Forced: the token is not recorded as released (that record is how an owner's retried
+    # release is recognised), so the evicted owner's own release reports the loss.
+    args: list[str | int] = [
+        _text(token_raw),
+        keys.channel,
+        FENCE_KEY_TTL_MS,
+        "0",
+        RESERVATION_MS,
+        "",
+        "1",
+    ]
+    reply = await backend_for(client).run(
+        RELEASE, keys.for_release, args, timeout=READ_TIMEOUT, operation="release", name=name
+    )
+    if int(reply[0]) != 1:  # 0: someone else holds it now; 2: its holder released it
+        return ForceRelease(outcome="holder_changed", holder=state.holder)
+    handed_to = _text(reply[1])
+    return ForceRelease(outcome="released", holder=state.holder, handed_to=handed_to or None)

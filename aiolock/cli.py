@@ -1,0 +1,768 @@
+"""`aiolock`: see the locks in a Redis server, evict a stuck holder, run the demo.
+
+```
+aiolock ls [PATTERN]              held locks: holder, age, ttl left, fencing token, waiters
+aiolock show NAME                 everything known about one lock
+aiolock release NAME --force      evict the holder (token-guarded, asks first)
+aiolock watch [PATTERN]           a live table, until Ctrl-C
+aiolock stats [PATTERN]           hold times per lock, and the ttl they suggest
+aiolock demo                      a flash sale on a throwaway server, checked
+```
+
+Options before or after the command: `--url` (default `$REDIS_URL`, else
+`redis://localhost:6379/0`) and `--prefix` (default `aiolock`). `--json` on every command
+prints machine-readable output instead of tables.
+
+Exit codes: 0 ok; 1 the operation failed (the demo's invariant, nothing released, no such
+lock); 2 usage or connection error (unreachable server, not a Redis server); 130
+interrupted (Ctrl-C, also the normal end of `watch` without `--count`).
+
+Needs the `cli` extra (`pip install "aiolock[cli]"`) for `rich`. Added in 0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import datetime
+import json
+import os
+import sys
+import urllib.parse
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from typing import Any, Final
+
+import redis.asyncio
+
+from . import __version__
+from ._backend import Backend, translate_errors
+from ._config import LockConfig
+from ._demo import DemoConfig, DemoError, DemoSummary, demo_server, run_demo
+from ._inspect import (
+    ForceRelease,
+    HoldStats,
+    LockState,
+    force_release,
+    read_locks,
+    scan_lock_names,
+)
+from ._layout import LockKeys
+from ._lock import LockInfo
+from .errors import BackendError, ConfigError
+
+try:
+    from rich import box
+    from rich.console import Console, Group
+    from rich.live import Live
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.prompt import Confirm
+    from rich.table import Table
+    from rich.text import Text
+except ImportError:  # pragma: no cover - depends on the installed extras
+    _HAVE_RICH = False
+else:
+    _HAVE_RICH = True
+
+__all__ = (
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "main",
+)
+
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+"""The operation failed: the demo's invariant, nothing released, no such lock."""
+EXIT_USAGE: Final = 2
+"""Bad usage, or Redis could not be reached (or is not Redis)."""
+EXIT_INTERRUPTED: Final = 130
+
+DEFAULT_URL: Final = "redis://localhost:6379/0"
+_CONNECT_TIMEOUT: Final = 5.0
+
+
+class _UsageError(Exception):
+    """A mistake on the command line: one line on stderr, exit code 2."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the `aiolock` command line with `argv` (default: `sys.argv[1:]`).
+
+    Returns:
+        The exit code: 0 ok, 1 operation failed, 2 usage or connection error,
+        130 interrupted.
+    """
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, or argparse's own usage error
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if not _HAVE_RICH:  # pragma: no cover - tested in a subprocess without rich
+        _error('the aiolock command line needs rich: pip install "aiolock[cli]"')
+        return EXIT_USAGE
+    url = args.url or os.environ.get("REDIS_URL") or None
+    try:
+        return asyncio.run(_COMMANDS[args.command](args, url))
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return EXIT_INTERRUPTED
+    except _UsageError as exc:
+        _error(str(exc))
+        return EXIT_USAGE
+    except BackendError as exc:
+        where = _redact(url or DEFAULT_URL)
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        detail = " ".join(str(cause).split()) or type(cause).__name__
+        if Backend.refused(exc):
+            _error(f"Redis at {where} refused the command: {detail}")
+            return EXIT_FAILED
+        _error(f"cannot talk to Redis at {where}: {detail}")
+        return EXIT_USAGE
+    except DemoError as exc:
+        _error(f"demo failed: {exc}")
+        return EXIT_FAILED
+    except (ConfigError, ValueError) as exc:
+        _error(str(exc))
+        return EXIT_USAGE
+
+
+# --------------------------------------------------------------------------- arguments
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    _connection_options(common, argparse.SUPPRESS)
+    parser = argparse.ArgumentParser(
+        prog="aiolock",
+        description="See and manage aiolock locks in a Redis server.",
+        epilog="exit codes: 0 ok, 1 operation failed, 2 usage or connection error, 130 interrupted",
+    )
+    parser.add_argument("--version", action="version", version=f"aiolock {__version__}")
+    _connection_options(parser, None)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help_: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_, description=help_, parents=[common])
+        sub.add_argument("--json", action="store_true", help="print JSON instead of tables")
+        return sub
+
+    ls = command("ls", "list the held locks")
+    ls.add_argument("pattern", nargs="?", default="*", help="glob on lock names (default *)")
+
+    show = command("show", "show everything known about one lock")
+    show.add_argument("name", help="the lock's name")
+
+    release = command("release", "evict the holder of a lock (token-guarded)")
+    release.add_argument("name", help="the lock's name")
+    release.add_argument("--force", action="store_true", help="required: yes, evict the holder")
+    release.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+
+    watch = command("watch", "a live table of the held locks, until Ctrl-C")
+    watch.add_argument("pattern", nargs="?", default="*", help="glob on lock names (default *)")
+    watch.add_argument("--interval", type=_seconds, default=1.0, help="seconds between refreshes")
+    watch.add_argument("--count", type=_positive_int, default=None, help="refresh N times, exit")
+
+    stats = command("stats", "hold times per lock, and the ttl they suggest")
+    stats.add_argument("pattern", nargs="?", default="*", help="glob on lock names (default *)")
+    stats.add_argument(
+        "--ttl", type=_seconds, default=None, help="ttl your code uses, for locks not held now"
+    )
+
+    demo = command("demo", "a flash sale under aiolock, on a throwaway server, checked")
+    defaults = DemoConfig()
+    demo.add_argument("--stock", type=_positive_int, default=defaults.stock, help="units")
+    demo.add_argument("--workers", type=_positive_int, default=defaults.workers)
+    demo.add_argument("--processes", type=_positive_int, default=defaults.processes)
+    demo.add_argument("--ttl", type=_seconds, default=defaults.ttl, help="lock ttl, seconds")
+    demo.add_argument("--hold", type=_seconds, default=defaults.hold, help="mean hold, seconds")
+    demo.add_argument("--slow-holds", type=_non_negative_int, default=defaults.slow_holds)
+    demo.add_argument(
+        "--slow-hold", type=_seconds, default=defaults.slow_hold, help="seconds (> ttl)"
+    )
+    demo.add_argument(
+        "--fakeredis",
+        action="store_true",
+        help="run on fakeredis in this process (workers become tasks)",
+    )
+    return parser
+
+
+def _connection_options(parser: argparse.ArgumentParser, default: Any) -> None:
+    parser.add_argument(
+        "--url",
+        default=default,
+        help=f"Redis URL (default: $REDIS_URL, else {DEFAULT_URL}; for demo: a throwaway server)",
+    )
+    parser.add_argument(
+        "--prefix",
+        default=argparse.SUPPRESS if default is argparse.SUPPRESS else "aiolock",
+        help="key prefix of the locks (default aiolock)",
+    )
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value < 86400:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 86400 seconds: {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = _non_negative_int(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return value
+
+
+# --------------------------------------------------------------------------- plumbing
+def _error(message: str) -> None:
+    sys.stderr.write(f"aiolock: {message}\n")
+    sys.stderr.flush()
+
+
+def _redact(url: str) -> str:
+    """The URL without its password."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def _connect(url: str | None) -> redis.asyncio.Redis:
+    try:
+        return redis.asyncio.Redis.from_url(
+            url or DEFAULT_URL,
+            socket_connect_timeout=_CONNECT_TIMEOUT,
+            socket_timeout=_CONNECT_TIMEOUT,
+        )
+    except ValueError as exc:
+        raise _UsageError(f"invalid --url {_redact(url or DEFAULT_URL)!r}: {exc}") from None
+
+
+_PIPE_WIDTH: Final = 160
+"""Output width when stdout is not a terminal and COLUMNS is not set: rows stay whole."""
+
+
+def _console() -> Console:
+    console = Console(highlight=False, soft_wrap=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = _PIPE_WIDTH
+    return console
+
+
+def _print_json(data: object, *, indent: int | None = 2) -> None:
+    sys.stdout.write(json.dumps(data, indent=indent, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.3g}s"
+    minutes, secs = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def _utc(unix: float) -> str:
+    moment = datetime.datetime.fromtimestamp(unix, tz=datetime.UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
+def _info_dict(info: LockInfo | None) -> dict[str, Any] | None:
+    return None if info is None else dataclasses.asdict(info)
+
+
+def _stats_dict(stats: HoldStats) -> dict[str, Any]:
+    return dataclasses.asdict(stats)
+
+
+def _lock_row(state: LockState) -> dict[str, Any]:
+    holder = state.holder
+    return {
+        "name": state.name,
+        "state": state.state,
+        "host": holder.host if holder else None,
+        "pid": holder.pid if holder else None,
+        "task": holder.task if holder else None,
+        "fencing_token": holder.fencing_token if holder else None,
+        "age": state.age,
+        "ttl": holder.ttl if holder else None,
+        "expires_in": (
+            holder.expires_in
+            if holder
+            else (state.reservation.expires_in if state.reservation else None)
+        ),
+        "reserved_for": state.reservation.queue_id if state.reservation else None,
+        "waiters": state.waiters,
+    }
+
+
+async def _held(client: redis.asyncio.Redis, prefix: str, pattern: str) -> list[LockState]:
+    names = await scan_lock_names(client, prefix=prefix, pattern=pattern)
+    states = await read_locks(client, names, prefix=prefix)
+    return [state for state in states if state.state != "free"]
+
+
+def _locks_table(states: Sequence[LockState], *, title: str | None = None) -> Table:
+    table = Table(
+        title=title,
+        box=box.SIMPLE_HEAD,
+        title_justify="left",
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    longest = max((len(state.name) for state in states), default=4)
+    table.add_column("LOCK", no_wrap=True, min_width=min(longest, 60), overflow="fold")
+    table.add_column("HOLDER", no_wrap=True)
+    table.add_column("TASK", overflow="ellipsis", no_wrap=True)
+    for column in ("AGE", "TTL LEFT", "FENCING TOKEN"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("WAITERS", justify="right", no_wrap=True)
+    for state in states:
+        holder = state.holder
+        if holder is not None:
+            table.add_row(
+                state.name,
+                f"{holder.host}:{holder.pid}",
+                holder.task,
+                _duration(state.age),
+                f"{_duration(holder.expires_in)} of {_duration(holder.ttl)}",
+                str(holder.fencing_token),
+                str(state.waiters),
+            )
+        elif state.reservation is not None:
+            table.add_row(
+                state.name,
+                Text("(handed over)", style="italic"),
+                f"queue {state.reservation.queue_id}",
+                "-",
+                _duration(state.reservation.expires_in),
+                "-",
+                str(state.waiters),
+            )
+    return table
+
+
+# --------------------------------------------------------------------------- ls
+async def _ls(args: argparse.Namespace, url: str | None) -> int:
+    client = _connect(url)
+    try:
+        states = await _held(client, args.prefix, args.pattern)
+    finally:
+        await client.aclose()
+    if args.json:
+        _print_json([_lock_row(state) for state in states])
+        return EXIT_OK
+    console = _console()
+    if not states:
+        console.print(f"no locks held (prefix {args.prefix!r}, pattern {args.pattern!r})")
+        return EXIT_OK
+    console.print(_locks_table(states))
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- show
+async def _show(args: argparse.Namespace, url: str | None) -> int:
+    client = _connect(url)
+    try:
+        (state,) = await read_locks(client, [args.name], prefix=args.prefix)
+    finally:
+        await client.aclose()
+    stats = state.hold_stats()
+    if args.json:
+        _print_json(
+            {
+                "name": state.name,
+                "key": LockKeys.build(args.prefix, state.name).lock,
+                "state": state.state,
+                "known": state.known,
+                "holder": _info_dict(state.holder),
+                "age": state.age,
+                "reservation": (
+                    dataclasses.asdict(state.reservation) if state.reservation else None
+                ),
+                "last_fencing_token": state.last_fencing_token,
+                "waiters": state.waiters,
+                "queue": [
+                    {**dataclasses.asdict(entry), "expired": entry.expired} for entry in state.queue
+                ],
+                "recent_holds_ms": list(state.holds_ms),
+                "hold_stats": _stats_dict(stats),
+                "server_time": state.server_time,
+            }
+        )
+        return EXIT_OK if state.known else EXIT_FAILED
+    console = _console()
+    if not state.known:
+        console.print(f"nothing known about lock {state.name!r} (prefix {args.prefix!r})")
+        return EXIT_FAILED
+    console.print(_show_renderable(state, stats, args.prefix))
+    return EXIT_OK
+
+
+def _show_renderable(state: LockState, stats: HoldStats, prefix: str) -> Group:
+    facts = Table.grid(padding=(0, 2))
+    facts.add_column(style="bold")
+    facts.add_column()
+    facts.add_row("lock", f"{state.name!r} (key {LockKeys.build(prefix, state.name).lock})")
+    facts.add_row("state", state.state)
+    holder = state.holder
+    if holder is not None:
+        facts.add_row("holder", f"host {holder.host}, pid {holder.pid}, task {holder.task!r}")
+        facts.add_row("fencing token", str(holder.fencing_token))
+        facts.add_row("acquired", f"{_utc(holder.acquired_at)} ({_duration(state.age)} ago)")
+        facts.add_row(
+            "ttl",
+            f"{_duration(holder.ttl)}, expires in {_duration(holder.expires_in)} unless renewed",
+        )
+    if state.reservation is not None:
+        facts.add_row(
+            "reserved for",
+            f"queue {state.reservation.queue_id}, for "
+            f"{_duration(state.reservation.expires_in)} more (a release handed it over)",
+        )
+    last = state.last_fencing_token
+    facts.add_row("fence counter", "-" if last is None else f"{last} (last token issued)")
+    parts: list[Any] = [facts]
+
+    live = [entry for entry in state.queue if not entry.expired]
+    queue = Table(
+        title=f"queue: {len(live)} process(es), {state.waiters} waiter(s)",
+        box=box.SIMPLE_HEAD,
+        title_justify="left",
+        pad_edge=False,
+    )
+    for column in ("#", "QUEUE ID", "HOST", "PID", "WAITERS", "EXPIRES IN"):
+        queue.add_column(column, justify="right" if column in {"#", "PID", "WAITERS"} else "left")
+    for entry in state.queue:
+        queue.add_row(
+            str(entry.position),
+            entry.queue_id,
+            entry.host or "?",
+            str(entry.pid),
+            str(entry.count),
+            "expired" if entry.expired else _duration(entry.expires_in),
+            style="dim" if entry.expired else None,
+        )
+    parts.append(queue if state.queue else Text("queue: empty"))
+    parts.append(Text(f"recent holds: {_stats_line(stats)}"))
+    return Group(*parts)
+
+
+def _stats_line(stats: HoldStats) -> str:
+    if stats.count == 0:
+        return "none recorded"
+    line = (
+        f"{stats.count}, p50 {_duration(stats.p50)}, p99 {_duration(stats.p99)}, "
+        f"max {_duration(stats.max)}; ttl {_duration(stats.ttl) if stats.ttl else 'unknown'}, "
+        f"recommended {_duration(stats.recommended_ttl)}"
+    )
+    if stats.near_ttl:
+        line += " (holds approach the ttl)"
+    return line
+
+
+# --------------------------------------------------------------------------- release
+async def _release(args: argparse.Namespace, url: str | None) -> int:
+    if not args.force:
+        raise _UsageError(
+            f"release evicts the current holder of {args.name!r}: confirm with --force"
+        )
+    interactive = sys.stdin.isatty()
+    if not args.yes and not interactive:
+        raise _UsageError(
+            "refusing to force-release without confirmation: stdin is not a terminal; "
+            "pass --yes to confirm"
+        )
+    console = _console()
+
+    async def confirm(holder: LockInfo) -> bool:
+        if args.yes:
+            return True
+        question = (
+            f"release lock {holder.name!r} held by {holder.host}:{holder.pid} "
+            f"task {holder.task!r} (fencing token {holder.fencing_token})?"
+        )
+        try:
+            return bool(Confirm.ask(question, console=console, default=False))
+        except EOFError:
+            return False
+
+    client = _connect(url)
+    try:
+        result = await force_release(client, args.name, prefix=args.prefix, confirm=confirm)
+    finally:
+        await client.aclose()
+    if args.json:
+        _print_json(_release_dict(result, args.name))
+    else:
+        console.print(_release_message(result, args.name))
+    return EXIT_OK if result.outcome == "released" else EXIT_FAILED
+
+
+def _release_dict(result: ForceRelease, name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "outcome": result.outcome,
+        "released": result.outcome == "released",
+        "holder": _info_dict(result.holder),
+        "handed_to": result.handed_to,
+    }
+
+
+def _release_message(result: ForceRelease, name: str) -> str:
+    holder = result.holder
+    who = (
+        f"{holder.host}:{holder.pid} task {holder.task!r} (fencing token {holder.fencing_token})"
+        if holder is not None
+        else ""
+    )
+    if result.outcome == "not_held":
+        return f"lock {name!r} is not held: nothing released"
+    if result.outcome == "declined":
+        return "not confirmed: nothing released"
+    if result.outcome == "holder_changed":
+        return (
+            f"lock {name!r} changed hands (or was released) after it was read: nothing "
+            "released; run the command again to see the new holder"
+        )
+    handed = (
+        f"handed over to the waiting process of queue {result.handed_to}"
+        if result.handed_to
+        else "free now (nobody was waiting)"
+    )
+    return (
+        f"released lock {name!r} held by {who}; {handed}. The evicted holder loses its "
+        "lease at its next renewal."
+    )
+
+
+# --------------------------------------------------------------------------- watch
+async def _watch(args: argparse.Namespace, url: str | None) -> int:
+    client = _connect(url)
+    where = _redact(url or DEFAULT_URL)
+    try:
+        if args.json:
+            for last in _refreshes(args.count):
+                states = await _held(client, args.prefix, args.pattern)
+                _print_json([_lock_row(state) for state in states], indent=None)
+                if not last:
+                    await asyncio.sleep(args.interval)
+            return EXIT_OK
+        console = _console()
+        with Live(console=console, auto_refresh=False, transient=False) as live:
+            for last in _refreshes(args.count):
+                states = await _held(client, args.prefix, args.pattern)
+                now = datetime.datetime.now().astimezone().strftime("%H:%M:%S")
+                title = (
+                    f"{len(states)} lock(s) held at {now} on {where}, every "
+                    f"{_duration(args.interval)}" + ("" if args.count else " (Ctrl-C to stop)")
+                )
+                live.update(_locks_table(states, title=title), refresh=True)
+                if not last:
+                    await asyncio.sleep(args.interval)
+        return EXIT_OK
+    finally:
+        await client.aclose()
+
+
+def _refreshes(count: int | None) -> Iterator[bool]:
+    """One item per refresh, True for the last one (none is last without a count)."""
+    done = 0
+    while count is None or done < count:
+        done += 1
+        yield count is not None and done >= count
+
+
+# --------------------------------------------------------------------------- stats
+async def _stats(args: argparse.Namespace, url: str | None) -> int:
+    client = _connect(url)
+    try:
+        names = await scan_lock_names(
+            client, prefix=args.prefix, pattern=args.pattern, with_holds=True
+        )
+        states = await read_locks(client, names, prefix=args.prefix)
+    finally:
+        await client.aclose()
+    all_stats = [state.hold_stats(ttl=args.ttl) for state in states]
+    if args.json:
+        _print_json([_stats_dict(stats) for stats in all_stats])
+        return EXIT_OK
+    console = _console()
+    if not all_stats:
+        console.print(f"no locks with recorded holds (pattern {args.pattern!r})")
+        return EXIT_OK
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    longest = max(len(stats.name) for stats in all_stats)
+    table.add_column("LOCK", no_wrap=True, min_width=min(longest, 60), overflow="fold")
+    for column in ("HOLDS", "P50", "P99", "MAX", "TTL", "RECOMMENDED"):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("NOTE", no_wrap=True)
+    for stats in all_stats:
+        table.add_row(
+            stats.name,
+            str(stats.count),
+            _duration(stats.p50),
+            _duration(stats.p99),
+            _duration(stats.max),
+            _duration(stats.ttl) if stats.ttl is not None else "unknown",
+            _duration(stats.recommended_ttl),
+            Text("holds approach the ttl", style="bold yellow") if stats.near_ttl else "",
+        )
+    console.print(table)
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- demo
+async def _demo(args: argparse.Namespace, url: str | None) -> int:
+    # The lock's settings fail here, not in every worker process (ConfigError: exit 2).
+    LockConfig.build(
+        ttl=args.ttl, renew=True, renew_interval=None, timeout=None, max_hold=None,
+        prefix=args.prefix,
+    )  # fmt: skip
+    config = DemoConfig(
+        stock=args.stock,
+        workers=args.workers,
+        processes=min(args.processes, args.workers),
+        ttl=args.ttl,
+        hold=args.hold,
+        slow_holds=args.slow_holds,
+        slow_hold=args.slow_hold,
+        prefix=args.prefix,
+    )
+    if url is not None and not args.fakeredis:
+        # A clear error for a wrong --url before any process starts.
+        client = _connect(url)
+        try:
+            with translate_errors("ping", None, _CONNECT_TIMEOUT):
+                async with asyncio.timeout(_CONNECT_TIMEOUT):
+                    await client.ping()
+        finally:
+            await client.aclose()
+    console = _console()
+    async with demo_server(
+        None if args.fakeredis else url,
+        fakeredis_only=args.fakeredis,
+        label=_redact(url) if url else None,
+    ) as server:
+        if args.json:
+            summary = await run_demo(server, config)
+            _print_json(summary.as_dict())
+            return EXIT_OK if summary.ok else EXIT_FAILED
+        how = f"{config.processes} processes" if server.url is not None else "tasks of this process"
+        console.print(
+            f"flash sale: {config.stock} units, {config.workers} workers in {how}, one lock "
+            f"with ttl {_duration(config.ttl)}\n{config.slow_holds} slow hold(s) of "
+            f"{_duration(config.slow_hold)} outlive the ttl on purpose, kept by the watchdog\n"
+            f"server: {server.description}"
+        )
+        summary = await _demo_with_progress(
+            console, config, lambda cb: run_demo(server, config, on_progress=cb)
+        )
+    console.print(_demo_table(summary))
+    return EXIT_OK if summary.ok else EXIT_FAILED
+
+
+async def _demo_with_progress(
+    console: Console,
+    config: DemoConfig,
+    run: Callable[[Callable[[int], None] | None], Awaitable[DemoSummary]],
+) -> DemoSummary:
+    if not console.is_terminal:
+        return await run(None)
+    progress = Progress(
+        TextColumn("selling"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+    task = progress.add_task("sold", total=config.stock)
+    with progress:
+        return await run(lambda sold: progress.update(task, completed=sold))
+
+
+def _demo_table(summary: DemoSummary) -> Table:
+    table = Table(title="flash sale", box=box.SIMPLE_HEAD, title_justify="left", show_header=False)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(no_wrap=True)
+    table.add_column()
+    handoff = summary.handoff_ms
+
+    def check(good: bool) -> Text:
+        return Text("✓", style="bold green") if good else Text("✗", style="bold red")
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.0f} ms"
+
+    workers = (
+        f"{summary.workers} in {summary.processes} processes"
+        if summary.mode == "processes"
+        else f"{summary.workers} tasks (fakeredis fallback)"
+    )
+    table.add_row("server", "", summary.backend)
+    table.add_row("workers", "", workers)
+    table.add_row(
+        "sold", check(summary.sold == summary.stock), f"{summary.sold} of {summary.stock}"
+    )
+    table.add_row("stock left", check(summary.stock_left == 0), str(summary.stock_left))
+    table.add_row("oversold", check(summary.oversold == 0), str(summary.oversold))
+    table.add_row("fenced off", "", f"{summary.rejected_writes} stale reads/writes rejected")
+    table.add_row(
+        "holds",
+        "",
+        f"{summary.holds}, {summary.holds_over_ttl} longer than the {_duration(summary.ttl)} "
+        "ttl (kept by the watchdog)",
+    )
+    table.add_row("renewals", "", f"{summary.renewals} ({summary.renewal_failures} failed)")
+    table.add_row("losses", "", str(summary.losses))
+    table.add_row(
+        "hand-off",
+        "",
+        f"p50 {ms(handoff['p50'])}, p90 {ms(handoff['p90'])}, p99 {ms(handoff['p99'])}, "
+        f"max {ms(handoff['max'])} (release to next acquire)",
+    )
+    table.add_row("hold times", "", _stats_line(summary.hold_stats))
+    table.add_row("elapsed", "", _duration(summary.elapsed))
+    table.add_row(
+        "result",
+        check(summary.ok),
+        "invariant holds: sold exactly the stock, nothing oversold"
+        if summary.ok
+        else "INVARIANT VIOLATED",
+    )
+    return table
+
+
+_COMMANDS: Final[
+    dict[str, Callable[[argparse.Namespace, str | None], Coroutine[Any, Any, int]]]
+] = {
+    "ls": _ls,
+    "show": _show,
+    "release": _release,
+    "watch": _watch,
+    "stats": _stats,
+    "demo": _demo,
+}

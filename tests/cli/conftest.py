@@ -1,0 +1,71 @@
+"""Helpers for the command-line tests: run `aiolock.cli.main` in-process, unique names."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from aiolock import cli
+
+
+@dataclass(frozen=True)
+class Run:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+@pytest.fixture
+def run(capsys: pytest.CaptureFixture[str]) -> Callable[..., Run]:
+    """`run("ls", "--json")`: main() in this thread (the test must not run an event loop)."""
+
+    def run(*argv: str) -> Run:
+        capsys.readouterr()
+        code = cli.main(list(argv))
+        captured = capsys.readouterr()
+        return Run(code, captured.out, captured.err)
+
+    return run
+
+
+@pytest.fixture
+def arun(capsys: pytest.CaptureFixture[str]) -> Callable[..., Awaitable[Run]]:
+    """`await arun("ls")`: main() in a thread, while this test's event loop holds locks."""
+
+    async def arun(*argv: str) -> Run:
+        capsys.readouterr()
+        code = await asyncio.to_thread(cli.main, list(argv))
+        captured = capsys.readouterr()
+        return Run(code, captured.out, captured.err)
+
+    return arun
+
+
+@pytest.fixture
+def tag() -> str:
+    """A prefix for this test's lock names (no glob characters, unlike `name`)."""
+    return f"cli-{uuid.uuid4().hex[:10]}"
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def eventually(predicate: Callable[[], Awaitable[bool]], timeout: float = 5.0) -> None:
+    """Wait until `predicate()` holds (it reads state from Redis), or fail."""
+    async with asyncio.timeout(timeout):
+        while not await predicate():
+            await asyncio.sleep(0.01)

@@ -1,0 +1,354 @@
+"""The `aiolock` commands, run in-process against a real server; output read from --json."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socketserver
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+
+import pytest
+
+from aiolock import LeaseLostError, Lock, LossReason
+from aiolock._layout import LockKeys
+
+from ..conftest import make_client
+from .conftest import Run, closed_port, eventually
+
+pytestmark = pytest.mark.real_only
+
+RunCli = Callable[..., Run]
+AsyncRunCli = Callable[..., Awaitable[Run]]
+
+
+async def test_ls_lists_held_locks_with_holder_fence_and_waiters(
+    server_url: str, tag: str, arun: AsyncRunCli
+) -> None:
+    client = make_client(server_url)
+    lease = await Lock(client, f"{tag}:orders:42", ttl=30).acquire()
+    other = await Lock(client, f"{tag}:reports", ttl=10).acquire()
+    waiters = [asyncio.create_task(Lock(client, f"{tag}:orders:42").acquire()) for _ in range(3)]
+
+    async def queued() -> bool:
+        rows = (await arun("--url", server_url, "ls", f"{tag}:orders:*", "--json")).json()
+        return bool(rows) and rows[0]["waiters"] == 3
+
+    try:
+        await eventually(queued)
+        result = await arun("--url", server_url, "ls", f"{tag}:*", "--json")
+        assert result.code == 0, result.err
+        rows = result.json()
+        assert [row["name"] for row in rows] == [f"{tag}:orders:42", f"{tag}:reports"]
+        orders = rows[0]
+        assert orders["state"] == "held"
+        assert orders["fencing_token"] == lease.fencing_token
+        assert orders["pid"] == os.getpid()
+        assert orders["task"] == asyncio.current_task().get_name()  # type: ignore[union-attr]
+        assert orders["waiters"] == 3
+        assert orders["ttl"] == 30.0
+        assert 0 < orders["expires_in"] <= 30
+        assert 0 <= orders["age"] < 30
+        assert rows[1]["waiters"] == 0
+        assert rows[1]["ttl"] == 10.0
+
+        table = await arun("--url", server_url, "ls", f"{tag}:*")
+        assert table.code == 0
+        assert f"{tag}:orders:42" in table.out
+        assert str(lease.fencing_token) in table.out
+    finally:
+        await lease.release()
+        await other.release()
+        for next_holder in asyncio.as_completed(waiters):  # in whatever order they win
+            await (await next_holder).release()
+        await client.aclose()
+
+
+def test_ls_with_nothing_held(server_url: str, tag: str, run: RunCli) -> None:
+    assert run("--url", server_url, "ls", f"{tag}:*", "--json").json() == []
+    result = run("--url", server_url, "ls", f"{tag}:*")
+    assert result.code == 0
+    assert "no locks held" in result.out
+
+
+async def test_show_tells_everything_about_one_lock(
+    server_url: str, tag: str, arun: AsyncRunCli
+) -> None:
+    name = f"{tag}:inventory"
+    client = make_client(server_url)
+    lock = Lock(client, name, ttl=20)
+    for _ in range(4):
+        async with lock:
+            pass
+    lease = await lock.acquire()
+    waiter = asyncio.create_task(Lock(client, name).acquire())
+
+    async def queued() -> bool:
+        return bool((await arun("--url", server_url, "show", name, "--json")).json()["queue"])
+
+    try:
+        await eventually(queued)
+        result = await arun("--url", server_url, "show", name, "--json")
+        assert result.code == 0, result.err
+        shown = result.json()
+        assert shown["name"] == name
+        assert shown["key"] == f"aiolock:{{{name}}}"
+        assert shown["state"] == "held"
+        assert shown["holder"]["fencing_token"] == lease.fencing_token
+        assert shown["holder"]["pid"] == os.getpid()
+        assert "token" not in shown["holder"]  # never the secret
+        assert shown["last_fencing_token"] == lease.fencing_token
+        assert shown["waiters"] == 1
+        (entry,) = shown["queue"]
+        assert (entry["position"], entry["count"], entry["pid"]) == (1, 1, os.getpid())
+        assert entry["expired"] is False
+        assert len(shown["recent_holds_ms"]) == 4
+        assert shown["hold_stats"]["count"] == 4
+        assert shown["hold_stats"]["ttl"] == 20.0
+
+        table = await arun("--url", server_url, "show", name)
+        assert table.code == 0
+        for text in ("fencing token", str(lease.fencing_token), "queue", "recent holds: 4"):
+            assert text in table.out
+    finally:
+        await lease.release()
+        await (await waiter).release()
+        await client.aclose()
+
+
+async def test_a_lock_in_transit_to_the_next_process(
+    server_url: str, tag: str, arun: AsyncRunCli
+) -> None:
+    """Between a release and the claim, the lock is reserved for the first queued process."""
+    name = f"{tag}:transit"
+    keys = LockKeys.build("aiolock", name)
+    client = make_client(server_url)
+    try:
+        await client.hset(keys.lock, "reserved", "q-next")
+        await client.pexpire(keys.lock, 5000)
+        (row,) = (await arun("--url", server_url, "ls", f"{tag}:*", "--json")).json()
+        assert (row["state"], row["reserved_for"], row["fencing_token"]) == (
+            "reserved",
+            "q-next",
+            None,
+        )
+        assert "(handed over)" in (await arun("--url", server_url, "ls", f"{tag}:*")).out
+        shown = await arun("--url", server_url, "show", name)
+        assert shown.code == 0
+        assert "reserved for" in shown.out and "q-next" in shown.out
+        released = await arun("--url", server_url, "release", name, "--force", "--yes")
+        assert released.code == 1
+        assert "not held" in released.out
+    finally:
+        await client.delete(keys.lock)
+        await client.aclose()
+
+
+def test_show_an_unknown_lock_fails(server_url: str, tag: str, run: RunCli) -> None:
+    result = run("--url", server_url, "show", f"{tag}:nothing")
+    assert result.code == 1
+    assert "nothing known" in result.out
+    shown = run("--url", server_url, "show", f"{tag}:nothing", "--json")
+    assert shown.code == 1
+    assert shown.json()["known"] is False
+
+
+async def test_stats_per_lock_with_recommendation(
+    server_url: str, tag: str, arun: AsyncRunCli
+) -> None:
+    client = make_client(server_url)
+    async with Lock(client, f"{tag}:slow", ttl=0.1):
+        await asyncio.sleep(0.15)  # kept past its ttl by the watchdog
+    for _ in range(3):
+        async with Lock(client, f"{tag}:fast", ttl=5):
+            pass
+    held = await Lock(client, f"{tag}:held", ttl=8).acquire()
+    try:
+        result = await arun("--url", server_url, "stats", f"{tag}:*", "--json", "--ttl", "0.1")
+        assert result.code == 0, result.err
+        stats = {row["name"]: row for row in result.json()}
+        assert set(stats) == {f"{tag}:slow", f"{tag}:fast", f"{tag}:held"}
+        slow, fast = stats[f"{tag}:slow"], stats[f"{tag}:fast"]
+        assert slow["count"] == 1 and slow["near_ttl"] is True
+        assert slow["ttl"] == 0.1 and slow["recommended_ttl"] == 1.0
+        assert fast["count"] == 3 and fast["p50"] <= fast["p99"] <= fast["max"]
+        assert stats[f"{tag}:held"]["ttl"] == 8.0  # a held lock: the holder's ttl
+        assert stats[f"{tag}:held"]["count"] == 0
+
+        unknown_ttl = (await arun("--url", server_url, "stats", f"{tag}:slow", "--json")).json()
+        assert unknown_ttl[0]["ttl"] is None and unknown_ttl[0]["near_ttl"] is False
+
+        table = await arun("--url", server_url, "stats", f"{tag}:*", "--ttl", "0.1")
+        assert "holds approach the ttl" in table.out
+    finally:
+        await held.release()
+        await client.aclose()
+
+
+async def test_forced_release_is_detected_by_the_holders_watchdog(
+    server_url: str, tag: str, arun: AsyncRunCli
+) -> None:
+    name = f"{tag}:stuck"
+    client = make_client(server_url)
+    try:
+        lease = await Lock(client, name, ttl=1).acquire()  # renewed every 1/3 s
+        result = await arun("--url", server_url, "release", name, "--force", "--yes", "--json")
+        assert result.code == 0, result.err
+        done = result.json()
+        assert done["outcome"] == "released"
+        assert done["holder"]["fencing_token"] == lease.fencing_token
+        assert done["handed_to"] is None
+        error = await asyncio.wait_for(lease.wait_lost(), timeout=5)
+        assert isinstance(error, LeaseLostError)
+        assert error.reason is LossReason.NOT_OWNER
+        assert lease.loss_reason is LossReason.NOT_OWNER
+        with pytest.raises(LeaseLostError):
+            await lease.release()
+
+        again = await arun("--url", server_url, "release", name, "--force", "--yes")
+        assert again.code == 1
+        assert "not held" in again.out
+    finally:
+        await client.aclose()
+
+
+async def test_release_says_what_it_did(server_url: str, tag: str, arun: AsyncRunCli) -> None:
+    name = f"{tag}:said"
+    client = make_client(server_url)
+    try:
+        lease = await Lock(client, name, ttl=5).acquire()
+        result = await arun("--url", server_url, "release", name, "--force", "--yes")
+        assert result.code == 0
+        assert f"released lock {name!r}" in result.out
+        assert str(lease.fencing_token) in result.out
+        with pytest.raises(LeaseLostError):
+            await lease.release()
+    finally:
+        await client.aclose()
+
+
+def test_release_needs_force(server_url: str, tag: str, run: RunCli) -> None:
+    result = run("--url", server_url, "release", f"{tag}:x", "--yes")
+    assert result.code == 2
+    assert "--force" in result.err
+
+
+def test_release_without_a_tty_and_without_yes_refuses(
+    server_url: str, tag: str, run: RunCli
+) -> None:
+    result = run("--url", server_url, "release", f"{tag}:x", "--force")
+    assert result.code == 2
+    assert result.err.count("\n") == 1
+    assert "not a terminal" in result.err and "--yes" in result.err
+    assert result.out == ""
+
+
+def test_watch_refreshes_count_times(server_url: str, tag: str, run: RunCli) -> None:
+    result = run(
+        "--url", server_url, "watch", f"{tag}:*", "--json", "--count", "3", "--interval", "0.01"
+    )
+    assert result.code == 0, result.err
+    assert result.out.splitlines() == ["[]", "[]", "[]"]
+    table = run("--url", server_url, "watch", f"{tag}:*", "--count", "2", "--interval", "0.01")
+    assert table.code == 0
+    assert "0 lock(s) held" in table.out
+
+
+async def test_watch_shows_a_held_lock(server_url: str, tag: str, arun: AsyncRunCli) -> None:
+    client = make_client(server_url)
+    try:
+        async with Lock(client, f"{tag}:watched", ttl=5) as lease:
+            result = await arun(
+                "--url", server_url, "--prefix", "aiolock", "watch", f"{tag}:*", "--json",
+                "--count", "1",
+            )  # fmt: skip
+        (line,) = result.out.splitlines()
+        assert f'"fencing_token": {lease.fencing_token}' in line
+    finally:
+        await client.aclose()
+
+
+def test_unreachable_server_is_a_one_line_error(tag: str, run: RunCli) -> None:
+    url = f"redis://127.0.0.1:{closed_port()}/0"
+    for argv in (["ls"], ["show", tag], ["stats"], ["release", tag, "--force", "--yes"]):
+        result = run("--url", url, *argv)
+        assert result.code == 2, argv
+        assert result.out == ""
+        assert result.err.count("\n") == 1
+        assert result.err.startswith(f"aiolock: cannot talk to Redis at {url}: ")
+
+
+@pytest.fixture
+def not_redis() -> Iterator[str]:
+    """A server on a loopback port that answers like a web server."""
+
+    class Http(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            self.request.recv(1024)
+            self.request.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Http)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"redis://127.0.0.1:{server.server_address[1]}/0"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_a_server_that_is_not_redis_is_a_one_line_error(not_redis: str, run: RunCli) -> None:
+    result = run("--url", not_redis, "ls")
+    assert result.code == 2
+    assert result.err.count("\n") == 1
+    assert result.err.startswith(f"aiolock: cannot talk to Redis at {not_redis}: ")
+    assert "rotocol" in result.err
+
+
+def test_usage_errors(run: RunCli) -> None:
+    assert run("--url", "http://example.invalid/", "ls").code == 2
+    bad_url = run("--url", "http://example.invalid/", "ls")
+    assert "invalid --url" in bad_url.err
+    assert run("frobnicate").code == 2
+    assert run("watch", "--count", "0").code == 2
+    assert run("--help").code == 0
+    assert "exit codes" in run("--help").out
+    assert run("--version").code == 0
+
+
+def test_password_is_not_shown_in_errors(run: RunCli) -> None:
+    url = f"redis://user:s3cret@127.0.0.1:{closed_port()}/0"
+    result = run("--url", url, "ls")
+    assert result.code == 2
+    assert "s3cret" not in result.err
+    assert "user:***@127.0.0.1" in result.err
+
+
+def test_demo_on_fakeredis_checks_its_invariant(run: RunCli) -> None:
+    result = run(
+        "demo", "--fakeredis", "--json", "--stock", "20", "--workers", "6", "--processes", "2",
+        "--ttl", "0.1", "--hold", "0.005", "--slow-holds", "1", "--slow-hold", "0.25",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    summary = result.json()
+    assert summary["ok"] is True
+    assert summary["mode"] == "tasks"
+    assert (summary["sold"], summary["stock"], summary["stock_left"]) == (20, 20, 0)
+    assert summary["oversold"] == 0
+    assert summary["holds"] == 20 + 6  # one sale per hold, then each worker sees it sold out
+    assert summary["holds_over_ttl"] >= 1
+    assert summary["renewals"] >= 2  # the slow hold lived on renewals
+    assert set(summary["handoff_ms"]) == {"p50", "p90", "p99", "max"}
+    assert summary["hold_stats"]["near_ttl"] is True
+
+
+def test_demo_table(run: RunCli) -> None:
+    result = run(
+        "demo", "--fakeredis", "--stock", "5", "--workers", "2", "--hold", "0.001",
+        "--slow-holds", "0",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    for text in ("sold", "5 of 5", "oversold", "hand-off", "invariant holds"):
+        assert text in result.out

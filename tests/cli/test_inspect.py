@@ -1,0 +1,245 @@
+"""Reading the layout back (SCAN, snapshots, force release, hold_stats), on both backends."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import socket
+
+import pytest
+import redis.asyncio
+
+import aiolock
+from aiolock import LeaseLostError, Lock, LockInfo, LossReason
+from aiolock._inspect import force_release, read_locks, scan_lock_names
+from aiolock._layout import LockKeys
+
+from .conftest import eventually
+
+
+async def test_scan_finds_held_locks_by_pattern_and_prefix(
+    client: redis.asyncio.Redis, tag: str
+) -> None:
+    a = await Lock(client, f"{tag}:orders:1", ttl=5).acquire()
+    b = await Lock(client, f"{tag}:orders:2", ttl=5).acquire()
+    other = await Lock(client, f"{tag}:orders:3", ttl=5, prefix="elsewhere").acquire()
+    released = await Lock(client, f"{tag}:reports", ttl=5).acquire()
+    await released.release()
+    try:
+        assert await scan_lock_names(client, pattern=f"{tag}:*") == [
+            f"{tag}:orders:1",
+            f"{tag}:orders:2",
+        ]
+        assert await scan_lock_names(client, pattern=f"{tag}:orders:1") == [f"{tag}:orders:1"]
+        assert await scan_lock_names(client, pattern=f"{tag}:*", prefix="elsewhere") == [
+            f"{tag}:orders:3"
+        ]
+        # Locks with recorded holds are found too when asked: the released one.
+        assert await scan_lock_names(client, pattern=f"{tag}:*", with_holds=True) == [
+            f"{tag}:orders:1",
+            f"{tag}:orders:2",
+            f"{tag}:reports",
+        ]
+    finally:
+        for lease in (a, b, other):
+            await lease.release()
+
+
+async def test_snapshot_of_a_held_lock_with_a_queue(client: redis.asyncio.Redis, tag: str) -> None:
+    name = f"{tag}:orders"
+    lock = Lock(client, name, ttl=5)
+    for _ in range(3):
+        async with lock:
+            pass
+    lease = await lock.acquire()
+    waiters = [asyncio.create_task(Lock(client, name, ttl=5).acquire()) for _ in range(2)]
+
+    async def queued() -> bool:
+        (state,) = await read_locks(client, [name])
+        return state.waiters == 2
+
+    try:
+        await eventually(queued)
+        (state,) = await read_locks(client, [name])
+        info = await lock.info()
+        assert state.holder is not None and info is not None
+        # The same LockInfo as Lock.info(), read a moment later.
+        assert dataclasses.replace(state.holder, expires_in=info.expires_in) == info
+        assert state.holder.fencing_token == lease.fencing_token
+        assert state.holder.host == socket.gethostname()[:255]
+        assert state.holder.pid == os.getpid()
+        assert state.state == "held"
+        assert state.last_fencing_token == lease.fencing_token
+        assert state.age is not None and 0 <= state.age < 5
+        assert len(state.queue) == 1  # one entry per process, counting its waiters
+        (entry,) = state.queue
+        assert (entry.position, entry.count, entry.pid) == (1, 2, os.getpid())
+        assert 0 < entry.expires_in <= 5 + 2 + 1
+        assert len(state.holds_ms) == 3
+        assert state.reservation is None
+    finally:
+        await lease.release()
+        for next_holder in asyncio.as_completed(waiters):  # in whatever order they win
+            await (await next_holder).release()
+    (state,) = await read_locks(client, [name])
+    assert state.state == "free" and state.known
+    assert len(state.holds_ms) == 6
+
+
+async def test_snapshot_of_an_unknown_lock(client: redis.asyncio.Redis, tag: str) -> None:
+    (state,) = await read_locks(client, [f"{tag}:never"])
+    assert state.state == "free"
+    assert not state.known
+    assert state.hold_stats().count == 0
+
+
+async def test_force_release_evicts_and_hands_over(client: redis.asyncio.Redis, tag: str) -> None:
+    name = f"{tag}:stuck"
+    stuck = await Lock(client, name, ttl=5).acquire()
+    waiter = asyncio.create_task(Lock(client, name, ttl=5).acquire())
+
+    async def queued() -> bool:
+        (state,) = await read_locks(client, [name])
+        return state.waiters == 1
+
+    await eventually(queued)
+    result = await force_release(client, name)
+    assert result.outcome == "released"
+    assert result.holder is not None and result.holder.fencing_token == stuck.fencing_token
+    assert result.handed_to is not None  # the queued waiter's process
+    successor = await waiter
+    assert successor.fencing_token > stuck.fencing_token
+    with pytest.raises(LeaseLostError) as lost:
+        await stuck.extend()  # what its watchdog would find at the next renewal
+    assert lost.value.reason is LossReason.NOT_OWNER
+    await successor.release()
+    assert (await force_release(client, name)).outcome == "not_held"
+
+
+async def test_force_release_never_evicts_a_new_holder(
+    client: redis.asyncio.Redis, tag: str
+) -> None:
+    name = f"{tag}:changing"
+    first = await Lock(client, name, ttl=5).acquire()
+    second: list[aiolock.Lease] = []
+
+    async def holder_changes_while_asking(holder: LockInfo) -> bool:
+        assert holder.fencing_token == first.fencing_token
+        await first.release()
+        second.append(await Lock(client, name, ttl=5).acquire())
+        return True
+
+    result = await force_release(client, name, confirm=holder_changes_while_asking)
+    assert result.outcome == "holder_changed"
+    assert result.holder is not None and result.holder.fencing_token == first.fencing_token
+    (lease,) = second
+    info = await Lock(client, name).info()
+    assert info is not None and info.fencing_token == lease.fencing_token  # still held
+    await lease.extend()
+    await lease.release()
+
+
+async def test_force_release_declined_changes_nothing(
+    client: redis.asyncio.Redis, tag: str
+) -> None:
+    name = f"{tag}:kept"
+    lease = await Lock(client, name, ttl=5).acquire()
+
+    async def no(holder: LockInfo) -> bool:
+        return False
+
+    assert (await force_release(client, name, confirm=no)).outcome == "declined"
+    await lease.extend()
+    await lease.release()
+
+
+async def test_hold_stats_api(client: redis.asyncio.Redis, tag: str) -> None:
+    name = f"{tag}:api"
+    empty = await aiolock.hold_stats(client, name)
+    assert (empty.count, empty.p99, empty.recommended_ttl) == (0, None, None)
+    lock = Lock(client, name, ttl=5)
+    for _ in range(5):
+        async with lock:
+            pass
+    stats = await aiolock.hold_stats(client, name)
+    assert stats.count == 5
+    assert stats.name == name
+    assert stats.ttl is None  # not held, and no ttl given
+    assert stats.p50 is not None and stats.p99 is not None and stats.max is not None
+    assert 0 <= stats.p50 <= stats.p99 <= stats.max < 5
+    assert stats.recommended_ttl == 1.0
+    assert not stats.near_ttl
+    async with lock:
+        assert (await aiolock.hold_stats(client, name)).ttl == 5.0  # the holder's
+        assert (await aiolock.hold_stats(client, name, ttl=7)).ttl == 7  # the caller's wins
+
+
+async def test_holds_approaching_the_ttl_are_flagged(client: redis.asyncio.Redis, tag: str) -> None:
+    name = f"{tag}:slow"
+    async with Lock(client, name, ttl=0.1) as lease:  # kept past its ttl by the watchdog
+        await asyncio.sleep(0.15)
+    assert lease.released
+    stats = await aiolock.hold_stats(client, name, ttl=0.1)
+    assert stats.count == 1 and stats.near_ttl
+    assert stats.p99 is not None and stats.p99 >= 0.15
+    assert stats.recommended_ttl == 1.0
+
+
+async def test_the_evicted_holders_own_release_reports_the_loss(
+    client: redis.asyncio.Redis, tag: str
+) -> None:
+    name = f"{tag}:evicted"
+    lease = await Lock(client, name, ttl=5).acquire()
+    assert (await force_release(client, name)).outcome == "released"
+    # The release script keeps the token of the last release (to recognise its retry);
+    # a forced release must not let the evicted holder's release pass for a retry.
+    with pytest.raises(LeaseLostError) as lost:
+        await lease.release()
+    assert lost.value.reason is LossReason.NOT_OWNER
+
+
+async def test_snapshot_parses_a_reservation_and_odd_queue_entries(
+    client: redis.asyncio.Redis, tag: str
+) -> None:
+    """Written by hand, as the scripts would leave it: a release in transit to a queue."""
+    name = f"{tag}:handover"
+    keys = LockKeys.build("aiolock", name)
+    seconds, micros = await client.time()
+    now_ms = seconds * 1000 + micros // 1000
+    await client.hset(keys.lock, "reserved", "q-next")
+    await client.pexpire(keys.lock, 1000)
+    await client.hset(keys.fence, "n", "1234")
+    await client.zadd(keys.queue, {"q-next": 1, "q-dead": 2})
+    await client.hset(
+        keys.waiters,
+        mapping={
+            "q-next": f"{now_ms + 5000} 2 web-1 77",
+            "q-dead": f"{now_ms - 10} 4 web 2 88",  # expired; a host with a space
+            "q-orphan": f"{now_ms + 5000} 1 web-3 99",  # not in the zset
+        },
+    )
+    await client.lpush(keys.holds, "120", "80", "not a number")
+    try:
+        (state,) = await read_locks(client, [name])
+        assert state.state == "reserved"
+        assert state.holder is None and state.age is None
+        assert state.reservation is not None
+        assert state.reservation.queue_id == "q-next"
+        assert 0 < state.reservation.expires_in <= 1
+        assert state.last_fencing_token == 1234
+        assert [(e.queue_id, e.position) for e in state.queue] == [
+            ("q-next", 1),
+            ("q-dead", 2),
+            ("q-orphan", 3),
+        ]
+        nxt, dead, orphan = state.queue
+        assert (nxt.host, nxt.pid, nxt.count, nxt.expired) == ("web-1", 77, 2, False)
+        assert (dead.host, dead.pid, dead.count, dead.expired) == ("web 2", 88, 4, True)
+        assert orphan.count == 1 and not orphan.expired
+        assert state.waiters == 3  # the expired entry's 4 are not counted
+        assert state.holds_ms == (0, 80, 120)
+        assert await scan_lock_names(client, pattern=f"{tag}:*") == [name]
+        assert (await force_release(client, name)).outcome == "not_held"
+    finally:
+        await client.delete(keys.lock, keys.fence, keys.queue, keys.waiters, keys.holds)

@@ -1,0 +1,164 @@
+"""The hold-time maths behind `aiolock stats` and `hold_stats()`: pure functions."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aiolock import HoldStats, LockInfo
+from aiolock._inspect import (
+    LockState,
+    QueueEntry,
+    nearest_rank,
+    recommend_ttl_ms,
+    summarize_holds,
+)
+
+
+def test_nearest_rank() -> None:
+    values = list(range(1, 101))
+    assert nearest_rank(values, 50) == 50
+    assert nearest_rank(values, 90) == 90
+    assert nearest_rank(values, 99) == 99
+    assert nearest_rank(values, 100) == 100
+    assert nearest_rank([7], 50) == nearest_rank([7], 99) == 7
+    assert nearest_rank([1, 2, 3], 99) == 3  # fewer than 100 holds: p99 is the longest
+    assert nearest_rank([1, 2, 3, 4], 50) == 2
+    with pytest.raises(ValueError, match="no values"):
+        nearest_rank([], 50)
+    with pytest.raises(ValueError, match="percent"):
+        nearest_rank([1], 0)
+    with pytest.raises(ValueError, match="percent"):
+        nearest_rank([1], 101)
+
+
+@pytest.mark.parametrize(
+    ("p99_ms", "expected_ms"),
+    [
+        (0, 1000),
+        (100, 1000),
+        (333, 1000),
+        (334, 1500),
+        (400, 1500),
+        (500, 1500),
+        (501, 2000),
+        (700, 2500),
+        (900, 3000),
+        (1000, 3000),
+        (1100, 4000),
+        (2100, 8000),
+        (3000, 10000),
+        (3400, 15000),
+        (10_000, 30_000),
+        (11_000, 40_000),
+        (40_000, 150_000),
+        (600_000, 2_000_000),
+    ],
+)
+def test_recommended_ttl_is_three_p99_rounded_up(p99_ms: int, expected_ms: int) -> None:
+    assert recommend_ttl_ms(p99_ms) == expected_ms
+
+
+@given(st.integers(min_value=0, max_value=10**9))
+def test_recommended_ttl_properties(p99_ms: int) -> None:
+    wanted = max(3 * p99_ms, 1000)
+    got = recommend_ttl_ms(p99_ms)
+    assert got >= wanted
+    assert got <= 1.5 * wanted  # the steps are at most 1.5 apart
+    mantissa = got
+    while mantissa > 100 and mantissa % 10 == 0:
+        mantissa //= 10
+    assert mantissa in {10, 15, 20, 25, 30, 40, 50, 60, 80, 100}
+
+
+def test_summary_of_no_holds() -> None:
+    stats = summarize_holds("n", [], ttl=5.0)
+    assert stats == HoldStats(
+        name="n",
+        count=0,
+        p50=None,
+        p99=None,
+        max=None,
+        ttl=5.0,
+        recommended_ttl=None,
+        near_ttl=False,
+    )
+
+
+def test_summary_percentiles_in_seconds() -> None:
+    holds = [900] + [100] * 99  # newest first, as stored: order does not matter
+    stats = summarize_holds("n", holds, ttl=1.0)
+    assert (stats.count, stats.p50, stats.p99, stats.max) == (100, 0.1, 0.1, 0.9)
+    assert stats.recommended_ttl == 1.0
+    assert not stats.near_ttl
+    two_slow = [900, 800] + [100] * 98
+    assert summarize_holds("n", two_slow, ttl=1.0).p99 == 0.8
+
+
+def test_near_ttl_flag_when_p99_exceeds_half_the_ttl() -> None:
+    holds = [500] * 10
+    assert not summarize_holds("n", holds, ttl=1.0).near_ttl  # exactly half: not flagged
+    assert summarize_holds("n", holds, ttl=0.999).near_ttl
+    assert summarize_holds("n", holds, ttl=0.2).near_ttl  # holds outlive the ttl
+    unknown = summarize_holds("n", holds, ttl=None)
+    assert not unknown.near_ttl
+    assert unknown.recommended_ttl == 1.5
+
+
+def test_hold_stats_is_frozen() -> None:
+    stats = summarize_holds("n", [1], ttl=None)
+    with pytest.raises(AttributeError):
+        stats.count = 2  # type: ignore[misc]
+
+
+def _state(*, holder_ttl: float | None, queue: tuple[QueueEntry, ...] = ()) -> LockState:
+    holder = (
+        None
+        if holder_ttl is None
+        else LockInfo(
+            name="n",
+            fencing_token=1,
+            host="h",
+            pid=1,
+            task="t",
+            acquired_at=0.0,
+            ttl=holder_ttl,
+            expires_in=1.0,
+        )
+    )
+    return LockState(
+        name="n",
+        holder=holder,
+        age=None,
+        reservation=None,
+        last_fencing_token=1,
+        queue=queue,
+        holds_ms=(400, 400),
+        server_time=0.0,
+    )
+
+
+def test_state_judges_holds_against_the_holders_ttl_first() -> None:
+    assert _state(holder_ttl=0.5).hold_stats(ttl=60.0).ttl == 0.5
+    assert _state(holder_ttl=0.5).hold_stats(ttl=60.0).near_ttl
+    assert _state(holder_ttl=None).hold_stats(ttl=60.0).ttl == 60.0
+    assert _state(holder_ttl=None).hold_stats().ttl is None
+
+
+def test_waiters_count_only_live_queue_entries() -> None:
+    def entry(position: int, count: int, expires_in: float) -> QueueEntry:
+        return QueueEntry(
+            queue_id=f"q{position}",
+            position=position,
+            host="h",
+            pid=position,
+            count=count,
+            expires_in=expires_in,
+        )
+
+    state = _state(holder_ttl=1.0, queue=(entry(1, 2, 3.0), entry(2, 5, -0.1), entry(3, 1, 0.5)))
+    assert state.waiters == 3
+    assert [e.expired for e in state.queue] == [False, True, False]
+    assert state.state == "held"
+    assert state.known
