@@ -434,7 +434,7 @@ async def force_release(
     """Evict the current holder of `name`: read its token, then RELEASE with that token.
 
     Running the ordinary release script hands the lock over to the first queued process and
-    publishes the release, as a normal release would. If the holder changed between the
+    announces it, as a normal release would. If the holder changed between the
     read and the release (or while `confirm` was asking), nothing is released and the
     outcome is "holder_changed": a new holder is never evicted by mistake. The evicted
     holder's watchdog finds the key gone at its next renewal and loses the lease

@@ -9,7 +9,7 @@ Format version 1. For a lock named NAME under PREFIX (default "aiolock"):
 | `PREFIX:{NAME}:queue`    | zset    | waiting processes, first come first served (member: queue id, score: arrival µs) |
 | `PREFIX:{NAME}:waiters`  | hash    | queue id -> "<expires at, Unix ms> <waiters> <host> <pid>" |
 | `PREFIX:{NAME}:holds`    | list    | the last 100 hold durations in ms, newest first; TTL 1 day, renewed every 100 holds |
-| `PREFIX:{NAME}:released` | channel | one message per release: "<fencing token> <queue id reserved for, or empty>" |
+| `PREFIX:{NAME}:released` | channel | one message per release that hands the lock to a queued process: "<fencing token> <queue id>" |
 
 Fields of the holder hash: `v` (format version, "1"), `token` (128-bit hex secret),
 `fence` (fencing token, decimal), `host`, `pid`, `task` (holder's hostname, process id and
