@@ -21,9 +21,9 @@ from typing import Any, Final, Literal, final
 
 from ._backend import AsyncRedis, backend_for, check_client, translate_errors
 from ._config import check_name, check_prefix
-from ._layout import FENCE_KEY_TTL_MS, RESERVATION_MS, LockKeys
+from ._layout import LockKeys
 from ._lock import LockInfo
-from ._scripts import RELEASE
+from ._scripts import RELEASE, release_args
 
 __all__ = (
     "ForceRelease",
@@ -458,15 +458,7 @@ async def force_release(
         return ForceRelease(outcome="declined", holder=state.holder)
     # Forced: the token is not recorded as released (that record is how an owner's retried
     # release is recognised), so the evicted owner's own release reports the loss.
-    args: list[str | int] = [
-        _text(token_raw),
-        keys.channel,
-        FENCE_KEY_TTL_MS,
-        "0",
-        RESERVATION_MS,
-        "",
-        "1",
-    ]
+    args = release_args(keys.channel, token=_text(token_raw), forced=True)
     reply = await backend_for(client).run(
         RELEASE, keys.for_release, args, timeout=READ_TIMEOUT, operation="release", name=name
     )

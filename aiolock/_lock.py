@@ -16,10 +16,10 @@ from . import _events as events
 from ._backend import AsyncRedis, Backend, backend_for, check_client, outcome_unknown
 from ._cancel import run_shielded
 from ._config import LockConfig, check_name, check_timeout
-from ._layout import FENCE_KEY_TTL_MS, GRACE_MS, RESERVATION_MS, LockKeys
+from ._layout import FENCE_KEY_TTL_MS, GRACE_MS, LockKeys
 from ._lease import Lease
 from ._retry import Backoff, poll_delay
-from ._scripts import ACQUIRE, INSPECT, RELEASE, RENEW
+from ._scripts import ACQUIRE, INSPECT, RELEASE, RENEW, release_args
 from ._watchdog import RenewalEntry
 from .errors import AcquireTimeoutError, BackendError
 
@@ -229,7 +229,9 @@ class Lock:
                     raise self._timeout_error(loop.time() - started, attempts)
                 delay = remaining
                 if waiter.is_head:
-                    poll = poll_delay(pttl_ms, fallback=unknown_pttl.next(), rng=notifier.rng)
+                    # The backoff only paces checks of a key whose expiry is unknown.
+                    fallback = unknown_pttl.next() if pttl_ms <= 0 else 0.0
+                    poll = poll_delay(pttl_ms, fallback=fallback, rng=notifier.rng)
                     delay = poll if remaining is None else min(poll, remaining)
                 timed_out = await waiter.wait(delay)
                 waiter.check()
@@ -367,15 +369,9 @@ class Lock:
 
     async def _withdraw(self, backend: Backend, queue_id: str, *, timeout: float) -> None:
         """Take this process's wait queue out of Redis; pass on a reservation made for it."""
-        reply = await backend.run(
-            RELEASE,
-            self._keys.for_release,
-            ["", self._keys.channel, FENCE_KEY_TTL_MS, "0", RESERVATION_MS, queue_id, "0"],
-            timeout=timeout,
-            operation="release",
-            name=self._name,
+        _, handed_to = await self._run_release(
+            backend, release_args(self._keys.channel, withdraw=queue_id), timeout=timeout
         )
-        handed_to = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
         backend.notifier.local_release(self._keys.channel, f"w{queue_id}", handed_to)
 
     async def _release_token(
@@ -392,28 +388,36 @@ class Lock:
 
         A release that hands the lock on is also told to this process's waiters at once.
         """
+        status, handed_to = await self._run_release(
+            backend,
+            release_args(self._keys.channel, token=token, abort=abort),
+            timeout=timeout,
+            background=background,
+        )
+        if status == 1 and fencing_token is not None:
+            backend.notifier.local_release(self._keys.channel, str(fencing_token), handed_to)
+        return status
+
+    async def _run_release(
+        self,
+        backend: Backend,
+        args: list[str | int],
+        *,
+        timeout: float,
+        background: bool = False,
+    ) -> tuple[int, str]:
+        """One RELEASE call: its status, and the wait queue the lock was handed to (or '')."""
         reply = await backend.run(
             RELEASE,
             self._keys.for_release,
-            [
-                token,
-                self._keys.channel,
-                FENCE_KEY_TTL_MS,
-                "1" if abort else "0",
-                RESERVATION_MS,
-                "",
-                "0",
-            ],
+            args,
             timeout=timeout,
             operation="release",
             name=self._name,
             background=background,
         )
-        status = int(reply[0])
-        if status == 1 and fencing_token is not None:
-            reserved = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
-            backend.notifier.local_release(self._keys.channel, str(fencing_token), reserved)
-        return status
+        handed_to = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+        return int(reply[0]), handed_to
 
     def _granted(self, lease: Lease, waited: float, attempts: int) -> Lease:
         if events.enabled():

@@ -12,7 +12,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-__all__ = ("ACQUIRE", "INSPECT", "RELEASE", "RENEW", "Script")
+from ._layout import FENCE_KEY_TTL_MS, RESERVATION_MS
+
+__all__ = ("ACQUIRE", "INSPECT", "RELEASE", "RENEW", "Script", "release_args")
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +182,27 @@ end
 return {0, ''}
 """,
 )
+
+
+def release_args(
+    channel: str,
+    *,
+    token: str = "",
+    abort: bool = False,
+    withdraw: str = "",
+    forced: bool = False,
+) -> list[str | int]:
+    """ARGV for RELEASE (see its header): release `token`, or `withdraw` a wait queue."""
+    return [
+        token,
+        channel,
+        FENCE_KEY_TTL_MS,
+        "1" if abort else "0",
+        RESERVATION_MS,
+        withdraw,
+        "1" if forced else "0",
+    ]
+
 
 RENEW = Script(
     "renew",

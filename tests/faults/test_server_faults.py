@@ -24,8 +24,8 @@ from redis.backoff import NoBackoff
 
 from aiolock import AcquireTimeoutError, BackendError, Lease, LeaseLostError, Lock, LossReason
 from aiolock._backend import backend_for
-from aiolock._layout import FENCE_KEY_TTL_MS, GRACE_MS, RESERVATION_MS, LockKeys
-from aiolock._scripts import ACQUIRE, RELEASE, Script
+from aiolock._layout import FENCE_KEY_TTL_MS, GRACE_MS, LockKeys
+from aiolock._scripts import ACQUIRE, RELEASE, Script, release_args
 from aiolock._waiting import Notifier, Waiter
 
 from ..conftest import CommandLog, counting_connection, make_client
@@ -434,8 +434,8 @@ async def test_scripts_applied_twice_give_the_same_answer(server: RedisServer, n
     def acquire_args(token: str) -> list[str | int]:
         return [token, 5000, "host", os.getpid(), "task", FENCE_KEY_TTL_MS, "", 0, GRACE_MS]
 
-    def release_args(token: str, abort: str) -> list[str | int]:
-        return [token, keys.channel, FENCE_KEY_TTL_MS, abort, RESERVATION_MS, ""]
+    def releasing(token: str, abort: str) -> list[str | int]:
+        return release_args(keys.channel, token=token, abort=abort == "1")
 
     try:
         backend = backend_for(client)
@@ -456,12 +456,12 @@ async def test_scripts_applied_twice_give_the_same_answer(server: RedisServer, n
         assert [int(v) for v in second] == [1, fence]
         assert 4000 < await client.pttl(keys.lock) <= 5000
 
-        assert await run(RELEASE, release_args(token, "0")) == [1, b""]
-        assert await run(RELEASE, release_args(token, "0")) == [2, b""]
+        assert await run(RELEASE, releasing(token, "0")) == [1, b""]
+        assert await run(RELEASE, releasing(token, "0")) == [2, b""]
         assert not await client.exists(keys.lock)
 
         aborted = secrets.token_hex(16)
-        assert await run(RELEASE, release_args(aborted, "1")) == [0, b""]
+        assert await run(RELEASE, releasing(aborted, "1")) == [0, b""]
         late = await run(ACQUIRE, acquire_args(aborted))
         assert isinstance(late, list)
         assert [int(v) for v in late] == [-1, 0]
