@@ -239,7 +239,6 @@ class RenewalScheduler:
                 live.append((entry, lease))
         if not live:
             return
-        del batch
         # Bound the call so that a dead connection is noticed in time to retry on a new one.
         sent_at = loop.time()
         remaining = min(lease.deadline for _, lease in live) - sent_at
