@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, final
@@ -356,15 +357,28 @@ def _parse(name: str, now_ms: int, replies: Sequence[Any]) -> LockState:
     )
 
 
+_GRANT_ENTRY: Final = re.compile(r"(\d+) (\d+) (\S+) (\d+) \d+ \d+ \d+ [0-9a-f]+ ")
+
+
 def _queue_entry(queue_id: str, position: int, entry: str | None, now_ms: int) -> QueueEntry:
-    """Parse "<expires at, Unix ms> <waiters> <host> <pid>"; a missing entry is expired."""
+    """Parse "<expires at, Unix ms> <waiters> <host> <pid>[ <grant fields>]" (the grant
+    fields, with their secret token, are not read); a missing entry is expired."""
     expires_ms, count, host, pid = 0, 0, "", 0
     if entry is not None:
-        parts = entry.split(" ", 2)
-        if len(parts) == 3:
-            expires_ms, count = _int(parts[0]), _int(parts[1])
-            host, _, pid_text = parts[2].rpartition(" ")
-            pid = _int(pid_text)
+        match = _GRANT_ENTRY.match(entry)
+        if match is not None:
+            expires_ms, count, host, pid = (
+                _int(match[1]),
+                _int(match[2]),
+                match[3],
+                _int(match[4]),
+            )
+        else:  # no grant fields: the host is whatever lies between the count and the pid
+            parts = entry.split(" ", 2)
+            if len(parts) == 3:
+                expires_ms, count = _int(parts[0]), _int(parts[1])
+                host, _, pid_text = parts[2].rpartition(" ")
+                pid = _int(pid_text)
     return QueueEntry(
         queue_id=queue_id,
         position=position,

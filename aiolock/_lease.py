@@ -122,6 +122,7 @@ class Lease:
         sent_at: float,
         scheduler: RenewalScheduler | None,
         make_entry: Callable[[weakref.ref[Lease]], RenewalEntry] | None,
+        deadline: float | None = None,
     ) -> None:
         self._issuer = issuer
         self.name = issuer.name
@@ -137,7 +138,8 @@ class Lease:
         self._renewal_stopped_by_max_hold = False
         self._ended: asyncio.Event | None = None  # made by wait_lost(), when needed
         self._scope: anyio.CancelScope | None = None
-        self._deadline = sent_at + ttl - margin
+        # A lease granted directly starts with the grant's shorter validity, until renewed.
+        self._deadline = sent_at + ttl - margin if deadline is None else deadline
         self._granted_at = self._loop.time()
         self._timer: asyncio.TimerHandle | None = None
         self._arm_timer()

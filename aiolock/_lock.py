@@ -15,17 +15,19 @@ from typing import Final, final
 from . import _events as events
 from ._backend import AsyncRedis, Backend, backend_for, check_client, outcome_unknown
 from ._cancel import run_shielded
-from ._config import LockConfig, check_name, check_timeout
-from ._layout import FENCE_KEY_TTL_MS, GRACE_MS, LockKeys
+from ._config import LockConfig, check_name, check_timeout, safety_margin
+from ._layout import FENCE_KEY_TTL_MS, GRACE_MS, RESERVATION_MS, LockKeys
 from ._lease import Lease
 from ._retry import Backoff, poll_delay
 from ._scripts import ACQUIRE, INSPECT, RELEASE, RENEW, release_args
+from ._waiting import Grant, Registration, WaitQueue
 from ._watchdog import RenewalEntry
 from .errors import AcquireTimeoutError, BackendError
 
 __all__ = ("Lock", "LockInfo")
 
-_HOST: Final = socket.gethostname()[:255]
+_HOST: Final = socket.gethostname()[:255].replace(" ", "_") or "?"
+_PID: Final = os.getpid()
 _MIN_ATTEMPT_TIMEOUT: Final = 1.0
 """Shortest time an acquire attempt gives Redis to answer (connecting included)."""
 _MIN_CLEANUP: Final = 0.1
@@ -68,6 +70,12 @@ class LockInfo:
     """The lease's ttl, seconds."""
     expires_in: float
     """Seconds until the key expires unless renewed."""
+
+
+def _task_name(task: asyncio.Task[object] | None = None) -> str:
+    """The name of `task` (default: the current task), as recorded in Redis."""
+    task = task if task is not None else asyncio.current_task()
+    return task.get_name()[:200] if task is not None else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,23 +213,31 @@ class Lock:
             raise self._timeout_error(0.0, attempts)
 
         waiter = await notifier.join(self._keys.channel, timeout=time_left())
+        queue = waiter.queue
         acquired = False
         try:
             must_try = waiter.is_head
             unknown_pttl = Backoff(base=0.01, cap=1.0, rng=notifier.rng)
             while True:
+                if waiter.is_head and (grant := queue.pop_grant()) is not None:
+                    lease = self._lease_from_grant(backend, grant)
+                    if lease is not None:
+                        queue.took()
+                        acquired = True
+                        return self._granted(lease, loop.time() - started, attempts)
+                    must_try = True  # heard of too late to count on: claim it by an acquire
+                if waiter.is_head and queue.joining:
+                    # A release here is putting the queue in line: its answer comes first.
+                    await waiter.wait(time_left(), pending_ok=True)
+                    continue
                 if waiter.is_head and (waiter.take_wakeup() or must_try):
                     must_try = False
                     attempts += 1
-                    queue = waiter.queue
-                    behind = len(queue.waiters) - 1
-                    queue.registered = True
                     attempt = await self._attempt(
-                        backend, time_left(), queue=queue.wid, behind=behind
+                        backend, time_left(), queue=queue, behind=len(queue.waiters) - 1
                     )
                     if attempt.lease is not None:
                         acquired = True
-                        queue.registered = behind > 0  # re-queued for those behind
                         return self._granted(attempt.lease, loop.time() - started, attempts)
                     pttl_ms = attempt.pttl_ms
                 remaining = time_left()
@@ -240,14 +256,14 @@ class Lock:
                 if timed_out and waiter.is_head:
                     must_try = True
         finally:
-            queue_id = notifier.leave(waiter, acquired=acquired)
-            if queue_id is not None:
-                # The last waiter of this process gives up (timeout, cancellation, error):
-                # take its queue out of Redis first, so no release is reserved for it.
+            leaving = notifier.leave(waiter, acquired=acquired)
+            if leaving is not None:
+                # The last waiter of this process left: take its queue out of Redis, and
+                # hand on a lock reserved or granted to it meanwhile.
                 budget = _cleanup_budget(time_left())
                 with contextlib.suppress(BackendError, TimeoutError):
                     await run_shielded(
-                        self._withdraw(backend, queue_id, timeout=budget), timeout=budget + 0.1
+                        self._withdraw(backend, leaving, timeout=budget), timeout=budget + 0.1
                     )
 
     async def try_acquire(self) -> Lease | None:
@@ -265,18 +281,23 @@ class Lock:
             return None
 
     async def _attempt(
-        self, backend: Backend, time_left: float | None, *, queue: str = "", behind: int = 0
+        self,
+        backend: Backend,
+        time_left: float | None,
+        *,
+        queue: WaitQueue | None = None,
+        behind: int = 0,
     ) -> _Attempt:
         """One acquire script call: one round trip.
 
-        `queue` is the id of this process's wait queue for the lock (empty: do not queue),
-        `behind` the number of this process's waiters queued behind the caller.
+        `queue` is this process's wait queue for the lock (None: do not queue), `behind`
+        the number of this process's waiters queued behind the caller. The attempt puts a
+        fresh registration in the queue's entry, and claims a grant to an earlier one.
         """
         config = self._config
         loop = backend.loop
         token = secrets.token_hex(16)
-        task = asyncio.current_task()
-        task_name = task.get_name() if task is not None else ""
+        task_name = _task_name()
         validity = config.ttl - config.margin
         # A reply later than the lease's validity would be useless: bound the call by it,
         # and by the caller's wait, but give Redis at least a moment to answer even when
@@ -284,7 +305,14 @@ class Lock:
         bound = validity
         if time_left is not None:
             bound = min(validity, max(time_left, _MIN_ATTEMPT_TIMEOUT))
+        wid, entry, claims = "", "", []
+        registration: Registration | None = None
         sent_at = loop.time()
+        if queue is not None:
+            claims = queue.claim_tokens()
+            registration = queue.register(self._grant_ms, sent_at)
+            wid, entry = queue.wid, self._entry(registration, task_name)
+            queue.attempting = True
         try:
             reply = await backend.run(
                 ACQUIRE,
@@ -293,12 +321,14 @@ class Lock:
                     token,
                     config.ttl_ms,
                     _HOST,
-                    os.getpid(),
-                    task_name[:200],
+                    _PID,
+                    task_name,
                     FENCE_KEY_TTL_MS,
-                    queue,
+                    wid,
                     behind,
                     GRACE_MS,
+                    entry,
+                    *claims,
                 ],
                 timeout=bound,
                 operation="acquire",
@@ -313,14 +343,19 @@ class Lock:
                 left = None if time_left is None else time_left - (loop.time() - sent_at)
                 await self._abort(backend, token, timeout=_cleanup_budget(left))
             raise
+        finally:
+            if queue is not None:
+                queue.attempting = False
         status, value = int(reply[0]), int(reply[1])
+        if queue is not None and registration is not None and status != -1:
+            queue.settle(registration, acquired=status == 1, in_redis=status == 0 or behind > 0)
         if status != 1:
             return _Attempt(None, value if status == 0 else -1)
         if loop.time() >= sent_at + validity:
             # The reply came too late to be of use (this process was paused): give it back.
             await self._abort(backend, token, timeout=_ABORT_TIMEOUT)
             return _Attempt(None, -1)
-        scheduler = backend.scheduler if config.renew_interval is not None else None
+        interval = config.renew_interval
         return _Attempt(
             Lease(
                 issuer=self,
@@ -329,16 +364,81 @@ class Lock:
                 ttl=config.ttl,
                 margin=config.margin,
                 sent_at=sent_at,
-                scheduler=scheduler,
-                make_entry=(lambda ref: self._renewal_entry(ref, token, sent_at, backend))
-                if scheduler is not None
+                scheduler=backend.scheduler if interval is not None else None,
+                make_entry=(
+                    lambda ref: self._renewal_entry(
+                        ref,
+                        token=token,
+                        fencing_token=value,
+                        sent_at=sent_at,
+                        due=sent_at + interval,
+                        backend=backend,
+                    )
+                )
+                if interval is not None
                 else None,
             ),
             0,
         )
 
+    @property
+    def _grant_ms(self) -> int:
+        """How long a lock granted to this lock's waiters is held before it is renewed."""
+        return min(self._config.ttl_ms, RESERVATION_MS)
+
+    @staticmethod
+    def _entry(registration: Registration | None, task_name: str) -> str:
+        """The tail of this process's entry in the lock's queue in Redis (see ACQUIRE)."""
+        if registration is None:
+            return f"{_HOST} {_PID}"
+        r = registration
+        return f"{_HOST} {_PID} {r.seq} {r.grant_ms} {r.grant_ms} {r.token} {task_name}"
+
+    def _lease_from_grant(self, backend: Backend, grant: Grant) -> Lease | None:
+        """The lease for a grant heard of in time, or None if it must first be claimed.
+
+        The grant was made after `grant.sent_at` with an expiry of the registration's
+        grant_ms, so the lease is valid until then (minus the margin). It is taken only
+        with at least half of that left, and only by a lock that renews: the watchdog
+        renews it to the full ttl within a third of it.
+        """
+        config = self._config
+        if config.renew_interval is None:
+            return None
+        validity = grant.registration.grant_ms / 1000
+        sent_at = grant.sent_at
+        if backend.loop.time() >= sent_at + validity / 2:
+            return None
+        token, fence = grant.registration.token, grant.fencing_token
+        first_due = sent_at + min(config.renew_interval, validity / 3)
+        return Lease(
+            issuer=self,
+            token=token,
+            fencing_token=fence,
+            ttl=config.ttl,
+            margin=config.margin,
+            sent_at=sent_at,
+            deadline=grant.valid_until(safety_margin(validity)),
+            scheduler=backend.scheduler,
+            make_entry=lambda ref: self._renewal_entry(
+                ref,
+                token=token,
+                fencing_token=fence,
+                sent_at=sent_at,
+                due=first_due,
+                backend=backend,
+            ),
+        )
+
     def _renewal_entry(
-        self, ref: weakref.ref[Lease], token: str, sent_at: float, backend: Backend
+        self,
+        ref: weakref.ref[Lease],
+        *,
+        token: str,
+        fencing_token: int,
+        sent_at: float,
+        due: float,
+        backend: Backend,
     ) -> RenewalEntry:
         config = self._config
         assert config.renew_interval is not None
@@ -346,12 +446,17 @@ class Lock:
             lease_ref=ref,
             key=self._keys.lock,
             release=lambda: self._release_token(
-                backend, token, abort=False, timeout=_ABORT_TIMEOUT, background=True
+                backend,
+                token,
+                abort=False,
+                timeout=_ABORT_TIMEOUT,
+                background=True,
+                fencing_token=fencing_token,
             ),
             token=token,
             ttl_ms=config.ttl_ms,
             interval=config.renew_interval,
-            due=sent_at + config.renew_interval,
+            due=due,
             stop_at=None if config.max_hold is None else sent_at + config.max_hold,
             rng=backend.scheduler.rng,
         )
@@ -367,12 +472,14 @@ class Lock:
                 timeout=timeout + 0.1,
             )
 
-    async def _withdraw(self, backend: Backend, queue_id: str, *, timeout: float) -> None:
-        """Take this process's wait queue out of Redis; pass on a reservation made for it."""
-        _, handed_to = await self._run_release(
-            backend, release_args(self._keys.channel, withdraw=queue_id), timeout=timeout
+    async def _withdraw(self, backend: Backend, queue: WaitQueue, *, timeout: float) -> None:
+        """Take this process's wait queue out of Redis; pass on a reservation or grant made
+        for it."""
+        args = release_args(self._keys.channel, withdraw=queue.wid, claims=queue.claim_tokens())
+        _, handed_to, granted, seq = await self._run_release(backend, args, timeout=timeout)
+        backend.notifier.local_release(
+            self._keys.channel, f"w{queue.wid}", handed_to, granted=granted, seq=seq
         )
-        backend.notifier.local_release(self._keys.channel, f"w{queue_id}", handed_to)
 
     async def _release_token(
         self,
@@ -386,16 +493,60 @@ class Lock:
     ) -> int:
         """Run the release script for `token`: 1 released now, 2 already, 0 not the owner.
 
-        A release that hands the lock on is also told to this process's waiters at once.
+        If this process has waiters for the lock, their queue joins the lock's queue in
+        Redis in the same call (with a fresh registration), so the release can grant the
+        lock straight to them. What the release did is told to them at once; if it may
+        have freed the lock for them, the first of them is woken to try.
         """
-        status, handed_to = await self._run_release(
-            backend,
-            release_args(self._keys.channel, token=token, abort=abort),
-            timeout=timeout,
-            background=background,
-        )
-        if status == 1 and fencing_token is not None:
-            backend.notifier.local_release(self._keys.channel, str(fencing_token), handed_to)
+        notifier = backend.notifier
+        channel = self._keys.channel
+        queue = None if abort else notifier.queue_for(channel)
+        join = None
+        registration: Registration | None = None
+        sent_at = backend.loop.time()
+        if queue is not None and queue.waiters and not (queue.attempting or queue.joining):
+            registration = queue.register(self._grant_ms, sent_at)
+            entry = self._entry(registration, _task_name(queue.waiters[0].task))
+            join = (queue.wid, entry, len(queue.waiters))
+            queue.joining = True
+        try:
+            status, handed_to, granted, seq = await self._run_release(
+                backend,
+                release_args(channel, token=token, abort=abort, join=join),
+                timeout=timeout,
+                background=background,
+            )
+        except BaseException:
+            if queue is not None and join is not None:
+                queue.joining = False
+                queue.wake_head()  # whether it was put in line is unknown: the head tries
+            raise
+        if queue is not None and registration is not None:
+            queue.joining = False
+            if status == 1:
+                queue.settle(registration, acquired=False, in_redis=True)
+            else:
+                queue.forget(registration)
+            if queue.waiters:
+                queue.waiters[0].nudge()
+        if join is not None and notifier.queue_for(channel) is not queue:
+            # Its waiters left while the release was in flight; their withdrawal may have
+            # come first, and this release put the queue back: withdraw it again.
+            assert queue is not None
+            with contextlib.suppress(BackendError, TimeoutError):
+                await self._withdraw(backend, queue, timeout=timeout)
+        elif fencing_token is not None:
+            if status == 1:
+                notifier.local_release(
+                    channel,
+                    str(fencing_token),
+                    handed_to,
+                    granted=granted,
+                    seq=seq,
+                    sent_at=sent_at,
+                )
+            else:  # released earlier (the answer was lost) or not ours: the lock may be free
+                notifier.local_release(channel, str(fencing_token), "")
         return status
 
     async def _run_release(
@@ -405,8 +556,9 @@ class Lock:
         *,
         timeout: float,
         background: bool = False,
-    ) -> tuple[int, str]:
-        """One RELEASE call: its status, and the wait queue the lock was handed to (or '')."""
+    ) -> tuple[int, str, str, str]:
+        """One RELEASE call: its status, the wait queue the lock was handed to (or ''), and
+        the fencing token and registration it was granted under (or '', '')."""
         reply = await backend.run(
             RELEASE,
             self._keys.for_release,
@@ -416,8 +568,10 @@ class Lock:
             name=self._name,
             background=background,
         )
-        handed_to = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
-        return int(reply[0]), handed_to
+        handed_to, granted, seq = (
+            value.decode() if isinstance(value, bytes) else str(value) for value in reply[1:4]
+        )
+        return int(reply[0]), handed_to, granted, seq
 
     def _granted(self, lease: Lease, waited: float, attempts: int) -> Lease:
         if events.enabled():

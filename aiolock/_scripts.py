@@ -10,9 +10,10 @@ client: the SHA1 is computed here, from the text.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ._layout import FENCE_KEY_TTL_MS, RESERVATION_MS
+from ._layout import FENCE_KEY_TTL_MS, GRACE_MS, RESERVATION_MS
 
 __all__ = ("ACQUIRE", "INSPECT", "RELEASE", "RENEW", "Script", "release_args")
 
@@ -27,6 +28,34 @@ class Script:
         object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
 
 
+_ENQUEUE = """
+-- Put queue `wid` at the back of the waiter queue (or keep its place) with entry
+-- "<until ms> <count> <tail>"; both queue keys live as long as their longest entry.
+local function enqueue(wid, now_us, until_ms, count, tail)
+  if not redis.call('ZSCORE', KEYS[3], wid) then
+    redis.call('ZADD', KEYS[3], now_us, wid)
+  end
+  redis.call('HSET', KEYS[4], wid, string.format('%.0f %d ', until_ms, count) .. tail)
+  local window = until_ms - math.floor(now_us / 1000) + 1000
+  if redis.call('PTTL', KEYS[3]) < window then
+    redis.call('PEXPIRE', KEYS[3], window)
+    redis.call('PEXPIRE', KEYS[4], window)
+  end
+end
+-- Issue the next fencing token: above the last one, and above the server clock in µs (so
+-- a counter lost in a restart resumes above every earlier token).
+local function next_fence(now_us, fence_ttl)
+  local fence = tonumber(redis.call('HGET', KEYS[2], 'n') or '0') + 1
+  if fence < now_us then
+    fence = now_us
+  end
+  local fence_s = string.format('%.0f', fence)
+  redis.call('HSET', KEYS[2], 'n', fence_s)
+  redis.call('PEXPIRE', KEYS[2], fence_ttl)
+  return fence_s
+end
+"""
+
 ACQUIRE = Script(
     "acquire",
     """
@@ -34,52 +63,55 @@ ACQUIRE = Script(
 -- ARGV[1] token, ARGV[2] ttl (ms), ARGV[3] host, ARGV[4] pid, ARGV[5] task name,
 -- ARGV[6] fence hash ttl (ms), ARGV[7] id of the caller's process-local wait queue
 -- ('' = do not queue), ARGV[8] waiters of that process queued behind the caller,
--- ARGV[9] grace (ms) a queue entry outlives the holder's expiry
+-- ARGV[9] grace (ms) a queue entry outlives the holder's expiry,
+-- ARGV[10] the rest of the queue entry: "<host> <pid>", then, if the lock may be granted
+-- to the queue directly, " <seq> <grant ms> <ttl ms> <grant token> <task>",
+-- ARGV[11..] tokens the lock may have been granted to (earlier entries of the same queue):
+-- a lock held under one of them is claimed, keeping its fencing token
 -- Returns {1, fencing token}: acquired (also when a retry finds the key already ours);
 --         {0, pttl ms}: held, or reserved for another queue; the caller's queue entry is
 --           added (at the back) or refreshed, and lives until pttl + grace;
 --         {-1, 0}: this token was aborted by its owner, it must never be granted.
+"""
+    + _ENQUEUE
+    + """
 local holder = redis.call('HMGET', KEYS[1], 'token', 'reserved', 'fence')
 local current, reserved = holder[1], holder[2]
 if current == ARGV[1] then
   return {1, tonumber(holder[3])}
 end
+if redis.call('HGET', KEYS[2], 'aborted') == ARGV[1] then
+  return {-1, 0}
+end
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_ms = math.floor(now_us / 1000)
 local wid = ARGV[7]
-local function enqueue(until_ms, count)
-  if not redis.call('ZSCORE', KEYS[3], wid) then
-    redis.call('ZADD', KEYS[3], now_us, wid)
-  end
-  redis.call('HSET', KEYS[4], wid,
-    string.format('%.0f %d %s %s', until_ms, count, ARGV[3], ARGV[4]))
-  local window = until_ms - now_ms + 1000
-  if redis.call('PTTL', KEYS[3]) < window then
-    redis.call('PEXPIRE', KEYS[3], window)
-    redis.call('PEXPIRE', KEYS[4], window)
+local claimed = false
+if current then
+  for i = 11, #ARGV do
+    if ARGV[i] == current then
+      claimed = true
+    end
   end
 end
-if current or (reserved and reserved ~= wid) then
+if not claimed and (current or (reserved and reserved ~= wid)) then
   local pttl = redis.call('PTTL', KEYS[1])
   if wid ~= '' then
-    enqueue(now_ms + math.max(pttl, 0) + tonumber(ARGV[9]), tonumber(ARGV[8]) + 1)
+    enqueue(wid, now_us, now_ms + math.max(pttl, 0) + tonumber(ARGV[9]),
+      tonumber(ARGV[8]) + 1, ARGV[10])
   end
   return {0, pttl}
 end
-local counter = redis.call('HMGET', KEYS[2], 'n', 'aborted')
-if counter[2] == ARGV[1] then
-  return {-1, 0}
+-- Free, reserved for the caller's queue, or granted to it: take it.
+local fence_s
+if claimed then
+  fence_s = holder[3]
+  redis.call('PEXPIRE', KEYS[2], ARGV[6])
+else
+  fence_s = next_fence(now_us, ARGV[6])
 end
--- Free, or reserved for the caller's queue: take it.
-local fence = tonumber(counter[1] or '0') + 1
-if fence < now_us then
-  fence = now_us
-end
-local fence_s = string.format('%.0f', fence)
-redis.call('HSET', KEYS[2], 'n', fence_s)
-redis.call('PEXPIRE', KEYS[2], ARGV[6])
-if reserved then
+if reserved or claimed then
   redis.call('DEL', KEYS[1])
 end
 redis.call('HSET', KEYS[1], 'v', '1', 'token', ARGV[1], 'fence', fence_s,
@@ -91,10 +123,11 @@ if wid ~= '' then
   redis.call('HDEL', KEYS[4], wid)
   if tonumber(ARGV[8]) > 0 then
     -- More waiters in the caller's process: back of the queue, for after this hold.
-    enqueue(now_ms + tonumber(ARGV[2]) + tonumber(ARGV[9]), tonumber(ARGV[8]))
+    enqueue(wid, now_us, now_ms + tonumber(ARGV[2]) + tonumber(ARGV[9]),
+      tonumber(ARGV[8]), ARGV[10])
   end
 end
-return {1, fence}
+return {1, tonumber(fence_s)}
 """,
 )
 
@@ -106,47 +139,77 @@ RELEASE = Script(
 -- ARGV[1] token ('' when only withdrawing a queue), ARGV[2] release channel,
 -- ARGV[3] fence hash ttl (ms),
 -- ARGV[4] '1' to abort: also forbid a later acquire with this token (its outcome is unknown),
--- ARGV[5] reservation (ms): how long the lock waits for the first queued waiter to claim it,
+-- ARGV[5] reservation (ms): how long a lock handed to a queued process waits for that
+-- process to confirm it,
 -- ARGV[6] id of a wait queue to withdraw ('' for none): its process stopped waiting,
 -- ARGV[7] '1' when evicting the holder (aiolock release --force): its token is not recorded
--- as released, so the evicted holder's own release reports the loss
--- Returns {1, queue id}: released now, reserved for that waiter queue ('' if none waited),
---           and announced on the channel as "<fencing token> <queue id>";
---         {2, ''}: released already, by an earlier attempt of this same call;
---         {3, queue id}: the queue was withdrawn; if the lock was reserved for it, it was
---           handed on (to the returned queue id, or '' for nobody) and announced;
---         {0, ''}: not the owner (expired, deleted, or someone else holds it).
+-- as released, so the evicted holder's own release reports the loss,
+-- ARGV[8] the releasing process's wait queue for this lock ('' if none waits there): it
+-- joins the waiter queue (or keeps its place) before the lock is handed on,
+-- ARGV[9] that queue's entry (as ARGV[10] of ACQUIRE), ARGV[10] its waiter count,
+-- ARGV[11] how long (ms) that entry lives,
+-- ARGV[12..] when withdrawing: tokens the lock may have been granted to under that queue
+-- Returns {status, queue id, granted fencing token, granted seq}, status being
+--         1: released now and handed to that queue ('' if none waited);
+--         2: released already, by an earlier attempt of this same call;
+--         3: the queue was withdrawn; if the lock was reserved or granted to it, it was
+--           handed on;
+--         0: not the owner (expired, deleted, or someone else holds it).
+-- A lock is handed to the first queue whose entry has not expired: granted to the token in
+-- the entry (held under it for ARGV[5] ms, until its process renews it), or, for an entry
+-- without one, reserved for the queue's next acquire. Unless the queue is the releasing
+-- process's own, this is announced on the channel as
+-- "<released fencing token> <queue id>[ <granted fencing token> <granted seq>]".
+"""
+    + _ENQUEUE
+    + """
 local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now_ms = math.floor(now_us / 1000)
 
--- Give the lock to the first queue whose entry has not expired, and announce it.
 local function hand_over(fence)
-  local wid = ''
+  local wid, granted, seq = '', '', ''
   while true do
     local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
     if not head then
       break
     end
-    local entry = redis.call('HGET', KEYS[4], head)
-    local until_ms = tonumber(entry and string.match(entry, '^(%d+)') or '0')
+    local entry = redis.call('HGET', KEYS[4], head) or '0'
     redis.call('ZREM', KEYS[3], head)
     redis.call('HDEL', KEYS[4], head)
-    if until_ms >= now_ms then
+    local until_ms, host, pid, g_seq, g_ms, g_ttl, g_token, g_task = string.match(entry,
+      '^(%d+) %d+ (%S+) (%S+) (%d+) (%d+) (%d+) (%x+) (.*)$')
+    if not until_ms then
+      until_ms = string.match(entry, '^(%d+)') or '0'
+    end
+    if tonumber(until_ms) >= now_ms then
       wid = head
+      if g_token then
+        granted, seq = next_fence(now_us, ARGV[3]), g_seq
+        redis.call('HSET', KEYS[1], 'v', '1', 'token', g_token, 'fence', granted,
+          'host', host, 'pid', pid, 'task', g_task,
+          'acquired_ms', string.format('%.0f', now_ms), 'ttl_ms', g_ttl)
+        redis.call('PEXPIRE', KEYS[1], math.min(tonumber(g_ms), tonumber(ARGV[5])))
+      else
+        redis.call('HSET', KEYS[1], 'reserved', wid)
+        redis.call('PEXPIRE', KEYS[1], ARGV[5])
+      end
       break
     end
   end
-  if wid ~= '' then
-    -- Announce it only if someone waits: a waiter that is subscribed but not queued yet
-    -- always tries again after subscribing, and finds the lock free.
-    redis.call('HSET', KEYS[1], 'reserved', wid)
-    redis.call('PEXPIRE', KEYS[1], ARGV[5])
-    redis.call('PUBLISH', ARGV[2], fence .. ' ' .. wid)
+  if wid ~= '' and wid ~= ARGV[8] then
+    -- A waiter that is subscribed but not queued yet always tries again after subscribing,
+    -- and finds the lock free: nothing is published when nobody is queued.
+    local message = fence .. ' ' .. wid
+    if granted ~= '' then
+      message = message .. ' ' .. granted .. ' ' .. seq
+    end
+    redis.call('PUBLISH', ARGV[2], message)
   end
-  return wid
+  return wid, granted, seq
 end
 
-local holder = redis.call('HMGET', KEYS[1], 'token', 'fence', 'acquired_ms')
+local holder = redis.call('HMGET', KEYS[1], 'token', 'fence', 'acquired_ms', 'reserved')
 if ARGV[1] ~= '' and holder[1] == ARGV[1] then
   local acquired = tonumber(holder[3] or '0')
   redis.call('DEL', KEYS[1])
@@ -161,25 +224,36 @@ if ARGV[1] ~= '' and holder[1] == ARGV[1] then
       redis.call('PEXPIRE', KEYS[5], ARGV[3])
     end
   end
+  if ARGV[8] ~= '' then
+    enqueue(ARGV[8], now_us, now_ms + tonumber(ARGV[11]), tonumber(ARGV[10]), ARGV[9])
+  end
   return {1, hand_over(holder[2])}
 end
 if ARGV[6] ~= '' then
   redis.call('ZREM', KEYS[3], ARGV[6])
   redis.call('HDEL', KEYS[4], ARGV[6])
-  if redis.call('HGET', KEYS[1], 'reserved') == ARGV[6] then
+  local ours = holder[4] == ARGV[6]
+  if holder[1] then
+    for i = 12, #ARGV do
+      if ARGV[i] == holder[1] then
+        ours = true
+      end
+    end
+  end
+  if ours then
     redis.call('DEL', KEYS[1])
     return {3, hand_over('w' .. ARGV[6])}
   end
-  return {3, ''}
+  return {3, '', '', ''}
 end
 if redis.call('HGET', KEYS[2], 'released') == ARGV[1] then
-  return {2, ''}
+  return {2, '', '', ''}
 end
 if ARGV[4] == '1' then
   redis.call('HSET', KEYS[2], 'aborted', ARGV[1])
   redis.call('PEXPIRE', KEYS[2], ARGV[3])
 end
-return {0, ''}
+return {0, '', '', ''}
 """,
 )
 
@@ -191,8 +265,15 @@ def release_args(
     abort: bool = False,
     withdraw: str = "",
     forced: bool = False,
+    join: tuple[str, str, int] | None = None,
+    claims: Sequence[str] = (),
 ) -> list[str | int]:
-    """ARGV for RELEASE (see its header): release `token`, or `withdraw` a wait queue."""
+    """ARGV for RELEASE (see its header): release `token`, or `withdraw` a wait queue.
+
+    `join` is (queue id, entry, waiter count) of the releasing process's own wait queue;
+    `claims` the tokens a withdrawn queue may have been granted the lock under.
+    """
+    wid, entry, count = join if join is not None else ("", "", 0)
     return [
         token,
         channel,
@@ -201,6 +282,11 @@ def release_args(
         RESERVATION_MS,
         withdraw,
         "1" if forced else "0",
+        wid,
+        entry,
+        count,
+        RESERVATION_MS + GRACE_MS,
+        *claims,
     ]
 
 

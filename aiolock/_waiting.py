@@ -14,15 +14,24 @@ re-established with backoff.
 A release from this same process wakes the local head directly, before the notification
 comes back from Redis; the notification that follows is recognised by its fencing token
 and ignored, so one release wakes one waiter.
+
+Direct grants: each queue entry in Redis carries a fresh token registered by this process
+(a `Registration`). A release grants the lock to the first live entry's token, so the head
+of that process's queue holds the lock as soon as it hears of the grant, with no acquire
+round trip. It counts its validity from when the registration was sent (the grant came
+later), so a grant heard too late is confirmed by an acquire that claims it instead.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import itertools
 import logging
 import random
 import secrets
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from ._layout import RESERVATION_MS
@@ -34,7 +43,7 @@ if TYPE_CHECKING:
 
     from ._backend import Backend
 
-__all__ = ("Notifier", "WaitQueue", "Waiter")
+__all__ = ("Grant", "Notifier", "Registration", "WaitQueue", "Waiter")
 
 logger = logging.getLogger("aiolock")
 
@@ -52,13 +61,42 @@ def _connected(pubsub: PubSub) -> bool:
     return getattr(pubsub, "connection", None) is not None
 
 
+MAX_REGISTRATIONS: Final = 4
+"""Registrations a queue remembers while their fate is unknown (a cancelled or failed
+attempt may or may not have put one in Redis). A grant to a forgotten one lapses after
+RESERVATION_MS."""
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """A token this process put in a lock's queue in Redis, for the lock to be granted to."""
+
+    seq: int
+    token: str
+    sent_at: float  # local time the command carrying it was sent: before any grant to it
+    grant_ms: int  # how long a grant to it is held before it must be renewed
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """The lock was granted to one of this queue's registrations."""
+
+    registration: Registration
+    fencing_token: int
+    sent_at: float  # latest local time known to precede the grant
+
+    def valid_until(self, margin: float) -> float:
+        return self.sent_at + self.registration.grant_ms / 1000 - margin
+
+
 class Waiter:
     """One task's place in a `WaitQueue`."""
 
-    __slots__ = ("_future", "_try_now", "poll_hint_ms", "queue")
+    __slots__ = ("_future", "_try_now", "poll_hint_ms", "queue", "task")
 
     def __init__(self, queue: WaitQueue) -> None:
         self.queue = queue
+        self.task = asyncio.current_task()
         self._future: asyncio.Future[None] | None = None
         self._try_now = False
         self.poll_hint_ms: int | None = None  # when to check next, if told by a notification
@@ -92,9 +130,12 @@ class Waiter:
                 name=None,
             ) from refusal
 
-    async def wait(self, timeout: float | None) -> bool:
-        """Sleep until woken, nudged, or `timeout` passes; True if the timeout passed."""
-        if self._try_now:
+    async def wait(self, timeout: float | None, *, pending_ok: bool = False) -> bool:
+        """Sleep until woken, nudged, or `timeout` passes; True if the timeout passed.
+
+        Returns at once if a wake-up is pending, unless `pending_ok` (it stays pending).
+        """
+        if self._try_now and not pending_ok:
             return False
         self._future = asyncio.get_running_loop().create_future()
         try:
@@ -112,10 +153,15 @@ class WaitQueue:
 
     __slots__ = (
         "_recent",
+        "_seq",
+        "attempting",
         "channel",
+        "grant",
+        "joining",
         "reconnected",
         "refusal",
         "registered",
+        "registrations",
         "requested",
         "subscribed",
         "waiters",
@@ -126,6 +172,17 @@ class WaitQueue:
         self.channel = channel
         self.wid = secrets.token_hex(8)  # this queue's id in the lock's queue in Redis
         self.registered = False  # an attempt may have put `wid` in the queue in Redis
+        # Registrations that may be in Redis, oldest first; a grant is only ever to one.
+        self.registrations: collections.deque[Registration] = collections.deque(
+            maxlen=MAX_REGISTRATIONS
+        )
+        self._seq = itertools.count(1)
+        self.grant: Grant | None = None  # heard of, not yet taken by the head
+        # At most one command carrying a registration is in flight, so that Redis applies
+        # them in the order they were made: the head's acquire, or a local release that
+        # puts the queue in line.
+        self.attempting = False
+        self.joining = False
         self.reconnected = False  # lost its subscription: wake the head when it is back
         self.waiters: collections.deque[Waiter] = collections.deque()
         self.subscribed = asyncio.Event()  # set once subscribed, or once refused
@@ -137,12 +194,70 @@ class WaitQueue:
         if self.waiters:
             self.waiters[0].wake()
 
-    def released(self, fence: str, reserved_for: str) -> None:
+    def register(self, grant_ms: int, sent_at: float) -> Registration:
+        """A new token for the queue's entry in Redis; sent by the caller right away."""
+        registration = Registration(next(self._seq), secrets.token_hex(16), sent_at, grant_ms)
+        self.registrations.append(registration)
+        self.registered = True
+        return registration
+
+    def settle(self, registration: Registration, *, acquired: bool, in_redis: bool) -> None:
+        """A command carrying `registration` (the newest) was answered, and applied.
+
+        Older registrations are dead: the entry in Redis now holds the new one, and an
+        acquire claims any grant to them. The new one is in Redis only if `in_redis`; a
+        grant to it may already have been heard of, unless the command acquired (no grant
+        can come before this process releases).
+        """
+        self.registrations.clear()
+        if in_redis:
+            self.registrations.append(registration)
+        grant = self.grant
+        if grant is not None and (acquired or grant.registration.seq < registration.seq):
+            self.grant = None
+
+    def forget(self, registration: Registration) -> None:
+        """A command carrying `registration` was answered without putting it in Redis."""
+        with contextlib.suppress(ValueError):
+            self.registrations.remove(registration)
+
+    def claim_tokens(self) -> list[str]:
+        """Tokens the lock may be granted under, for an acquire or withdrawal to claim."""
+        return [registration.token for registration in self.registrations]
+
+    def pop_grant(self) -> Grant | None:
+        """The grant heard of, if it could be taken without asking Redis; forgotten here.
+
+        Only a grant to the newest registration can: a later attempt whose answer was lost
+        (cancelled, failed) may have claimed a grant to an older one. For any other grant
+        (or one the caller declines) the head must try: its acquire claims the grant if it
+        is still there.
+        """
+        grant, self.grant = self.grant, None
+        if grant is None or not self.registrations:
+            return None
+        return grant if grant.registration is self.registrations[-1] else None
+
+    def took(self) -> None:
+        """The head took the grant from `pop_grant` as its lease."""
+        self.registrations.clear()
+        self.registered = False  # a grant takes the entry out of the queue in Redis
+
+    def released(
+        self,
+        fence: str,
+        reserved_for: str,
+        *,
+        granted: str = "",
+        seq: str = "",
+        sent_at: float = 0.0,
+    ) -> None:
         """A release was seen, from this process's own release or from the channel.
 
-        If the lock was handed to this queue, or to nobody, the head is woken to take it.
-        If it was handed to another process's queue, the head is told to check again once
-        that reservation would have lapsed (in case that process died), and sleeps on.
+        If the lock was granted to this queue, the grant is kept for the head to take. If
+        it was reserved for this queue or handed to nobody, the head is woken to try. If it
+        went to another process's queue, the head is told to check again once that grant
+        would have lapsed (in case that process died), and sleeps on.
 
         Each release is seen twice when its holder is in this process (the release's
         reply, then its echo on the channel, in either order): the first counts, the
@@ -151,7 +266,14 @@ class WaitQueue:
         if fence in self._recent or not self.waiters:
             return
         self._recent.append(fence)
-        if reserved_for in ("", self.wid):
+        if reserved_for == self.wid and granted:
+            for registration in self.registrations:
+                if str(registration.seq) == seq:
+                    self.grant = Grant(
+                        registration, int(granted), max(sent_at, registration.sent_at)
+                    )
+            self.wake_head()
+        elif reserved_for in ("", self.wid):
             self.wake_head()
         else:
             head = self.waiters[0]
@@ -220,15 +342,16 @@ class Notifier:
             raise
         return waiter
 
-    def leave(self, waiter: Waiter, *, acquired: bool) -> str | None:
+    def leave(self, waiter: Waiter, *, acquired: bool) -> WaitQueue | None:
         """Take `waiter` out of its queue.
 
-        If it was at the head and did not acquire, the next waiter is woken to try at once:
-        a release meant for the leaver must not be lost. If it acquired, the next waiter
-        becomes head without trying (the lock is held), and waits for the release.
+        If it was at the head and did not acquire, the next waiter is woken to try at once
+        (and takes a grant the leaver did not): a release meant for the leaver must not be
+        lost. If it acquired, the next waiter becomes head without trying (the lock is
+        held), and waits for the release.
 
-        Returns the queue id the caller must withdraw from Redis (the last waiter of this
-        process gave up: no release may be reserved for its queue any more), or None.
+        Returns the queue the caller must withdraw from Redis (the last waiter of this
+        process left, and the lock may still be reserved or granted to its queue), or None.
         """
         queue = waiter.queue
         was_head = waiter.is_head
@@ -238,25 +361,39 @@ class Notifier:
             return None
         if queue.waiters:
             if was_head:
-                if acquired and queue.registered:
-                    queue.waiters[0].nudge()  # already queued in Redis by the acquire
+                if acquired:
+                    # The lock is held here: its release queues the others in Redis (or
+                    # grants to them) and wakes the next head.
+                    queue.waiters[0].nudge()
                 else:
                     queue.waiters[0].wake()
             return None
         del self._queues[queue.channel]
         if queue.requested:
             self._subscribed[queue.channel] = self._backend.loop.time()
-        return queue.wid if queue.registered and not acquired else None
+        return queue if queue.registrations or (queue.registered and not acquired) else None
 
-    def queue_id(self, channel: str) -> str:
-        """The id under which this process's waiters of `channel` queue in Redis."""
-        return self._queues[channel].wid
+    def queue_for(self, channel: str) -> WaitQueue | None:
+        """This process's queue of waiters for `channel`, if any wait."""
+        return self._queues.get(channel)
 
-    def local_release(self, channel: str, fence: str, reserved_for: str) -> None:
-        """A lease of this process was released: act on it without waiting for the echo."""
+    def local_release(
+        self,
+        channel: str,
+        fence: str,
+        reserved_for: str,
+        *,
+        granted: str = "",
+        seq: str = "",
+        sent_at: float = 0.0,
+    ) -> None:
+        """A lease of this process was released: act on it without waiting for the echo.
+
+        `sent_at` is when the release was sent: before any grant it made.
+        """
         queue = self._queues.get(channel)
         if queue is not None:
-            queue.released(fence, reserved_for)
+            queue.released(fence, reserved_for, granted=granted, seq=seq, sent_at=sent_at)
 
     # ----------------------------------------------------------------- the listener
     async def _subscribe(self, queue: WaitQueue) -> None:
@@ -357,8 +494,8 @@ class Notifier:
             self.messages_received += 1
             data = message["data"]
             text = data.decode() if isinstance(data, bytes) else str(data)
-            fence, _, reserved_for = text.partition(" ")
-            queue.released(fence, reserved_for)
+            fence, reserved_for, granted, seq, *_ = (*text.split(" ", 4), "", "", "")
+            queue.released(fence, reserved_for, granted=granted, seq=seq)
 
     async def _drop_idle_channels(self, now: float) -> None:
         idle = [ch for ch, since in self._subscribed.items() if now - since >= LINGER]

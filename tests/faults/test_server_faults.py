@@ -431,8 +431,12 @@ async def test_scripts_applied_twice_give_the_same_answer(server: RedisServer, n
     client = make_client(server.url)
     keys = LockKeys.build("aiolock", name)
 
-    def acquire_args(token: str) -> list[str | int]:
-        return [token, 5000, "host", os.getpid(), "task", FENCE_KEY_TTL_MS, "", 0, GRACE_MS]
+    def acquire_args(
+        token: str, *, wid: str = "", entry: str = "", claims: tuple[str, ...] = ()
+    ) -> list[str | int]:
+        pid = os.getpid()
+        tail = entry or f"host {pid}"
+        return [token, 5000, "host", pid, "task", FENCE_KEY_TTL_MS, wid, 0, GRACE_MS, tail, *claims]
 
     def releasing(token: str, abort: str) -> list[str | int]:
         return release_args(keys.channel, token=token, abort=abort == "1")
@@ -456,12 +460,34 @@ async def test_scripts_applied_twice_give_the_same_answer(server: RedisServer, n
         assert [int(v) for v in second] == [1, fence]
         assert 4000 < await client.pttl(keys.lock) <= 5000
 
-        assert await run(RELEASE, releasing(token, "0")) == [1, b""]
-        assert await run(RELEASE, releasing(token, "0")) == [2, b""]
+        assert await run(RELEASE, releasing(token, "0")) == [1, b"", b"", b""]
+        assert await run(RELEASE, releasing(token, "0")) == [2, b"", b"", b""]
         assert not await client.exists(keys.lock)
 
+        # A release that grants the lock to a queued token, applied twice: one grant.
+        holder = secrets.token_hex(16)
+        assert int((await run(ACQUIRE, acquire_args(holder)))[0]) == 1
+        registered = secrets.token_hex(16)
+        entry = f"host {os.getpid()} 7 1000 5000 {registered} waiter"
+        queued = await run(ACQUIRE, acquire_args(secrets.token_hex(16), wid="q1", entry=entry))
+        assert int(queued[0]) == 0
+        granted = await run(RELEASE, releasing(holder, "0"))
+        assert granted[:2] == [1, b"q1"] and granted[3] == b"7"
+        assert await run(RELEASE, releasing(holder, "0")) == [2, b"", b"", b""]
+        assert await client.hget(keys.lock, "token") == registered.encode()
+        assert await client.hget(keys.lock, "fence") == granted[2]
+        assert 0 < await client.pttl(keys.lock) <= 1000  # until its holder renews it
+        # Claimed by the queue's next acquire (the grant was not heard of in time), twice.
+        claimer = secrets.token_hex(16)
+        claim_args = acquire_args(claimer, wid="q1", entry=entry, claims=(registered,))
+        assert [int(v) for v in await run(ACQUIRE, claim_args)] == [1, int(granted[2])]
+        assert [int(v) for v in await run(ACQUIRE, claim_args)] == [1, int(granted[2])]
+        assert 4000 < await client.pttl(keys.lock) <= 5000
+        assert await run(RELEASE, releasing(claimer, "0")) == [1, b"", b"", b""]
+        fence = int(granted[2])
+
         aborted = secrets.token_hex(16)
-        assert await run(RELEASE, releasing(aborted, "1")) == [0, b""]
+        assert await run(RELEASE, releasing(aborted, "1")) == [0, b"", b"", b""]
         late = await run(ACQUIRE, acquire_args(aborted))
         assert isinstance(late, list)
         assert [int(v) for v in late] == [-1, 0]
