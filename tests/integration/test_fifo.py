@@ -6,13 +6,14 @@ Each client stands for a process: it has its own notifier and its own wait queue
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio
 
-from aiolock import Lease, Lock
+from aiolock import EventKind, Lease, Lock, add_listener
 from aiolock._backend import backend_for
 from aiolock._layout import RESERVATION_MS, LockKeys
 
@@ -168,3 +169,113 @@ async def test_a_hand_off_between_processes_costs_one_release(server_url: str, n
     finally:
         await a.aclose()
         await b.aclose()
+
+
+# --------------------------------------------------------------------------- direct grants
+async def test_a_crashed_waiters_grant_costs_one_reservation_at_most(
+    clients: list[redis.asyncio.Redis], name: str
+) -> None:
+    keys = LockKeys.build("aiolock", name)
+    holder = await Lock(clients[0], name, ttl=10).acquire()
+    # A process that queued with a grant token and then died.
+    now_ms = int((await clients[0].time())[0]) * 1000
+    dead_token = "ab" * 16
+    await clients[0].zadd(keys.queue, {"deadbeefdeadbeef": 1})
+    await clients[0].hset(
+        keys.waiters, "deadbeefdeadbeef", f"{now_ms + 60_000} 1 gone 1 1 1000 10000 {dead_token} t"
+    )
+    live = asyncio.create_task(Lock(clients[1], name, ttl=10).acquire())
+    await queued_in_redis(clients[0], name, 2)
+    loop = asyncio.get_running_loop()
+    released_at = loop.time()
+    await holder.release()
+    assert await clients[0].hget(keys.lock, "token") == dead_token.encode()
+    assert 0 < await clients[0].pttl(keys.lock) <= RESERVATION_MS
+    lease = await asyncio.wait_for(live, 10)
+    waited = loop.time() - released_at
+    assert waited < RESERVATION_MS / 1000 + 1.0, "one lapsed grant, then the live waiter"
+    assert lease.fencing_token > holder.fencing_token
+    await lease.release()
+
+
+async def test_a_granted_lease_is_renewed_to_its_full_ttl(
+    clients: list[redis.asyncio.Redis], name: str
+) -> None:
+    keys = LockKeys.build("aiolock", name)
+    holder = await Lock(clients[0], name, ttl=10).acquire()
+    waiting = asyncio.create_task(Lock(clients[1], name, ttl=10).acquire())
+    await queued_in_redis(clients[0], name, 1)
+    renewed = asyncio.Event()
+    remove = add_listener(lambda event: renewed.set() if event.kind is EventKind.RENEWED else None)
+    try:
+        await holder.release()
+        lease = await asyncio.wait_for(waiting, 5)
+        # Held under the grant's short expiry until the watchdog confirms it...
+        assert lease.held and lease.remaining() <= RESERVATION_MS / 1000
+        assert 0 < await clients[0].pttl(keys.lock) <= RESERVATION_MS
+        # ...which it does within a third of that expiry, to the lock's own ttl.
+        await asyncio.wait_for(renewed.wait(), 5)
+        assert lease.remaining() > 9
+        assert await clients[0].pttl(keys.lock) > 9000
+        await lease.release()
+    finally:
+        remove()
+
+
+@pytest.mark.real_only
+async def test_a_grant_heard_of_too_late_is_claimed_by_an_acquire(
+    server_url: str, name: str
+) -> None:
+    logs = [CommandLog(), CommandLog()]
+    a, b = (make_client(server_url, log) for log in logs)
+    try:
+        for client in (a, b):  # load the scripts: what follows is the steady state
+            await (await Lock(client, f"{name}:warm-up").acquire()).release()
+        holder = await Lock(a, name, ttl=10).acquire()
+        start = logs[1].mark()
+        waiting = asyncio.create_task(Lock(b, name, ttl=10).acquire())
+        # Its try, SUBSCRIBE, and its try once subscribed (the last registration) are sent.
+        while logs[1].since(start)["EVALSHA acquire"] < 2:
+            await asyncio.sleep(0.001)
+        await queued_in_redis(a, name, 1)
+        # The waiter's process stalls: by the time it hears of the grant, more than half of
+        # the grant's expiry has passed since it registered, so it cannot count on it.
+        time.sleep(RESERVATION_MS / 1000 * 0.6)
+        mark = logs[1].mark()
+        await holder.release()
+        lease = await asyncio.wait_for(waiting, 5)
+        assert logs[1].since(mark) == Counter({"EVALSHA acquire": 1})
+        assert lease.remaining() > 9  # the claim set the lock's own ttl
+        assert await a.pttl(LockKeys.build("aiolock", name).lock) > 9000
+        await lease.release()
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_a_lock_that_does_not_renew_claims_its_grant_with_its_ttl(
+    clients: list[redis.asyncio.Redis], name: str
+) -> None:
+    holder = await Lock(clients[0], name, ttl=10).acquire()
+    waiting = asyncio.create_task(Lock(clients[1], name, ttl=10, renew=False).acquire())
+    await queued_in_redis(clients[0], name, 1)
+    await holder.release()
+    lease = await asyncio.wait_for(waiting, 5)
+    assert lease.remaining() > 9
+    assert await clients[0].pttl(LockKeys.build("aiolock", name).lock) > 9000
+    await lease.release()
+
+
+async def test_an_entry_without_a_grant_token_gets_a_reservation(
+    clients: list[redis.asyncio.Redis], name: str
+) -> None:
+    """Entries as written by processes that do not register a token are still served."""
+    keys = LockKeys.build("aiolock", name)
+    holder = await Lock(clients[0], name, ttl=10).acquire()
+    now_ms = int((await clients[0].time())[0]) * 1000
+    await clients[0].zadd(keys.queue, {"0123456789abcdef": 1})
+    await clients[0].hset(keys.waiters, "0123456789abcdef", f"{now_ms + 60_000} 1 old-host 42")
+    await holder.release()
+    assert await clients[0].hget(keys.lock, "reserved") == b"0123456789abcdef"
+    assert 0 < await clients[0].pttl(keys.lock) <= RESERVATION_MS
+    assert await Lock(clients[1], name, ttl=10).try_acquire() is None  # no barging in
