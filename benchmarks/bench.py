@@ -189,17 +189,31 @@ def cpu_seconds() -> float:
 
 
 class CommandCounter:
-    """Counts commands clients send (not those run inside scripts), through MONITOR."""
+    """Counts the commands clients send, through MONITOR, which sees every client of the
+    server, in any process. The commands a script runs inside the server (MONITOR tags them
+    "lua") are left out: an EVALSHA counts as one, the PUBLISH it runs as none. Connection
+    set-up (HELLO) and subscriptions count: clients send them. MONITOR slows the server, so
+    nothing timed should run under it."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.count = 0
+        self.by_name: dict[str, int] = {}  # the same count, by command name
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
+        self._marker = f"bench:counted:{uuid.uuid4().hex}"
+        # Connected before MONITOR starts, so that its own handshake is not counted.
+        self._control = redis.asyncio.Redis.from_url(url, single_connection_client=True)
 
     async def __aenter__(self) -> Self:
+        await self._control.ping()
         self._task = asyncio.create_task(self._run())
-        await self._ready.wait()
+        ready = asyncio.ensure_future(self._ready.wait())
+        await asyncio.wait({ready, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        if self._task.done():  # MONITOR failed: raise its error
+            ready.cancel()
+            await self._control.aclose()
+            await self._task
         return self
 
     async def _run(self) -> None:
@@ -209,17 +223,29 @@ class CommandCounter:
                 self._ready.set()
                 while True:
                     entry = await monitor.next_command()
-                    if entry.get("client_type") != "lua":
-                        self.count += 1
+                    if entry.get("client_type") == "lua":
+                        continue
+                    command = entry.get("command", "")
+                    if self._marker in command:
+                        return  # every command before the marker has been seen
+                    self.count += 1
+                    name = command.split(" ", 1)[0].upper()
+                    self.by_name[name] = self.by_name.get(name, 0) + 1
         finally:
             await client.aclose()
 
     async def __aexit__(self, *exc: object) -> None:
-        await asyncio.sleep(0.2)  # let MONITOR deliver the last commands
+        # MONITOR reports commands in the order the server runs them: once the marker sent
+        # now comes back, nothing sent before it is still on its way.
         assert self._task is not None
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        try:
+            await self._control.echo(self._marker)
+            await asyncio.wait_for(asyncio.shield(self._task), timeout=30)
+        finally:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            await self._control.aclose()
 
 
 def unique(prefix: str) -> str:

@@ -7,12 +7,15 @@
 
 Writes `benchmarks/results/RESULTS.md` (tables, medians of the repeats, ratios to aiolock),
 `results.json` (every run) and PNG plots. Every library runs in the same session, against
-the same throwaway server (started here; never a shared one), one after another.
+the same throwaway server (started here; never a shared one), one after another. The
+contended scenarios also count the commands the clients send per critical section, with
+MONITOR, in one more run per library after the timed ones (MONITOR slows the server).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -28,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 sys.path.insert(0, str(HERE))
 
-from bench import summarize_contended
+from bench import CommandCounter, summarize_contended
 
 LIBS = [
     "aiolock",
@@ -55,13 +58,15 @@ def bench(lib: str, scenario: str, url: str, **options: Any) -> dict[str, Any]:
     return dict(json.loads(done.stdout))
 
 
-def contended(lib: str, url: str, processes: int, tasks: int, seconds: float) -> dict[str, Any]:
+def contended_workers(
+    lib: str, url: str, processes: int, tasks: int, seconds: float
+) -> list[tuple[float, float, str]] | dict[str, Any]:
+    """Run the contended scenario in `processes` workers: their merged records, or an error."""
     key = f"bench:contended:{uuid.uuid4().hex[:8]}"
     start_at = time.monotonic() + 2.0  # every process starts its tasks at this instant
     command = [PYTHON[lib], str(HERE / "bench.py"), "--lib", lib, "--scenario", "contended"]
     command += ["--url", url, "--key", key, "--tasks", str(tasks), "--seconds", str(seconds)]
     command += ["--start-at", str(start_at)]
-    commands_before = redis_commands(url)
     workers = [
         subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for _ in range(processes)
@@ -73,12 +78,52 @@ def contended(lib: str, url: str, processes: int, tasks: int, seconds: float) ->
             return {"error": err.strip().splitlines()[-1:] or ["failed"]}
         result = json.loads(out)
         records += [(a, r, f"{result['pid']}:{t}") for a, r, t in result["records"]]
+    return records
+
+
+def contended(lib: str, url: str, processes: int, tasks: int, seconds: float) -> dict[str, Any]:
+    commands_before = redis_commands(url)
+    records = contended_workers(lib, url, processes, tasks, seconds)
+    if isinstance(records, dict):
+        return records
     summary = summarize_contended(records, seconds)
     # Counted on the server: includes commands run inside scripts.
     summary["redis_commands_per_cs"] = (redis_commands(url) - commands_before) / max(
         1, summary["critical_sections"]
     )
     return summary
+
+
+def contended_client_commands(
+    lib: str, url: str, processes: int, tasks: int, seconds: float
+) -> dict[str, Any]:
+    """One more run of the contended scenario, untimed, under MONITOR: the commands the
+    clients sent (an EVALSHA is one; what scripts run inside the server is not counted),
+    from the workers' first command to their last, per critical section. A run of its own
+    because MONITOR slows the server and the clients (5-12 % fewer critical sections/s on
+    two cores); needs a server that only the benchmark uses, as MONITOR sees every client."""
+
+    async def counted() -> tuple[list[tuple[float, float, str]] | dict[str, Any], CommandCounter]:
+        async with CommandCounter(url) as counter:
+            outcome = await asyncio.to_thread(
+                contended_workers, lib, url, processes, tasks, seconds
+            )
+        return outcome, counter
+
+    try:
+        records, counter = asyncio.run(counted())
+    except Exception as exc:
+        return {"error": [f"{type(exc).__name__}: {exc}"]}
+    if isinstance(records, dict):
+        return records
+    summary = summarize_contended(records, seconds)
+    return {
+        "client_commands": counter.count,
+        "critical_sections": summary["critical_sections"],
+        "critical_sections_per_s": summary["critical_sections_per_s"],
+        "client_commands_per_cs": counter.count / max(1, summary["critical_sections"]),
+        "client_commands_by_name": counter.by_name,
+    }
 
 
 def redis_commands(url: str) -> int:
@@ -102,6 +147,7 @@ def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+CONTENDED = {"contended": (1, 32), "contended-4p": (4, 8)}  # processes, tasks per process
 SCENARIOS: list[tuple[str, str, list[str]]] = [
     # (id, title, libraries)
     ("floor", "Raw round trip on the same server (redis.asyncio)", ["aiolock"]),
@@ -142,12 +188,11 @@ def run_all(args: argparse.Namespace, url: str) -> dict[str, Any]:
                     print(f"leases-{count:<7d} {lib:18s} {json.dumps(row)[:150]}", flush=True)
             continue
         runs: dict[str, list[dict[str, Any]]] = {lib: [] for lib in chosen}
+        shape = CONTENDED.get(scenario)  # (processes, tasks per process)
         for _ in range(args.repeats):
             for lib in chosen:
-                if scenario == "contended":
-                    runs[lib].append(contended(lib, url, 1, 32, args.seconds))
-                elif scenario == "contended-4p":
-                    runs[lib].append(contended(lib, url, 4, 8, args.seconds))
+                if shape:
+                    runs[lib].append(contended(lib, url, *shape, args.seconds))
                 else:
                     runs[lib].append(
                         bench(lib, scenario, url, iterations=args.iterations, seconds=args.seconds)
@@ -157,6 +202,14 @@ def run_all(args: argparse.Namespace, url: str) -> dict[str, Any]:
             row["runs"] = runs[lib]
             shown = {k: v for k, v in row.items() if k != "runs"}
             print(f"{scenario:14s} {lib:18s} {json.dumps(shown)[:150]}", flush=True)
+        if shape:  # after the timed runs: the client commands, counted in a run of their own
+            for lib in chosen:
+                counted = contended_client_commands(lib, url, *shape, args.seconds)
+                row = results[scenario][lib]
+                row["count_run"] = counted
+                if "client_commands_per_cs" in counted:
+                    row["client_commands_per_cs"] = counted["client_commands_per_cs"]
+                print(f"{scenario:14s} {lib:18s} counted under MONITOR: {json.dumps(counted)}")
     return results
 
 
@@ -180,6 +233,7 @@ COLUMNS = {
         ("jain_fairness", "Jain fairness"),
         ("per_task_min", "min/task"),
         ("per_task_max", "max/task"),
+        ("client_commands_per_cs", "client cmds / CS (separate run)"),
         ("redis_commands_per_cs", "Redis cmds / CS (incl. inside scripts)"),
         ("overlaps", "overlaps"),
     ],
@@ -191,6 +245,15 @@ LEASE_COLUMNS = [
     ("redis_commands_per_s", "Redis commands/s (incl. inside scripts)"),
     ("false_losses", "false losses"),
 ]
+CONTENDED_NOTE = (
+    "Client cmds / CS: the commands the lock clients sent (an EVALSHA is one; the commands "
+    "a script runs inside the server, such as its PUBLISH, are not counted; connection "
+    "set-up is), per critical section, over the whole of one more run of the same length "
+    "after the timed ones, counted with MONITOR. That run is not timed: MONITOR costs "
+    "5-12 % of the critical sections/s on two cores, so every other figure comes from the "
+    "runs without it. Redis cmds / CS: total_commands_processed per critical section in "
+    "the timed runs, the commands run inside scripts included."
+)
 HEADLINE = {
     "uncontended": "p50_us",
     "distinct": "cycles_per_s",
@@ -238,6 +301,8 @@ def write_report(results: dict[str, Any], args: argparse.Namespace, server: str)
         columns = COLUMNS[scenario]
         headline = HEADLINE.get(scenario)
         lines += [f"## {title}", ""]
+        if scenario in CONTENDED:
+            lines += [CONTENDED_NOTE, ""]
         header = ["library", *[label for _, label in columns]]
         if headline:
             header.append("aiolock advantage")
