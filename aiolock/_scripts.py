@@ -167,6 +167,26 @@ local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_ms = math.floor(now_us / 1000)
 
+-- Give the lock to queue `wid`, whose entry ends with `tail` ("<host> <pid>[ <grant>]"):
+-- granted to the entry's token, or reserved for the queue if it has none. Returns the
+-- granted fencing token and registration seq ('' if reserved).
+local function give(wid, tail)
+  local host, pid, seq, g_ms, g_ttl, token, task = string.match(tail,
+    '^(%S+) (%S+) (%d+) (%d+) (%d+) (%x+) (.*)$')
+  if not token then
+    redis.call('HSET', KEYS[1], 'reserved', wid)
+    redis.call('PEXPIRE', KEYS[1], ARGV[5])
+    return '', ''
+  end
+  local fence = next_fence(now_us, ARGV[3])
+  redis.call('HSET', KEYS[1], 'v', '1', 'token', token, 'fence', fence,
+    'host', host, 'pid', pid, 'task', task,
+    'acquired_ms', string.format('%.0f', now_ms), 'ttl_ms', g_ttl)
+  redis.call('PEXPIRE', KEYS[1], math.min(tonumber(g_ms), tonumber(ARGV[5])))
+  return fence, seq
+end
+
+-- Hand the lock to the first queue whose entry has not expired, and announce it.
 local function hand_over(fence)
   local wid, granted, seq = '', '', ''
   while true do
@@ -177,23 +197,10 @@ local function hand_over(fence)
     local entry = redis.call('HGET', KEYS[4], head) or '0'
     redis.call('ZREM', KEYS[3], head)
     redis.call('HDEL', KEYS[4], head)
-    local until_ms, host, pid, g_seq, g_ms, g_ttl, g_token, g_task = string.match(entry,
-      '^(%d+) %d+ (%S+) (%S+) (%d+) (%d+) (%d+) (%x+) (.*)$')
-    if not until_ms then
-      until_ms = string.match(entry, '^(%d+)') or '0'
-    end
-    if tonumber(until_ms) >= now_ms then
+    local until_ms, tail = string.match(entry, '^(%d+) %d+ (.*)$')
+    if until_ms and tonumber(until_ms) >= now_ms then
       wid = head
-      if g_token then
-        granted, seq = next_fence(now_us, ARGV[3]), g_seq
-        redis.call('HSET', KEYS[1], 'v', '1', 'token', g_token, 'fence', granted,
-          'host', host, 'pid', pid, 'task', g_task,
-          'acquired_ms', string.format('%.0f', now_ms), 'ttl_ms', g_ttl)
-        redis.call('PEXPIRE', KEYS[1], math.min(tonumber(g_ms), tonumber(ARGV[5])))
-      else
-        redis.call('HSET', KEYS[1], 'reserved', wid)
-        redis.call('PEXPIRE', KEYS[1], ARGV[5])
-      end
+      granted, seq = give(wid, tail)
       break
     end
   end
@@ -225,6 +232,15 @@ if ARGV[1] ~= '' and holder[1] == ARGV[1] then
     end
   end
   if ARGV[8] ~= '' then
+    local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    if not head or head == ARGV[8] then
+      -- Nobody is ahead of the releasing process's own waiters: straight to them.
+      if head then
+        redis.call('ZREM', KEYS[3], head)
+        redis.call('HDEL', KEYS[4], head)
+      end
+      return {1, ARGV[8], give(ARGV[8], ARGV[9])}
+    end
     enqueue(ARGV[8], now_us, now_ms + tonumber(ARGV[11]), tonumber(ARGV[10]), ARGV[9])
   end
   return {1, hand_over(holder[2])}
