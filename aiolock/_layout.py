@@ -7,25 +7,31 @@ Format version 1. For a lock named NAME under PREFIX (default "aiolock"):
 | `PREFIX:{NAME}`          | hash    | the holder; exists only while held (or reserved); TTL = the lease's ttl |
 | `PREFIX:{NAME}:fence`    | hash    | fencing counter and retry bookkeeping; TTL 1 day, refreshed by every acquire |
 | `PREFIX:{NAME}:queue`    | zset    | waiting processes, first come first served (member: queue id, score: arrival µs) |
-| `PREFIX:{NAME}:waiters`  | hash    | queue id -> "<expires at, Unix ms> <waiters> <host> <pid>" |
+| `PREFIX:{NAME}:waiters`  | hash    | queue id -> "<expires at, Unix ms> <waiters> <host> <pid> <seq> <grant ms> <ttl ms> <grant token> <task>" |
 | `PREFIX:{NAME}:holds`    | list    | the last 100 hold durations in ms, newest first; TTL 1 day, renewed every 100 holds |
-| `PREFIX:{NAME}:released` | channel | one message per release that hands the lock to a queued process: "<fencing token> <queue id>" |
+| `PREFIX:{NAME}:released` | channel | one message per release that hands the lock to another process's queue: "<fencing token> <queue id> <granted fencing token> <seq>" |
 
 Fields of the holder hash: `v` (format version, "1"), `token` (128-bit hex secret),
 `fence` (fencing token, decimal), `host`, `pid`, `task` (holder's hostname, process id and
 asyncio task name), `acquired_ms` (server time of the acquire, Unix ms), `ttl_ms` (lease ttl).
-Between a release and the next acquire the hash may instead hold only `reserved` (the queue
-id the lock is handed to), for at most RESERVATION_MS.
+A lock granted to a queued process holds that process's grant token, with an expiry of at
+most RESERVATION_MS until the process renews it. For a queue entry without the grant fields
+(as written by an older version) the hash instead holds only `reserved` (the queue id the
+lock is kept for), for at most RESERVATION_MS, and the channel message has only its first
+two fields.
 
 Fields of the fence hash: `n` (last fencing token issued), `released` (token of the last
 lease released, so a retried release is recognised), `aborted` (token of the last acquire
 abandoned while its outcome was unknown, so the acquire cannot land after the abort).
 
 Waiting: in each process only the first waiter for a name talks to Redis, for all the
-process's waiters of that name, under one random queue id. A release hands the lock to the
-first live queue (reservation) and says so on the channel; that process's first waiter
-claims it with its next acquire. Entries expire GRACE_MS after the holder's key would, so a
-crashed waiter's entry disappears by itself.
+process's waiters of that name, under one random queue id. Its entry carries a fresh grant
+token (`seq` numbers them within the process). A release grants the lock to the first live
+entry's token and says so on the channel; that process's first waiter holds the lease at
+once, without a command (it claims the grant with an acquire if it heard of it too late). A
+releasing process that has waiters of its own puts its queue in line in the same call.
+Entries expire GRACE_MS after the holder's key would, so a crashed waiter's entry
+disappears by itself; a grant to a crashed waiter lapses after RESERVATION_MS.
 
 `{NAME}` is a Redis Cluster hash tag: every key of one lock is in one slot. Names may hold
 any text except a leading "}". Match every aiolock key with `SCAN MATCH PREFIX:{*`.
@@ -50,8 +56,9 @@ GRACE_MS = 2000
 refreshes it with each attempt; its attempts come at the latest when that key expires."""
 
 RESERVATION_MS = 1000
-"""How long a released lock stays reserved for the first queued waiter. If that waiter's
-process died, the others are delayed by this much, once."""
+"""How long a lock handed to the first queued process is held for it before that process
+renews it (a grant), or claims it (a reservation). If that process died, the others are
+delayed by this much, once."""
 
 
 @dataclass(frozen=True, slots=True)
