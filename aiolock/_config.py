@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import ConfigError
 
@@ -143,15 +143,13 @@ class LockConfig:
     timeout: float | None
     max_hold: float | None
     prefix: str
+    ttl_ms: int = field(init=False)
+    """The ttl sent to Redis, rounded up so the server never expires before we think."""
+    margin: float = field(init=False)
 
-    @property
-    def ttl_ms(self) -> int:
-        """The ttl sent to Redis, rounded up so the server never expires before we think."""
-        return math.ceil(self.ttl * 1000)
-
-    @property
-    def margin(self) -> float:
-        return safety_margin(self.ttl)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ttl_ms", math.ceil(self.ttl * 1000))
+        object.__setattr__(self, "margin", safety_margin(self.ttl))
 
     @staticmethod
     def cached(**arguments: object) -> LockConfig:

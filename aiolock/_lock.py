@@ -72,6 +72,10 @@ class LockInfo:
     """Seconds until the key expires unless renewed."""
 
 
+def _text(value: bytes | str | int) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def _task_name(task: asyncio.Task[object] | None = None) -> str:
     """The name of `task` (default: the current task), as recorded in Redis."""
     task = task if task is not None else asyncio.current_task()
@@ -386,13 +390,11 @@ class Lock:
         """How long a lock granted to this lock's waiters is held before it is renewed."""
         return min(self._config.ttl_ms, RESERVATION_MS)
 
-    @staticmethod
-    def _entry(registration: Registration | None, task_name: str) -> str:
+    def _entry(self, registration: Registration, task_name: str) -> str:
         """The tail of this process's entry in the lock's queue in Redis (see ACQUIRE)."""
-        if registration is None:
-            return f"{_HOST} {_PID}"
         r = registration
-        return f"{_HOST} {_PID} {r.seq} {r.grant_ms} {r.grant_ms} {r.token} {task_name}"
+        ttl_ms = self._config.ttl_ms
+        return f"{_HOST} {_PID} {r.seq} {r.grant_ms} {ttl_ms} {r.token} {task_name}"
 
     def _lease_from_grant(self, backend: Backend, grant: Grant) -> Lease | None:
         """The lease for a grant heard of in time, or None if it must first be claimed.
@@ -525,8 +527,10 @@ class Lock:
             queue.joining = False
             if status == 1:
                 queue.settle(registration, acquired=False, in_redis=True)
-            else:
-                queue.forget(registration)
+            elif status == 0:
+                queue.forget(registration)  # nothing was released, nor put in line
+            # 2: an earlier attempt of this call released (and may have granted to this
+            # registration): the head, woken below, claims such a grant with an acquire.
             if queue.waiters:
                 queue.waiters[0].nudge()
         if join is not None and notifier.queue_for(channel) is not queue:
@@ -568,10 +572,7 @@ class Lock:
             name=self._name,
             background=background,
         )
-        handed_to, granted, seq = (
-            value.decode() if isinstance(value, bytes) else str(value) for value in reply[1:4]
-        )
-        return int(reply[0]), handed_to, granted, seq
+        return int(reply[0]), _text(reply[1]), _text(reply[2]), _text(reply[3])
 
     def _granted(self, lease: Lease, waited: float, attempts: int) -> Lease:
         if events.enabled():

@@ -44,8 +44,8 @@ local function enqueue(wid, now_us, until_ms, count, tail)
 end
 -- Issue the next fencing token: above the last one, and above the server clock in µs (so
 -- a counter lost in a restart resumes above every earlier token).
-local function next_fence(now_us, fence_ttl)
-  local fence = tonumber(redis.call('HGET', KEYS[2], 'n') or '0') + 1
+local function next_fence(now_us, fence_ttl, last)
+  local fence = tonumber(last or redis.call('HGET', KEYS[2], 'n') or '0') + 1
   if fence < now_us then
     fence = now_us
   end
@@ -80,7 +80,8 @@ local current, reserved = holder[1], holder[2]
 if current == ARGV[1] then
   return {1, tonumber(holder[3])}
 end
-if redis.call('HGET', KEYS[2], 'aborted') == ARGV[1] then
+local counter = redis.call('HMGET', KEYS[2], 'n', 'aborted')
+if counter[2] == ARGV[1] then
   return {-1, 0}
 end
 local t = redis.call('TIME')
@@ -109,7 +110,7 @@ if claimed then
   fence_s = holder[3]
   redis.call('PEXPIRE', KEYS[2], ARGV[6])
 else
-  fence_s = next_fence(now_us, ARGV[6])
+  fence_s = next_fence(now_us, ARGV[6], counter[1] or '0')
 end
 if reserved or claimed then
   redis.call('DEL', KEYS[1])

@@ -210,6 +210,9 @@ async def test_a_granted_lease_is_renewed_to_its_full_ttl(
     try:
         await holder.release()
         lease = await asyncio.wait_for(waiting, 5)
+        info = await Lock(clients[0], name).info()
+        assert info is not None and info.fencing_token == lease.fencing_token
+        assert info.ttl == 10  # the holder's record shows the lease's ttl, not the grant's
         # Held under the grant's short expiry until the watchdog confirms it...
         assert lease.held and lease.remaining() <= RESERVATION_MS / 1000
         assert 0 < await clients[0].pttl(keys.lock) <= RESERVATION_MS
