@@ -1,0 +1,152 @@
+"""A wait queue's registrations and grants: which grant may be taken without asking Redis.
+
+Pure bookkeeping, no server: each test plays one order in which Redis may have applied the
+commands, and checks that the queue never takes a grant that a later command may have
+claimed, and never forgets one it may still hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from aiolock._waiting import Grant, Registration, Waiter, WaitQueue
+
+
+def queue_with_waiter() -> tuple[WaitQueue, Waiter]:
+    queue = WaitQueue("aiolock:{name}:released")
+    waiter = Waiter(queue)
+    queue.waiters.append(waiter)
+    return queue, waiter
+
+
+def granted(queue: WaitQueue, registration: Registration, fence: int, sent_at: float = 0) -> None:
+    """The lock was granted to `registration`, as the channel or a local release says."""
+    queue.released(
+        f"released-{fence}",
+        queue.wid,
+        granted=str(fence),
+        seq=str(registration.seq),
+        sent_at=sent_at,
+    )
+
+
+async def test_a_grant_to_the_newest_registration_is_taken() -> None:
+    queue, waiter = queue_with_waiter()
+    registration = queue.register(1000, sent_at=10.0)
+    queue.settle(registration, acquired=False, in_redis=True)
+    granted(queue, registration, 7)
+    assert waiter.take_wakeup(), "the head is woken to take it"
+    grant = queue.pop_grant()
+    assert grant == Grant(registration, 7, 10.0)
+    assert grant.valid_until(margin=0.02) == pytest.approx(10.98)
+    queue.took()
+    assert queue.claim_tokens() == []
+    assert not queue.registered, "the grant took the queue's entry out of Redis"
+
+
+async def test_a_local_release_gives_a_later_lower_bound_than_the_registration() -> None:
+    queue, _ = queue_with_waiter()
+    registration = queue.register(1000, sent_at=10.0)
+    granted(queue, registration, 7, sent_at=12.5)  # the release was sent after registering
+    grant = queue.pop_grant()
+    assert grant is not None and grant.sent_at == 12.5
+
+
+async def test_a_grant_to_an_older_registration_must_be_claimed() -> None:
+    """A later attempt, whose answer was lost, may have claimed it already."""
+    queue, _ = queue_with_waiter()
+    older = queue.register(1000, sent_at=1.0)
+    newer = queue.register(1000, sent_at=2.0)  # its attempt was cancelled: fate unknown
+    granted(queue, older, 7)
+    assert queue.pop_grant() is None
+    # The head's next acquire claims whichever of the two the lock may be held under.
+    assert queue.claim_tokens() == [older.token, newer.token]
+
+
+async def test_an_answered_attempt_settles_older_registrations_and_grants() -> None:
+    queue, _ = queue_with_waiter()
+    older = queue.register(1000, sent_at=1.0)
+    granted(queue, older, 7)  # heard of while the next attempt was in flight
+    newer = queue.register(1000, sent_at=2.0)
+    queue.settle(newer, acquired=False, in_redis=True)
+    assert queue.pop_grant() is None, "the attempt claimed any grant to the older one"
+    assert queue.claim_tokens() == [newer.token]
+
+
+async def test_a_grant_heard_of_before_its_attempts_answer_is_kept() -> None:
+    """The release ran right after the attempt: its message may beat the attempt's reply."""
+    queue, _ = queue_with_waiter()
+    registration = queue.register(1000, sent_at=1.0)
+    granted(queue, registration, 7)
+    queue.settle(registration, acquired=False, in_redis=True)
+    grant = queue.pop_grant()
+    assert grant is not None and grant.fencing_token == 7
+
+
+async def test_an_attempt_that_acquired_drops_every_grant() -> None:
+    queue, _ = queue_with_waiter()
+    registration = queue.register(1000, sent_at=1.0)
+    granted(queue, registration, 7)
+    queue.settle(registration, acquired=True, in_redis=False)
+    assert queue.pop_grant() is None
+    assert queue.claim_tokens() == []
+
+
+async def test_a_grant_to_an_unknown_registration_wakes_the_head_to_try() -> None:
+    queue, waiter = queue_with_waiter()
+    stranger = Registration(seq=99, token="ab" * 16, sent_at=0.0, grant_ms=1000)
+    granted(queue, stranger, 7)
+    assert queue.pop_grant() is None
+    assert waiter.take_wakeup()
+
+
+async def test_each_release_counts_once() -> None:
+    """The local release's reply and its echo on the channel are one release."""
+    queue, waiter = queue_with_waiter()
+    registration = queue.register(1000, sent_at=1.0)
+    granted(queue, registration, 7)
+    assert queue.pop_grant() is not None
+    assert waiter.take_wakeup()
+    granted(queue, registration, 7)
+    assert queue.pop_grant() is None
+    assert not waiter.take_wakeup()
+
+
+async def test_a_release_to_another_process_makes_the_head_check_later() -> None:
+    queue, waiter = queue_with_waiter()
+    queue.released("f1", "someone-else", granted="8", seq="1")
+    assert queue.grant is None
+    assert not waiter.take_wakeup()
+    assert waiter.poll_hint_ms is not None
+
+
+async def test_forgotten_registrations_are_not_claimed() -> None:
+    queue, _ = queue_with_waiter()
+    registration = queue.register(1000, sent_at=1.0)
+    queue.forget(registration)
+    queue.forget(registration)  # twice is harmless
+    assert queue.claim_tokens() == []
+
+
+async def test_a_queue_remembers_a_bounded_number_of_registrations() -> None:
+    queue, _ = queue_with_waiter()
+    registrations = [queue.register(1000, sent_at=float(i)) for i in range(10)]
+    assert queue.claim_tokens() == [r.token for r in registrations[-4:]]
+    assert len({r.seq for r in registrations}) == 10
+    assert all(len(r.token) == 32 for r in registrations)
+
+
+async def test_waiting_with_a_pending_wakeup_can_be_told_to_sleep() -> None:
+    """While a local release puts the queue in line, the head waits for its answer."""
+    _, waiter = queue_with_waiter()
+    waiter.wake()
+    assert await waiter.wait(None) is False  # a pending wake-up returns at once
+    waiter.wake()
+    sleeping = asyncio.ensure_future(waiter.wait(None, pending_ok=True))
+    await asyncio.sleep(0)
+    assert not sleeping.done()
+    waiter.nudge()
+    assert await sleeping is False
+    assert waiter.take_wakeup(), "the wake-up is still pending"
