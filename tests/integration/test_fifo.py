@@ -112,7 +112,7 @@ async def test_a_waiter_that_gives_up_withdraws_from_the_queue(
     assert not await Lock(clients[0], name).locked(), "nothing reserved for a queue that left"
 
 
-async def test_a_cancelled_waiter_passes_on_a_reservation_made_for_it(
+async def test_a_cancelled_waiter_passes_on_a_grant_made_for_it(
     clients: list[redis.asyncio.Redis], name: str
 ) -> None:
     holder = await Lock(clients[0], name, ttl=10).acquire()
@@ -121,9 +121,9 @@ async def test_a_cancelled_waiter_passes_on_a_reservation_made_for_it(
     second = asyncio.create_task(Lock(clients[2], name, ttl=10).acquire())
     await queued_in_redis(clients[0], name, 2)
     notifier = backend_for(clients[1]).notifier
-    await holder.release()  # reserved for the first queue...
-    # ...which gives up before or while claiming it: either its withdrawal passes the
-    # reservation on, or the abort of its claim releases the lock to the next queue.
+    await holder.release()  # granted to the first queue...
+    # ...which gives up before or while taking it: either its withdrawal passes the grant
+    # on, or the abort of its claim releases the lock to the next queue.
     first.cancel()
     with pytest.raises(asyncio.CancelledError):
         await first
