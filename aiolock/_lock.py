@@ -360,29 +360,40 @@ class Lock:
             await self._abort(backend, token, timeout=_ABORT_TIMEOUT)
             return _Attempt(None, -1)
         interval = config.renew_interval
-        return _Attempt(
-            Lease(
-                issuer=self,
+        first_due = None if interval is None else sent_at + interval
+        return _Attempt(self._new_lease(backend, token, value, sent_at, first_due=first_due), 0)
+
+    def _new_lease(
+        self,
+        backend: Backend,
+        token: str,
+        fencing_token: int,
+        sent_at: float,
+        *,
+        first_due: float | None,
+        deadline: float | None = None,
+    ) -> Lease:
+        """A lease under `token`, renewed from `first_due` on (None: not renewed)."""
+        config = self._config
+        return Lease(
+            issuer=self,
+            token=token,
+            fencing_token=fencing_token,
+            ttl=config.ttl,
+            margin=config.margin,
+            sent_at=sent_at,
+            deadline=deadline,
+            scheduler=None if first_due is None else backend.scheduler,
+            make_entry=None
+            if first_due is None
+            else lambda ref: self._renewal_entry(
+                ref,
                 token=token,
-                fencing_token=value,
-                ttl=config.ttl,
-                margin=config.margin,
+                fencing_token=fencing_token,
                 sent_at=sent_at,
-                scheduler=backend.scheduler if interval is not None else None,
-                make_entry=(
-                    lambda ref: self._renewal_entry(
-                        ref,
-                        token=token,
-                        fencing_token=value,
-                        sent_at=sent_at,
-                        due=sent_at + interval,
-                        backend=backend,
-                    )
-                )
-                if interval is not None
-                else None,
+                due=first_due,
+                backend=backend,
             ),
-            0,
         )
 
     @property
@@ -411,25 +422,13 @@ class Lock:
         sent_at = grant.sent_at
         if backend.loop.time() >= sent_at + validity / 2:
             return None
-        token, fence = grant.registration.token, grant.fencing_token
-        first_due = sent_at + min(config.renew_interval, validity / 3)
-        return Lease(
-            issuer=self,
-            token=token,
-            fencing_token=fence,
-            ttl=config.ttl,
-            margin=config.margin,
-            sent_at=sent_at,
+        return self._new_lease(
+            backend,
+            grant.registration.token,
+            grant.fencing_token,
+            sent_at,
+            first_due=sent_at + min(config.renew_interval, validity / 3),
             deadline=grant.valid_until(safety_margin(validity)),
-            scheduler=backend.scheduler,
-            make_entry=lambda ref: self._renewal_entry(
-                ref,
-                token=token,
-                fencing_token=fence,
-                sent_at=sent_at,
-                due=first_due,
-                backend=backend,
-            ),
         )
 
     def _renewal_entry(
@@ -503,13 +502,14 @@ class Lock:
         notifier = backend.notifier
         channel = self._keys.channel
         queue = None if abort else notifier.queue_for(channel)
+        joining: tuple[WaitQueue, Registration] | None = None  # the queue this call puts in line
         join = None
-        registration: Registration | None = None
         sent_at = backend.loop.time()
         if queue is not None and queue.waiters and not (queue.attempting or queue.joining):
             registration = queue.register(self._grant_ms, sent_at)
             entry = self._entry(registration, _task_name(queue.waiters[0].task))
             join = (queue.wid, entry, len(queue.waiters))
+            joining = (queue, registration)
             queue.joining = True
         try:
             status, handed_to, granted, seq = await self._run_release(
@@ -519,11 +519,12 @@ class Lock:
                 background=background,
             )
         except BaseException:
-            if queue is not None and join is not None:
-                queue.joining = False
-                queue.wake_head()  # whether it was put in line is unknown: the head tries
+            if joining is not None:
+                joining[0].joining = False
+                joining[0].wake_head()  # whether it was put in line is unknown: the head tries
             raise
-        if queue is not None and registration is not None:
+        if joining is not None:
+            queue, registration = joining
             queue.joining = False
             if status == 1:
                 queue.settle(registration, acquired=False, in_redis=True)
@@ -533,13 +534,13 @@ class Lock:
             # registration): the head, woken below, claims such a grant with an acquire.
             if queue.waiters:
                 queue.waiters[0].nudge()
-        if join is not None and notifier.queue_for(channel) is not queue:
-            # Its waiters left while the release was in flight; their withdrawal may have
-            # come first, and this release put the queue back: withdraw it again.
-            assert queue is not None
-            with contextlib.suppress(BackendError, TimeoutError):
-                await self._withdraw(backend, queue, timeout=timeout)
-        elif fencing_token is not None:
+            if notifier.queue_for(channel) is not queue:
+                # Its waiters left while the release was in flight; their withdrawal may
+                # have come first, and this release put the queue back: withdraw it again.
+                with contextlib.suppress(BackendError, TimeoutError):
+                    await self._withdraw(backend, queue, timeout=timeout)
+                return status
+        if fencing_token is not None:
             if status == 1:
                 notifier.local_release(
                     channel,

@@ -160,7 +160,6 @@ class WaitQueue:
         "joining",
         "reconnected",
         "refusal",
-        "registered",
         "registrations",
         "requested",
         "subscribed",
@@ -171,7 +170,6 @@ class WaitQueue:
     def __init__(self, channel: str) -> None:
         self.channel = channel
         self.wid = secrets.token_hex(8)  # this queue's id in the lock's queue in Redis
-        self.registered = False  # an attempt may have put `wid` in the queue in Redis
         # Registrations that may be in Redis, oldest first; a grant is only ever to one.
         self.registrations: collections.deque[Registration] = collections.deque(
             maxlen=MAX_REGISTRATIONS
@@ -190,6 +188,12 @@ class WaitQueue:
         self.refusal: Exception | None = None
         self._recent: collections.deque[str] = collections.deque(maxlen=8)
 
+    @property
+    def registered(self) -> bool:
+        """Whether the queue may have an entry in Redis: every command that writes one
+        carries a registration, and each is kept until it is known not to be there."""
+        return bool(self.registrations)
+
     def wake_head(self) -> None:
         if self.waiters:
             self.waiters[0].wake()
@@ -198,7 +202,6 @@ class WaitQueue:
         """A new token for the queue's entry in Redis; sent by the caller right away."""
         registration = Registration(next(self._seq), secrets.token_hex(16), sent_at, grant_ms)
         self.registrations.append(registration)
-        self.registered = True
         return registration
 
     def settle(self, registration: Registration, *, acquired: bool, in_redis: bool) -> None:
@@ -240,8 +243,7 @@ class WaitQueue:
 
     def took(self) -> None:
         """The head took the grant from `pop_grant` as its lease."""
-        self.registrations.clear()
-        self.registered = False  # a grant takes the entry out of the queue in Redis
+        self.registrations.clear()  # a grant takes the entry out of the queue in Redis
 
     def released(
         self,
@@ -371,7 +373,7 @@ class Notifier:
         del self._queues[queue.channel]
         if queue.requested:
             self._subscribed[queue.channel] = self._backend.loop.time()
-        return queue if queue.registrations or (queue.registered and not acquired) else None
+        return queue if queue.registered else None
 
     def queue_for(self, channel: str) -> WaitQueue | None:
         """This process's queue of waiters for `channel`, if any wait."""
