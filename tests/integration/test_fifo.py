@@ -42,6 +42,23 @@ async def clients(
                 await other.aclose()
 
 
+@pytest.fixture
+async def logged_pair(
+    server_url: str, name: str
+) -> AsyncIterator[tuple[redis.asyncio.Redis, redis.asyncio.Redis, list[CommandLog]]]:
+    """Two processes' clients on one server, each logging its commands, scripts loaded (what
+    the tests then count is the steady state)."""
+    logs = [CommandLog(), CommandLog()]
+    a, b = (make_client(server_url, log) for log in logs)
+    try:
+        for client in (a, b):
+            await (await Lock(client, f"{name}:warm-up").acquire()).release()
+        yield a, b, logs
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
 async def queued_in_redis(client: redis.asyncio.Redis, name: str, count: int) -> None:
     keys = LockKeys.build("aiolock", name)
     while await client.zcard(keys.queue) < count:
@@ -80,23 +97,39 @@ async def test_a_released_lock_is_reserved_for_the_first_waiting_process(
     await lease.release()
 
 
+DEAD_QUEUE = "deadbeefdeadbeef"
+DEAD_TOKEN = "ab" * 16
+
+
+@pytest.mark.parametrize(
+    ("tail", "left_as"),
+    [
+        pytest.param("gone 1", ("reserved", DEAD_QUEUE), id="reservation"),
+        pytest.param(f"gone 1 1 1000 10000 {DEAD_TOKEN} t", ("token", DEAD_TOKEN), id="grant"),
+    ],
+)
 async def test_a_crashed_waiters_entry_costs_one_reservation_at_most(
-    clients: list[redis.asyncio.Redis], name: str
+    clients: list[redis.asyncio.Redis], name: str, tail: str, left_as: tuple[str, str]
 ) -> None:
     keys = LockKeys.build("aiolock", name)
     holder = await Lock(clients[0], name, ttl=10).acquire()
-    # A process that queued and then died: its entry is still there, with time to live.
+    # A process that queued (with a grant token, or without) and then died: its entry is
+    # still there, with time to live.
     now_ms = int((await clients[0].time())[0]) * 1000
-    await clients[0].zadd(keys.queue, {"deadbeefdeadbeef": 1})
-    await clients[0].hset(keys.waiters, "deadbeefdeadbeef", f"{now_ms + 60_000} 1 gone 1")
+    await clients[0].zadd(keys.queue, {DEAD_QUEUE: 1})
+    await clients[0].hset(keys.waiters, DEAD_QUEUE, f"{now_ms + 60_000} 1 {tail}")
     live = asyncio.create_task(Lock(clients[1], name, ttl=10).acquire())
     await queued_in_redis(clients[0], name, 2)
     loop = asyncio.get_running_loop()
     released_at = loop.time()
     await holder.release()
+    field, value = left_as
+    assert await clients[0].hget(keys.lock, field) == value.encode()
+    assert 0 < await clients[0].pttl(keys.lock) <= RESERVATION_MS
     lease = await asyncio.wait_for(live, 10)
     waited = loop.time() - released_at
     assert waited < RESERVATION_MS / 1000 + 1.0, "one lapsed reservation, then the live waiter"
+    assert lease.fencing_token > holder.fencing_token
     await lease.release()
 
 
@@ -144,60 +177,29 @@ async def test_hold_durations_are_recorded(clients: list[redis.asyncio.Redis], n
 
 
 @pytest.mark.real_only
-async def test_a_hand_off_between_processes_costs_one_release(server_url: str, name: str) -> None:
-    logs = [CommandLog(), CommandLog()]
-    a, b = (make_client(server_url, log) for log in logs)
-    try:
-        for client in (a, b):  # load the scripts: what follows is the steady state
-            await (await Lock(client, f"{name}:warm-up").acquire()).release()
-        holder = await Lock(a, name, ttl=10).acquire()
-        waiting = asyncio.create_task(Lock(b, name, ttl=10).acquire())
-        await queued_in_redis(a, name, 1)
-        while not backend_for(b).notifier.is_subscribed(LockKeys.build("aiolock", name).channel):
-            await asyncio.sleep(0.001)
-        marks = [log.mark() for log in logs]
-        await holder.release()
-        lease = await asyncio.wait_for(waiting, 5)
-        assert logs[0].since(marks[0]) == Counter({"EVALSHA release": 1})
-        # The release granted the lock to the waiter's registered token, and said so on
-        # the channel: the waiter holds it without a command of its own.
-        assert logs[1].since(marks[1]) == Counter()
-        assert lease.held and lease.fencing_token > holder.fencing_token
-        info = await Lock(a, name).info()
-        assert info is not None and info.fencing_token == lease.fencing_token
-        await lease.release()
-    finally:
-        await a.aclose()
-        await b.aclose()
-
-
-# --------------------------------------------------------------------------- direct grants
-async def test_a_crashed_waiters_grant_costs_one_reservation_at_most(
-    clients: list[redis.asyncio.Redis], name: str
+async def test_a_hand_off_between_processes_costs_one_release(
+    logged_pair: tuple[redis.asyncio.Redis, redis.asyncio.Redis, list[CommandLog]], name: str
 ) -> None:
-    keys = LockKeys.build("aiolock", name)
-    holder = await Lock(clients[0], name, ttl=10).acquire()
-    # A process that queued with a grant token and then died.
-    now_ms = int((await clients[0].time())[0]) * 1000
-    dead_token = "ab" * 16
-    await clients[0].zadd(keys.queue, {"deadbeefdeadbeef": 1})
-    await clients[0].hset(
-        keys.waiters, "deadbeefdeadbeef", f"{now_ms + 60_000} 1 gone 1 1 1000 10000 {dead_token} t"
-    )
-    live = asyncio.create_task(Lock(clients[1], name, ttl=10).acquire())
-    await queued_in_redis(clients[0], name, 2)
-    loop = asyncio.get_running_loop()
-    released_at = loop.time()
+    a, b, logs = logged_pair
+    holder = await Lock(a, name, ttl=10).acquire()
+    waiting = asyncio.create_task(Lock(b, name, ttl=10).acquire())
+    await queued_in_redis(a, name, 1)
+    while not backend_for(b).notifier.is_subscribed(LockKeys.build("aiolock", name).channel):
+        await asyncio.sleep(0.001)
+    marks = [log.mark() for log in logs]
     await holder.release()
-    assert await clients[0].hget(keys.lock, "token") == dead_token.encode()
-    assert 0 < await clients[0].pttl(keys.lock) <= RESERVATION_MS
-    lease = await asyncio.wait_for(live, 10)
-    waited = loop.time() - released_at
-    assert waited < RESERVATION_MS / 1000 + 1.0, "one lapsed grant, then the live waiter"
-    assert lease.fencing_token > holder.fencing_token
+    lease = await asyncio.wait_for(waiting, 5)
+    assert logs[0].since(marks[0]) == Counter({"EVALSHA release": 1})
+    # The release granted the lock to the waiter's registered token, and said so on the
+    # channel: the waiter holds it without a command of its own.
+    assert logs[1].since(marks[1]) == Counter()
+    assert lease.held and lease.fencing_token > holder.fencing_token
+    info = await Lock(a, name).info()
+    assert info is not None and info.fencing_token == lease.fencing_token
     await lease.release()
 
 
+# --------------------------------------------------------------------------- direct grants
 async def test_a_granted_lease_is_renewed_to_its_full_ttl(
     clients: list[redis.asyncio.Redis], name: str
 ) -> None:
@@ -227,33 +229,26 @@ async def test_a_granted_lease_is_renewed_to_its_full_ttl(
 
 @pytest.mark.real_only
 async def test_a_grant_heard_of_too_late_is_claimed_by_an_acquire(
-    server_url: str, name: str
+    logged_pair: tuple[redis.asyncio.Redis, redis.asyncio.Redis, list[CommandLog]], name: str
 ) -> None:
-    logs = [CommandLog(), CommandLog()]
-    a, b = (make_client(server_url, log) for log in logs)
-    try:
-        for client in (a, b):  # load the scripts: what follows is the steady state
-            await (await Lock(client, f"{name}:warm-up").acquire()).release()
-        holder = await Lock(a, name, ttl=10).acquire()
-        start = logs[1].mark()
-        waiting = asyncio.create_task(Lock(b, name, ttl=10).acquire())
-        # Its try, SUBSCRIBE, and its try once subscribed (the last registration) are sent.
-        while logs[1].since(start)["EVALSHA acquire"] < 2:
-            await asyncio.sleep(0.001)
-        await queued_in_redis(a, name, 1)
-        # The waiter's process stalls: by the time it hears of the grant, more than half of
-        # the grant's expiry has passed since it registered, so it cannot count on it.
-        time.sleep(RESERVATION_MS / 1000 * 0.6)
-        mark = logs[1].mark()
-        await holder.release()
-        lease = await asyncio.wait_for(waiting, 5)
-        assert logs[1].since(mark) == Counter({"EVALSHA acquire": 1})
-        assert lease.remaining() > 9  # the claim set the lock's own ttl
-        assert await a.pttl(LockKeys.build("aiolock", name).lock) > 9000
-        await lease.release()
-    finally:
-        await a.aclose()
-        await b.aclose()
+    a, b, logs = logged_pair
+    holder = await Lock(a, name, ttl=10).acquire()
+    start = logs[1].mark()
+    waiting = asyncio.create_task(Lock(b, name, ttl=10).acquire())
+    # Its try, SUBSCRIBE, and its try once subscribed (the last registration) are sent.
+    while logs[1].since(start)["EVALSHA acquire"] < 2:
+        await asyncio.sleep(0.001)
+    await queued_in_redis(a, name, 1)
+    # The waiter's process stalls: by the time it hears of the grant, more than half of the
+    # grant's expiry has passed since it registered, so it cannot count on it.
+    time.sleep(RESERVATION_MS / 1000 * 0.6)
+    mark = logs[1].mark()
+    await holder.release()
+    lease = await asyncio.wait_for(waiting, 5)
+    assert logs[1].since(mark) == Counter({"EVALSHA acquire": 1})
+    assert lease.remaining() > 9  # the claim set the lock's own ttl
+    assert await a.pttl(LockKeys.build("aiolock", name).lock) > 9000
+    await lease.release()
 
 
 async def test_a_lock_that_does_not_renew_claims_its_grant_with_its_ttl(
