@@ -304,7 +304,7 @@ async def _read_batch(client: AsyncRedis, names: Sequence[str], prefix: str) -> 
                     pipe.hget(keys.fence, "n")
                     pipe.zrange(keys.queue, 0, -1)
                     pipe.hgetall(keys.waiters)
-                    pipe.lrange(keys.holds, 0, -1)
+                    pipe.lrange(keys.holds, 0, 99)
                 replies: list[Any] = await pipe.execute()
     seconds, micros = replies[0]
     now_ms = int(seconds) * 1000 + int(micros) // 1000
@@ -472,7 +472,7 @@ async def force_release(
         return ForceRelease(outcome="declined", holder=state.holder)
     # Forced: the token is not recorded as released (that record is how an owner's retried
     # release is recognised), so the evicted owner's own release reports the loss.
-    args = release_args(keys.channel, token=_text(token_raw), forced=True)
+    args = release_args(token=_text(token_raw), forced=True)
     reply = await backend_for(client).run(
         RELEASE, keys.for_release, args, timeout=READ_TIMEOUT, operation="release", name=name
     )

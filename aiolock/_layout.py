@@ -8,7 +8,7 @@ Format version 1. For a lock named NAME under PREFIX (default "aiolock"):
 | `PREFIX:{NAME}:fence`    | hash    | fencing counter and retry bookkeeping; TTL 1 day, refreshed by every acquire |
 | `PREFIX:{NAME}:queue`    | zset    | waiting processes, first come first served (member: queue id, score: arrival µs) |
 | `PREFIX:{NAME}:waiters`  | hash    | queue id -> "<expires at, Unix ms> <waiters> <host> <pid> <seq> <grant ms> <ttl ms> <grant token> <task>" |
-| `PREFIX:{NAME}:holds`    | list    | the last 100 hold durations in ms, newest first; TTL 1 day, renewed every 100 holds |
+| `PREFIX:{NAME}:holds`    | list    | recent hold durations in ms, newest first: 100 to 150 of them (trimmed to 100 every 50 holds, when its 1-day TTL is renewed); readers take the first 100 |
 | `PREFIX:{NAME}:released` | channel | one message per release that hands the lock to another process's queue: "<fencing token> <queue id> <granted fencing token> <seq>" |
 
 Fields of the holder hash: `v` (format version, "1"), `token` (128-bit hex secret),

@@ -16,10 +16,10 @@ from . import _events as events
 from ._backend import AsyncRedis, Backend, backend_for, check_client, outcome_unknown
 from ._cancel import run_shielded
 from ._config import LockConfig, check_name, check_timeout, safety_margin
-from ._layout import FENCE_KEY_TTL_MS, GRACE_MS, RESERVATION_MS, LockKeys
+from ._layout import RESERVATION_MS, LockKeys
 from ._lease import Lease
 from ._retry import Backoff, poll_delay
-from ._scripts import ACQUIRE, INSPECT, RELEASE, RENEW, release_args
+from ._scripts import ACQUIRE, INSPECT, RELEASE, RENEW, acquire_args, release_args
 from ._waiting import Grant, Registration, WaitQueue
 from ._watchdog import RenewalEntry
 from .errors import AcquireTimeoutError, BackendError
@@ -309,31 +309,30 @@ class Lock:
         bound = validity
         if time_left is not None:
             bound = min(validity, max(time_left, _MIN_ATTEMPT_TIMEOUT))
-        wid, entry, claims = "", "", []
+        args: list[str | int]
         registration: Registration | None = None
         sent_at = loop.time()
-        if queue is not None:
+        if queue is None:
+            args = acquire_args(token, config.ttl_ms, _HOST, _PID, task_name)
+        else:
             claims = queue.claim_tokens()
             registration = queue.register(self._grant_ms, sent_at)
-            wid, entry = queue.wid, self._entry(registration, task_name)
+            entry = self._entry(registration, task_name)
+            args = acquire_args(
+                token,
+                config.ttl_ms,
+                _HOST,
+                _PID,
+                task_name,
+                queue=(queue.wid, behind, entry),
+                claims=claims,
+            )
             queue.attempting = True
         try:
             reply = await backend.run(
                 ACQUIRE,
                 self._keys.for_acquire,
-                [
-                    token,
-                    config.ttl_ms,
-                    _HOST,
-                    _PID,
-                    task_name,
-                    FENCE_KEY_TTL_MS,
-                    wid,
-                    behind,
-                    GRACE_MS,
-                    entry,
-                    *claims,
-                ],
+                args,
                 timeout=bound,
                 operation="acquire",
                 name=self._name,
@@ -476,7 +475,7 @@ class Lock:
     async def _withdraw(self, backend: Backend, queue: WaitQueue, *, timeout: float) -> None:
         """Take this process's wait queue out of Redis; pass on a reservation or grant made
         for it."""
-        args = release_args(self._keys.channel, withdraw=queue.wid, claims=queue.claim_tokens())
+        args = release_args(withdraw=queue.wid, claims=queue.claim_tokens())
         _, handed_to, granted, seq = await self._run_release(backend, args, timeout=timeout)
         backend.notifier.local_release(
             self._keys.channel, f"w{queue.wid}", handed_to, granted=granted, seq=seq
@@ -514,7 +513,7 @@ class Lock:
         try:
             status, handed_to, granted, seq = await self._run_release(
                 backend,
-                release_args(channel, token=token, abort=abort, join=join),
+                release_args(token=token, abort=abort, join=join),
                 timeout=timeout,
                 background=background,
             )

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ._layout import FENCE_KEY_TTL_MS, GRACE_MS, RESERVATION_MS
 
-__all__ = ("ACQUIRE", "INSPECT", "RELEASE", "RENEW", "Script", "release_args")
+__all__ = ("ACQUIRE", "INSPECT", "RELEASE", "RENEW", "Script", "acquire_args", "release_args")
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +28,13 @@ class Script:
         object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
 
 
+# The layout's constants, as Lua locals at the top of the scripts that need them.
+_CONSTANTS = (
+    f"local FENCE_TTL, GRACE, RESERVATION = {FENCE_KEY_TTL_MS}, {GRACE_MS}, {RESERVATION_MS}\n"
+)
+
+# Numbers are handed to redis.call as Lua numbers, which Redis writes as their exact
+# decimal digits (below 1e17); Lua's own `..` would round them to 14 digits.
 _ENQUEUE = """
 -- Put queue `wid` at the back of the waiter queue (or keep its place) with entry
 -- "<until ms> <count> <tail>"; both queue keys live as long as their longest entry.
@@ -42,17 +49,17 @@ local function enqueue(wid, now_us, until_ms, count, tail)
     redis.call('PEXPIRE', KEYS[4], window)
   end
 end
--- Issue the next fencing token: above the last one, and above the server clock in µs (so
--- a counter lost in a restart resumes above every earlier token).
-local function next_fence(now_us, fence_ttl, last)
+-- Issue the next fencing token (a number): above the last one (`last`, or read if nil), and
+-- above the server clock in µs, so a counter lost in a restart resumes above every earlier
+-- token.
+local function next_fence(now_us, last)
   local fence = tonumber(last or redis.call('HGET', KEYS[2], 'n') or '0') + 1
   if fence < now_us then
     fence = now_us
   end
-  local fence_s = string.format('%.0f', fence)
-  redis.call('HSET', KEYS[2], 'n', fence_s)
-  redis.call('PEXPIRE', KEYS[2], fence_ttl)
-  return fence_s
+  redis.call('HSET', KEYS[2], 'n', fence)
+  redis.call('PEXPIRE', KEYS[2], FENCE_TTL)
+  return fence
 end
 """
 
@@ -60,19 +67,19 @@ ACQUIRE = Script(
     "acquire",
     """
 -- KEYS[1] holder hash, KEYS[2] fence hash, KEYS[3] waiter queue (zset), KEYS[4] waiter entries
--- ARGV[1] token, ARGV[2] ttl (ms), ARGV[3] host, ARGV[4] pid, ARGV[5] task name,
--- ARGV[6] fence hash ttl (ms), ARGV[7] id of the caller's process-local wait queue
--- ('' = do not queue), ARGV[8] waiters of that process queued behind the caller,
--- ARGV[9] grace (ms) a queue entry outlives the holder's expiry,
--- ARGV[10] the rest of the queue entry: "<host> <pid>", then, if the lock may be granted
--- to the queue directly, " <seq> <grant ms> <ttl ms> <grant token> <task>",
--- ARGV[11..] tokens the lock may have been granted to (earlier entries of the same queue):
--- a lock held under one of them is claimed, keeping its fencing token
+-- ARGV[1] token, ARGV[2] ttl (ms), ARGV[3] host, ARGV[4] pid, ARGV[5] task name; only when
+-- the caller queues: ARGV[6] id of the caller's process-local wait queue, ARGV[7] waiters
+-- of that process queued behind the caller, ARGV[8] the rest of the queue entry:
+-- "<host> <pid>", then, if the lock may be granted to the queue directly,
+-- " <seq> <grant ms> <ttl ms> <grant token> <task>", ARGV[9..] tokens the lock may have
+-- been granted to (earlier entries of the same queue): a lock held under one of them is
+-- claimed, keeping its fencing token
 -- Returns {1, fencing token}: acquired (also when a retry finds the key already ours);
 --         {0, pttl ms}: held, or reserved for another queue; the caller's queue entry is
---           added (at the back) or refreshed, and lives until pttl + grace;
+--           added (at the back) or refreshed, and lives until pttl + GRACE;
 --         {-1, 0}: this token was aborted by its owner, it must never be granted.
 """
+    + _CONSTANTS
     + _ENQUEUE
     + """
 local holder = redis.call('HMGET', KEYS[1], 'token', 'reserved', 'fence')
@@ -87,10 +94,10 @@ end
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_ms = math.floor(now_us / 1000)
-local wid = ARGV[7]
+local wid = ARGV[6] or ''
 local claimed = false
 if current then
-  for i = 11, #ARGV do
+  for i = 9, #ARGV do
     if ARGV[i] == current then
       claimed = true
     end
@@ -99,57 +106,70 @@ end
 if not claimed and (current or (reserved and reserved ~= wid)) then
   local pttl = redis.call('PTTL', KEYS[1])
   if wid ~= '' then
-    enqueue(wid, now_us, now_ms + math.max(pttl, 0) + tonumber(ARGV[9]),
-      tonumber(ARGV[8]) + 1, ARGV[10])
+    enqueue(wid, now_us, now_ms + math.max(pttl, 0) + GRACE, tonumber(ARGV[7]) + 1, ARGV[8])
   end
   return {0, pttl}
 end
 -- Free, reserved for the caller's queue, or granted to it: take it.
-local fence_s
+local fence
 if claimed then
-  fence_s = holder[3]
-  redis.call('PEXPIRE', KEYS[2], ARGV[6])
+  fence = tonumber(holder[3])
+  redis.call('PEXPIRE', KEYS[2], FENCE_TTL)
 else
-  fence_s = next_fence(now_us, ARGV[6], counter[1] or '0')
+  fence = next_fence(now_us, counter[1] or '0')
 end
 if reserved or claimed then
   redis.call('DEL', KEYS[1])
 end
-redis.call('HSET', KEYS[1], 'v', '1', 'token', ARGV[1], 'fence', fence_s,
-  'host', ARGV[3], 'pid', ARGV[4], 'task', ARGV[5],
-  'acquired_ms', string.format('%.0f', now_ms), 'ttl_ms', ARGV[2])
+redis.call('HSET', KEYS[1], 'v', '1', 'token', ARGV[1], 'fence', fence,
+  'host', ARGV[3], 'pid', ARGV[4], 'task', ARGV[5], 'acquired_ms', now_ms, 'ttl_ms', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 if wid ~= '' then
   redis.call('ZREM', KEYS[3], wid)
   redis.call('HDEL', KEYS[4], wid)
-  if tonumber(ARGV[8]) > 0 then
+  if tonumber(ARGV[7]) > 0 then
     -- More waiters in the caller's process: back of the queue, for after this hold.
-    enqueue(wid, now_us, now_ms + tonumber(ARGV[2]) + tonumber(ARGV[9]),
-      tonumber(ARGV[8]), ARGV[10])
+    enqueue(wid, now_us, now_ms + tonumber(ARGV[2]) + GRACE, tonumber(ARGV[7]), ARGV[8])
   end
 end
-return {1, tonumber(fence_s)}
+return {1, fence}
 """,
 )
+
+
+def acquire_args(
+    token: str,
+    ttl_ms: int,
+    host: str,
+    pid: int,
+    task: str,
+    *,
+    queue: tuple[str, int, str] | None = None,
+    claims: Sequence[str] = (),
+) -> list[str | int]:
+    """ARGV for ACQUIRE (see its header). `queue` is (queue id, waiters behind, entry) of
+    the caller's wait queue, which the attempt puts in line; `claims` the tokens the lock
+    may have been granted to under that queue."""
+    args: list[str | int] = [token, ttl_ms, host, pid, task]
+    if queue is not None:
+        args += (*queue, *claims)
+    return args
+
 
 RELEASE = Script(
     "release",
     """
 -- KEYS[1] holder hash, KEYS[2] fence hash, KEYS[3] waiter queue, KEYS[4] waiter entries,
 -- KEYS[5] recent hold durations (list)
--- ARGV[1] token ('' when only withdrawing a queue), ARGV[2] release channel,
--- ARGV[3] fence hash ttl (ms),
--- ARGV[4] '1' to abort: also forbid a later acquire with this token (its outcome is unknown),
--- ARGV[5] reservation (ms): how long a lock handed to a queued process waits for that
--- process to confirm it,
--- ARGV[6] id of a wait queue to withdraw ('' for none): its process stopped waiting,
--- ARGV[7] '1' when evicting the holder (aiolock release --force): its token is not recorded
--- as released, so the evicted holder's own release reports the loss,
--- ARGV[8] the releasing process's wait queue for this lock ('' if none waits there): it
+-- ARGV[1] token ('' when only withdrawing a queue); the others may be left out:
+-- ARGV[2] mode: '' to release; 'abort' to also forbid a later acquire with this token (its
+-- outcome is unknown); 'force' to evict the holder (aiolock release --force): its token is
+-- not recorded as released, so the evicted holder's own release reports the loss,
+-- ARGV[3] id of a wait queue to withdraw ('' for none): its process stopped waiting,
+-- ARGV[4] the releasing process's wait queue for this lock ('' if none waits there): it
 -- joins the waiter queue (or keeps its place) before the lock is handed on,
--- ARGV[9] that queue's entry (as ARGV[10] of ACQUIRE), ARGV[10] its waiter count,
--- ARGV[11] how long (ms) that entry lives,
--- ARGV[12..] when withdrawing: tokens the lock may have been granted to under that queue
+-- ARGV[5] that queue's entry (as ARGV[8] of ACQUIRE), ARGV[6] its waiter count,
+-- ARGV[7..] when withdrawing: tokens the lock may have been granted to under that queue
 -- Returns {status, queue id, granted fencing token, granted seq}, status being
 --         1: released now and handed to that queue ('' if none waited);
 --         2: released already, by an earlier attempt of this same call;
@@ -157,16 +177,23 @@ RELEASE = Script(
 --           handed on;
 --         0: not the owner (expired, deleted, or someone else holds it).
 -- A lock is handed to the first queue whose entry has not expired: granted to the token in
--- the entry (held under it for ARGV[5] ms, until its process renews it), or, for an entry
--- without one, reserved for the queue's next acquire. Unless the queue is the releasing
--- process's own, this is announced on the channel as
+-- the entry (held under it for RESERVATION ms, until its process renews it), or, for an
+-- entry without one, reserved for the queue's next acquire. Unless the queue is the
+-- releasing process's own, this is announced on the channel KEYS[1]:released as
 -- "<released fencing token> <queue id>[ <granted fencing token> <granted seq>]".
 """
+    + _CONSTANTS
     + _ENQUEUE
     + """
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local now_ms = math.floor(now_us / 1000)
+local mode, own = ARGV[2] or '', ARGV[4] or ''
+local now_us, now_ms
+
+-- Read the server clock (once; only the paths that hand the lock on or record it need it).
+local function clock()
+  local t = redis.call('TIME')
+  now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now_ms = math.floor(now_us / 1000)
+end
 
 -- Give the lock to queue `wid`, whose entry ends with `tail` ("<host> <pid>[ <grant>]"):
 -- granted to the entry's token, or reserved for the queue if it has none. Returns the
@@ -176,15 +203,14 @@ local function give(wid, tail)
     '^(%S+) (%S+) (%d+) (%d+) (%d+) (%x+) (.*)$')
   if not token then
     redis.call('HSET', KEYS[1], 'reserved', wid)
-    redis.call('PEXPIRE', KEYS[1], ARGV[5])
+    redis.call('PEXPIRE', KEYS[1], RESERVATION)
     return '', ''
   end
-  local fence = next_fence(now_us, ARGV[3])
+  local fence = next_fence(now_us)
   redis.call('HSET', KEYS[1], 'v', '1', 'token', token, 'fence', fence,
-    'host', host, 'pid', pid, 'task', task,
-    'acquired_ms', string.format('%.0f', now_ms), 'ttl_ms', g_ttl)
-  redis.call('PEXPIRE', KEYS[1], math.min(tonumber(g_ms), tonumber(ARGV[5])))
-  return fence, seq
+    'host', host, 'pid', pid, 'task', task, 'acquired_ms', now_ms, 'ttl_ms', g_ttl)
+  redis.call('PEXPIRE', KEYS[1], math.min(tonumber(g_ms), RESERVATION))
+  return string.format('%.0f', fence), seq
 end
 
 -- Hand the lock to the first queue whose entry has not expired, and announce it.
@@ -205,70 +231,74 @@ local function hand_over(fence)
       break
     end
   end
-  if wid ~= '' and wid ~= ARGV[8] then
+  if wid ~= '' and wid ~= own then
     -- A waiter that is subscribed but not queued yet always tries again after subscribing,
     -- and finds the lock free: nothing is published when nobody is queued.
     local message = fence .. ' ' .. wid
     if granted ~= '' then
       message = message .. ' ' .. granted .. ' ' .. seq
     end
-    redis.call('PUBLISH', ARGV[2], message)
+    redis.call('PUBLISH', KEYS[1] .. ':released', message)
   end
   return wid, granted, seq
 end
 
 local holder = redis.call('HMGET', KEYS[1], 'token', 'fence', 'acquired_ms', 'reserved')
 if ARGV[1] ~= '' and holder[1] == ARGV[1] then
-  local acquired = tonumber(holder[3] or '0')
+  clock()
   redis.call('DEL', KEYS[1])
-  if ARGV[7] ~= '1' then
+  if mode ~= 'force' then
     redis.call('HSET', KEYS[2], 'released', ARGV[1])
-    redis.call('PEXPIRE', KEYS[2], ARGV[3])
+    redis.call('PEXPIRE', KEYS[2], FENCE_TTL)
   end
-  if acquired > 0 and ARGV[4] ~= '1' then
-    local held = redis.call('LPUSH', KEYS[5], string.format('%.0f', now_ms - acquired))
-    if held == 1 or held > 100 then
+  local acquired = tonumber(holder[3] or '0')
+  if acquired > 0 and mode ~= 'abort' then
+    -- The list keeps 100 to 150 entries: trimmed (and its expiry renewed) every 50 holds.
+    local held = redis.call('LPUSH', KEYS[5], now_ms - acquired)
+    if held == 1 or held > 150 then
       redis.call('LTRIM', KEYS[5], 0, 99)
-      redis.call('PEXPIRE', KEYS[5], ARGV[3])
+      redis.call('PEXPIRE', KEYS[5], FENCE_TTL)
     end
   end
-  if ARGV[8] ~= '' then
+  if own ~= '' then
     local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-    if not head or head == ARGV[8] then
+    if not head or head == own then
       -- Nobody is ahead of the releasing process's own waiters: straight to them.
       if head then
         redis.call('ZREM', KEYS[3], head)
         redis.call('HDEL', KEYS[4], head)
       end
-      return {1, ARGV[8], give(ARGV[8], ARGV[9])}
+      return {1, own, give(own, ARGV[5])}
     end
-    enqueue(ARGV[8], now_us, now_ms + tonumber(ARGV[11]), tonumber(ARGV[10]), ARGV[9])
+    enqueue(own, now_us, now_ms + RESERVATION + GRACE, tonumber(ARGV[6]), ARGV[5])
   end
   return {1, hand_over(holder[2])}
 end
-if ARGV[6] ~= '' then
-  redis.call('ZREM', KEYS[3], ARGV[6])
-  redis.call('HDEL', KEYS[4], ARGV[6])
-  local ours = holder[4] == ARGV[6]
+local withdraw = ARGV[3] or ''
+if withdraw ~= '' then
+  redis.call('ZREM', KEYS[3], withdraw)
+  redis.call('HDEL', KEYS[4], withdraw)
+  local ours = holder[4] == withdraw
   if holder[1] then
-    for i = 12, #ARGV do
+    for i = 7, #ARGV do
       if ARGV[i] == holder[1] then
         ours = true
       end
     end
   end
   if ours then
+    clock()
     redis.call('DEL', KEYS[1])
-    return {3, hand_over('w' .. ARGV[6])}
+    return {3, hand_over('w' .. withdraw)}
   end
   return {3, '', '', ''}
 end
 if redis.call('HGET', KEYS[2], 'released') == ARGV[1] then
   return {2, '', '', ''}
 end
-if ARGV[4] == '1' then
+if mode == 'abort' then
   redis.call('HSET', KEYS[2], 'aborted', ARGV[1])
-  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  redis.call('PEXPIRE', KEYS[2], FENCE_TTL)
 end
 return {0, '', '', ''}
 """,
@@ -276,7 +306,6 @@ return {0, '', '', ''}
 
 
 def release_args(
-    channel: str,
     *,
     token: str = "",
     abort: bool = False,
@@ -288,23 +317,19 @@ def release_args(
     """ARGV for RELEASE (see its header): release `token`, or `withdraw` a wait queue.
 
     `join` is (queue id, entry, waiter count) of the releasing process's own wait queue;
-    `claims` the tokens a withdrawn queue may have been granted the lock under.
+    `claims` the tokens a withdrawn queue may have been granted the lock under. Arguments
+    left at their defaults at the end are not sent.
     """
-    wid, entry, count = join if join is not None else ("", "", 0)
-    return [
-        token,
-        channel,
-        FENCE_KEY_TTL_MS,
-        "1" if abort else "0",
-        RESERVATION_MS,
-        withdraw,
-        "1" if forced else "0",
-        wid,
-        entry,
-        count,
-        RESERVATION_MS + GRACE_MS,
-        *claims,
-    ]
+    mode = "abort" if abort else "force" if forced else ""
+    args: list[str | int] = [token, mode, withdraw]
+    if join is not None:
+        args += join
+    elif claims:
+        args += ("", "", 0)
+    args += claims
+    while len(args) > 1 and args[-1] == "":
+        args.pop()
+    return args
 
 
 RENEW = Script(

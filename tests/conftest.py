@@ -12,13 +12,14 @@ from __future__ import annotations
 import os
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
 import pytest
 import redis.asyncio
 from redis.asyncio.connection import Connection
 
+from aiolock import _backend
 from aiolock._scripts import ACQUIRE, INSPECT, RELEASE, RENEW
 
 from .servers import RedisServer, ServerBinary, find_binaries
@@ -57,12 +58,35 @@ class CommandLog:
         self.commands.clear()
 
 
-def counting_connection(log: CommandLog) -> type[Connection]:
-    class CountingConnection(Connection):
-        def pack_command(self, *args: Any) -> list[bytes]:
-            log.record(args)
-            return super().pack_command(*args)
+def _commands_in(packed: bytes) -> Iterator[tuple[bytes, ...]]:
+    """The commands in a packed (RESP) request: arrays of bulk strings."""
+    at = 0
+    while at < len(packed):
+        end = packed.index(b"\r\n", at)
+        count, at = int(packed[at + 1 : end]), end + 2
+        args = []
+        for _ in range(count):
+            end = packed.index(b"\r\n", at)
+            length = int(packed[at + 1 : end])
+            args.append(packed[end + 2 : end + 2 + length])
+            at = end + 2 + length + 2
+        yield tuple(args)
 
+
+def counting_connection(log: CommandLog) -> type[Connection]:
+    """A redis-py connection that records what it sends. aiolock sends on it directly, as
+    on redis-py's own connection class, so what is counted is what aiolock really sends."""
+
+    class CountingConnection(Connection):
+        async def send_packed_command(
+            self, command: bytes | str | Iterable[bytes], check_health: bool = True
+        ) -> None:
+            packed = command.encode() if isinstance(command, str) else command
+            for args in _commands_in(packed if isinstance(packed, bytes) else b"".join(packed)):
+                log.record(args)
+            await super().send_packed_command(command, check_health)
+
+    _backend.DIRECT_CONNECTIONS.add(CountingConnection)
     return CountingConnection
 
 

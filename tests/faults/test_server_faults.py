@@ -24,8 +24,8 @@ from redis.backoff import NoBackoff
 
 from aiolock import AcquireTimeoutError, BackendError, Lease, LeaseLostError, Lock, LossReason
 from aiolock._backend import backend_for
-from aiolock._layout import FENCE_KEY_TTL_MS, GRACE_MS, LockKeys
-from aiolock._scripts import ACQUIRE, RELEASE, Script, release_args
+from aiolock._layout import LockKeys
+from aiolock._scripts import ACQUIRE, RELEASE, Script, acquire_args, release_args
 from aiolock._waiting import Notifier, Waiter
 
 from ..conftest import CommandLog, counting_connection, make_client
@@ -431,15 +431,15 @@ async def test_scripts_applied_twice_give_the_same_answer(server: RedisServer, n
     client = make_client(server.url)
     keys = LockKeys.build("aiolock", name)
 
-    def acquire_args(
+    def acquiring(
         token: str, *, wid: str = "", entry: str = "", claims: tuple[str, ...] = ()
     ) -> list[str | int]:
         pid = os.getpid()
-        tail = entry or f"host {pid}"
-        return [token, 5000, "host", pid, "task", FENCE_KEY_TTL_MS, wid, 0, GRACE_MS, tail, *claims]
+        queue = (wid, 0, entry or f"host {pid}") if wid else None
+        return acquire_args(token, 5000, "host", pid, "task", queue=queue, claims=claims)
 
     def releasing(token: str, abort: str) -> list[str | int]:
-        return release_args(keys.channel, token=token, abort=abort == "1")
+        return release_args(token=token, abort=abort == "1")
 
     try:
         backend = backend_for(client)
@@ -452,10 +452,10 @@ async def test_scripts_applied_twice_give_the_same_answer(server: RedisServer, n
             )
 
         token = secrets.token_hex(16)
-        first = await run(ACQUIRE, acquire_args(token))
+        first = await run(ACQUIRE, acquiring(token))
         assert isinstance(first, list) and int(first[0]) == 1
         fence = int(first[1])
-        second = await run(ACQUIRE, acquire_args(token))
+        second = await run(ACQUIRE, acquiring(token))
         assert isinstance(second, list)
         assert [int(v) for v in second] == [1, fence]
         assert 4000 < await client.pttl(keys.lock) <= 5000
@@ -466,10 +466,10 @@ async def test_scripts_applied_twice_give_the_same_answer(server: RedisServer, n
 
         # A release that grants the lock to a queued token, applied twice: one grant.
         holder = secrets.token_hex(16)
-        assert int((await run(ACQUIRE, acquire_args(holder)))[0]) == 1
+        assert int((await run(ACQUIRE, acquiring(holder)))[0]) == 1
         registered = secrets.token_hex(16)
         entry = f"host {os.getpid()} 7 1000 5000 {registered} waiter"
-        queued = await run(ACQUIRE, acquire_args(secrets.token_hex(16), wid="q1", entry=entry))
+        queued = await run(ACQUIRE, acquiring(secrets.token_hex(16), wid="q1", entry=entry))
         assert int(queued[0]) == 0
         granted = await run(RELEASE, releasing(holder, "0"))
         assert granted[:2] == [1, b"q1"] and granted[3] == b"7"
@@ -479,7 +479,7 @@ async def test_scripts_applied_twice_give_the_same_answer(server: RedisServer, n
         assert 0 < await client.pttl(keys.lock) <= 1000  # until its holder renews it
         # Claimed by the queue's next acquire (the grant was not heard of in time), twice.
         claimer = secrets.token_hex(16)
-        claim_args = acquire_args(claimer, wid="q1", entry=entry, claims=(registered,))
+        claim_args = acquiring(claimer, wid="q1", entry=entry, claims=(registered,))
         assert [int(v) for v in await run(ACQUIRE, claim_args)] == [1, int(granted[2])]
         assert [int(v) for v in await run(ACQUIRE, claim_args)] == [1, int(granted[2])]
         assert 4000 < await client.pttl(keys.lock) <= 5000
@@ -488,13 +488,13 @@ async def test_scripts_applied_twice_give_the_same_answer(server: RedisServer, n
 
         aborted = secrets.token_hex(16)
         assert await run(RELEASE, releasing(aborted, "1")) == [0, b"", b"", b""]
-        late = await run(ACQUIRE, acquire_args(aborted))
+        late = await run(ACQUIRE, acquiring(aborted))
         assert isinstance(late, list)
         assert [int(v) for v in late] == [-1, 0]
         assert not await client.exists(keys.lock), "an aborted token must never be granted"
 
         # The lock itself is unaffected: a fresh token gets it, with a larger fencing token.
-        fresh = await run(ACQUIRE, acquire_args(secrets.token_hex(16)))
+        fresh = await run(ACQUIRE, acquiring(secrets.token_hex(16)))
         assert isinstance(fresh, list) and int(fresh[0]) == 1 and int(fresh[1]) > fence
         lease: Lease | None = await Lock(client, name, ttl=5).try_acquire()
         assert lease is None

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio
 
-from aiolock import EventKind, Lease, Lock, add_listener
+from aiolock import EventKind, Lease, Lock, add_listener, hold_stats
 from aiolock._backend import backend_for
 from aiolock._layout import RESERVATION_MS, LockKeys
 
@@ -174,6 +174,26 @@ async def test_hold_durations_are_recorded(clients: list[redis.asyncio.Redis], n
     assert len(holds) == 3
     assert all(15 <= ms < 1000 for ms in holds)
     assert 0 < await clients[0].pttl(keys.holds) <= 86_400_000
+
+
+async def test_the_hold_list_stays_between_100_and_150_entries(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    """It is trimmed back to 100 every 50 holds, not at every release, and the statistics
+    read the newest 100."""
+    keys = LockKeys.build("aiolock", name)
+    lock = Lock(client, name, ttl=5)
+    lengths = []
+    for _ in range(260):
+        async with lock:
+            pass
+        lengths.append(await client.llen(keys.holds))
+    assert lengths[:100] == list(range(1, 101))
+    assert max(lengths) == 150 and min(lengths[100:]) == 100
+    assert lengths[150] == 100  # the 151st hold trimmed the list
+    assert 0 < await client.pttl(keys.holds) <= 86_400_000
+    stats = await hold_stats(client, name)
+    assert stats.count == 100
 
 
 @pytest.mark.real_only

@@ -9,6 +9,7 @@ import pytest
 import redis.asyncio
 
 from aiolock import AcquireTimeoutError, Lease, LeaseLostError, Lock, LockInfo, LossReason
+from aiolock._layout import LockKeys
 
 
 async def test_async_with_acquires_and_releases(client: redis.asyncio.Redis, name: str) -> None:
@@ -181,6 +182,21 @@ async def test_info_describes_the_holder(client: redis.asyncio.Redis, name: str)
         assert 6 < info.expires_in <= 7
         assert info.acquired_at > 1.7e9
         assert lease.token not in repr(info)
+
+
+async def test_the_layout_holds_exact_numbers(client: redis.asyncio.Redis, name: str) -> None:
+    """Fencing tokens (µs-sized) and times are written with all their digits."""
+    keys = LockKeys.build("aiolock", name)
+    async with Lock(client, name, ttl=7) as lease:
+        seconds, micros = await client.time()
+        now_us = seconds * 1_000_000 + micros
+        assert 0 <= now_us - lease.fencing_token < 5_000_000  # floored by the server clock
+        fields = await client.hgetall(keys.lock)
+        assert fields[b"fence"] == str(lease.fencing_token).encode()
+        assert await client.hget(keys.fence, "n") == str(lease.fencing_token).encode()
+        assert fields[b"acquired_ms"].isdigit()
+        assert 0 <= now_us // 1000 - int(fields[b"acquired_ms"]) < 5_000
+        assert fields[b"ttl_ms"] == b"7000"
 
 
 async def test_renewal_keeps_the_lease_past_its_ttl(client: redis.asyncio.Redis, name: str) -> None:

@@ -1,0 +1,132 @@
+"""How aiolock's commands reach the server, whatever client the user hands it.
+
+On redis-py's own connection classes aiolock sends its scripts on a pooled connection
+directly; every other client (a single-connection client, another encoding, fakeredis, a
+connection subclass) goes through `execute_command`. Both must behave the same, and a call
+that is cancelled or times out mid-reply must never hand a connection with an unread reply
+back to the user's pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis.asyncio
+from redis.asyncio.connection import Connection
+
+from aiolock import BackendError, Lock
+from aiolock._backend import _execute, _send_direct, backend_for
+
+from ..conftest import make_client
+from ..servers import RedisServer
+
+pytestmark = pytest.mark.real_only
+
+
+class _Subclass(Connection):
+    """A user's connection subclass: aiolock cannot know what it changes, so it uses
+    `execute_command`."""
+
+
+CLIENTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "decode_responses": {"decode_responses": True},
+    "resp3": {"protocol": 3},
+    "single_connection": {"single_connection_client": True},
+    "latin-1": {"encoding": "latin-1"},
+    "subclass": {"connection_class": _Subclass},
+}
+DIRECT = {"default", "decode_responses", "resp3"}
+
+
+@pytest.fixture(params=sorted(CLIENTS))
+async def kind_and_client(
+    request: pytest.FixtureRequest, server_url: str
+) -> AsyncIterator[tuple[str, redis.asyncio.Redis]]:
+    kind = str(request.param)
+    client = make_client(server_url, **CLIENTS[kind])
+    try:
+        yield kind, client
+    finally:
+        await client.aclose()
+
+
+async def test_every_kind_of_client_locks_waits_and_hands_over(
+    kind_and_client: tuple[str, redis.asyncio.Redis], name: str
+) -> None:
+    kind, client = kind_and_client
+    lock_name = f"{name}:é"  # not ASCII: both paths must encode it as the client does
+    lock = Lock(client, lock_name, ttl=5)
+    backend = backend_for(client)
+    assert backend._send is (_send_direct if kind in DIRECT else _execute)
+
+    first = await lock.acquire()
+    waiter = asyncio.create_task(lock.acquire(timeout=5))
+    await asyncio.sleep(0)
+    info = await lock.info()
+    assert info is not None and info.fencing_token == first.fencing_token
+    await first.release()
+    second = await waiter
+    assert second.fencing_token > first.fencing_token
+    await second.extend()
+    await second.release()
+    assert not await lock.locked()
+    # The key is where the client's own commands find it.
+    encoding = CLIENTS[kind].get("encoding", "utf-8")
+    assert await client.exists(lock.key.encode(encoding) + b":fence") == 1
+
+
+async def test_a_call_cut_off_mid_reply_leaves_the_pool_clean(
+    server: RedisServer, name: str
+) -> None:
+    """A script call cancelled while Redis is frozen: its connection is closed, not put
+    back in the pool with the reply still to come, where the user's next command on that
+    connection would read the script's reply as its own."""
+    client = make_client(server.url)
+    assert backend_for(client)._send is _send_direct
+    try:
+        lease = await Lock(client, name, ttl=30).acquire()  # one pooled connection, reused
+        server.pause()
+        try:
+            extending = asyncio.create_task(lease.extend())
+            await asyncio.sleep(0.1)  # sent; no reply while the server is frozen
+            extending.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await extending
+
+            # Sent while the reply to the script is still due.
+            async def set_mine() -> object:
+                return await client.set(f"{name}:k", "mine")
+
+            setting = asyncio.create_task(set_mine())
+            await asyncio.sleep(0.1)
+        finally:
+            server.resume()
+        assert await setting is True
+        assert await client.get(f"{name}:k") == b"mine"
+        assert await client.ping() is True
+        await lease.release()
+    finally:
+        await client.aclose()
+
+
+async def test_a_frozen_server_bounds_the_call_and_the_pool_stays_usable(
+    server: RedisServer, name: str
+) -> None:
+    client = make_client(server.url)
+    try:
+        lock = Lock(client, name, ttl=0.5)
+        server.pause()
+        try:
+            with pytest.raises(BackendError, match="no reply from Redis"):
+                await lock.acquire(timeout=0.2)
+        finally:
+            server.resume()
+        assert await client.ping() is True
+        async with lock as lease:
+            assert lease.fencing_token > 0
+    finally:
+        await client.aclose()
