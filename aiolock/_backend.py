@@ -161,19 +161,6 @@ async def _execute(client: redis.asyncio.Redis, command: _Command) -> Any:
 _Send = Callable[[redis.asyncio.Redis, _Command], Awaitable[Any]]
 
 
-async def _eval(
-    send: _Send,
-    client: redis.asyncio.Redis,
-    script: Script,
-    keys: Sequence[str],
-    args: Sequence[str | int],
-) -> Any:
-    try:
-        return await send(client, ("EVALSHA", script.sha, len(keys), *keys, *args))
-    except redis.exceptions.NoScriptError:
-        return await send(client, ("EVAL", script.source, len(keys), *keys, *args))
-
-
 class Backend:
     """Everything aiolock keeps per redis client: its own connections and background tasks.
 
@@ -248,22 +235,34 @@ class Backend:
         The whole call, retries included, is bounded by `timeout`.
         """
         client = self._background_client() if background else self.client
-        send = self._send
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
         return await self._call(
-            lambda: _eval(send, client, script, keys, args), timeout, operation, name
+            client, command, script=script, timeout=timeout, operation=operation, name=name
         )
 
     async def exists(self, key: str, *, timeout: float, name: str) -> bool:
-        return bool(await self._call(lambda: self.client.exists(key), timeout, "inspect", name))
+        reply = await self._call(
+            self.client,
+            ("EXISTS", key),
+            script=None,
+            timeout=timeout,
+            operation="inspect",
+            name=name,
+        )
+        return bool(reply)
 
     async def _call(
         self,
-        command: Callable[[], Awaitable[Any]],
+        client: redis.asyncio.Redis,
+        command: _Command,
+        *,
+        script: Script | None,
         timeout: float,
         operation: str,
         name: str | None,
     ) -> Any:
-        """Send `command`, bounded by `timeout`, with its errors translated.
+        """Send `command` (an EVALSHA of `script`, sent by EVAL if the server does not know
+        it), bounded by `timeout`, with its errors translated.
 
         A broken connection (a pooled connection the server closed, after a restart for
         example) is retried once at once on a new one: every script is safe to apply twice.
@@ -287,11 +286,16 @@ class Backend:
 
         # What asyncio.timeout does, for a fraction of its cost on this hot path.
         timer = self.loop.call_later(timeout, expire)
+        send = self._send
         try:
             try:
-                result = await command()
+                result = await send(client, command)
+            except redis.exceptions.NoScriptError:
+                if script is None:
+                    raise
+                result = await send(client, ("EVAL", script.source, *command[2:]))
             except redis.exceptions.ConnectionError:
-                result = await command()
+                result = await self._send_again(client, command, script)
         except asyncio.CancelledError as exc:
             if expired and task.uncancel() <= cancelling:
                 raise _backend_error(operation, name, timeout, TimeoutError()) from exc
@@ -303,6 +307,17 @@ class Backend:
         if task.cancelling() > cancelling:
             raise asyncio.CancelledError
         return result
+
+    async def _send_again(
+        self, client: redis.asyncio.Redis, command: _Command, script: Script | None
+    ) -> Any:
+        """The retry after a broken connection: a restarted server may not know the script."""
+        try:
+            return await self._send(client, command)
+        except redis.exceptions.NoScriptError:
+            if script is None:
+                raise
+            return await self._send(client, ("EVAL", script.source, *command[2:]))
 
     @staticmethod
     def refused(error: BaseException) -> bool:

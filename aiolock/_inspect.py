@@ -60,8 +60,9 @@ _NICE_STEPS: Final = (10, 15, 20, 25, 30, 40, 50, 60, 80, 100)
 class HoldStats:
     """How long a lock's recent holds lasted, and the ttl they suggest.
 
-    Computed from the last (up to) 100 holds that ended in a release. Durations are server
-    time from acquire to release, in seconds; they are None when no hold was recorded.
+    Computed from the last (up to) 100 holds that ended in a release. Durations are in
+    seconds, from the grant to the release as each holder measured them (the server's
+    measure for an evicted holder); they are None when no hold was recorded.
 
     Added in 0.1.
     """

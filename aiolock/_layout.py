@@ -5,7 +5,7 @@ Format version 1. For a lock named NAME under PREFIX (default "aiolock"):
 | key / channel            | type    | holds                                                  |
 |--------------------------|---------|--------------------------------------------------------|
 | `PREFIX:{NAME}`          | hash    | the holder; exists only while held (or reserved); TTL = the lease's ttl |
-| `PREFIX:{NAME}:fence`    | hash    | fencing counter and retry bookkeeping; TTL 1 day, refreshed by every acquire |
+| `PREFIX:{NAME}:fence`    | hash    | fencing counter and retry bookkeeping; TTL 1 day, renewed by the first acquire after half of it has passed |
 | `PREFIX:{NAME}:queue`    | zset    | waiting processes, first come first served (member: queue id, score: arrival µs) |
 | `PREFIX:{NAME}:waiters`  | hash    | queue id -> "<expires at, Unix ms> <waiters> <host> <pid> <seq> <grant ms> <ttl ms> <grant token> <task>" |
 | `PREFIX:{NAME}:holds`    | list    | recent hold durations in ms, newest first: 100 to 150 of them (trimmed to 100 every 50 holds, when its 1-day TTL is renewed); readers take the first 100 |
@@ -20,9 +20,15 @@ most RESERVATION_MS until the process renews it. For a queue entry without the g
 lock is kept for), for at most RESERVATION_MS, and the channel message has only its first
 two fields.
 
-Fields of the fence hash: `n` (last fencing token issued), `released` (token of the last
-lease released, so a retried release is recognised), `aborted` (token of the last acquire
-abandoned while its outcome was unknown, so the acquire cannot land after the abort).
+Fields of the fence hash: `n` (last fencing token issued), `x` (server time, Unix ms, when
+its expiry was last set; older versions do not write it, and its absence renews the expiry),
+`released` (token of the last lease released, so a retried release is recognised),
+`aborted` (token of the last acquire abandoned while its outcome was unknown, so the acquire
+cannot land after the abort). A release renews the expiry only after a hold of more than a
+quarter of it, or when it had to make the hash anew.
+
+The hold list records each hold as its holder measured it, from the grant to the release
+(local monotonic clock); a forced release records the server's own measure.
 
 Waiting: in each process only the first waiter for a name talks to Redis, for all the
 process's waiters of that name, under one random queue id. Its entry carries a fresh grant
@@ -39,7 +45,8 @@ any text except a leading "}". Match every aiolock key with `SCAN MATCH PREFIX:{
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 
 __all__ = ("FENCE_KEY_TTL_MS", "FORMAT_VERSION", "GRACE_MS", "RESERVATION_MS", "LockKeys")
 
@@ -71,9 +78,19 @@ class LockKeys:
     waiters: str
     holds: str
     channel: str
+    for_acquire: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    """KEYS of the acquire script."""
+    for_release: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    """KEYS of the release script."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "for_acquire", (self.lock, self.fence, self.queue, self.waiters))
+        object.__setattr__(self, "for_release", (*self.for_acquire, self.holds))
 
     @classmethod
+    @functools.lru_cache(maxsize=1024)
     def build(cls, prefix: str, name: str) -> LockKeys:
+        """The names of lock `name` under `prefix` (remembered for recently used names)."""
         base = f"{prefix}:{{{name}}}"
         return cls(
             lock=base,
@@ -83,11 +100,3 @@ class LockKeys:
             holds=f"{base}:holds",
             channel=f"{base}:released",
         )
-
-    @property
-    def for_acquire(self) -> list[str]:
-        return [self.lock, self.fence, self.queue, self.waiters]
-
-    @property
-    def for_release(self) -> list[str]:
-        return [self.lock, self.fence, self.queue, self.waiters, self.holds]

@@ -61,6 +61,20 @@ class _State(enum.Enum):
     LOST = "lost"
 
 
+_scope_class: type[anyio.CancelScope] | None = None
+
+
+def _new_cancel_scope() -> anyio.CancelScope:
+    """`anyio.CancelScope()`, without looking up the async backend each time: the first
+    scope's class (the asyncio backend's) makes the later ones directly."""
+    global _scope_class  # noqa: PLW0603 - a cache of one class, set once
+    if _scope_class is None:
+        scope = anyio.CancelScope()
+        _scope_class = type(scope)
+        return scope
+    return _scope_class()
+
+
 def _deadline_passed(ref: weakref.ref[Lease]) -> None:
     lease = ref()
     if lease is not None and lease._state is _State.HELD:
@@ -164,6 +178,10 @@ class Lease:
         if self._state is not _State.HELD:
             return 0.0
         return max(0.0, self._deadline - self._loop.time())
+
+    def held_for(self) -> float:
+        """Seconds since the lease was granted (local clock)."""
+        return self._loop.time() - self._granted_at
 
     @property
     def held(self) -> bool:
@@ -328,7 +346,7 @@ class Lease:
         if self._state is _State.LOST:
             await self._cleanup_after_loss()
             raise self.loss_error()
-        scope = anyio.CancelScope()
+        scope = _new_cancel_scope()
         scope.__enter__()
         self._scope = scope
         return self
@@ -454,7 +472,7 @@ class Lease:
                     kind=kind,
                     name=self.name,
                     fencing_token=self.fencing_token,
-                    hold=self._loop.time() - self._granted_at,
+                    hold=self.held_for(),
                     reason=self._loss_reason,
                     error=error,
                 )

@@ -490,8 +490,11 @@ class Lock:
         timeout: float,
         background: bool = False,
         fencing_token: int | None = None,
+        held_ms: int | None = None,
     ) -> int:
         """Run the release script for `token`: 1 released now, 2 already, 0 not the owner.
+
+        `held_ms`, how long the lease was held, is recorded for the hold statistics.
 
         If this process has waiters for the lock, their queue joins the lock's queue in
         Redis in the same call (with a fresh registration), so the release can grant the
@@ -513,7 +516,7 @@ class Lock:
         try:
             status, handed_to, granted, seq = await self._run_release(
                 backend,
-                release_args(token=token, abort=abort, join=join),
+                release_args(token=token, held_ms=held_ms, abort=abort, join=join),
                 timeout=timeout,
                 background=background,
             )
@@ -617,12 +620,14 @@ class Lock:
         return int(reply[0]) == 1
 
     async def _release_lease(self, lease: Lease, *, timeout: float) -> bool:
+        backend = backend_for(self._client)
         status = await self._release_token(
-            backend_for(self._client),
+            backend,
             lease.token,
             abort=False,
             timeout=timeout,
             fencing_token=lease.fencing_token,
+            held_ms=round(lease.held_for() * 1000),
         )
         return status != 0
 

@@ -49,16 +49,24 @@ local function enqueue(wid, now_us, until_ms, count, tail)
     redis.call('PEXPIRE', KEYS[4], window)
   end
 end
--- Issue the next fencing token (a number): above the last one (`last`, or read if nil), and
--- above the server clock in µs, so a counter lost in a restart resumes above every earlier
--- token.
-local function next_fence(now_us, last)
-  local fence = tonumber(last or redis.call('HGET', KEYS[2], 'n') or '0') + 1
+-- Issue the next fencing token (a number): above the last one, and above the server clock
+-- in µs, so a counter lost in a restart resumes above every earlier token. `counter` is
+-- {n, x} of the fence hash (read here if nil), x being when (ms) its expiry was last set:
+-- it is set again only once half of it has passed, so after this the hash lives at least
+-- FENCE_TTL / 2 more.
+local function next_fence(now_us, counter)
+  counter = counter or redis.call('HMGET', KEYS[2], 'n', 'x')
+  local fence = (tonumber(counter[1] or '') or 0) + 1
   if fence < now_us then
     fence = now_us
   end
-  redis.call('HSET', KEYS[2], 'n', fence)
-  redis.call('PEXPIRE', KEYS[2], FENCE_TTL)
+  local now_ms = math.floor(now_us / 1000)
+  if now_ms - (tonumber(counter[2] or '') or 0) > FENCE_TTL / 2 then
+    redis.call('HSET', KEYS[2], 'n', fence, 'x', now_ms)
+    redis.call('PEXPIRE', KEYS[2], FENCE_TTL)
+  else
+    redis.call('HSET', KEYS[2], 'n', fence)
+  end
   return fence
 end
 """
@@ -87,8 +95,8 @@ local current, reserved = holder[1], holder[2]
 if current == ARGV[1] then
   return {1, tonumber(holder[3])}
 end
-local counter = redis.call('HMGET', KEYS[2], 'n', 'aborted')
-if counter[2] == ARGV[1] then
+local counter = redis.call('HMGET', KEYS[2], 'n', 'x', 'aborted')
+if counter[3] == ARGV[1] then
   return {-1, 0}
 end
 local t = redis.call('TIME')
@@ -116,7 +124,7 @@ if claimed then
   fence = tonumber(holder[3])
   redis.call('PEXPIRE', KEYS[2], FENCE_TTL)
 else
-  fence = next_fence(now_us, counter[1] or '0')
+  fence = next_fence(now_us, counter)
 end
 if reserved or claimed then
   redis.call('DEL', KEYS[1])
@@ -162,14 +170,17 @@ RELEASE = Script(
 -- KEYS[1] holder hash, KEYS[2] fence hash, KEYS[3] waiter queue, KEYS[4] waiter entries,
 -- KEYS[5] recent hold durations (list)
 -- ARGV[1] token ('' when only withdrawing a queue); the others may be left out:
--- ARGV[2] mode: '' to release; 'abort' to also forbid a later acquire with this token (its
+-- ARGV[2] how long (ms) the lease was held, as its holder measured it: recorded in the hold
+-- list ('' records nothing),
+-- ARGV[3] mode: '' to release; 'abort' to also forbid a later acquire with this token (its
 -- outcome is unknown); 'force' to evict the holder (aiolock release --force): its token is
--- not recorded as released, so the evicted holder's own release reports the loss,
--- ARGV[3] id of a wait queue to withdraw ('' for none): its process stopped waiting,
--- ARGV[4] the releasing process's wait queue for this lock ('' if none waits there): it
+-- not recorded as released, so the evicted holder's own release reports the loss, and its
+-- hold is recorded as the server measures it,
+-- ARGV[4] id of a wait queue to withdraw ('' for none): its process stopped waiting,
+-- ARGV[5] the releasing process's wait queue for this lock ('' if none waits there): it
 -- joins the waiter queue (or keeps its place) before the lock is handed on,
--- ARGV[5] that queue's entry (as ARGV[8] of ACQUIRE), ARGV[6] its waiter count,
--- ARGV[7..] when withdrawing: tokens the lock may have been granted to under that queue
+-- ARGV[6] that queue's entry (as ARGV[8] of ACQUIRE), ARGV[7] its waiter count,
+-- ARGV[8..] when withdrawing: tokens the lock may have been granted to under that queue
 -- Returns {status, queue id, granted fencing token, granted seq}, status being
 --         1: released now and handed to that queue ('' if none waited);
 --         2: released already, by an earlier attempt of this same call;
@@ -185,14 +196,16 @@ RELEASE = Script(
     + _CONSTANTS
     + _ENQUEUE
     + """
-local mode, own = ARGV[2] or '', ARGV[4] or ''
+local held, mode, own = ARGV[2] or '', ARGV[3] or '', ARGV[5] or ''
 local now_us, now_ms
 
--- Read the server clock (once; only the paths that hand the lock on or record it need it).
+-- Read the server clock (once, and only on the paths that hand the lock on).
 local function clock()
-  local t = redis.call('TIME')
-  now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  now_ms = math.floor(now_us / 1000)
+  if not now_us then
+    local t = redis.call('TIME')
+    now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    now_ms = math.floor(now_us / 1000)
+  end
 end
 
 -- Give the lock to queue `wid`, whose entry ends with `tail` ("<host> <pid>[ <grant>]"):
@@ -221,6 +234,7 @@ local function hand_over(fence)
     if not head then
       break
     end
+    clock()
     local entry = redis.call('HGET', KEYS[4], head) or '0'
     redis.call('ZREM', KEYS[3], head)
     redis.call('HDEL', KEYS[4], head)
@@ -245,22 +259,30 @@ end
 
 local holder = redis.call('HMGET', KEYS[1], 'token', 'fence', 'acquired_ms', 'reserved')
 if ARGV[1] ~= '' and holder[1] == ARGV[1] then
-  clock()
   redis.call('DEL', KEYS[1])
-  if mode ~= 'force' then
-    redis.call('HSET', KEYS[2], 'released', ARGV[1])
-    redis.call('PEXPIRE', KEYS[2], FENCE_TTL)
+  if mode == 'force' then
+    clock()
+    local acquired = tonumber(holder[3] or '') or 0
+    held = acquired > 0 and now_ms - acquired or ''
+  else
+    -- The acquire left the fence hash at least FENCE_TTL / 2 to live: renew its expiry
+    -- only after a long hold (or one of unknown length), or if the hash was gone (evicted)
+    -- and this made it anew; a field new to the hash tells both that and a first release.
+    local new_field = redis.call('HSET', KEYS[2], 'released', ARGV[1])
+    if new_field == 1 or held == '' or tonumber(held) >= FENCE_TTL / 4 then
+      redis.call('PEXPIRE', KEYS[2], FENCE_TTL)
+    end
   end
-  local acquired = tonumber(holder[3] or '0')
-  if acquired > 0 and mode ~= 'abort' then
+  if held ~= '' and mode ~= 'abort' then
     -- The list keeps 100 to 150 entries: trimmed (and its expiry renewed) every 50 holds.
-    local held = redis.call('LPUSH', KEYS[5], now_ms - acquired)
-    if held == 1 or held > 150 then
+    local length = redis.call('LPUSH', KEYS[5], held)
+    if length == 1 or length > 150 then
       redis.call('LTRIM', KEYS[5], 0, 99)
       redis.call('PEXPIRE', KEYS[5], FENCE_TTL)
     end
   end
   if own ~= '' then
+    clock()
     local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
     if not head or head == own then
       -- Nobody is ahead of the releasing process's own waiters: straight to them.
@@ -268,19 +290,19 @@ if ARGV[1] ~= '' and holder[1] == ARGV[1] then
         redis.call('ZREM', KEYS[3], head)
         redis.call('HDEL', KEYS[4], head)
       end
-      return {1, own, give(own, ARGV[5])}
+      return {1, own, give(own, ARGV[6])}
     end
-    enqueue(own, now_us, now_ms + RESERVATION + GRACE, tonumber(ARGV[6]), ARGV[5])
+    enqueue(own, now_us, now_ms + RESERVATION + GRACE, tonumber(ARGV[7]), ARGV[6])
   end
   return {1, hand_over(holder[2])}
 end
-local withdraw = ARGV[3] or ''
+local withdraw = ARGV[4] or ''
 if withdraw ~= '' then
   redis.call('ZREM', KEYS[3], withdraw)
   redis.call('HDEL', KEYS[4], withdraw)
   local ours = holder[4] == withdraw
   if holder[1] then
-    for i = 7, #ARGV do
+    for i = 8, #ARGV do
       if ARGV[i] == holder[1] then
         ours = true
       end
@@ -308,6 +330,7 @@ return {0, '', '', ''}
 def release_args(
     *,
     token: str = "",
+    held_ms: int | None = None,
     abort: bool = False,
     withdraw: str = "",
     forced: bool = False,
@@ -316,12 +339,14 @@ def release_args(
 ) -> list[str | int]:
     """ARGV for RELEASE (see its header): release `token`, or `withdraw` a wait queue.
 
-    `join` is (queue id, entry, waiter count) of the releasing process's own wait queue;
-    `claims` the tokens a withdrawn queue may have been granted the lock under. Arguments
-    left at their defaults at the end are not sent.
+    `held_ms` is how long the lease was held (None: not recorded); `join` is (queue id,
+    entry, waiter count) of the releasing process's own wait queue; `claims` the tokens a
+    withdrawn queue may have been granted the lock under. Arguments left at their defaults
+    at the end are not sent.
     """
     mode = "abort" if abort else "force" if forced else ""
-    args: list[str | int] = [token, mode, withdraw]
+    held: str | int = "" if held_ms is None else held_ms
+    args: list[str | int] = [token, held, mode, withdraw]
     if join is not None:
         args += join
     elif claims:

@@ -258,3 +258,53 @@ async def test_decode_responses_client_works(
         await again.release()
     finally:
         await client.aclose()
+
+
+DAY_MS = 86_400_000
+
+
+async def test_the_fence_hash_expiry_is_renewed_only_when_half_used(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    """Every lock's fence hash lives at least half a day past its last acquire, without an
+    expiry update on every acquire and release."""
+    keys = LockKeys.build("aiolock", name)
+    lock = Lock(client, name, ttl=5)
+    async with lock:
+        pass
+    assert DAY_MS - 60_000 < await client.pttl(keys.fence) <= DAY_MS  # a first acquire sets it
+
+    await client.pexpire(keys.fence, DAY_MS - 3_600_000)  # an hour of it has passed
+    async with lock:
+        pass
+    assert await client.pttl(keys.fence) <= DAY_MS - 3_600_000, "renewed too early"
+
+    # More than half a day since it was last set: the next acquire renews it.
+    seconds, _ = await client.time()
+    await client.hset(keys.fence, "x", str((seconds - 13 * 3600) * 1000))
+    await client.pexpire(keys.fence, 11 * 3_600_000)
+    async with lock:
+        pass
+    assert DAY_MS - 60_000 < await client.pttl(keys.fence) <= DAY_MS
+
+
+async def test_a_release_renews_the_fence_hash_expiry_if_it_had_to_make_it_anew(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    """Evicted during the hold (or deleted): the release's record must not live forever."""
+    keys = LockKeys.build("aiolock", name)
+    lease = await Lock(client, name, ttl=5).acquire()
+    await client.delete(keys.fence)
+    await lease.release()
+    assert await client.hget(keys.fence, "released") == lease.token.encode()
+    assert DAY_MS - 60_000 < await client.pttl(keys.fence) <= DAY_MS
+
+
+async def test_hold_durations_are_the_holders_own(client: redis.asyncio.Redis, name: str) -> None:
+    """Measured by the holder, from the grant to the release, in ms."""
+    keys = LockKeys.build("aiolock", name)
+    async with Lock(client, name, ttl=5) as lease:
+        await asyncio.sleep(0.05)
+        held = lease.held_for()
+    (recorded,) = await client.lrange(keys.holds, 0, -1)
+    assert 50 <= int(recorded) <= held * 1000 + 50
