@@ -214,7 +214,11 @@ def run_all(args: argparse.Namespace, url: str) -> dict[str, Any]:
 
 
 COLUMNS = {
-    "floor": [("ping_p50_us", "PING p50 µs"), ("evalsha_p50_us", "EVALSHA p50 µs")],
+    "floor": [
+        ("ping_p50_us", "PING p50 µs"),
+        ("evalsha_p50_us", "EVALSHA p50 µs"),
+        ("ping_after_idle_p50_us", "PING after 50 ms idle, p50 µs"),
+    ],
     "uncontended": [
         ("p50_us", "p50 µs"),
         ("p99_us", "p99 µs"),
