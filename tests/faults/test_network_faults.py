@@ -8,6 +8,7 @@ to the server directly. Fault catalogue: RELIABILITY.md section (b), F05-F08.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -406,9 +407,11 @@ async def test_the_proxy_forwards_delays_and_resets(server: RedisServer) -> None
         proxy.delay_replies(0.0)
         assert proxy.reset_all() == 1
         await until(lambda: proxy.open_connections == 0, "the reset link is gone", timeout=5)
-        with pytest.raises(redis.exceptions.ConnectionError):
-            await client.ping()  # the pooled connection was reset
-        assert await client.ping()  # and a new one works
+        # The pooled connection was reset: redis-py 8 reports it once, older versions notice
+        # it when the pool hands the connection out, and reconnect.
+        with contextlib.suppress(redis.exceptions.ConnectionError):
+            await client.ping()
+        assert await client.ping()  # a new connection works
         proxy.refuse_new()
         await client.connection_pool.disconnect()
         with pytest.raises(redis.exceptions.ConnectionError):
