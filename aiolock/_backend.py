@@ -286,16 +286,11 @@ class Backend:
 
         # What asyncio.timeout does, for a fraction of its cost on this hot path.
         timer = self.loop.call_later(timeout, expire)
-        send = self._send
         try:
             try:
-                result = await send(client, command)
-            except redis.exceptions.NoScriptError:
-                if script is None:
-                    raise
-                result = await send(client, ("EVAL", script.source, *command[2:]))
+                result = await self._send_once(client, command, script)
             except redis.exceptions.ConnectionError:
-                result = await self._send_again(client, command, script)
+                result = await self._send_once(client, command, script)
         except asyncio.CancelledError as exc:
             if expired and task.uncancel() <= cancelling:
                 raise _backend_error(operation, name, timeout, TimeoutError()) from exc
@@ -308,10 +303,11 @@ class Backend:
             raise asyncio.CancelledError
         return result
 
-    async def _send_again(
+    async def _send_once(
         self, client: redis.asyncio.Redis, command: _Command, script: Script | None
     ) -> Any:
-        """The retry after a broken connection: a restarted server may not know the script."""
+        """Send `command`; an EVALSHA the server does not know (flushed, or lost in a
+        restart) is sent again as EVAL, which also caches the script."""
         try:
             return await self._send(client, command)
         except redis.exceptions.NoScriptError:
