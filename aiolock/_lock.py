@@ -309,25 +309,18 @@ class Lock:
         bound = validity
         if time_left is not None:
             bound = min(validity, max(time_left, _MIN_ATTEMPT_TIMEOUT))
-        args: list[str | int]
         registration: Registration | None = None
+        queued: tuple[str, int, str] | None = None
+        claims: list[str] = []
         sent_at = loop.time()
-        if queue is None:
-            args = acquire_args(token, config.ttl_ms, _HOST, _PID, task_name)
-        else:
+        if queue is not None:
             claims = queue.claim_tokens()
             registration = queue.register(self._grant_ms, sent_at)
-            entry = self._entry(registration, task_name)
-            args = acquire_args(
-                token,
-                config.ttl_ms,
-                _HOST,
-                _PID,
-                task_name,
-                queue=(queue.wid, behind, entry),
-                claims=claims,
-            )
+            queued = (queue.wid, behind, self._entry(registration, task_name))
             queue.attempting = True
+        args = acquire_args(
+            token, config.ttl_ms, _HOST, _PID, task_name, queue=queued, claims=claims
+        )
         try:
             reply = await backend.run(
                 ACQUIRE,
