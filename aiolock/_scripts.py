@@ -36,6 +36,20 @@ _CONSTANTS = (
 # Numbers are handed to redis.call as Lua numbers, which Redis writes as their exact
 # decimal digits (below 1e17); Lua's own `..` would round them to 14 digits.
 _ENQUEUE = """
+-- Take queue `wid` out of the waiter queue.
+local function dequeue(wid)
+  redis.call('ZREM', KEYS[3], wid)
+  redis.call('HDEL', KEYS[4], wid)
+end
+-- Whether `token` is one of ARGV[first..]: the tokens a queue's lock may be granted under.
+local function listed(token, first)
+  for i = first, #ARGV do
+    if ARGV[i] == token then
+      return true
+    end
+  end
+  return false
+end
 -- Put queue `wid` at the back of the waiter queue (or keep its place) with entry
 -- "<until ms> <count> <tail>"; both queue keys live as long as their longest entry.
 local function enqueue(wid, now_us, until_ms, count, tail)
@@ -103,14 +117,7 @@ local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_ms = math.floor(now_us / 1000)
 local wid = ARGV[6] or ''
-local claimed = false
-if current then
-  for i = 9, #ARGV do
-    if ARGV[i] == current then
-      claimed = true
-    end
-  end
-end
+local claimed = current and listed(current, 9)
 if not claimed and (current or (reserved and reserved ~= wid)) then
   local pttl = redis.call('PTTL', KEYS[1])
   if wid ~= '' then
@@ -133,8 +140,7 @@ redis.call('HSET', KEYS[1], 'v', '1', 'token', ARGV[1], 'fence', fence,
   'host', ARGV[3], 'pid', ARGV[4], 'task', ARGV[5], 'acquired_ms', now_ms, 'ttl_ms', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 if wid ~= '' then
-  redis.call('ZREM', KEYS[3], wid)
-  redis.call('HDEL', KEYS[4], wid)
+  dequeue(wid)
   if tonumber(ARGV[7]) > 0 then
     -- More waiters in the caller's process: back of the queue, for after this hold.
     enqueue(wid, now_us, now_ms + tonumber(ARGV[2]) + GRACE, tonumber(ARGV[7]), ARGV[8])
@@ -236,8 +242,7 @@ local function hand_over(fence)
     end
     clock()
     local entry = redis.call('HGET', KEYS[4], head) or '0'
-    redis.call('ZREM', KEYS[3], head)
-    redis.call('HDEL', KEYS[4], head)
+    dequeue(head)
     local until_ms, tail = string.match(entry, '^(%d+) %d+ (.*)$')
     if until_ms and tonumber(until_ms) >= now_ms then
       wid = head
@@ -287,8 +292,7 @@ if ARGV[1] ~= '' and holder[1] == ARGV[1] then
     if not head or head == own then
       -- Nobody is ahead of the releasing process's own waiters: straight to them.
       if head then
-        redis.call('ZREM', KEYS[3], head)
-        redis.call('HDEL', KEYS[4], head)
+        dequeue(head)
       end
       return {1, own, give(own, ARGV[6])}
     end
@@ -298,18 +302,8 @@ if ARGV[1] ~= '' and holder[1] == ARGV[1] then
 end
 local withdraw = ARGV[4] or ''
 if withdraw ~= '' then
-  redis.call('ZREM', KEYS[3], withdraw)
-  redis.call('HDEL', KEYS[4], withdraw)
-  local ours = holder[4] == withdraw
-  if holder[1] then
-    for i = 8, #ARGV do
-      if ARGV[i] == holder[1] then
-        ours = true
-      end
-    end
-  end
-  if ours then
-    clock()
+  dequeue(withdraw)
+  if holder[4] == withdraw or (holder[1] and listed(holder[1], 8)) then
     redis.call('DEL', KEYS[1])
     return {3, hand_over('w' .. withdraw)}
   end
