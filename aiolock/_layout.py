@@ -22,9 +22,10 @@ two fields.
 
 Fields of the fence hash: `n` (last fencing token issued), `x` (server time, Unix ms, when
 its expiry was last set; older versions do not write it, and its absence renews the expiry),
-`released` (token of the last lease released, so a retried release is recognised),
-`aborted` (token of the last acquire abandoned while its outcome was unknown, so the acquire
-cannot land after the abort). A release renews the expiry only after a hold of more than a
+`released` (token of the last lease released, so a retried release is recognised and a
+stray copy of its acquire is refused), `a:<token>` (one field per acquire abandoned while its
+outcome was unknown, numbered by `ac`, so the acquire cannot land after the abort; the
+newest ABORTS_KEPT to 2 × ABORTS_KEPT are kept). A release renews the expiry only after a hold of more than a
 quarter of it, or when it had to make the hash anew.
 
 The hold list records each hold as its holder measured it, from the grant to the release
@@ -48,7 +49,14 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-__all__ = ("FENCE_KEY_TTL_MS", "FORMAT_VERSION", "GRACE_MS", "RESERVATION_MS", "LockKeys")
+__all__ = (
+    "ABORTS_KEPT",
+    "FENCE_KEY_TTL_MS",
+    "FORMAT_VERSION",
+    "GRACE_MS",
+    "RESERVATION_MS",
+    "LockKeys",
+)
 
 FORMAT_VERSION = 1
 
@@ -66,6 +74,11 @@ RESERVATION_MS = 1000
 """How long a lock handed to the first queued process is held for it before that process
 renews it (a grant), or claims it (a reservation). If that process died, the others are
 delayed by this much, once."""
+
+
+ABORTS_KEPT = 32
+"""Aborted acquire tokens a lock remembers at least (at most twice as many): an acquire that
+arrives after its caller aborted it is refused as long as its token is remembered."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ._layout import FENCE_KEY_TTL_MS, GRACE_MS, RESERVATION_MS
+from ._layout import ABORTS_KEPT, FENCE_KEY_TTL_MS, GRACE_MS, RESERVATION_MS
 
 __all__ = ("ACQUIRE", "INSPECT", "RELEASE", "RENEW", "Script", "acquire_args", "release_args")
 
@@ -28,9 +28,14 @@ class Script:
         object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
 
 
-# The layout's constants, as Lua locals at the top of the scripts that need them.
+# The layout's constants, as Lua locals at the top of the scripts that need them. Those
+# scripts read the server clock (TIME) before they write: Redis 6.2 configured with
+# `lua-replicate-commands no` refuses that unless the script asks for its effects to be
+# replicated (always the case, and the call a no-op, from Redis 7 on; fakeredis lacks it).
 _CONSTANTS = (
+    "if redis.replicate_commands then redis.replicate_commands() end\n"
     f"local FENCE_TTL, GRACE, RESERVATION = {FENCE_KEY_TTL_MS}, {GRACE_MS}, {RESERVATION_MS}\n"
+    f"local ABORTS_KEPT = {ABORTS_KEPT}\n"
 )
 
 # Numbers are handed to redis.call as Lua numbers, which Redis writes as their exact
@@ -99,7 +104,8 @@ ACQUIRE = Script(
 -- Returns {1, fencing token}: acquired (also when a retry finds the key already ours);
 --         {0, pttl ms}: held, or reserved for another queue; the caller's queue entry is
 --           added (at the back) or refreshed, and lives until pttl + GRACE;
---         {-1, 0}: this token was aborted by its owner, it must never be granted.
+--         {-1, 0}: this token was aborted by its owner, or already released: it must never
+--           be granted (a late copy of an acquire whose caller gave up on it).
 """
     + _CONSTANTS
     + _ENQUEUE
@@ -109,8 +115,8 @@ local current, reserved = holder[1], holder[2]
 if current == ARGV[1] then
   return {1, tonumber(holder[3])}
 end
-local counter = redis.call('HMGET', KEYS[2], 'n', 'x', 'aborted')
-if counter[3] == ARGV[1] then
+local counter = redis.call('HMGET', KEYS[2], 'n', 'x', 'released', 'a:' .. ARGV[1])
+if counter[3] == ARGV[1] or counter[4] then
   return {-1, 0}
 end
 local t = redis.call('TIME')
@@ -232,6 +238,26 @@ local function give(wid, tail)
   return string.format('%.0f', fence), seq
 end
 
+-- Remember that an acquire with `token` must never be granted (its caller aborted it): one
+-- numbered field per token; each time ABORTS_KEPT more have come, only the newest
+-- ABORTS_KEPT are kept.
+local function forbid(token)
+  local field = 'a:' .. token
+  if redis.call('HEXISTS', KEYS[2], field) == 0 then
+    local count = redis.call('HINCRBY', KEYS[2], 'ac', 1)
+    redis.call('HSET', KEYS[2], field, count)
+    if count % ABORTS_KEPT == 0 and count > ABORTS_KEPT then
+      local fields = redis.call('HGETALL', KEYS[2])
+      for i = 1, #fields, 2 do
+        if string.sub(fields[i], 1, 2) == 'a:' and tonumber(fields[i + 1]) <= count - ABORTS_KEPT then
+          redis.call('HDEL', KEYS[2], fields[i])
+        end
+      end
+    end
+  end
+  redis.call('PEXPIRE', KEYS[2], FENCE_TTL)
+end
+
 -- Hand the lock to the first queue whose entry has not expired, and announce it.
 local function hand_over(fence)
   local wid, granted, seq = '', '', ''
@@ -278,6 +304,9 @@ if ARGV[1] ~= '' and holder[1] == ARGV[1] then
       redis.call('PEXPIRE', KEYS[2], FENCE_TTL)
     end
   end
+  if mode == 'abort' then
+    forbid(ARGV[1])
+  end
   if held ~= '' and mode ~= 'abort' then
     -- The list keeps 100 to 150 entries: trimmed (and its expiry renewed) every 50 holds.
     local length = redis.call('LPUSH', KEYS[5], held)
@@ -313,8 +342,7 @@ if redis.call('HGET', KEYS[2], 'released') == ARGV[1] then
   return {2, '', '', ''}
 end
 if mode == 'abort' then
-  redis.call('HSET', KEYS[2], 'aborted', ARGV[1])
-  redis.call('PEXPIRE', KEYS[2], FENCE_TTL)
+  forbid(ARGV[1])
 end
 return {0, '', '', ''}
 """,

