@@ -231,8 +231,12 @@ class Lock:
                         return self._granted(lease, loop.time() - started, attempts)
                     must_try = True  # heard of too late to count on: claim it by an acquire
                 if waiter.is_head and queue.joining:
-                    # A release here is putting the queue in line: its answer comes first.
-                    await waiter.wait(time_left(), pending_ok=True)
+                    # A release here is putting the queue in line: its answer comes first
+                    # (it nudges the head), unless the caller's timeout comes before it.
+                    remaining = time_left()
+                    if remaining is not None and remaining <= 0:
+                        raise self._timeout_error(loop.time() - started, attempts)
+                    await waiter.wait(remaining, pending_ok=True)
                     continue
                 if waiter.is_head and (waiter.take_wakeup() or must_try):
                     must_try = False

@@ -1,0 +1,74 @@
+"""An acquire's timeout holds whatever Redis and this process's other tasks are doing.
+
+A timeout is met within the single attempt's minimum reply window (1 s) at most, and no
+code path spins: the CPU time an acquire uses while waiting is measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from aiolock import AcquireTimeoutError, BackendError, Lock
+from aiolock._backend import backend_for
+
+from ..conftest import make_client
+from ..servers import RedisServer
+from .test_network_faults import until
+
+pytestmark = pytest.mark.real_only
+
+ATTEMPT_WINDOW = 1.0
+"""The shortest time an acquire attempt gives Redis to answer (aiolock's own floor)."""
+
+SCHEDULING = 0.3
+"""Event-loop and process scheduling allowed on top, on a loaded machine."""
+
+CPU_BOUND = 0.25
+"""CPU seconds a waiting acquire may use over its whole timeout (a spin uses all of it)."""
+
+
+@pytest.mark.parametrize("redis_comes_back", [True, False], ids=["thawed", "frozen"])
+async def test_a_timeout_holds_while_a_local_release_puts_the_queue_in_line(
+    server: RedisServer, name: str, redis_comes_back: bool
+) -> None:
+    client = make_client(server.url)
+    loop = asyncio.get_running_loop()
+    lock = Lock(client, name, ttl=10)
+    try:
+        holder = await lock.acquire()
+        waiting = asyncio.create_task(lock.acquire(timeout=0.5))
+        channel = lock.key + ":released"
+        notifier = backend_for(client).notifier
+        await until(lambda: notifier.is_subscribed(channel), "the waiter subscribed", timeout=5)
+        queue = notifier.queue_for(channel)
+        assert queue is not None
+        await until(lambda: bool(queue.registrations), "the waiter queued in Redis", timeout=5)
+        server.pause()
+        paused = True
+        try:
+            # The holder's release puts the waiter's queue in line, and gets no answer.
+            releasing = asyncio.create_task(holder.release())
+            await until(lambda: queue.joining, "the release is in flight", timeout=5)
+            started, cpu = loop.time(), time.process_time()
+            with pytest.raises(AcquireTimeoutError):
+                await asyncio.wait_for(waiting, 10)
+            elapsed, used = loop.time() - started, time.process_time() - cpu
+            assert elapsed <= 0.5 + ATTEMPT_WINDOW + SCHEDULING, f"acquire ran {elapsed:.2f}s"
+            assert used <= CPU_BOUND, f"the waiting acquire spun: {used:.2f}s of CPU"
+            if redis_comes_back:
+                server.resume()
+                paused = False
+            if redis_comes_back:
+                await asyncio.wait_for(releasing, 10)
+            else:
+                with pytest.raises(BackendError):  # the key expires by itself
+                    await asyncio.wait_for(releasing, 10)
+        finally:
+            if paused:
+                server.resume()
+    finally:
+        await client.aclose()
+
