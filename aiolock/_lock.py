@@ -216,10 +216,11 @@ class Lock:
         if wait == 0:
             raise self._timeout_error(0.0, attempts)
 
-        waiter = await notifier.join(self._keys.channel, timeout=time_left())
+        waiter = notifier.join(self._keys.channel)
         queue = waiter.queue
         acquired = False
         try:
+            await notifier.ready(waiter, timeout=time_left())
             must_try = waiter.is_head
             unknown_pttl = Backoff(base=0.01, cap=1.0, rng=notifier.rng)
             while True:

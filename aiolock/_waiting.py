@@ -313,14 +313,11 @@ class Notifier:
         while self._task is not None:
             await asyncio.wait({self._task})
 
-    async def join(self, channel: str, *, timeout: float | None) -> Waiter:
-        """Queue up for `channel`, subscribed before this returns (or `timeout` passes).
+    def join(self, channel: str) -> Waiter:
+        """Queue up for `channel`: a new waiter at the back of this process's queue.
 
-        Once this returns, no release can go unnoticed: a release before the subscription
-        took effect is seen by the caller's next attempt, one after it by the notification.
-
-        Cancellation:
-            Safe: the waiter leaves the queue.
+        The caller must `leave()` it whatever happens next (cancellation included), and
+        withdraw the queue `leave()` returns; then `ready()` subscribes it.
         """
         queue = self._queues.get(channel)
         if queue is None:
@@ -330,19 +327,30 @@ class Notifier:
                 queue.subscribed.set()
         waiter = Waiter(queue)
         queue.waiters.append(waiter)
-        try:
-            if not queue.subscribed.is_set():
-                await self._subscribe(queue)
-                bound = SUBSCRIBE_TIMEOUT if timeout is None else min(timeout, SUBSCRIBE_TIMEOUT)
+        return waiter
+
+    async def ready(self, waiter: Waiter, *, timeout: float | None) -> None:
+        """Wait until `waiter`'s queue is subscribed (at most `timeout`, or SUBSCRIBE_TIMEOUT).
+
+        Once this returns subscribed, no release can go unnoticed: a release before the
+        subscription took effect is seen by the caller's next attempt, one after it by the
+        notification. If it returns without (the server may be unreachable), the head's
+        attempts and fallback timer still work.
+
+        Raises:
+            BackendError: the server refused the subscription.
+
+        Cancellation:
+            Safe; the waiter stays queued for the caller to `leave()`.
+        """
+        queue = waiter.queue
+        if not queue.subscribed.is_set():
+            await self._subscribe(queue)
+            bound = SUBSCRIBE_TIMEOUT if timeout is None else min(timeout, SUBSCRIBE_TIMEOUT)
+            with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(bound):
                     await queue.subscribed.wait()
-            waiter.check()
-        except TimeoutError:
-            pass  # not subscribed yet: the head's attempts and fallback timer still work
-        except BaseException:
-            self.leave(waiter, acquired=False)
-            raise
-        return waiter
+        waiter.check()
 
     def leave(self, waiter: Waiter, *, acquired: bool) -> WaitQueue | None:
         """Take `waiter` out of its queue.

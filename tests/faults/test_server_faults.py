@@ -393,15 +393,15 @@ async def test_server_dying_while_a_waiter_subscribes_raises_backend_error(
     client = make_client(server.url)
     other = make_client(server.url)
     holder: Lease | None = None
-    original_join = Notifier.join
+    original_ready = Notifier.ready
 
-    async def join_after_crash(self: Notifier, channel: str, *, timeout: float | None) -> Waiter:
+    async def ready_after_crash(self: Notifier, waiter: Waiter, *, timeout: float | None) -> None:
         server.kill()
-        return await original_join(self, channel, timeout=timeout)
+        await original_ready(self, waiter, timeout=timeout)
 
     try:
         holder = await Lock(other, name, ttl=1).acquire()
-        monkeypatch.setattr(Notifier, "join", join_after_crash)
+        monkeypatch.setattr(Notifier, "ready", ready_after_crash)
         try:
             async with asyncio.timeout(10):  # a hang guard, far below the 30 s timeout
                 lease = await Lock(client, name, ttl=1).acquire(timeout=30)
