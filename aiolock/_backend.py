@@ -177,6 +177,7 @@ class Backend:
         "_connection_class",
         "_connection_kwargs",
         "_notifier",
+        "guards",
         "_renew_client",
         "_scheduler",
         "_send",
@@ -197,6 +198,8 @@ class Backend:
         self._send: _Send = _send_direct if _sends_directly(client) else _execute
         self._scheduler: RenewalScheduler | None = None
         self._notifier: Notifier | None = None
+        # Key of a held lock -> the tasks whose `async with` block a lease of it guards.
+        self.guards: dict[str, list[asyncio.Task[Any]]] = {}
 
     @property
     def client(self) -> redis.asyncio.Redis:

@@ -21,7 +21,7 @@ import warnings
 import weakref
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Final, Protocol, final
+from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
 import anyio
 
@@ -52,6 +52,10 @@ class LeaseIssuer(Protocol):
 
     async def _release_lease(self, lease: Lease, *, timeout: float) -> bool:
         """Delete the key if ours; True if released (now or by an earlier attempt)."""
+        ...
+
+    def _guarding(self, lease: Lease, task: asyncio.Task[Any], *, entered: bool) -> None:
+        """`lease` started (`entered`) or stopped guarding a block run by `task`."""
         ...
 
 
@@ -108,6 +112,7 @@ class Lease:
         "_ended",
         "_entry",
         "_granted_at",
+        "_guarded",
         "_issuer",
         "_loop",
         "_loss_cause",
@@ -152,6 +157,7 @@ class Lease:
         self._renewal_stopped_by_max_hold = False
         self._ended: asyncio.Event | None = None  # made by wait_lost(), when needed
         self._scope: anyio.CancelScope | None = None
+        self._guarded: asyncio.Task[Any] | None = None  # the task whose block it guards
         # A lease granted directly starts with the grant's shorter validity, until renewed.
         self._deadline = sent_at + ttl - margin if deadline is None else deadline
         self._granted_at = self._loop.time()
@@ -346,9 +352,14 @@ class Lease:
         if self._state is _State.LOST:
             await self._cleanup_after_loss()
             raise self.loss_error()
+        task = asyncio.current_task()
+        if task is None:  # pragma: no cover - asyncio always runs coroutines in a task
+            raise RuntimeError("a lease must guard a block of an asyncio task")
         scope = _new_cancel_scope()
         scope.__enter__()
         self._scope = scope
+        self._guarded = task
+        self._issuer._guarding(self, task, entered=True)
         return self
 
     async def __aexit__(
@@ -373,6 +384,9 @@ class Lease:
         """
         scope, self._scope = self._scope, None
         assert scope is not None, "__aexit__ without __aenter__"
+        task, self._guarded = self._guarded, None
+        if task is not None:
+            self._issuer._guarding(self, task, entered=False)
         swallowed = bool(scope.__exit__(exc_type, exc, tb))
         self._check_deadline()
         release_error: BaseException | None = None

@@ -10,7 +10,7 @@ import socket
 import weakref
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Final, final
+from typing import Any, Final, final
 
 from . import _events as events
 from ._backend import AsyncRedis, Backend, backend_for, check_client, outcome_unknown
@@ -186,6 +186,12 @@ class Lock:
         Raises:
             AcquireTimeoutError: the lock stayed held by others for the whole timeout.
             BackendError: Redis could not be reached or refused the command.
+            RuntimeError: the current task holds this lock in an `async with` block (through
+                any `Lock` of this name on this client): waiting would never end. Nothing is
+                sent. Not recognised: a lease from `acquire()` that was never entered with
+                `async with` (it may be handed to another task, which releases it), the same
+                name through another client object, and a task that waits for another task
+                waiting for the lock.
 
         Cancellation:
             A cancelled acquire leaves no lock held: if the acquire script may have run
@@ -195,6 +201,12 @@ class Lock:
         """
         wait = self._config.timeout if isinstance(timeout, _Unset) else check_timeout(timeout)
         backend = backend_for(self._client)
+        guards = backend.guards.get(self._keys.lock)
+        if guards and asyncio.current_task() in guards:
+            raise RuntimeError(
+                f"lock {self._name!r} is already held by this task, in an 'async with' block: "
+                "waiting for it here would wait forever (locks are not reentrant)"
+            )
         loop = backend.loop
         started = loop.time()
         deadline = None if wait is None else started + wait
@@ -617,6 +629,17 @@ class Lock:
         )
         return int(reply[0]) == 1
 
+    def _guarding(self, lease: Lease, task: asyncio.Task[Any], *, entered: bool) -> None:
+        guards = backend_for(self._client).guards
+        if entered:
+            guards.setdefault(self._keys.lock, []).append(task)
+            return
+        tasks = guards.get(self._keys.lock, [])
+        with contextlib.suppress(ValueError):
+            tasks.remove(task)
+        if not tasks:
+            guards.pop(self._keys.lock, None)
+
     async def _release_lease(self, lease: Lease, *, timeout: float) -> bool:
         backend = backend_for(self._client)
         status = await self._release_token(
@@ -687,11 +710,6 @@ class Lock:
         task = asyncio.current_task()
         if task is None:  # pragma: no cover - asyncio always runs coroutines in a task
             raise RuntimeError("Lock must be used from an asyncio task")
-        if any(holder is task for holder, _ in self._held):
-            raise RuntimeError(
-                f"lock {self._name!r} is already held by this task and is not reentrant "
-                "(waiting for it would wait forever)"
-            )
         lease = await self.acquire()
         try:
             await lease.__aenter__()
