@@ -177,10 +177,10 @@ class Backend:
         "_connection_class",
         "_connection_kwargs",
         "_notifier",
-        "guards",
         "_renew_client",
         "_scheduler",
         "_send",
+        "guards",
         "loop",
     )
 

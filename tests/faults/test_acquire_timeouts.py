@@ -71,4 +71,3 @@ async def test_a_timeout_holds_while_a_local_release_puts_the_queue_in_line(
                 server.resume()
     finally:
         await client.aclose()
-

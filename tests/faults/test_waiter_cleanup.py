@@ -39,9 +39,7 @@ async def test_a_waiter_cancelled_while_joining_leaves_nothing_queued(
         proxied.proxy.reset_all()  # the pub/sub connection breaks; its SUBSCRIBE is held
         await asyncio.wait_for(subscribing.wait(), 10)
         second = asyncio.create_task(Lock(proxied.client, name, ttl=30).acquire())
-        await until(
-            lambda: notifier.queue_length(keys.channel) == 2, "second joined", timeout=10
-        )
+        await until(lambda: notifier.queue_length(keys.channel) == 2, "second joined", timeout=10)
         first.cancel()
         await asyncio.gather(first, return_exceptions=True)
         assert notifier.queue_length(keys.channel) == 1  # the second, still joining
