@@ -26,8 +26,7 @@ its expiry was last set; older versions do not write it, and its absence renews 
 stray copy of its acquire is refused), `a:<token>` (one field per acquire abandoned while its
 outcome was unknown, numbered by `ac`, so the acquire cannot land after the abort; the
 newest ABORTS_KEPT to twice as many are kept). A release renews the expiry only after a
-hold of more than a
-quarter of it, or when it had to make the hash anew.
+hold of more than a quarter of it, or when it had to make the hash anew.
 
 The hold list records each hold as its holder measured it, from the grant to the release
 (local monotonic clock); a forced release records the server's own measure.
