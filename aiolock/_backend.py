@@ -30,6 +30,7 @@ except ImportError:  # pragma: no cover - hiredis is a dependency, but may be mi
     hiredis = None  # type: ignore[assignment]
 
 from ._scripts import Script
+from ._settle import after_arrivals
 from ._waiting import Notifier
 from ._watchdog import RenewalScheduler
 from .errors import BackendError
@@ -135,7 +136,12 @@ _NAME_CONNECTIONS: Final = _takes_command_name()
 _Command = tuple[str | int, ...]
 
 
-async def _send_direct(client: redis.asyncio.Redis, command: _Command) -> Any:
+_Sent = Callable[[], None] | None
+"""Called once the command has been written (on the direct path; on the other path, just
+before redis-py is handed it)."""
+
+
+async def _send_direct(client: redis.asyncio.Redis, command: _Command, on_sent: _Sent) -> Any:
     """One command on a connection of `client`'s pool: packed by hiredis, sent, answered.
 
     On any error or cancellation while sending or reading, redis-py's connection closes
@@ -149,16 +155,20 @@ async def _send_direct(client: redis.asyncio.Redis, command: _Command) -> Any:
     try:
         packed: bytes = hiredis.pack_command(command)  # type: ignore[arg-type]
         await connection.send_packed_command(packed)
+        if on_sent is not None:
+            on_sent()
         return await connection.read_response()
     finally:
         await pool.release(connection)
 
 
-async def _execute(client: redis.asyncio.Redis, command: _Command) -> Any:
+async def _execute(client: redis.asyncio.Redis, command: _Command, on_sent: _Sent) -> Any:
+    if on_sent is not None:
+        on_sent()
     return await client.execute_command(*command)  # type: ignore[no-untyped-call]
 
 
-_Send = Callable[[redis.asyncio.Redis, _Command], Awaitable[Any]]
+_Send = Callable[[redis.asyncio.Redis, _Command, _Sent], Awaitable[Any]]
 
 
 class Backend:
@@ -230,17 +240,25 @@ class Backend:
         operation: str,
         name: str | None,
         background: bool = False,
+        on_sent: _Sent = None,
     ) -> Any:
         """Run one script in one round trip (two the first time a server sees it).
 
         User-initiated calls go through the user's client; `background` calls (renewals)
-        through aiolock's own connection, which is never busy with the user's commands.
-        The whole call, retries included, is bounded by `timeout`.
+        through aiolock's own connections, which are never busy with the user's commands.
+        The whole call, retries included, is bounded by `timeout`. `on_sent` is called when
+        the command has been written (possibly twice, if it is sent again).
         """
         client = self._background_client() if background else self.client
         command = ("EVALSHA", script.sha, len(keys), *keys, *args)
         return await self._call(
-            client, command, script=script, timeout=timeout, operation=operation, name=name
+            client,
+            command,
+            script=script,
+            timeout=timeout,
+            operation=operation,
+            name=name,
+            on_sent=on_sent,
         )
 
     async def exists(self, key: str, *, timeout: float, name: str) -> bool:
@@ -263,9 +281,13 @@ class Backend:
         timeout: float,
         operation: str,
         name: str | None,
+        on_sent: _Sent = None,
     ) -> Any:
         """Send `command` (an EVALSHA of `script`, sent by EVAL if the server does not know
         it), bounded by `timeout`, with its errors translated.
+
+        When the timeout falls due, the event loop first reads whatever has arrived (the
+        loop may have been blocked while the reply came): a reply already there is used.
 
         A broken connection (a pooled connection the server closed, after a restart for
         example) is retried once at once on a new one: every script is safe to apply twice.
@@ -281,19 +303,22 @@ class Backend:
             raise RuntimeError("aiolock must be used from an asyncio task")
         cancelling = task.cancelling()
         expired = False
+        answered = False
 
-        def expire() -> None:
+        def give_up() -> None:
             nonlocal expired
-            expired = True
-            task.cancel()
+            if not answered:
+                expired = True
+                task.cancel()
 
         # What asyncio.timeout does, for a fraction of its cost on this hot path.
-        timer = self.loop.call_later(timeout, expire)
+        timer = self.loop.call_later(timeout, after_arrivals, self.loop, give_up)
         try:
             try:
-                result = await self._send_once(client, command, script)
+                result = await self._send_once(client, command, script, on_sent)
             except redis.exceptions.ConnectionError:
-                result = await self._send_once(client, command, script)
+                result = await self._send_once(client, command, script, on_sent)
+            answered = True
         except asyncio.CancelledError as exc:
             if expired and task.uncancel() <= cancelling:
                 raise _backend_error(operation, name, timeout, TimeoutError()) from exc
@@ -301,22 +326,23 @@ class Backend:
         except (redis.exceptions.RedisError, OSError) as exc:
             raise _backend_error(operation, name, timeout, exc) from exc
         finally:
+            answered = True
             timer.cancel()
         if task.cancelling() > cancelling:
             raise asyncio.CancelledError
         return result
 
     async def _send_once(
-        self, client: redis.asyncio.Redis, command: _Command, script: Script | None
+        self, client: redis.asyncio.Redis, command: _Command, script: Script | None, on_sent: _Sent
     ) -> Any:
         """Send `command`; an EVALSHA the server does not know (flushed, or lost in a
         restart) is sent again as EVAL, which also caches the script."""
         try:
-            return await self._send(client, command)
+            return await self._send(client, command, on_sent)
         except redis.exceptions.NoScriptError:
             if script is None:
                 raise
-            return await self._send(client, ("EVAL", script.source, *command[2:]))
+            return await self._send(client, ("EVAL", script.source, *command[2:]), on_sent)
 
     @staticmethod
     def refused(error: BaseException) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import logging
 import warnings
 import weakref
@@ -27,6 +28,7 @@ import anyio
 
 from . import _events as events
 from ._cancel import run_shielded
+from ._settle import after_arrivals, arrivals
 from .errors import AiolockError, BackendError, LeaseLostError, LossReason
 
 if TYPE_CHECKING:
@@ -38,6 +40,10 @@ logger = logging.getLogger("aiolock")
 
 RELEASE_TIMEOUT: Final = 5.0
 """Longest wait for a release before giving up (the key then expires by its ttl)."""
+
+STALL: Final = 0.05
+"""A deadline noticed this much late (or more) was missed because the event loop did not
+run: the loss is reported as a stall, with its length."""
 
 
 class LeaseIssuer(Protocol):
@@ -82,7 +88,14 @@ def _new_cancel_scope() -> anyio.CancelScope:
 def _deadline_passed(ref: weakref.ref[Lease]) -> None:
     lease = ref()
     if lease is not None and lease._state is _State.HELD:
-        lease._deadline_reached()
+        lease._deadline_timer()
+
+
+def _settled(ref: weakref.ref[Lease]) -> None:
+    lease = ref()
+    if lease is not None:
+        lease._settling = False
+        lease._check_deadline(settle=False)
 
 
 @final
@@ -113,6 +126,7 @@ class Lease:
         "_entry",
         "_granted_at",
         "_guarded",
+        "_in_flight",
         "_issuer",
         "_loop",
         "_loss_cause",
@@ -122,6 +136,8 @@ class Lease:
         "_renewal_stopped_by_max_hold",
         "_scheduler",
         "_scope",
+        "_settling",
+        "_stalled_for",
         "_state",
         "_timer",
         "_ttl",
@@ -158,6 +174,11 @@ class Lease:
         self._ended: asyncio.Event | None = None  # made by wait_lost(), when needed
         self._scope: anyio.CancelScope | None = None
         self._guarded: asyncio.Task[Any] | None = None  # the task whose block it guards
+        # Renewals sent and not answered yet, as (sent at, ttl): one of them may already be
+        # confirmed by Redis when the deadline is noticed (its reply not read yet).
+        self._in_flight: list[tuple[float, float]] = []
+        self._settling = False
+        self._stalled_for: float | None = None  # how late a missed deadline was noticed
         # A lease granted directly starts with the grant's shorter validity, until renewed.
         self._deadline = sent_at + ttl - margin if deadline is None else deadline
         self._granted_at = self._loop.time()
@@ -180,8 +201,9 @@ class Lease:
         return self._deadline
 
     def remaining(self) -> float:
-        """Seconds of validity the holder can still count on; 0.0 once released or lost."""
-        if self._state is not _State.HELD:
+        """Seconds of validity the holder can still count on; 0.0 once released or lost,
+        or once the deadline has passed (whether or not the loss was declared yet)."""
+        if self._state is not _State.HELD or self._loop.is_closed():
             return 0.0
         return max(0.0, self._deadline - self._loop.time())
 
@@ -191,12 +213,21 @@ class Lease:
 
     @property
     def held(self) -> bool:
-        """True while neither released nor lost, and the deadline has not passed."""
+        """True while neither released nor lost, and the deadline has not passed: what to
+        check before acting under the lease outside `async with`."""
         return self.remaining() > 0.0
 
     @property
     def lost(self) -> bool:
-        """True once the lease was lost (see `loss_reason`); never goes back to False."""
+        """True once the lease was lost (see `loss_reason`); never goes back to False.
+
+        True to the clock when read, even before the event loop has run again after a
+        stall: a deadline that has passed makes the lease lost at once, unless a renewal
+        sent in time is still unanswered. Its reply may already be waiting to be read (Redis
+        confirmed it while the loop was blocked): for the few loop iterations it takes to
+        read it, `lost` stays False while `held` is already False.
+        """
+        self._check_deadline(settle=False, in_doubt_ok=True)
         return self._state is _State.LOST
 
     @property
@@ -207,6 +238,7 @@ class Lease:
     @property
     def loss_reason(self) -> LossReason | None:
         """Why the lease was lost, or None."""
+        self._check_deadline(settle=False, in_doubt_ok=True)
         return self._loss_reason
 
     def __repr__(self) -> str:
@@ -235,19 +267,37 @@ class Lease:
             await self._ended.wait()
         return self.loss_error() if self.lost else None
 
-    def loss_error(self) -> LeaseLostError:
-        """A `LeaseLostError` describing this lease's loss, with the cause chained."""
+    def loss_error(self, *, body_completed: bool | None = None) -> LeaseLostError:
+        """A `LeaseLostError` describing this lease's loss, with the cause chained.
+
+        `body_completed` says, for the error of an `async with` block, whether the body ran
+        to its end after the loss (True) or was cancelled midway (False).
+        """
         reason = self._loss_reason or LossReason.NOT_OWNER
         detail = {
             LossReason.NOT_OWNER: "Redis no longer holds its token",
             LossReason.DEADLINE: "no renewal was confirmed before its deadline",
             LossReason.MAX_HOLD: "it was held longer than max_hold",
+            LossReason.LOOP_CLOSED: "its event loop was closed, so nothing renewed it",
         }[reason]
+        if self._stalled_for is not None:
+            detail += (
+                f" (the event loop did not run for at least {self._stalled_for:.3g}s: "
+                "a blocking call, or a paused process)"
+            )
+        if body_completed is True:
+            detail += (
+                "; the body ran to its end after the loss: what it did since was not protected"
+            )
+        elif body_completed is False:
+            detail += "; the body was cancelled midway"
         error = LeaseLostError(
             f"lease on lock {self.name!r} (fencing token {self.fencing_token}) was lost: {detail}",
             name=self.name,
             reason=reason,
             fencing_token=self.fencing_token,
+            stalled_for=self._stalled_for,
+            body_completed=body_completed,
         )
         error.__cause__ = self._loss_cause
         return error
@@ -271,13 +321,17 @@ class Lease:
             until its current deadline either way.
         """
         self._check_not_released("extend")
-        self._check_deadline()
+        await self._settle_deadline()
         if self._state is _State.LOST:
             raise self.loss_error()
         sent_at = self._loop.time()
-        ours = await self._issuer._extend_lease(self, timeout=max(self.remaining(), 0.001))
+        self._renewal_sent(sent_at, self._ttl)
+        try:
+            ours = await self._issuer._extend_lease(self, timeout=max(self.remaining(), 0.001))
+        finally:
+            self._renewal_answered(sent_at)
         if ours:
-            self._renewed(sent_at)
+            self._renewed(sent_at, self._ttl)
         else:
             self._not_owner()
         if self.lost:
@@ -301,8 +355,13 @@ class Lease:
         """
         if self._state is _State.RELEASED:
             return
+        if asyncio.get_running_loop() is not self._loop and not self._loop.is_closed():
+            raise RuntimeError(
+                f"the lease on lock {self.name!r} belongs to another event loop, which is still "
+                "open: release it there (e.g. with asyncio.run_coroutine_threadsafe)"
+            )
+        await self._settle_deadline()
         self._stop_renewal()
-        self._check_deadline()
         was_lost = self._state is _State.LOST
         timeout = min(max(self._ttl, 0.5), RELEASE_TIMEOUT)
         try:
@@ -348,7 +407,7 @@ class Lease:
         if self._scope is not None:
             raise RuntimeError(f"lease on lock {self.name!r} is already guarding a block")
         self._check_not_released("guard a block")
-        self._check_deadline()
+        await self._settle_deadline()
         if self._state is _State.LOST:
             await self._cleanup_after_loss()
             raise self.loss_error()
@@ -388,7 +447,6 @@ class Lease:
         if task is not None:
             self._issuer._guarding(self, task, entered=False)
         swallowed = bool(scope.__exit__(exc_type, exc, tb))
-        self._check_deadline()
         release_error: BaseException | None = None
         try:
             await self.release()
@@ -398,7 +456,7 @@ class Lease:
             release_error = error
         if self._state is _State.LOST:
             if swallowed or exc is None:
-                raise self.loss_error()
+                raise self.loss_error(body_completed=not swallowed)
             if not isinstance(exc, asyncio.CancelledError):
                 exc.add_note(
                     f"aiolock: the lease on lock {self.name!r} was also lost while this "
@@ -414,10 +472,22 @@ class Lease:
         return swallowed
 
     # ----------------------------------------------------------------- called by the watchdog
-    def _renewed(self, sent_at: float) -> None:
+    def _renewal_sent(self, sent_at: float, ttl: float) -> None:
+        """A renewal setting the expiry to `ttl` was sent at `sent_at`."""
+        self._in_flight.append((sent_at, ttl))
+
+    def _renewal_answered(self, sent_at: float) -> None:
+        """The renewal sent at `sent_at` was answered (or failed, or was given up)."""
+        for index, (sent, _) in enumerate(self._in_flight):
+            if sent == sent_at:
+                del self._in_flight[index]
+                return
+
+    def _renewed(self, sent_at: float, ttl: float | None = None) -> None:
+        """Redis confirmed a renewal sent at `sent_at` that set the expiry to `ttl`."""
         if self._state is not _State.HELD:
             return  # loss is final; a late success changes nothing
-        deadline = sent_at + self._ttl - self._margin
+        deadline = sent_at + (self._ttl if ttl is None else ttl) - self._margin
         if deadline > self._deadline:
             self._deadline = deadline
             self._arm_timer()
@@ -435,7 +505,19 @@ class Lease:
     def _not_owner(self) -> None:
         self._lose(LossReason.NOT_OWNER, None)
 
-    def _deadline_reached(self) -> None:
+    def _rescuable(self, now: float) -> bool:
+        """Whether a renewal sent in time is unanswered: if Redis confirmed it, the lease
+        is valid past `now`."""
+        return any(sent + ttl - self._margin > now for sent, ttl in self._in_flight)
+
+    def _deadline_timer(self) -> None:
+        # The loop may run a timer a clock tick early: the deadline counts as reached.
+        self._check_deadline(settle=True, now=max(self._loop.time(), self._deadline))
+
+    def _deadline_reached(self, now: float) -> None:
+        late = now - self._deadline
+        if late >= STALL:
+            self._stalled_for = late
         if self._renewal_stopped_by_max_hold:
             self._lose(LossReason.MAX_HOLD, None)
         else:
@@ -447,10 +529,42 @@ class Lease:
             self._timer.cancel()
         self._timer = self._loop.call_at(self._deadline, _deadline_passed, weakref.ref(self))
 
-    def _check_deadline(self) -> None:
-        """The timer may not have run yet if the event loop was blocked: check the clock."""
-        if self._state is _State.HELD and self._loop.time() >= self._deadline:
-            self._deadline_reached()
+    def _check_deadline(
+        self, *, settle: bool, in_doubt_ok: bool = False, now: float | None = None
+    ) -> None:
+        """Declare the loss if the deadline has passed (the timer may not have run yet if
+        the event loop was blocked).
+
+        If a renewal sent in time is unanswered, its reply may have arrived meanwhile:
+        `settle` lets the loop read what has arrived first (the check is made again
+        then); `in_doubt_ok` leaves the lease as it is for now.
+        """
+        if self._state is not _State.HELD:
+            return
+        if self._loop.is_closed():
+            self._lose(LossReason.LOOP_CLOSED, None)
+            return
+        if now is None:
+            now = self._loop.time()
+        if now < self._deadline:
+            return
+        if self._rescuable(now):
+            if settle and not self._settling:
+                self._settling = True
+                after_arrivals(self._loop, functools.partial(_settled, weakref.ref(self)))
+                return
+            if in_doubt_ok or self._settling:
+                return
+        self._deadline_reached(now)
+
+    async def _settle_deadline(self) -> None:
+        """`_check_deadline` for async callers: past the deadline, a renewal sent in time
+        and already confirmed by Redis is read before the loss is declared."""
+        if self._state is _State.HELD and not self._loop.is_closed():
+            now = self._loop.time()
+            if now >= self._deadline and self._rescuable(now):
+                await arrivals()
+        self._check_deadline(settle=False)
 
     def _check_not_released(self, action: str) -> None:
         if self._state is _State.RELEASED:
@@ -476,7 +590,7 @@ class Lease:
             reason.value,
         )
         self._emit(events.EventKind.LOST, error=cause)
-        if self._scope is not None:
+        if self._scope is not None and not self._loop.is_closed():
             self._scope.cancel()
 
     def _emit(self, kind: events.EventKind, *, error: BaseException | None = None) -> None:
@@ -495,7 +609,7 @@ class Lease:
     def _finish(self, state: _State) -> None:
         self._state = state
         self._stop_renewal()
-        if self._ended is not None:
+        if self._ended is not None and not self._loop.is_closed():
             self._ended.set()
 
     async def _cleanup_after_loss(self) -> None:

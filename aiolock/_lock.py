@@ -187,8 +187,10 @@ class Lock:
             AcquireTimeoutError: the lock stayed held by others for the whole timeout.
             BackendError: Redis could not be reached or refused the command.
             RuntimeError: the current task holds this lock in an `async with` block (through
-                any `Lock` of this name on this client): waiting would never end. Nothing is
-                sent. Not recognised: a lease from `acquire()` that was never entered with
+                any `Lock` of this name on this client), and `timeout` is not 0: waiting
+                would never end (or always time out). Nothing is sent. A single try
+                (`timeout=0`, `try_acquire()`) is allowed, and finds the lock busy. Not
+                recognised: a lease from `acquire()` that was never entered with
                 `async with` (it may be handed to another task, which releases it), the same
                 name through another client object, and a task that waits for another task
                 waiting for the lock.
@@ -202,7 +204,7 @@ class Lock:
         wait = self._config.timeout if isinstance(timeout, _Unset) else check_timeout(timeout)
         backend = backend_for(self._client)
         guards = backend.guards.get(self._keys.lock)
-        if guards and asyncio.current_task() in guards:
+        if guards and wait != 0 and asyncio.current_task() in guards:
             raise RuntimeError(
                 f"lock {self._name!r} is already held by this task, in an 'async with' block: "
                 "waiting for it here would wait forever (locks are not reentrant)"

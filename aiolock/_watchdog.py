@@ -4,7 +4,12 @@ One `RenewalScheduler` per backend keeps a heap of leases ordered by when they a
 When the earliest is due it renews, in one script call, every lease due within a quarter of
 its interval (so leases drift together into shared batches), up to `MAX_BATCH` per call.
 The task exists only while some lease needs renewing (and for IDLE_LINGER seconds after),
-and closes its connection when it ends.
+and closes its connections when it ends.
+
+Calls do not wait for each other: each batch (and each release of an abandoned lease) runs
+in a task of its own, on a connection of its own, bounded by its own leases' deadlines. A
+call stuck on a dead connection therefore never delays another lease's renewal; at most
+MAX_IN_FLIGHT calls are outstanding at once.
 
 What the scheduler decides, and what it leaves to the lease:
 - a renewal answered 1 moves the lease's deadline to (time the batch was *sent*) + ttl -
@@ -12,7 +17,8 @@ What the scheduler decides, and what it leaves to the lease:
 - a batch that fails (no reply in time, connection error) is retried with backoff, and the
   error is remembered as the cause if the lease's deadline passes first. The deadline itself
   is a timer owned by the lease, so a slow or failed batch never delays a loss;
-- a lease whose `max_hold` is reached is no longer renewed: it ends at its deadline.
+- near its `max_hold`, a lease is renewed only up to it (the key then expires when it is
+  reached), and no more after: it ends at its deadline.
 
 Leases are held weakly. A lease garbage-collected while held (its holder forgot to release
 it) warns like an unclosed file, and the scheduler releases its key in the next batch.
@@ -24,9 +30,10 @@ import asyncio
 import heapq
 import itertools
 import logging
+import math
 import random
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Final
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Final
 
 from ._retry import Backoff
 from ._scripts import RENEW
@@ -38,7 +45,7 @@ if TYPE_CHECKING:
     from ._backend import Backend
     from ._lease import Lease
 
-__all__ = ("IDLE_LINGER", "MAX_BATCH", "RenewalEntry", "RenewalScheduler")
+__all__ = ("IDLE_LINGER", "MAX_BATCH", "MAX_IN_FLIGHT", "RenewalEntry", "RenewalScheduler")
 
 logger = logging.getLogger("aiolock")
 
@@ -49,6 +56,10 @@ start a task per lease."""
 MAX_BATCH: Final = 1000
 """Most leases renewed by one script call: keeps each call well under a millisecond of
 server time."""
+
+MAX_IN_FLIGHT: Final = 16
+"""Most renewal (and abandoned-lease release) calls outstanding at once, each on its own
+connection."""
 
 
 class RenewalEntry:
@@ -91,6 +102,12 @@ class RenewalEntry:
         self.active = True
         self.backoff: Backoff | None = None  # made at the first failure
 
+    def ttl_ms_at(self, now: float) -> int:
+        """The expiry to set now: the ttl, or less once `stop_at` is nearer (0: stop)."""
+        if self.stop_at is None:
+            return self.ttl_ms
+        return max(0, min(self.ttl_ms, math.floor((self.stop_at - now) * 1000)))
+
 
 class RenewalScheduler:
     """Renews the leases of one backend; see the module docstring."""
@@ -102,6 +119,7 @@ class RenewalScheduler:
         self._active = 0
         self._abandoned: list[RenewalEntry] = []
         self._task: asyncio.Task[None] | None = None
+        self._calls: set[asyncio.Task[None]] = set()
         self._wakeup: asyncio.Future[None] | None = None
         self._sleeping_until: float | None = None
         self.rng = random.Random()
@@ -139,8 +157,13 @@ class RenewalScheduler:
                 ]
                 heapq.heapify(self._heap)
 
+    def postpone(self, entry: RenewalEntry, due: float) -> None:
+        """The lease was renewed by other means: next due at `due` instead."""
+        if entry.active and due > entry.due:
+            self._reschedule(entry, due)
+
     def abandon(self, entry: RenewalEntry) -> None:
-        """The lease was garbage-collected while held: release its key in the next batch."""
+        """The lease was garbage-collected while held: release its key in the background."""
         if entry.active:
             self.remove(entry)
             self._abandoned.append(entry)
@@ -160,15 +183,17 @@ class RenewalScheduler:
         if self._wakeup is not None and not self._wakeup.done():
             self._wakeup.set_result(None)
 
-    async def _sleep_until(self, when: float) -> None:
+    async def _sleep_until(self, when: float | None) -> None:
+        """Sleep until `when` (None: until woken), or until woken."""
         loop = self._backend.loop
         self._wakeup = loop.create_future()
         self._sleeping_until = when
-        handle = loop.call_at(when, self._wake)
+        handle = None if when is None else loop.call_at(when, self._wake)
         try:
             await self._wakeup
         finally:
-            handle.cancel()
+            if handle is not None:
+                handle.cancel()
             self._wakeup = None
             self._sleeping_until = None
 
@@ -189,36 +214,58 @@ class RenewalScheduler:
         entry.due = due
         heapq.heappush(self._heap, (due, next(self._seq), entry))
 
+    def _spawn(self, call: Coroutine[Any, Any, None]) -> None:
+        """Run one call (a batch, a release) in a task of its own; wake the loop when done."""
+        task = self._backend.loop.create_task(call, name="aiolock-renewal-call")
+        self._calls.add(task)
+
+        def done(finished: asyncio.Task[None]) -> None:
+            self._calls.discard(finished)
+            self._wake()
+
+        task.add_done_callback(done)
+
     async def _run(self) -> None:
         loop = self._backend.loop
         cancelled = False
         try:
             while True:
-                if self._abandoned:
-                    await self._release_abandoned()
-                    continue
+                while self._abandoned and len(self._calls) < MAX_IN_FLIGHT:
+                    self._spawn(self._release_abandoned(self._abandoned.pop()))
                 while self._heap and (
                     not self._heap[0][2].active or self._heap[0][0] != self._heap[0][2].due
                 ):
                     heapq.heappop(self._heap)
                 now = loop.time()
                 if not self._heap:
+                    if self._calls or self._abandoned:
+                        await self._sleep_until(None)  # a call ending wakes the loop
+                        continue
                     # Idle: stay a moment for the next lease, then end and close the connection.
                     await self._sleep_until(now + IDLE_LINGER)
-                    if self._heap or self._abandoned:
+                    if self._heap or self._abandoned or self._calls:
                         continue
                     break
+                if len(self._calls) >= MAX_IN_FLIGHT:
+                    await self._sleep_until(None)
+                    continue
                 if self._heap[0][0] > now:
                     await self._sleep_until(self._heap[0][0])
                     continue
                 batch = self._take_due(now)
                 if batch:
-                    await self._renew(batch)
+                    self._spawn(self._renew(batch))
         except asyncio.CancelledError:
             cancelled = True  # the event loop is shutting down
             raise
         finally:
             try:
+                calls = list(self._calls)
+                if cancelled:
+                    for call in calls:
+                        call.cancel()
+                if calls:
+                    await asyncio.wait(calls)
                 await self._backend.close_background_client()
             finally:
                 self._task = None
@@ -227,53 +274,70 @@ class RenewalScheduler:
 
     async def _renew(self, batch: list[RenewalEntry]) -> None:
         loop = self._backend.loop
-        live: list[tuple[RenewalEntry, Lease]] = []
+        live: list[tuple[RenewalEntry, Lease, int]] = []
+        now = loop.time()
         for entry in batch:
             lease = entry.lease_ref()
+            ttl_ms = entry.ttl_ms_at(now)
             if lease is None:
                 self.abandon(entry)
-            elif entry.stop_at is not None and loop.time() >= entry.stop_at:
+            elif ttl_ms <= 0:
                 self.remove(entry)
                 lease._renewal_stopped()
             else:
-                live.append((entry, lease))
+                live.append((entry, lease, ttl_ms))
         if not live:
             return
-        # Bound the call so that a dead connection is noticed in time to retry on a new one.
+        # Bound the call by the deadlines of its own leases, so that a dead connection is
+        # noticed in time to retry on a new one (other batches are not held up meanwhile).
         sent_at = loop.time()
-        remaining = min(lease.deadline for _, lease in live) - sent_at
+        remaining = min(lease.deadline for _, lease, _ in live) - sent_at
         timeout = max(remaining / 2, 0.005)
-        keys = [entry.key for entry, _ in live]
+        keys = [entry.key for entry, _, _ in live]
         args: list[str | int] = []
-        for entry, _ in live:
-            args += (entry.token, entry.ttl_ms)
+        for entry, lease, ttl_ms in live:
+            args += (entry.token, ttl_ms)
+            lease._renewal_sent(sent_at, ttl_ms / 1000)
         self.batches_sent += 1
         try:
             replies = await self._backend.run(
                 RENEW, keys, args, timeout=timeout, operation="renew", name=None, background=True
             )
         except BackendError as exc:
-            self._failed(live, exc)
+            self._failed(live, exc, sent_at)
             return
+        except asyncio.CancelledError:
+            for _, lease, _ in live:
+                lease._renewal_answered(sent_at)
+            raise
         except Exception as exc:  # a bug must not stop renewals silently
             logger.exception("aiolock: unexpected error while renewing %d leases", len(live))
-            self._failed(live, BackendError(f"renew failed: {exc!r}", operation="renew", name=None))
+            error = BackendError(f"renew failed: {exc!r}", operation="renew", name=None)
+            self._failed(live, error, sent_at)
             return
-        for (entry, lease), reply in zip(live, replies, strict=True):
+        for (entry, lease, ttl_ms), reply in zip(live, replies, strict=True):
+            lease._renewal_answered(sent_at)
             if not entry.active:
                 continue  # released while the batch was in flight
             if int(reply) == 1:
                 if entry.backoff is not None:
                     entry.backoff.reset()
-                lease._renewed(sent_at)
-                self._reschedule(entry, sent_at + entry.interval * self.rng.uniform(0.9, 1.0))
+                lease._renewed(sent_at, ttl_ms / 1000)
+                if ttl_ms < entry.ttl_ms:  # renewed up to max_hold: the last renewal
+                    self.remove(entry)
+                    lease._renewal_stopped()
+                else:
+                    self._reschedule(entry, sent_at + entry.interval * self.rng.uniform(0.9, 1.0))
             else:
                 self.remove(entry)
                 lease._not_owner()
 
-    def _failed(self, live: list[tuple[RenewalEntry, Lease]], exc: BackendError) -> None:
+    def _failed(
+        self, live: list[tuple[RenewalEntry, Lease, int]], exc: BackendError, sent_at: float
+    ) -> None:
         now = self._backend.loop.time()
-        for entry, lease in live:
+        for entry, lease, _ in live:
+            lease._renewal_answered(sent_at)
             if entry.active:
                 lease._renew_failed(exc)
                 if entry.backoff is None:
@@ -282,10 +346,10 @@ class RenewalScheduler:
                     )
                 self._reschedule(entry, now + entry.backoff.next())
 
-    async def _release_abandoned(self) -> None:
-        entries, self._abandoned = self._abandoned, []
-        for entry in entries:
-            try:
-                await entry.release()
-            except BackendError as exc:
-                logger.warning("aiolock: could not release an abandoned lease: %s", exc)
+    async def _release_abandoned(self, entry: RenewalEntry) -> None:
+        try:
+            await entry.release()
+        except BackendError as exc:
+            logger.warning("aiolock: could not release an abandoned lease: %s", exc)
+        except Exception:  # a bug must not stop renewals silently
+            logger.exception("aiolock: unexpected error while releasing an abandoned lease")

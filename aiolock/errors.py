@@ -5,7 +5,8 @@ AiolockError
 ├── ConfigError(AiolockError, ValueError)        .argument, .value
 ├── LockError                                    .name
 │   ├── AcquireTimeoutError(LockError, TimeoutError)   .timeout, .attempts
-│   └── LeaseLostError                           .reason, .fencing_token
+│   └── LeaseLostError                           .reason, .fencing_token, .stalled_for,
+│                                                .body_completed
 └── BackendError                                 .operation, .name; __cause__ = the redis error
 ```
 
@@ -84,6 +85,13 @@ class LossReason(enum.Enum):
     MAX_HOLD = "max_hold"
     """Renewal stopped because the lease was held for longer than the lock's `max_hold`."""
 
+    LOOP_CLOSED = "loop_closed"
+    """The event loop the lease was acquired in was closed: nothing renews it any more, and
+    nothing it guarded can run."""
+
+    def __str__(self) -> str:
+        return self.value
+
 
 class LeaseLostError(LockError):
     """The lease ended without being released by its holder.
@@ -93,12 +101,29 @@ class LeaseLostError(LockError):
     `Lease.extend()` / `Lease.release()` when Redis says the key is no longer this lease's.
     `reason` is a `LossReason`; `fencing_token` identifies the lost lease. The underlying
     cause (a redis error, for example) is chained as `__cause__` where there is one.
+
+    `stalled_for` is set when the deadline was missed because the event loop did not run
+    (a blocking call, a paused process): at least that many seconds passed between the
+    deadline and the moment this process could act. `body_completed`, for the error raised
+    at the end of an `async with` block: True if the body ran to its end after the loss (its
+    effects since were not protected), False if it was cancelled midway, None otherwise.
     """
 
-    def __init__(self, message: str, *, name: str, reason: LossReason, fencing_token: int) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        name: str,
+        reason: LossReason,
+        fencing_token: int,
+        stalled_for: float | None = None,
+        body_completed: bool | None = None,
+    ) -> None:
         super().__init__(message, name=name)
         self.reason = reason
         self.fencing_token = fencing_token
+        self.stalled_for = stalled_for
+        self.body_completed = body_completed
 
 
 class BackendError(AiolockError):

@@ -84,7 +84,9 @@ def test_exception_attributes() -> None:
 
 
 def test_loss_reasons() -> None:
-    assert {r.value for r in LossReason} == {"not_owner", "deadline", "max_hold"}
+    assert {r.value for r in LossReason} == {"not_owner", "deadline", "max_hold", "loop_closed"}
+    assert str(LossReason.NOT_OWNER) == "not_owner"
+    assert f"{LossReason.DEADLINE}" == "deadline"
 
 
 @pytest.mark.parametrize("cls", [Lock, Lease, LockInfo])

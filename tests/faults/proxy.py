@@ -15,6 +15,11 @@ then turns faults on and off at any moment (RELIABILITY.md (b), "FaultProxy"):
 - `hold_requests(b"SUBSCRIBE")`: requests containing these bytes are held (on their
   connection, with whatever follows them) until `restore()`, to pin a fault to an exact
   protocol step; the returned event is set when one is held;
+- `silence_next(b"SUBSCRIBE")`: the next connection to carry a request containing these
+  bytes goes silent for good, from that request on: nothing more is forwarded on it in
+  either direction, and its sockets stay open (a connection that a NAT or a load balancer
+  dropped without a reset); other connections, and new ones, are untouched. The returned
+  event is set when it happens;
 - `restore()`: all of the above undone.
 
 ```python
@@ -60,6 +65,7 @@ class _Link:
     def __init__(self, client: asyncio.StreamWriter, upstream: asyncio.StreamWriter) -> None:
         self.client = client
         self.upstream = upstream
+        self.silent = False  # dropped by a middlebox: nothing goes through, no reset
 
     def reset(self) -> None:
         for writer in (self.client, self.upstream):
@@ -95,6 +101,8 @@ class FaultProxy:
         self._holds: list[tuple[bytes, asyncio.Event]] = []
         self._holds_lifted = asyncio.Event()
         self._holds_lifted.set()
+        self._silences: list[tuple[bytes, asyncio.Event]] = []
+        self.silenced = 0
 
     @property
     def url(self) -> str:
@@ -150,6 +158,13 @@ class FaultProxy:
         self._holds_lifted.clear()
         return held
 
+    def silence_next(self, containing: bytes) -> asyncio.Event:
+        """Silence, for good, the next connection that carries a request containing
+        `containing` (that request included). Returns an event set when it happens."""
+        done = asyncio.Event()
+        self._silences.append((containing, done))
+        return done
+
     async def restore(self) -> None:
         """Forward normally again: no delay, held bytes delivered, listening again."""
         self._delay = 0.0
@@ -157,6 +172,7 @@ class FaultProxy:
         self._flowing.set()
         self._holds.clear()
         self._holds_lifted.set()
+        self._silences.clear()
         if self._server is None and not self._closed:
             await self._listen()
 
@@ -179,8 +195,8 @@ class FaultProxy:
             link = _Link(writer, up_writer)
             self._links.add(link)
             async with asyncio.TaskGroup() as group:
-                group.create_task(self._requests(reader, up_writer))
-                group.create_task(self._replies(up_reader, writer))
+                group.create_task(self._requests(reader, up_writer, link))
+                group.create_task(self._replies(up_reader, writer, link))
         except* (OSError, EOFError):
             pass  # a side went away: the link is closed below
         finally:
@@ -194,7 +210,9 @@ class FaultProxy:
                     await writer.wait_closed()
             self._handlers.discard(task)
 
-    async def _forward(self, data: bytes, dst: asyncio.StreamWriter) -> None:
+    async def _forward(self, data: bytes, dst: asyncio.StreamWriter, link: _Link) -> None:
+        if link.silent:
+            return
         if not self._flowing.is_set():
             if self._discard:
                 return
@@ -202,17 +220,28 @@ class FaultProxy:
         dst.write(data)
         await dst.drain()
 
-    async def _requests(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    async def _requests(
+        self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, link: _Link
+    ) -> None:
         while data := await src.read(_CHUNK):
+            for index, (pattern, done) in enumerate(self._silences):
+                if pattern in data:
+                    del self._silences[index]
+                    link.silent = True
+                    self.silenced += 1
+                    done.set()
+                    break
             for pattern, held in self._holds:
                 if pattern in data:
                     held.set()
                     await self._holds_lifted.wait()
                     break
-            await self._forward(data, dst)
+            await self._forward(data, dst, link)
         raise EOFError
 
-    async def _replies(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    async def _replies(
+        self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, link: _Link
+    ) -> None:
         """Read replies as they come, deliver each `delay` seconds after it arrived, in order."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
@@ -223,7 +252,7 @@ class FaultProxy:
                 wait = due - loop.time()
                 if wait > 0:
                     await asyncio.sleep(wait)
-                await self._forward(data, dst)
+                await self._forward(data, dst, link)
 
         async with asyncio.TaskGroup() as group:
             group.create_task(deliver())

@@ -94,7 +94,7 @@ async def test_completing_after_the_key_was_taken_raises(
     with pytest.raises(LeaseLostError) as info:
         async with lock:
             await client.delete(lock.key)
-            thief = await lock.acquire()
+            thief = await asyncio.create_task(lock.acquire())  # another task takes it
     assert info.value.reason is LossReason.NOT_OWNER
     assert await lock.locked(), "the stale holder must not delete the new holder's key"
     await thief.release()
