@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import weakref
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
 
@@ -190,6 +190,7 @@ class Backend:
         "_renew_client",
         "_scheduler",
         "_send",
+        "_spawned",
         "guards",
         "loop",
     )
@@ -210,6 +211,7 @@ class Backend:
         self._notifier: Notifier | None = None
         # Key of a held lock -> the tasks whose `async with` block a lease of it guards.
         self.guards: dict[str, list[asyncio.Task[Any]]] = {}
+        self._spawned: set[asyncio.Task[None]] = set()
 
     @property
     def client(self) -> redis.asyncio.Redis:
@@ -217,6 +219,12 @@ class Backend:
         if client is None:  # pragma: no cover - locks keep their client alive
             raise RuntimeError("the redis client of this lock was garbage-collected")
         return client
+
+    def spawn(self, call: Coroutine[Any, Any, None]) -> None:
+        """Run `call` in a task of its own, kept until it ends (it must bound itself)."""
+        task = self.loop.create_task(call)
+        self._spawned.add(task)
+        task.add_done_callback(self._spawned.discard)
 
     @property
     def scheduler(self) -> RenewalScheduler:

@@ -83,6 +83,17 @@ def _task_name(task: asyncio.Task[object] | None = None) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class _Released:
+    """What one RELEASE call did (see its header)."""
+
+    status: int
+    handed_to: str  # the wait queue the lock was handed to, or ''
+    granted: str  # the fencing token it was granted under, or ''
+    seq: str  # the registration it was granted to, or ''
+    expiry_ms: int  # the grant's expiry, or 0
+
+
+@dataclass(frozen=True, slots=True)
 class _Attempt:
     lease: Lease | None
     pttl_ms: int
@@ -243,6 +254,11 @@ class Lock:
                     if lease is not None:
                         queue.took()
                         acquired = True
+                        try:
+                            await self._renew_granted(backend, lease)
+                        except asyncio.CancelledError:
+                            await lease._cleanup_after_loss()  # it never reached its caller
+                            raise
                         return self._granted(lease, loop.time() - started, attempts)
                     must_try = True  # heard of too late to count on: claim it by an acquire
                 if waiter.is_head and queue.joining:
@@ -421,15 +437,17 @@ class Lock:
     def _lease_from_grant(self, backend: Backend, grant: Grant) -> Lease | None:
         """The lease for a grant heard of in time, or None if it must first be claimed.
 
-        The grant was made after `grant.sent_at` with an expiry of the registration's
-        grant_ms, so the lease is valid until then (minus the margin). It is taken only
-        with at least half of that left, and only by a lock that renews: the watchdog
-        renews it to the full ttl within a third of it.
+        The grant was made after `grant.sent_at` with its expiry (the full ttl when this
+        process granted it to itself, else at most RESERVATION_MS), so the lease is valid
+        until then, or for this lock's ttl if that is shorter (its renewals set that),
+        minus the margin. It is taken only with at least half of that left, and only by a
+        lock that renews. A lease valid for less than its ttl is renewed at once (see
+        `_renew_granted`), and by the watchdog within a third of its validity.
         """
         config = self._config
         if config.renew_interval is None:
             return None
-        validity = grant.registration.grant_ms / 1000
+        validity = min(grant.expiry_ms / 1000, config.ttl)
         sent_at = grant.sent_at
         if backend.loop.time() >= sent_at + validity / 2:
             return None
@@ -439,8 +457,58 @@ class Lock:
             grant.fencing_token,
             sent_at,
             first_due=sent_at + min(config.renew_interval, validity / 3),
-            deadline=grant.valid_until(safety_margin(validity)),
+            deadline=grant.valid_until(validity, safety_margin(validity)),
         )
+
+    async def _renew_granted(self, backend: Backend, lease: Lease) -> None:
+        """Renew a lease taken from a short grant to its full ttl, before its body runs.
+
+        The renewal is sent on the user's client now, in a task of its own; this waits
+        until it has been written (never for its answer), so that an event-loop stall at
+        the start of the body finds it confirmed by Redis, as a lease acquired with its
+        full ttl would be. The watchdog's own schedule goes on regardless.
+        """
+        config = self._config
+        loop = backend.loop
+        entry = lease._entry
+        if entry is None or lease.deadline - loop.time() >= config.ttl - 2 * config.margin:
+            return  # granted for its full ttl already
+        written = loop.create_future()
+
+        def on_sent() -> None:
+            if not written.done():
+                written.set_result(None)
+
+        async def renew() -> None:
+            sent_at = loop.time()
+            lease._renewal_sent(sent_at, config.ttl)
+            try:
+                ours = await backend.run(
+                    RENEW,
+                    [self._keys.lock],
+                    [lease.token, config.ttl_ms],
+                    timeout=max(lease.deadline - sent_at, 0.001),
+                    operation="renew",
+                    name=self._name,
+                    on_sent=on_sent,
+                )
+            except BackendError as exc:
+                lease._renew_failed(exc)
+                return
+            finally:
+                lease._renewal_answered(sent_at)
+                on_sent()
+            if int(ours[0]) == 1:
+                lease._renewed(sent_at, config.ttl)
+                if config.renew_interval is not None:
+                    backend.scheduler.postpone(entry, sent_at + config.renew_interval)
+            else:
+                lease._not_owner()
+
+        backend.spawn(renew())
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(lease.deadline - loop.time(), 0) / 2):
+                await written
 
     def _renewal_entry(
         self,
@@ -488,9 +556,14 @@ class Lock:
         """Take this process's wait queue out of Redis; pass on a reservation or grant made
         for it."""
         args = release_args(withdraw=queue.wid, claims=queue.claim_tokens())
-        _, handed_to, granted, seq = await self._run_release(backend, args, timeout=timeout)
+        reply = await self._run_release(backend, args, timeout=timeout)
         backend.notifier.local_release(
-            self._keys.channel, f"w{queue.wid}", handed_to, granted=granted, seq=seq
+            self._keys.channel,
+            f"w{queue.wid}",
+            reply.handed_to,
+            granted=reply.granted,
+            seq=reply.seq,
+            expiry_ms=reply.expiry_ms,
         )
 
     async def _release_token(
@@ -526,7 +599,7 @@ class Lock:
             joining = (queue, registration)
             queue.joining = True
         try:
-            status, handed_to, granted, seq = await self._run_release(
+            reply = await self._run_release(
                 backend,
                 release_args(token=token, held_ms=held_ms, abort=abort, join=join),
                 timeout=timeout,
@@ -537,6 +610,7 @@ class Lock:
                 joining[0].joining = False
                 joining[0].wake_head()  # whether it was put in line is unknown: the head tries
             raise
+        status = reply.status
         if joining is not None:
             queue, registration = joining
             queue.joining = False
@@ -559,10 +633,11 @@ class Lock:
                 notifier.local_release(
                     channel,
                     str(fencing_token),
-                    handed_to,
-                    granted=granted,
-                    seq=seq,
+                    reply.handed_to,
+                    granted=reply.granted,
+                    seq=reply.seq,
                     sent_at=sent_at,
+                    expiry_ms=reply.expiry_ms,
                 )
             else:  # released earlier (the answer was lost) or not ours: the lock may be free
                 notifier.local_release(channel, str(fencing_token), "")
@@ -575,9 +650,8 @@ class Lock:
         *,
         timeout: float,
         background: bool = False,
-    ) -> tuple[int, str, str, str]:
-        """One RELEASE call: its status, the wait queue the lock was handed to (or ''), and
-        the fencing token and registration it was granted under (or '', '')."""
+    ) -> _Released:
+        """One RELEASE call, and what it did."""
         reply = await backend.run(
             RELEASE,
             self._keys.for_release,
@@ -587,7 +661,9 @@ class Lock:
             name=self._name,
             background=background,
         )
-        return int(reply[0]), _text(reply[1]), _text(reply[2]), _text(reply[3])
+        return _Released(
+            int(reply[0]), _text(reply[1]), _text(reply[2]), _text(reply[3]), int(reply[4])
+        )
 
     def _granted(self, lease: Lease, waited: float, attempts: int) -> Lease:
         if events.enabled():

@@ -193,7 +193,7 @@ RELEASE = Script(
 -- joins the waiter queue (or keeps its place) before the lock is handed on,
 -- ARGV[6] that queue's entry (as ARGV[8] of ACQUIRE), ARGV[7] its waiter count,
 -- ARGV[8..] when withdrawing: tokens the lock may have been granted to under that queue
--- Returns {status, queue id, granted fencing token, granted seq}, status being
+-- Returns {status, queue id, granted fencing token, granted seq, grant expiry ms}, status being
 --         1: released now and handed to that queue ('' if none waited);
 --         2: released already, by an earlier attempt of this same call;
 --         3: the queue was withdrawn; if the lock was reserved or granted to it, it was
@@ -201,7 +201,9 @@ RELEASE = Script(
 --         0: not the owner (expired, deleted, or someone else holds it).
 -- A lock is handed to the first queue whose entry has not expired: granted to the token in
 -- the entry (held under it for RESERVATION ms, until its process renews it), or, for an
--- entry without one, reserved for the queue's next acquire. Unless the queue is the
+-- entry without one, reserved for the queue's next acquire. Granted straight to the
+-- releasing process's own queue (nobody ahead of it), it is held for the entry's full ttl:
+-- that process is alive, and its waiter takes the lock without a message. Unless the queue is the
 -- releasing process's own, this is announced on the channel KEYS[1]:released as
 -- "<released fencing token> <queue id>[ <granted fencing token> <granted seq>]".
 """
@@ -221,21 +223,26 @@ local function clock()
 end
 
 -- Give the lock to queue `wid`, whose entry ends with `tail` ("<host> <pid>[ <grant>]"):
--- granted to the entry's token, or reserved for the queue if it has none. Returns the
--- granted fencing token and registration seq ('' if reserved).
-local function give(wid, tail)
+-- granted to the entry's token (for the entry's ttl if `full`, else for at most
+-- RESERVATION ms), or reserved for the queue if it has none. Returns the granted fencing
+-- token, registration seq and expiry ms ('', '', 0 if reserved).
+local function give(wid, tail, full)
   local host, pid, seq, g_ms, g_ttl, token, task = string.match(tail,
     '^(%S+) (%S+) (%d+) (%d+) (%d+) (%x+) (.*)$')
   if not token then
     redis.call('HSET', KEYS[1], 'reserved', wid)
     redis.call('PEXPIRE', KEYS[1], RESERVATION)
-    return '', ''
+    return '', '', 0
   end
   local fence = next_fence(now_us)
   redis.call('HSET', KEYS[1], 'v', '1', 'token', token, 'fence', fence,
     'host', host, 'pid', pid, 'task', task, 'acquired_ms', now_ms, 'ttl_ms', g_ttl)
-  redis.call('PEXPIRE', KEYS[1], math.min(tonumber(g_ms), RESERVATION))
-  return string.format('%.0f', fence), seq
+  local expiry = tonumber(g_ttl)
+  if not full then
+    expiry = math.min(tonumber(g_ms), RESERVATION)
+  end
+  redis.call('PEXPIRE', KEYS[1], expiry)
+  return string.format('%.0f', fence), seq, expiry
 end
 
 -- Remember that an acquire with `token` must never be granted (its caller aborted it): one
@@ -260,7 +267,7 @@ end
 
 -- Hand the lock to the first queue whose entry has not expired, and announce it.
 local function hand_over(fence)
-  local wid, granted, seq = '', '', ''
+  local wid, granted, seq, expiry = '', '', '', 0
   while true do
     local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
     if not head then
@@ -272,7 +279,7 @@ local function hand_over(fence)
     local until_ms, tail = string.match(entry, '^(%d+) %d+ (.*)$')
     if until_ms and tonumber(until_ms) >= now_ms then
       wid = head
-      granted, seq = give(wid, tail)
+      granted, seq, expiry = give(wid, tail, false)
       break
     end
   end
@@ -285,7 +292,7 @@ local function hand_over(fence)
     end
     redis.call('PUBLISH', KEYS[1] .. ':released', message)
   end
-  return wid, granted, seq
+  return wid, granted, seq, expiry
 end
 
 local holder = redis.call('HMGET', KEYS[1], 'token', 'fence', 'acquired_ms', 'reserved')
@@ -323,7 +330,7 @@ if ARGV[1] ~= '' and holder[1] == ARGV[1] then
       if head then
         dequeue(head)
       end
-      return {1, own, give(own, ARGV[6])}
+      return {1, own, give(own, ARGV[6], true)}
     end
     enqueue(own, now_us, now_ms + RESERVATION + GRACE, tonumber(ARGV[7]), ARGV[6])
   end
@@ -336,15 +343,15 @@ if withdraw ~= '' then
     redis.call('DEL', KEYS[1])
     return {3, hand_over('w' .. withdraw)}
   end
-  return {3, '', '', ''}
+  return {3, '', '', '', 0}
 end
 if redis.call('HGET', KEYS[2], 'released') == ARGV[1] then
-  return {2, '', '', ''}
+  return {2, '', '', '', 0}
 end
 if mode == 'abort' then
   forbid(ARGV[1])
 end
-return {0, '', '', ''}
+return {0, '', '', '', 0}
 """,
 )
 

@@ -84,9 +84,10 @@ class Grant:
     registration: Registration
     fencing_token: int
     sent_at: float  # latest local time known to precede the grant
+    expiry_ms: int  # the expiry the grant set on the key
 
-    def valid_until(self, margin: float) -> float:
-        return self.sent_at + self.registration.grant_ms / 1000 - margin
+    def valid_until(self, validity: float, margin: float) -> float:
+        return self.sent_at + validity - margin
 
 
 class Waiter:
@@ -253,8 +254,12 @@ class WaitQueue:
         granted: str = "",
         seq: str = "",
         sent_at: float = 0.0,
+        expiry_ms: int = 0,
     ) -> None:
         """A release was seen, from this process's own release or from the channel.
+
+        `expiry_ms` is the grant's expiry as the release reported it (0: not reported, as
+        on the channel, where it is at most RESERVATION_MS).
 
         If the lock was granted to this queue, the grant is kept for the head to take. If
         it was reserved for this queue or handed to nobody, the head is woken to try. If it
@@ -271,8 +276,9 @@ class WaitQueue:
         if reserved_for == self.wid and granted:
             for registration in self.registrations:
                 if str(registration.seq) == seq:
+                    expiry = expiry_ms or min(registration.grant_ms, RESERVATION_MS)
                     self.grant = Grant(
-                        registration, int(granted), max(sent_at, registration.sent_at)
+                        registration, int(granted), max(sent_at, registration.sent_at), expiry
                     )
             self.wake_head()
         elif reserved_for in ("", self.wid):
@@ -396,14 +402,23 @@ class Notifier:
         granted: str = "",
         seq: str = "",
         sent_at: float = 0.0,
+        expiry_ms: int = 0,
     ) -> None:
         """A lease of this process was released: act on it without waiting for the echo.
 
-        `sent_at` is when the release was sent: before any grant it made.
+        `sent_at` is when the release was sent: before any grant it made; `expiry_ms` the
+        expiry of that grant.
         """
         queue = self._queues.get(channel)
         if queue is not None:
-            queue.released(fence, reserved_for, granted=granted, seq=seq, sent_at=sent_at)
+            queue.released(
+                fence,
+                reserved_for,
+                granted=granted,
+                seq=seq,
+                sent_at=sent_at,
+                expiry_ms=expiry_ms,
+            )
 
     # ----------------------------------------------------------------- the listener
     async def _subscribe(self, queue: WaitQueue) -> None:

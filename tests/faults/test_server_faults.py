@@ -460,8 +460,8 @@ async def test_scripts_applied_twice_give_the_same_answer(server: RedisServer, n
         assert [int(v) for v in second] == [1, fence]
         assert 4000 < await client.pttl(keys.lock) <= 5000
 
-        assert await run(RELEASE, releasing(token, "0")) == [1, b"", b"", b""]
-        assert await run(RELEASE, releasing(token, "0")) == [2, b"", b"", b""]
+        assert await run(RELEASE, releasing(token, "0")) == [1, b"", b"", b"", 0]
+        assert await run(RELEASE, releasing(token, "0")) == [2, b"", b"", b"", 0]
         assert not await client.exists(keys.lock)
 
         # A release that grants the lock to a queued token, applied twice: one grant.
@@ -472,8 +472,8 @@ async def test_scripts_applied_twice_give_the_same_answer(server: RedisServer, n
         queued = await run(ACQUIRE, acquiring(secrets.token_hex(16), wid="q1", entry=entry))
         assert int(queued[0]) == 0
         granted = await run(RELEASE, releasing(holder, "0"))
-        assert granted[:2] == [1, b"q1"] and granted[3] == b"7"
-        assert await run(RELEASE, releasing(holder, "0")) == [2, b"", b"", b""]
+        assert granted[:2] == [1, b"q1"] and granted[3] == b"7" and granted[4] == 1000
+        assert await run(RELEASE, releasing(holder, "0")) == [2, b"", b"", b"", 0]
         assert await client.hget(keys.lock, "token") == registered.encode()
         assert await client.hget(keys.lock, "fence") == granted[2]
         assert 0 < await client.pttl(keys.lock) <= 1000  # until its holder renews it
@@ -483,11 +483,11 @@ async def test_scripts_applied_twice_give_the_same_answer(server: RedisServer, n
         assert [int(v) for v in await run(ACQUIRE, claim_args)] == [1, int(granted[2])]
         assert [int(v) for v in await run(ACQUIRE, claim_args)] == [1, int(granted[2])]
         assert 4000 < await client.pttl(keys.lock) <= 5000
-        assert await run(RELEASE, releasing(claimer, "0")) == [1, b"", b"", b""]
+        assert await run(RELEASE, releasing(claimer, "0")) == [1, b"", b"", b"", 0]
         fence = int(granted[2])
 
         aborted = secrets.token_hex(16)
-        assert await run(RELEASE, releasing(aborted, "1")) == [0, b"", b"", b""]
+        assert await run(RELEASE, releasing(aborted, "1")) == [0, b"", b"", b"", 0]
         late = await run(ACQUIRE, acquiring(aborted))
         assert isinstance(late, list)
         assert [int(v) for v in late] == [-1, 0]
