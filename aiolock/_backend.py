@@ -248,17 +248,34 @@ class Backend:
         operation: str,
         name: str | None,
         background: bool = False,
+        fresh: bool = False,
         on_sent: _Sent = None,
     ) -> Any:
         """Run one script in one round trip (two the first time a server sees it).
 
         User-initiated calls go through the user's client; `background` calls (renewals)
-        through aiolock's own connections, which are never busy with the user's commands.
-        The whole call, retries included, is bounded by `timeout`. `on_sent` is called when
-        the command has been written (possibly twice, if it is sent again).
+        through aiolock's own connections, which are never busy with the user's commands;
+        `fresh` calls on a connection of their own, closed after (the user's connections
+        may belong to another event loop). The whole call, retries included, is bounded
+        by `timeout`. `on_sent` is called when the command has been written (possibly
+        twice, if it is sent again).
         """
-        client = self._background_client() if background else self.client
         command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        if fresh:
+            client = redis.asyncio.Redis(connection_pool=self._connection_pool())
+            try:
+                return await self._call(
+                    client,
+                    command,
+                    script=script,
+                    timeout=timeout,
+                    operation=operation,
+                    name=name,
+                    on_sent=on_sent,
+                )
+            finally:
+                await client.connection_pool.disconnect()
+        client = self._background_client() if background else self.client
         return await self._call(
             client,
             command,

@@ -574,6 +574,7 @@ class Lock:
         abort: bool,
         timeout: float,
         background: bool = False,
+        fresh: bool = False,
         fencing_token: int | None = None,
         held_ms: int | None = None,
     ) -> int:
@@ -604,6 +605,7 @@ class Lock:
                 release_args(token=token, held_ms=held_ms, abort=abort, join=join),
                 timeout=timeout,
                 background=background,
+                fresh=fresh,
             )
         except BaseException:
             if joining is not None:
@@ -650,6 +652,7 @@ class Lock:
         *,
         timeout: float,
         background: bool = False,
+        fresh: bool = False,
     ) -> _Released:
         """One RELEASE call, and what it did."""
         reply = await backend.run(
@@ -660,6 +663,7 @@ class Lock:
             operation="release",
             name=self._name,
             background=background,
+            fresh=fresh,
         )
         return _Released(
             int(reply[0]), _text(reply[1]), _text(reply[2]), _text(reply[3]), int(reply[4])
@@ -725,6 +729,9 @@ class Lock:
             lease.token,
             abort=False,
             timeout=timeout,
+            # A lease of an event loop that was closed: the client's pooled connections
+            # belong to that loop, so the release goes on a connection of this one.
+            fresh=lease._loop is not backend.loop,
             fencing_token=lease.fencing_token,
             held_ms=round(lease.held_for() * 1000),
         )

@@ -82,9 +82,12 @@ def counting_connection(log: CommandLog) -> type[Connection]:
             self, command: bytes | str | Iterable[bytes], check_health: bool = True
         ) -> None:
             packed = command.encode() if isinstance(command, str) else command
-            for args in _commands_in(packed if isinstance(packed, bytes) else b"".join(packed)):
+            packed = packed if isinstance(packed, bytes) else b"".join(packed)
+            # Recorded once written (redis-py may write in a task of its own), so that a
+            # test that sees a command in the log knows it has left.
+            await super().send_packed_command(packed, check_health)
+            for args in _commands_in(packed):
                 log.record(args)
-            await super().send_packed_command(command, check_health)
 
     _backend.DIRECT_CONNECTIONS.add(CountingConnection)
     return CountingConnection

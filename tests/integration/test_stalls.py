@@ -1,0 +1,252 @@
+"""Event-loop stalls: how a lease reports them, and which leases survive them.
+
+A blocking call in the body (or a paused process) stops the event loop. A lease survives a
+stall shorter than what Redis was told (its ttl since the last confirmed renewal), whether
+it was acquired or handed over by a release; one that does not survive says it was a
+stall, for how long, and whether the body ran to its end after the loss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio
+
+from aiolock import Lease, LeaseLostError, Lock, LossReason
+from aiolock._layout import LockKeys
+
+from ..conftest import CommandLog, make_client
+
+pytestmark = pytest.mark.real_only
+
+STALL = 1.5
+"""Longer than a grant's short expiry (1 s), far shorter than the leases' ttl (30 s)."""
+
+
+@pytest.fixture
+async def pair(
+    server_url: str, name: str
+) -> AsyncIterator[tuple[redis.asyncio.Redis, redis.asyncio.Redis, CommandLog]]:
+    """Two processes' clients; the second logs its commands. Scripts loaded beforehand."""
+    log = CommandLog()
+    a, b = make_client(server_url), make_client(server_url, log)
+    try:
+        for client in (a, b):
+            warm = await Lock(client, f"{name}:warm-up").acquire()
+            await warm.extend()
+            await warm.release()
+        yield a, b, log
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def queued(client: redis.asyncio.Redis, name: str) -> None:
+    keys = LockKeys.build("aiolock", name)
+    async with asyncio.timeout(10):
+        while not await client.zcard(keys.queue):
+            await asyncio.sleep(0.005)
+
+
+async def stall_at_entry(lease: Lease) -> None:
+    """The body blocks the event loop at once, then lets it run."""
+    async with lease:
+        time.sleep(STALL)
+        await asyncio.sleep(0.05)  # the loop reads the renewal's reply, waiting since
+        assert not lease.lost, f"lost by the stall: {lease.loss_reason}"
+        assert lease.held, "the lease must be held after the stall"
+
+
+async def test_a_lease_handed_over_by_another_process_survives_a_stall_at_entry(
+    pair: tuple[redis.asyncio.Redis, redis.asyncio.Redis, CommandLog], name: str
+) -> None:
+    a, b, log = pair
+    holder = await Lock(a, name, ttl=30).acquire()
+    waiting = asyncio.create_task(Lock(b, name, ttl=30).acquire())
+    await queued(a, name)
+    mark = log.mark()
+    await holder.release()
+    lease = await asyncio.wait_for(waiting, 10)
+    # Taken from the grant, not claimed by an acquire: the grant's short expiry applies...
+    assert log.since(mark) == Counter({"EVALSHA renew": 1})
+    # ...and its renewal to the full ttl left before the body, so the stall is survived.
+    await stall_at_entry(lease)
+    assert lease.released
+
+
+async def test_a_lease_handed_over_inside_the_process_survives_a_stall_at_entry(
+    client: redis.asyncio.Redis, name: str, commands: CommandLog
+) -> None:
+    holder = await Lock(client, name, ttl=30).acquire()
+    waiting = asyncio.create_task(Lock(client, name, ttl=30).acquire())
+    await queued(client, name)
+    mark = commands.mark()
+    await holder.release()
+    lease = await asyncio.wait_for(waiting, 10)
+    # The release granted it straight to this process's waiter, for the full ttl.
+    assert commands.since(mark) == Counter({"EVALSHA release": 1})
+    assert lease.remaining() > 29
+    await stall_at_entry(lease)
+    assert lease.released
+
+
+async def test_a_stall_past_the_deadline_is_told_as_a_stall_when_read(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    lease = await Lock(client, name, ttl=0.3, renew=False).acquire()
+    time.sleep(0.5)
+    # Read before the event loop has run again: true to the clock already.
+    assert lease.lost
+    assert lease.loss_reason is LossReason.DEADLINE
+    assert lease.remaining() == 0.0 and not lease.held
+    error = lease.loss_error()
+    assert error.stalled_for is not None and error.stalled_for >= 0.1
+    assert "event loop did not run" in str(error)
+    with pytest.raises(LeaseLostError):
+        await lease.release()
+
+
+async def test_a_body_that_finished_after_the_loss_says_so(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    with pytest.raises(LeaseLostError) as info:
+        async with Lock(client, name, ttl=0.3, renew=False):
+            time.sleep(0.5)  # the body ends without another await
+    assert info.value.body_completed is True
+    assert info.value.stalled_for is not None and info.value.stalled_for >= 0.1
+    assert "ran to its end after the loss" in str(info.value)
+
+
+async def test_a_body_cancelled_by_the_loss_says_so(client: redis.asyncio.Redis, name: str) -> None:
+    lock = Lock(client, name, ttl=1)
+    with pytest.raises(LeaseLostError) as info:
+        async with lock:
+            await client.delete(lock.key)
+            await asyncio.sleep(10)  # cancelled at the next renewal
+    assert info.value.body_completed is False
+    assert info.value.stalled_for is None
+    assert "cancelled midway" in str(info.value)
+
+
+async def test_a_renewal_confirmed_during_a_stall_is_not_a_loss(
+    client: redis.asyncio.Redis, name: str, commands: CommandLog
+) -> None:
+    """The stall starts just after a renewal was written: Redis confirms it meanwhile, and
+    the reply waits, unread, until the loop runs again, after the deadline it had before
+    (but before the renewal's own)."""
+    lease = await Lock(client, name, ttl=1.0, renew_interval=0.5).acquire()
+    old_deadline = lease.deadline
+    mark = commands.mark()
+    async with asyncio.timeout(5):
+        while not commands.since(mark)["EVALSHA renew"]:
+            await asyncio.sleep(0)  # the renewal is written as it is logged
+    loop = asyncio.get_running_loop()
+    time.sleep(max(old_deadline - loop.time(), 0) + 0.2)
+    await asyncio.sleep(0.01)
+    assert not lease.lost, f"a confirmed renewal was counted as missing: {lease.loss_reason}"
+    assert lease.deadline > old_deadline + 0.3
+    await lease.release()
+
+
+async def test_max_hold_bounds_how_long_a_hung_holder_keeps_the_lock(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    loop = asyncio.get_running_loop()
+    lock = Lock(client, name, ttl=1, max_hold=1.5)
+    started = loop.time()
+
+    async def hung() -> None:
+        async with lock:
+            await asyncio.sleep(30)
+
+    holder = asyncio.create_task(hung())
+    async with asyncio.timeout(10):
+        while not await lock.locked():
+            await asyncio.sleep(0.01)
+    lease = await Lock(client, name, ttl=1).acquire(timeout=10)
+    waited = loop.time() - started
+    assert waited <= 1.5 + 0.3, f"a hung holder kept the lock {waited:.2f}s (max_hold 1.5)"
+    with pytest.raises(LeaseLostError) as info:
+        await holder
+    assert info.value.reason is LossReason.MAX_HOLD
+    await lease.release()
+
+
+def _shut(loop: asyncio.AbstractEventLoop, client: redis.asyncio.Redis) -> None:
+    """Close `client` and end every task of `loop` (not running), then close the loop."""
+    loop.run_until_complete(client.aclose())
+    tasks = asyncio.all_tasks(loop)
+    for task in tasks:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+    loop.close()
+
+
+def _acquire_in_another_loop(
+    url: str, name: str, *, close: bool
+) -> tuple[Lease, asyncio.AbstractEventLoop, redis.asyncio.Redis]:
+    """A lease acquired in an event loop of another thread (closed after, if `close`)."""
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        loop = asyncio.new_event_loop()
+        client = redis.asyncio.Redis.from_url(url)
+
+        async def acquire() -> None:
+            box["lease"] = await Lock(client, name, ttl=10).acquire()
+
+        loop.run_until_complete(acquire())
+        box["loop"], box["client"] = loop, client
+        if close:
+            _shut(loop, client)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+    lease, loop, client = box["lease"], box["loop"], box["client"]
+    assert isinstance(lease, Lease)
+    assert isinstance(loop, asyncio.AbstractEventLoop)
+    assert isinstance(client, redis.asyncio.Redis)
+    return lease, loop, client
+
+
+async def test_a_lease_whose_loop_closed_is_lost_and_can_be_released_here(
+    server_url: str, name: str
+) -> None:
+    lease, _, _ = _acquire_in_another_loop(server_url, name, close=True)
+    assert lease.lost and lease.loss_reason is LossReason.LOOP_CLOSED
+    assert lease.remaining() == 0.0
+    with pytest.raises(LeaseLostError) as info:
+        await lease.release()
+    assert info.value.reason is LossReason.LOOP_CLOSED
+    checker = make_client(server_url)
+    try:
+        assert not await checker.exists(LockKeys.build("aiolock", name).lock), "not released"
+    finally:
+        await checker.aclose()
+
+
+async def test_releasing_a_lease_of_a_loop_still_open_elsewhere_is_refused(
+    server_url: str, name: str
+) -> None:
+    lease, loop, client = _acquire_in_another_loop(server_url, name, close=False)
+    checker = make_client(server_url)
+    key = LockKeys.build("aiolock", name).lock
+    try:
+        with pytest.raises(RuntimeError, match="another event loop"):
+            await lease.release()
+        assert await checker.exists(key), "nothing was sent"
+
+        def release_there() -> None:
+            loop.run_until_complete(lease.release())
+
+        await asyncio.to_thread(release_there)
+        assert not await checker.exists(key)
+    finally:
+        await checker.aclose()
+        await asyncio.to_thread(_shut, loop, client)
