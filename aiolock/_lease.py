@@ -32,7 +32,7 @@ from .errors import AiolockError, BackendError, LeaseLostError, LossReason
 if TYPE_CHECKING:
     from ._watchdog import RenewalEntry, RenewalScheduler
 
-__all__ = ("Lease", "LeaseIssuer")
+__all__ = ("Lease", "LeaseIssuer", "held_leases")
 
 logger = logging.getLogger("aiolock")
 
@@ -53,6 +53,15 @@ class LeaseIssuer(Protocol):
     async def _release_lease(self, lease: Lease, *, timeout: float) -> bool:
         """Delete the key if ours; True if released (now or by an earlier attempt)."""
         ...
+
+
+_HELD: weakref.WeakSet[Lease] = weakref.WeakSet()
+"""Every lease of this process that is held (neither released nor lost)."""
+
+
+def held_leases() -> list[Lease]:
+    """A snapshot of the leases this process holds, for shutdown helpers."""
+    return list(_HELD)
 
 
 class _State(enum.Enum):
@@ -162,6 +171,7 @@ class Lease:
         if scheduler is not None and make_entry is not None:
             self._entry = make_entry(weakref.ref(self))
             scheduler.add(self._entry)
+        _HELD.add(self)
 
     # ----------------------------------------------------------------- state, read-only
     @property
@@ -480,6 +490,7 @@ class Lease:
 
     def _finish(self, state: _State) -> None:
         self._state = state
+        _HELD.discard(self)
         self._stop_renewal()
         if self._ended is not None:
             self._ended.set()
