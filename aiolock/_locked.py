@@ -104,7 +104,12 @@ def locked(
             `timeout`: `"raise"` `AcquireTimeoutError`, or `"skip"` the call and return
             None. Required when `timeout` is not None (there is no default guess);
             may be left out with `timeout=None`, where a call waits until it gets the lock.
-        ttl, timeout, renew, renew_interval, max_hold, prefix: as for `Lock`.
+        ttl: as for `Lock`.
+        timeout: as for `Lock` (None: wait as long as it takes).
+        renew: as for `Lock`.
+        renew_interval: as for `Lock`.
+        max_hold: as for `Lock`.
+        prefix: as for `Lock`.
 
     Raises:
         TypeError: at decoration, a function that is not `async def`, a positional-only

@@ -127,7 +127,10 @@ def locked_handler(
             None waits as long as it takes).
         busy_status: 409 (Conflict) or 429 (Too Many Requests), with `Retry-After`
             (whole seconds, at least 1), for a request that did not get the lock in time.
-        renew, renew_interval, max_hold, prefix: as for `Lock`.
+        renew: as for `Lock`.
+        renew_interval: as for `Lock`.
+        max_hold: as for `Lock`.
+        prefix: as for `Lock`.
 
     Raises:
         TypeError, ConfigError: bad arguments, or a handler that is not `async def` or

@@ -92,7 +92,10 @@ def locked_request(
         busy_status: the status of a request that did not get the lock in time: 409
             (Conflict: someone else is changing this resource) or 429 (Too Many
             Requests: slow down). Both carry `Retry-After` (whole seconds, at least 1).
-        renew, renew_interval, max_hold, prefix: as for `Lock`.
+        renew: as for `Lock`.
+        renew_interval: as for `Lock`.
+        max_hold: as for `Lock`.
+        prefix: as for `Lock`.
 
     Returns:
         A `fastapi.params.Depends` with `scope="function"`.
