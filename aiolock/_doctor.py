@@ -451,38 +451,50 @@ class _Scratch:
             channel=keys.channel,
         )  # fmt: skip
 
-    def arguments(self, command: str) -> list[str]:
-        """Arguments that make `command` succeed on the scratch keys, in this order."""
+    def arguments(self, command: str) -> list[str] | None:
+        """Arguments that make `command` succeed on the scratch keys (in `_PROBE_ORDER`),
+        or None for a command this table does not know."""
+        lock, holds, queue = self.lock, self.holds, self.queue
         return {
-            "hset": [self.lock, "doctor", "1"],
-            "hget": [self.lock, "doctor"],
-            "hmget": [self.lock, "doctor"],
-            "hgetall": [self.lock],
-            "hdel": [self.lock, "doctor"],
-            "pexpire": [self.lock, "5000"],
-            "pttl": [self.lock],
-            "exists": [self.lock],
-            "lpush": [self.holds, "1"],
-            "ltrim": [self.holds, "0", "0"],
-            "zadd": [self.queue, "1", "doctor"],
-            "zrange": [self.queue, "0", "-1"],
-            "zscore": [self.queue, "doctor"],
-            "zrem": [self.queue, "doctor"],
+            "hset": [lock, "doctor", "1"],
+            "hsetnx": [lock, "doctor-nx", "1"],
+            "hincrby": [lock, "doctor", "1"],
+            "hget": [lock, "doctor"],
+            "hmget": [lock, "doctor"],
+            "hexists": [lock, "doctor"],
+            "hgetall": [lock],
+            "hlen": [lock],
+            "hdel": [lock, "doctor"],
+            "lpush": [holds, "1"],
+            "rpush": [holds, "1"],
+            "lrange": [holds, "0", "0"],
+            "llen": [holds],
+            "ltrim": [holds, "0", "0"],
+            "zadd": [queue, "1", "doctor"],
+            "zrange": [queue, "0", "-1"],
+            "zrangebyscore": [queue, "-inf", "+inf"],
+            "zcard": [queue],
+            "zscore": [queue, "doctor"],
+            "zrem": [queue, "doctor"],
             "publish": [self.channel, "doctor"],
             "time": [],
-            "del": [self.lock, self.holds, self.queue],
+            "exists": [lock],
+            "pexpire": [lock, "5000"],
+            "pttl": [lock],
+            "del": [lock, holds, queue],
             "subscribe": [self.channel],
             "unsubscribe": [self.channel],
-            "eval": ["return 1", "1", self.lock],
-            "evalsha": ["e0e1f9fabfc9d4800c877a703b823ac0578ff8db", "1", self.lock],
-        }.get(command, [self.lock])
+            "eval": ["return 1", "1", lock],
+            "evalsha": ["e0e1f9fabfc9d4800c877a703b823ac0578ff8db", "1", lock],
+        }.get(command)
 
 
 _PROBE_ORDER: Final = (
-    "hset", "hget", "hmget", "hgetall", "hdel", "lpush", "ltrim", "zadd", "zrange", "zscore",
-    "zrem", "publish", "time", "pexpire", "pttl", "del",
+    "hset", "hsetnx", "hincrby", "hget", "hmget", "hexists", "hgetall", "hlen", "hdel",
+    "lpush", "rpush", "lrange", "llen", "ltrim", "zadd", "zrange", "zrangebyscore", "zcard",
+    "zscore", "zrem", "publish", "time", "exists", "pexpire", "pttl", "del",
 )  # fmt: skip
-"""Script commands in an order where each finds the key it needs, `del` last."""
+"""Commands the probe knows, in an order where each finds the key it needs, `del` last."""
 
 
 def _short(failure: str) -> str:
@@ -492,7 +504,19 @@ def _short(failure: str) -> str:
     return command if refusal else failure
 
 
-def _permission_finding(user: str, denied: Sequence[str], how: str, prefix: str) -> Finding:
+def _permission_finding(
+    user: str, denied: Sequence[str], how: str, prefix: str, *, unchecked: Sequence[str] = ()
+) -> Finding:
+    if not denied and unchecked:
+        return Finding(
+            check="permissions",
+            severity="warning",
+            message=f"user {user!r} may run the commands aiolock needs on {prefix}:* "
+            f"({how}), except perhaps {', '.join(unchecked)}, which could not be checked",
+            fix=acl_line(user, prefix)
+            .replace(" reset on >PASSWORD", "")
+            .replace(" resetchannels", ""),
+        )
     if not denied:
         return Finding(
             check="permissions",
@@ -530,11 +554,22 @@ async def check_permissions(
     reason_no_dryrun = f"ACL DRYRUN needs Redis 7 (this is {version})"
     if _version_tuple(version) >= (7,):
         denied: list[str] = []
+        unchecked: list[str] = []
         try:
             for command in needed_commands():
-                async with asyncio.timeout(_READ_TIMEOUT):
-                    dryrun = ("ACL", "DRYRUN", target, command, *scratch.arguments(command))
-                    reply = _text(await _command(client, *dryrun))
+                arguments = scratch.arguments(command)
+                if arguments is None:
+                    unchecked.append(command)
+                    continue
+                dryrun = ("ACL", "DRYRUN", target, command, *arguments)
+                try:
+                    async with asyncio.timeout(_READ_TIMEOUT):
+                        reply = _text(await _command(client, *dryrun))
+                except redis.exceptions.ResponseError as exc:
+                    if _denied(exc):
+                        raise  # ACL DRYRUN itself refused
+                    unchecked.append(command)
+                    continue
                 if reply != "OK":
                     denied.append(f"{command}: {reply}")
         except redis.exceptions.ResponseError as exc:
@@ -542,7 +577,9 @@ async def check_permissions(
                 raise
             reason_no_dryrun = f"ACL DRYRUN refused to {me!r}"
         else:
-            return _permission_finding(target, denied, "checked with ACL DRYRUN", prefix)
+            return _permission_finding(
+                target, denied, "checked with ACL DRYRUN", prefix, unchecked=unchecked
+            )
     if target != me:
         return Finding(
             check="permissions",
@@ -550,15 +587,23 @@ async def check_permissions(
             message=f"cannot check user {target!r}: {reason_no_dryrun}",
             fix=f"run the doctor as an admin on Redis ≥ 7, or connect as {target!r}",
         )
-    return _permission_finding(me, await _try_commands(client, scratch), "tried", prefix)
+    failed, unchecked = await _try_commands(client, scratch)
+    return _permission_finding(me, failed, "tried", prefix, unchecked=unchecked)
 
 
-async def _try_commands(client: redis.asyncio.Redis, scratch: _Scratch) -> list[str]:
-    """Run every needed command on the scratch keys; the failures, as "command: error"."""
+async def _try_commands(
+    client: redis.asyncio.Redis, scratch: _Scratch
+) -> tuple[list[str], list[str]]:
+    """Run every needed command on the scratch keys: the failures, as "command: error",
+    and the needed commands the probe does not know how to run."""
     failed: list[str] = []
+    needed = set(needed_commands())
+    unchecked = sorted(needed - set(_PROBE_ORDER) - set(OUTSIDE_SCRIPTS))
     argv: list[str] = []
     for command in _PROBE_ORDER:
         arguments = scratch.arguments(command)
+        if command not in needed or arguments is None:
+            continue
         argv += [command, str(len(arguments)), *arguments]
     keys = [scratch.lock, scratch.holds, scratch.queue]
     try:
@@ -588,7 +633,7 @@ async def _try_commands(client: redis.asyncio.Redis, scratch: _Scratch) -> list[
         failed.append(f"subscribe: {exc}")
     finally:
         await pubsub.aclose()  # type: ignore[no-untyped-call]
-    return failed
+    return failed, unchecked
 
 
 # --------------------------------------------------------------------------- all of it

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import redis
 
+import aiolock._doctor
 from aiolock._doctor import (
     ACL_LINE,
     ServerFacts,
@@ -200,3 +201,17 @@ def test_an_unreachable_server_is_exit_code_2(run: Callable[..., Run]) -> None:
     result = run("doctor", "--url", f"redis://127.0.0.1:{closed_port()}/0")
     assert result.code == 2
     assert "cannot talk to Redis" in result.err
+
+
+def test_a_command_the_doctor_cannot_check_is_said_not_hidden(
+    server: RedisServer, run: Callable[..., Run], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script that starts calling a command the probe has no arguments for (the list of
+    commands comes from the scripts themselves) gives a warning naming it, not a crash."""
+    known = aiolock._doctor.needed_commands()
+    monkeypatch.setattr(aiolock._doctor, "needed_commands", lambda: (*known, "xadd"))
+    code, report = doctor(run, server.url)
+    permissions = by_check(report)["permissions"]
+    assert code == 0
+    assert permissions["severity"] == "warning"
+    assert "xadd" in permissions["message"] and "could not be checked" in permissions["message"]
