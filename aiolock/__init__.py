@@ -20,6 +20,14 @@ from ._inspect import hold_stats as hold_stats
 from ._lease import Lease as Lease
 from ._lock import Lock as Lock
 from ._lock import LockInfo as LockInfo
+from ._locked import locked as locked
+from ._once import DoneMarker as DoneMarker
+from ._once import OnceResult as OnceResult
+from ._once import OnceStatus as OnceStatus
+from ._once import run_once as run_once
+from ._shutdown import ReleaseReport as ReleaseReport
+from ._shutdown import release_all as release_all
+from ._shutdown import release_on_signals as release_on_signals
 from ._version import __version__ as __version__
 from .errors import AcquireTimeoutError as AcquireTimeoutError
 from .errors import AiolockError as AiolockError
@@ -34,6 +42,7 @@ __all__ = (
     "AiolockError",
     "BackendError",
     "ConfigError",
+    "DoneMarker",
     "EventKind",
     "HoldStats",
     "Lease",
@@ -43,9 +52,16 @@ __all__ = (
     "LockEvent",
     "LockInfo",
     "LossReason",
+    "OnceResult",
+    "OnceStatus",
+    "ReleaseReport",
     "__version__",
     "add_listener",
     "hold_stats",
+    "locked",
+    "release_all",
+    "release_on_signals",
+    "run_once",
 )
 
 for _name in __all__:

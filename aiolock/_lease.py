@@ -34,7 +34,7 @@ from .errors import AiolockError, BackendError, LeaseLostError, LossReason
 if TYPE_CHECKING:
     from ._watchdog import RenewalEntry, RenewalScheduler
 
-__all__ = ("Lease", "LeaseIssuer")
+__all__ = ("Lease", "LeaseIssuer", "held_leases")
 
 logger = logging.getLogger("aiolock")
 
@@ -63,6 +63,15 @@ class LeaseIssuer(Protocol):
     def _guarding(self, lease: Lease, task: asyncio.Task[Any], *, entered: bool) -> None:
         """`lease` started (`entered`) or stopped guarding a block run by `task`."""
         ...
+
+
+_HELD: weakref.WeakSet[Lease] = weakref.WeakSet()
+"""Every lease of this process that is held (neither released nor lost)."""
+
+
+def held_leases() -> list[Lease]:
+    """A snapshot of the leases this process holds, for shutdown helpers."""
+    return list(_HELD)
 
 
 class _State(enum.Enum):
@@ -189,6 +198,7 @@ class Lease:
         if scheduler is not None and make_entry is not None:
             self._entry = make_entry(weakref.ref(self))
             scheduler.add(self._entry)
+        _HELD.add(self)
 
     # ----------------------------------------------------------------- state, read-only
     @property
@@ -608,6 +618,7 @@ class Lease:
 
     def _finish(self, state: _State) -> None:
         self._state = state
+        _HELD.discard(self)
         self._stop_renewal()
         if self._ended is not None and not self._loop.is_closed():
             self._ended.set()

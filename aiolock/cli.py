@@ -6,16 +6,17 @@ aiolock show NAME                 everything known about one lock
 aiolock release NAME --force      evict the holder (token-guarded, asks first)
 aiolock watch [PATTERN]           a live table, until Ctrl-C
 aiolock stats [PATTERN]           hold times per lock, and the ttl they suggest
+aiolock doctor                    what in the server's setup can break locks
 aiolock demo                      a flash sale on a throwaway server, checked
 ```
 
 Options before or after the command: `--url` (default `$REDIS_URL`, else
-`redis://localhost:6379/0`) and `--prefix` (default `aiolock`). `--json` on every command
-prints machine-readable output instead of tables.
+`redis://localhost:6379/0`), `--prefix` (default `aiolock`) and `--json` (machine-readable
+output instead of tables, on every command).
 
 Exit codes: 0 ok; 1 the operation failed (the demo's invariant, nothing released, no such
-lock); 2 usage or connection error (unreachable server, not a Redis server); 130
-interrupted (Ctrl-C, also the normal end of `watch` without `--count`).
+lock, a problem found by `doctor`); 2 usage or connection error (unreachable server, not a
+Redis server); 130 interrupted (Ctrl-C, also the normal end of `watch` without `--count`).
 
 Needs the `cli` extra (`pip install "aiolock[cli]"`) for `rich`. Added in 0.1.
 """
@@ -39,6 +40,7 @@ from . import __version__
 from ._backend import Backend, translate_errors
 from ._config import LockConfig
 from ._demo import DemoConfig, DemoError, DemoSummary, demo_server, run_demo
+from ._doctor import Diagnosis, diagnose
 from ._inspect import (
     ForceRelease,
     HoldStats,
@@ -74,7 +76,8 @@ __all__ = (
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
-"""The operation failed: the demo's invariant, nothing released, no such lock."""
+"""The operation failed: the demo's invariant, nothing released, no such lock, a problem
+found by `doctor`."""
 EXIT_USAGE: Final = 2
 """Bad usage, or Redis could not be reached (or is not Redis)."""
 EXIT_INTERRUPTED: Final = 130
@@ -142,9 +145,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help_: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help_, description=help_, parents=[common])
-        sub.add_argument("--json", action="store_true", help="print JSON instead of tables")
-        return sub
+        return commands.add_parser(name, help=help_, description=help_, parents=[common])
 
     ls = command("ls", "list the held locks")
     ls.add_argument("pattern", nargs="?", default="*", help="glob on lock names (default *)")
@@ -166,6 +167,14 @@ def _parser() -> argparse.ArgumentParser:
     stats.add_argument("pattern", nargs="?", default="*", help="glob on lock names (default *)")
     stats.add_argument(
         "--ttl", type=_seconds, default=None, help="ttl your code uses, for locks not held now"
+    )
+
+    doctor = command("doctor", "check a server for what can break locks, and say what to change")
+    doctor.add_argument(
+        "--acl-user",
+        default=None,
+        help="check this ACL user's permissions (default: the connected user; another "
+        "user needs Redis >= 7 and a connection allowed to run ACL DRYRUN)",
     )
 
     demo = command("demo", "a flash sale under aiolock, on a throwaway server, checked")
@@ -197,6 +206,12 @@ def _connection_options(parser: argparse.ArgumentParser, default: Any) -> None:
         "--prefix",
         default=argparse.SUPPRESS if default is argparse.SUPPRESS else "aiolock",
         help="key prefix of the locks (default aiolock)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS if default is argparse.SUPPRESS else False,
+        help="print JSON instead of tables",
     )
 
 
@@ -634,6 +649,65 @@ async def _stats(args: argparse.Namespace, url: str | None) -> int:
     return EXIT_OK
 
 
+# --------------------------------------------------------------------------- doctor
+_SEVERITY_STYLE: Final = {
+    "ok": ("✓", "bold green"),
+    "info": ("i", "cyan"),
+    "warning": ("!", "bold yellow"),
+    "problem": ("✗", "bold red"),
+}
+
+
+async def _doctor(args: argparse.Namespace, url: str | None) -> int:
+    client = _connect(url)
+    try:
+        diagnosis = await diagnose(client, prefix=args.prefix, acl_user=args.acl_user)
+    finally:
+        await client.aclose()
+    code = EXIT_FAILED if diagnosis.problems else EXIT_OK
+    if args.json:
+        _print_json(
+            {
+                "url": _redact(url or DEFAULT_URL),
+                "server": dict(diagnosis.server),
+                "problems": diagnosis.problems,
+                "warnings": diagnosis.warnings,
+                "findings": [dataclasses.asdict(finding) for finding in diagnosis.findings],
+            }
+        )
+        return code
+    _console().print(_doctor_renderable(diagnosis, _redact(url or DEFAULT_URL)))
+    return code
+
+
+def _doctor_renderable(diagnosis: Diagnosis, where: str) -> Group:
+    server = diagnosis.server
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_header=False, expand=False)
+    table.add_column(no_wrap=True)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column()
+    for finding in diagnosis.findings:
+        mark, style = _SEVERITY_STYLE[finding.severity]
+        text = Text(finding.message)
+        if finding.fix:
+            text.append("\nchange: ", style="bold")
+            text.append(finding.fix)
+        table.add_row(Text(mark, style=style), finding.check, text)
+    if diagnosis.problems:
+        summary = Text(
+            f"{diagnosis.problems} problem(s) that can break locks, "
+            f"{diagnosis.warnings} warning(s)",
+            style="bold red",
+        )
+    else:
+        summary = Text(
+            f"no problem found, {diagnosis.warnings} warning(s)",
+            style="bold yellow" if diagnosis.warnings else "bold green",
+        )
+    header = Text(f"{server['product']} {server['version']} at {where}, role {server['role']}")
+    return Group(header, table, summary)
+
+
 # --------------------------------------------------------------------------- demo
 async def _demo(args: argparse.Namespace, url: str | None) -> int:
     # The lock's settings fail here, not in every worker process (ConfigError: exit 2).
@@ -764,5 +838,6 @@ _COMMANDS: Final[
     "release": _release,
     "watch": _watch,
     "stats": _stats,
+    "doctor": _doctor,
     "demo": _demo,
 }

@@ -4,7 +4,8 @@
 AiolockError
 ├── ConfigError(AiolockError, ValueError)        .argument, .value
 ├── LockError                                    .name
-│   ├── AcquireTimeoutError(LockError, TimeoutError)   .timeout, .attempts
+│   ├── AcquireTimeoutError(LockError, TimeoutError)   .timeout, .attempts, .holder,
+│   │                                                  .retry_after
 │   └── LeaseLostError                           .reason, .fencing_token, .stalled_for,
 │                                                .body_completed
 └── BackendError                                 .operation, .name; __cause__ = the redis error
@@ -22,6 +23,10 @@ raise `ConfigError`, which is also a `ValueError`.
 from __future__ import annotations
 
 import enum
+import typing
+
+if typing.TYPE_CHECKING:
+    from ._lock import LockInfo
 
 __all__ = (
     "AcquireTimeoutError",
@@ -63,12 +68,30 @@ class AcquireTimeoutError(LockError, TimeoutError):
 
     Redis answered every attempt: this is contention, not a failure. `timeout` is the
     number of seconds waited and `attempts` the number of acquire attempts sent.
+
+    What Redis knew when it last refused, where it is known (None otherwise):
+
+    - `holder`: the holder at that moment, as a `LockInfo`;
+    - `retry_after`: seconds until the lock may be free (the holder's key would expire
+      unless renewed). A hint for a client to come back, such as an HTTP `Retry-After`
+      header; not a promise: a renewed lock stays held longer, a release frees it sooner.
     """
 
-    def __init__(self, message: str, *, name: str, timeout: float, attempts: int) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        name: str,
+        timeout: float,
+        attempts: int,
+        holder: LockInfo | None = None,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(message, name=name)
         self.timeout = timeout
         self.attempts = attempts
+        self.holder = holder
+        self.retry_after = retry_after
 
 
 class LossReason(enum.Enum):

@@ -77,6 +77,17 @@ def test_exception_attributes() -> None:
     assert (config.argument, config.value, str(config)) == ("ttl", 0, "ttl bad")
     timeout = AcquireTimeoutError("t", name="n", timeout=1.5, attempts=3)
     assert (timeout.name, timeout.timeout, timeout.attempts) == ("n", 1.5, 3)
+    assert (timeout.holder, timeout.retry_after) == (None, None)
+    holder = LockInfo(
+        name="n", fencing_token=9, host="h", pid=1, task="t", acquired_at=0.0, ttl=10.0,
+        expires_in=2.5,
+    )  # fmt: skip
+    hinted = AcquireTimeoutError(
+        "t", name="n", timeout=0.0, attempts=1, holder=holder, retry_after=2.5
+    )
+    assert (hinted.holder, hinted.retry_after) == (holder, 2.5)
+    with pytest.raises(TypeError):
+        AcquireTimeoutError("t", "n", 0.0, 1, holder, 2.5)  # type: ignore[call-arg]
     lost = LeaseLostError("l", name="n", reason=LossReason.DEADLINE, fencing_token=7)
     assert (lost.name, lost.reason, lost.fencing_token) == ("n", LossReason.DEADLINE, 7)
     backend = BackendError("b", operation="acquire", name=None)

@@ -11,7 +11,16 @@ import pytest
 import aiolock
 
 
-@pytest.mark.parametrize("module", ["aiolock.cli", "aiolock.prometheus", "aiolock.opentelemetry"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "aiolock.cli",
+        "aiolock.prometheus",
+        "aiolock.opentelemetry",
+        "aiolock.fastapi",
+        "aiolock.aiohttp",
+    ],
+)
 def test_public_module_all_is_a_sorted_tuple(module: str) -> None:
     loaded = importlib.import_module(module)
     names = loaded.__all__
@@ -25,7 +34,8 @@ def test_importing_aiolock_imports_no_extra() -> None:
     code = (
         "import sys, aiolock\n"
         "extras = ('rich', 'prometheus_client', 'aiolock.cli', 'aiolock.prometheus',"
-        " 'aiolock.opentelemetry')\n"
+        " 'aiolock.opentelemetry', 'fastapi', 'starlette', 'aiohttp', 'aiolock.fastapi',"
+        " 'aiolock.aiohttp')\n"
         "print(sorted(m for m in extras if m in sys.modules))\n"
     )
     done = subprocess.run(

@@ -1,0 +1,146 @@
+"""What `@locked` and the web integrations share.
+
+- `NameTemplate`: a lock name like `"orders:{order_id}"`, parsed and checked when it is
+  declared, formatted from a call's arguments or a request's parameters when used.
+- `client_source`: a client given as a `redis.asyncio.Redis` or as a zero-argument factory
+  (so an application can create its client at startup, after the decorators ran).
+- `retry_after_header`: the `Retry-After` value for a busy lock.
+
+Nothing here sends anything to Redis.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import string
+from collections.abc import Callable, Collection, Mapping
+from typing import Final, final
+
+import redis.asyncio
+
+from ._backend import check_client
+from ._config import check_name
+from .errors import AcquireTimeoutError, ConfigError
+
+__all__ = ("ClientSource", "NameTemplate", "client_source", "retry_after_header")
+
+ClientSource = redis.asyncio.Redis | Callable[[], redis.asyncio.Redis]
+"""A client, or a function of no arguments returning one (called at each use)."""
+
+_BASE_NAME: Final = re.compile(r"[^.\[]+")
+
+
+@final
+class NameTemplate:
+    """A lock name with `{field}` placeholders, `str.format` syntax.
+
+    Fields are names (`{order_id}`), optionally followed by attribute or index access
+    (`{order.id}`, `{items[0]}`), a conversion and a format spec (`{day:%Y-%m-%d}`).
+    Positional fields (`{}`, `{0}`) are refused: a name must say where its parts come from.
+    """
+
+    __slots__ = ("fields", "template")
+
+    def __init__(self, template: object, *, argument: str = "name") -> None:
+        if not isinstance(template, str):
+            raise TypeError(f"{argument} must be a str, got {type(template).__name__}")
+        if not template:
+            raise ConfigError(f"{argument} must not be empty", argument=argument, value=template)
+        fields: list[str] = []
+        try:
+            parsed = list(string.Formatter().parse(template))
+        except ValueError as exc:
+            raise ConfigError(
+                f"{argument} {template!r} is not a valid template: {exc}",
+                argument=argument,
+                value=template,
+            ) from None
+        for _, field, spec, _ in parsed:
+            if field is None:
+                continue
+            match = _BASE_NAME.match(field)
+            if not field or field.isdigit() or match is None or match.group().isdigit():
+                raise ConfigError(
+                    f"{argument} {template!r}: positional fields like '{{{field}}}' are not "
+                    "accepted; name the parameter, as in 'orders:{order_id}'",
+                    argument=argument,
+                    value=template,
+                )
+            if spec and "{" in spec:
+                raise ConfigError(
+                    f"{argument} {template!r}: nested fields in a format spec are not accepted",
+                    argument=argument,
+                    value=template,
+                )
+            if match.group() not in fields:
+                fields.append(match.group())
+        self.template = template
+        self.fields: tuple[str, ...] = tuple(fields)
+        """The parameter names the template uses, in order of first use."""
+
+    def __repr__(self) -> str:
+        return f"NameTemplate({self.template!r})"
+
+    def check_fields(self, available: Collection[str], *, argument: str, where: str) -> None:
+        """Raise `ConfigError` if a field is not in `available`, naming it and `where`."""
+        for field in self.fields:
+            if field not in available:
+                known = ", ".join(sorted(available)) or "none"
+                raise ConfigError(
+                    f"{argument} {self.template!r} names {field!r}, which is not a "
+                    f"parameter of {where} (parameters: {known})",
+                    argument=argument,
+                    value=self.template,
+                )
+
+    def format(self, values: Mapping[str, object], *, argument: str = "name") -> str:
+        """The lock name for `values`; `ConfigError` if it cannot be built or is invalid."""
+        try:
+            name = self.template.format_map(values)
+        except (KeyError, AttributeError, IndexError, ValueError, TypeError) as exc:
+            raise ConfigError(
+                f"{argument} {self.template!r} could not be formatted: {type(exc).__name__}: {exc}",
+                argument=argument,
+                value=self.template,
+            ) from None
+        try:
+            return check_name(name)
+        except ConfigError as exc:
+            raise ConfigError(
+                f"{argument} {self.template!r} gave an invalid lock name {name!r}: {exc}",
+                argument=argument,
+                value=name,
+            ) from None
+
+
+def client_source(client: object, *, argument: str = "client") -> Callable[[], redis.asyncio.Redis]:
+    """A function returning the client, checked: `TypeError` for anything else.
+
+    A client is checked now; a factory's result is checked each time it is called.
+    """
+    if isinstance(client, redis.asyncio.Redis):
+        return lambda: client
+    if isinstance(client, redis.Redis | redis.asyncio.RedisCluster) or not callable(client):
+        check_client(client)  # raises TypeError with the specific advice
+        raise TypeError(f"{argument} must be a redis.asyncio.Redis or a function returning one")
+    factory: Callable[[], object] = client
+
+    def resolve() -> redis.asyncio.Redis:
+        made = factory()
+        if not isinstance(made, redis.asyncio.Redis):
+            raise TypeError(
+                f"{argument}() must return a redis.asyncio.Redis, got {type(made).__name__}"
+            )
+        return made
+
+    return resolve
+
+
+def retry_after_header(error: AcquireTimeoutError) -> str:
+    """Seconds for a `Retry-After` header: the error's `retry_after` rounded up to whole
+    seconds (at least 1), or 1 when Redis gave no hint."""
+    hint = error.retry_after
+    if hint is None or not math.isfinite(hint):
+        return "1"
+    return str(max(1, math.ceil(hint)))

@@ -1,0 +1,248 @@
+"""`run_once`: a job that runs once per key across every process, with a done marker.
+
+A lock alone makes runs *exclusive*, not *unique*: when several servers start tonight's
+job a little apart, the second one gets the lock after the first released it and runs the
+job again. `run_once` adds a done marker, written under the lock when the job finishes
+while the lease is still valid, and checked before and after taking the lock.
+
+Keys (prefix `aiolock`, job key JOB): the lock `once:JOB` (its keys are the layout's, such
+as `aiolock:{once:JOB}`), and the marker `aiolock:{once:JOB}:done`, a string with a JSON
+object (`finished_at`, `host`, `pid`, `fencing_token`), expiring after `retention`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import inspect
+import json
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Final, Generic, TypeVar, final
+
+from ._backend import AsyncRedis, check_client, translate_errors
+from ._config import MAX_NAME_LENGTH, MAX_SECONDS, check_seconds
+from ._lease import Lease
+from ._lock import Lock, LockInfo
+from .errors import AcquireTimeoutError, ConfigError
+
+__all__ = ("DoneMarker", "OnceResult", "OnceStatus", "run_once")
+
+T = TypeVar("T")
+
+_NAME_PREFIX: Final = "once:"
+_MARKER_TIMEOUT: Final = 5.0
+"""Longest wait for Redis to answer a marker read or write, seconds."""
+
+
+class OnceStatus(enum.Enum):
+    """What `run_once` did."""
+
+    RAN = "ran"
+    """This call ran the job, and it finished while the lease was valid: marked done."""
+    ALREADY_DONE = "already_done"
+    """The job's done marker was there (before or after taking the lock): not run."""
+    RUNNING_ELSEWHERE = "running_elsewhere"
+    """Another process held the job's lock for the whole `timeout`: not run here."""
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DoneMarker:
+    """The record of a finished job, as stored in Redis."""
+
+    finished_at: float
+    """Unix seconds (the finishing process's clock)."""
+    host: str
+    pid: int
+    fencing_token: int
+    """The fencing token of the lease the job ran under."""
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OnceResult(Generic[T]):
+    """The outcome of `run_once`.
+
+    Added in 0.2.
+    """
+
+    status: OnceStatus
+    job_key: str
+    value: T | None = None
+    """What the job returned (status RAN), else None."""
+    marker: DoneMarker | None = None
+    """The marker written (RAN) or found (ALREADY_DONE), else None."""
+    holder: LockInfo | None = None
+    """RUNNING_ELSEWHERE: the lock's holder when it was last refused, where known."""
+
+    @property
+    def ran(self) -> bool:
+        """True if this call ran the job."""
+        return self.status is OnceStatus.RAN
+
+
+def _check_job_key(job_key: object) -> str:
+    if not isinstance(job_key, str):
+        raise TypeError(f"job_key must be a str, got {type(job_key).__name__}")
+    limit = MAX_NAME_LENGTH - len(_NAME_PREFIX)
+    if not job_key or len(job_key) > limit:
+        raise ConfigError(
+            f"job_key must be 1 to {limit} characters, got {len(job_key)}",
+            argument="job_key",
+            value=job_key,
+        )
+    return job_key
+
+
+def _takes_lease(fn: object) -> bool:
+    """Whether `fn` is called with the lease (one positional parameter) or with nothing."""
+    if not callable(fn):
+        raise TypeError(f"fn must be an async function, got {type(fn).__name__}")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to read (a builtin): call it bare
+        return False
+    positional = [
+        p
+        for p in signature.parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    if len(positional) > 1:
+        raise TypeError(
+            "fn must take no arguments, or one (the Lease), got "
+            f"{len(positional)} required positional parameters"
+        )
+    return len(positional) == 1
+
+
+def _parse_marker(raw: bytes | str | None) -> DoneMarker | None:
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+        return DoneMarker(
+            finished_at=float(data["finished_at"]),
+            host=str(data["host"]),
+            pid=int(data["pid"]),
+            fencing_token=int(data["fencing_token"]),
+        )
+    except (ValueError, KeyError, TypeError):
+        # Written by something else, or a future format: it still says "done".
+        return DoneMarker(finished_at=0.0, host="", pid=0, fencing_token=0)
+
+
+async def run_once(
+    client: AsyncRedis,
+    job_key: str,
+    fn: Callable[[], Awaitable[T]] | Callable[[Lease], Awaitable[T]],
+    *,
+    retention: float,
+    ttl: float = 30.0,
+    timeout: float | None = 0,
+    prefix: str = "aiolock",
+) -> OnceResult[T]:
+    """Run `fn` unless the job `job_key` is done or running elsewhere; mark it done.
+
+    ```python
+    day = datetime.date.today().isoformat()
+    result = await run_once(redis, f"nightly-report:{day}", send_report, retention=2 * 86400)
+    if result.status is OnceStatus.ALREADY_DONE: ...
+    ```
+
+    In order: if the done marker exists, ALREADY_DONE. Otherwise take the lock `once:JOB`
+    (waiting up to `timeout`; still held by another process then: RUNNING_ELSEWHERE) and
+    look for the marker again (the job may have finished between the two looks). Then run
+    `fn` guarded by the lease, confirm that the lease is still this process's (one
+    token-guarded renewal), write the marker with an expiry of `retention`, release: RAN.
+
+    One key per run: a key per period (`report:2026-11-23`) runs once per period, a key
+    per id (`welcome-mail:user-42`) once per id. Keep the marker (`retention`) for at
+    least as long as another process may still start the same key: a daily job started by
+    cron on several servers needs more than the spread of their start times, and a day is
+    a safe choice.
+
+    Exactly once holds as long as the process that finished the job lives to write the
+    marker (one command after the job). If it dies in between, or the write fails, the job
+    is not marked and runs again on the next try: make its effects idempotent, or fence
+    them with the lease's `fencing_token`, for that window.
+
+    Args:
+        client: a `redis.asyncio.Redis`.
+        job_key: the job's identity for this run (1 to 995 characters).
+        fn: an async function of no arguments, or of one: the `Lease` (for its
+            `fencing_token`).
+        retention: seconds the done marker is kept (0.001 to 1 year).
+        ttl: the lock's ttl, seconds; the watchdog renews it while `fn` runs.
+        timeout: seconds to wait for a job running elsewhere (default 0: do not wait).
+            After a wait, a job that finished there is ALREADY_DONE, and one that failed
+            there runs here.
+        prefix: key prefix, as for `Lock`.
+
+    Returns:
+        An `OnceResult`: `status`, and `value` (what `fn` returned) when it ran.
+
+    Raises:
+        LeaseLostError: the lease was lost while `fn` ran (it was cancelled) or before the
+            marker could be written: not marked done.
+        BackendError: Redis could not be reached; if `fn` ran, it is not marked done.
+        TypeError, ConfigError: bad arguments, before anything is sent to Redis.
+        Whatever `fn` raised: not marked done (the next try runs it again).
+
+    Cancellation:
+        A cancelled call leaves no lock held and writes no marker.
+
+    Added in 0.2.
+    """
+    client = check_client(client)
+    job_key = _check_job_key(job_key)
+    pass_lease = _takes_lease(fn)
+    retention_s = check_seconds("retention", retention, minimum=0.001, maximum=MAX_SECONDS)
+    lock = Lock(client, _NAME_PREFIX + job_key, ttl=ttl, timeout=timeout, prefix=prefix)
+    marker_key = f"{lock.key}:done"
+
+    async def read_marker() -> DoneMarker | None:
+        with translate_errors("read the done marker", lock.name, _MARKER_TIMEOUT):
+            async with asyncio.timeout(_MARKER_TIMEOUT):
+                raw = await client.get(marker_key)
+        return _parse_marker(raw)
+
+    found = await read_marker()
+    if found is not None:
+        return OnceResult(status=OnceStatus.ALREADY_DONE, job_key=job_key, marker=found)
+    try:
+        lease = await lock.acquire()
+    except AcquireTimeoutError as exc:
+        return OnceResult(status=OnceStatus.RUNNING_ELSEWHERE, job_key=job_key, holder=exc.holder)
+    async with lease:
+        found = await read_marker()
+        if found is not None:
+            return OnceResult(status=OnceStatus.ALREADY_DONE, job_key=job_key, marker=found)
+        if pass_lease:
+            value = await fn(lease)  # type: ignore[call-arg]
+        else:
+            value = await fn()  # type: ignore[call-arg]
+        # Still ours? (LeaseLostError if not: no marker.) The renewal also gives the write
+        # below a full ttl to land in while the lease is valid.
+        await lease.extend()
+        marker = DoneMarker(
+            finished_at=time.time(),
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            fencing_token=lease.fencing_token,
+        )
+        payload = json.dumps(
+            {
+                "finished_at": marker.finished_at,
+                "host": marker.host,
+                "pid": marker.pid,
+                "fencing_token": marker.fencing_token,
+            }
+        )
+        with translate_errors("write the done marker", lock.name, _MARKER_TIMEOUT):
+            async with asyncio.timeout(_MARKER_TIMEOUT):
+                await client.set(marker_key, payload, px=max(1, round(retention_s * 1000)))
+    return OnceResult(status=OnceStatus.RAN, job_key=job_key, value=value, marker=marker)

@@ -1,0 +1,189 @@
+"""FastAPI: hold a lock for the duration of a request handler.
+
+Needs the `fastapi` extra (`pip install "aiolock[fastapi]"`, FastAPI ≥ 0.121).
+
+```python
+from aiolock import Lease
+from aiolock.fastapi import locked_request
+
+@app.post("/orders/{order_id}/place")
+async def place_order(
+    order_id: int,
+    lease: Lease = locked_request("orders:{order_id}", client=lambda: app.state.redis, ttl=10),
+) -> Order:
+    return await orders.place(order_id, fence=lease.fencing_token)
+```
+
+- The lock's name comes from the request: each field of the template is a path parameter
+  of the route, or else a query parameter (required, validated by FastAPI, and in the
+  OpenAPI schema). For values that need converting (`"042"` and `"42"` are different
+  names) or for anything else (a header, the current user), pass a function instead of
+  a template: FastAPI resolves it as a dependency and its result is the name.
+- Busy (by default the lock is tried once, `timeout=0`): the request fails at once with
+  `busy_status` (409 Conflict or 429 Too Many Requests) and a `Retry-After` header.
+- The handler runs guarded by the lease: if the lease is lost, the handler is cancelled
+  at its next `await` (nothing it would have written after that point is written) and the
+  client gets 503 Service Unavailable.
+- The lock is released when the handler returns, *before* the response is sent (the
+  dependency has `scope="function"`): a client that sees the response can lock again at
+  once. A `StreamingResponse`'s body is produced after that and is not protected.
+
+Use `async def` handlers: a plain `def` handler runs in a worker thread, which a loss
+cannot cancel (the client still gets 503 if the lease was lost meanwhile, but the
+handler's writes were not stopped).
+
+Redis errors (`BackendError`) are not turned into a status: add an exception handler for
+them if you want one (503 is the usual choice).
+"""
+
+from __future__ import annotations
+
+import inspect
+import keyword
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Final, Literal
+
+try:
+    import fastapi
+    from fastapi import HTTPException
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        'aiolock.fastapi needs the "fastapi" extra: pip install "aiolock[fastapi]"'
+    ) from exc
+
+from ._config import LockConfig
+from ._glue import ClientSource, NameTemplate, client_source, retry_after_header
+from ._lease import Lease
+from ._lock import Lock
+from .errors import AcquireTimeoutError, ConfigError, LeaseLostError
+
+__all__ = ("locked_request",)
+
+BUSY_STATUSES: Final = (409, 429)
+LOST_STATUS: Final = 503
+_NAME_PARAMETER: Final = "aiolock_lock_name"
+
+
+def locked_request(
+    name: str | Callable[..., str] | Callable[..., Awaitable[str]],
+    *,
+    client: ClientSource,
+    ttl: float = 30.0,
+    timeout: float | None = 0,
+    busy_status: Literal[409, 429] = 409,
+    renew: bool = True,
+    renew_interval: float | None = None,
+    max_hold: float | None = None,
+    prefix: str = "aiolock",
+) -> Any:
+    """A FastAPI dependency that holds a lock while the handler runs; its value is the `Lease`.
+
+    Use it as a parameter's default (`lease: Lease = locked_request(...)`), in
+    `Annotated[Lease, locked_request(...)]`, or in a route's `dependencies=[...]`.
+
+    Args:
+        name: a template such as `"orders:{order_id}"` whose fields are path or query
+            parameters, or a function FastAPI resolves as a dependency, returning the name.
+        client: a `redis.asyncio.Redis`, or a function of no arguments returning one
+            (`lambda: app.state.redis` for a client made at startup).
+        ttl: the lock's ttl, seconds; renewed while the handler runs.
+        timeout: seconds a request waits for the lock (default 0: one try, fail fast;
+            None waits as long as it takes).
+        busy_status: the status of a request that did not get the lock in time: 409
+            (Conflict: someone else is changing this resource) or 429 (Too Many
+            Requests: slow down). Both carry `Retry-After` (whole seconds, at least 1).
+        renew: as for `Lock`.
+        renew_interval: as for `Lock`.
+        max_hold: as for `Lock`.
+        prefix: as for `Lock`.
+
+    Returns:
+        A `fastapi.params.Depends` with `scope="function"`.
+
+    Raises:
+        TypeError, ConfigError: bad arguments, when the route is declared.
+
+    Added in 0.2.
+    """
+    if busy_status not in BUSY_STATUSES:
+        raise ConfigError(
+            f"busy_status must be 409 or 429, got {busy_status!r}",
+            argument="busy_status",
+            value=busy_status,
+        )
+    source = client_source(client)
+    LockConfig.cached(
+        ttl=ttl,
+        renew=renew,
+        renew_interval=renew_interval,
+        timeout=timeout,
+        max_hold=max_hold,
+        prefix=prefix,
+    )
+    template: NameTemplate | None = None
+    parameters: list[inspect.Parameter] = []
+    if isinstance(name, str):
+        template = NameTemplate(name)
+        for field in template.fields:
+            if not field.isidentifier() or keyword.iskeyword(field) or field == _NAME_PARAMETER:
+                raise ConfigError(
+                    f"name {name!r}: field {field!r} is not a possible parameter name",
+                    argument="name",
+                    value=name,
+                )
+            parameters.append(
+                inspect.Parameter(field, inspect.Parameter.KEYWORD_ONLY, annotation=str)
+            )
+    elif callable(name):
+        parameters.append(
+            inspect.Parameter(
+                _NAME_PARAMETER,
+                inspect.Parameter.KEYWORD_ONLY,
+                annotation=str,
+                default=fastapi.Depends(name),
+            )
+        )
+    else:
+        raise TypeError(f"name must be a str template or a function, got {type(name).__name__}")
+
+    async def hold_lock(**values: Any) -> AsyncIterator[Lease]:
+        if template is None:
+            lock_name = values[_NAME_PARAMETER]
+        else:
+            try:
+                lock_name = template.format(values)
+            except ConfigError as exc:
+                raise HTTPException(status_code=422, detail=str(exc)) from None
+        lock = Lock(
+            source(),
+            lock_name,
+            ttl=ttl,
+            renew=renew,
+            renew_interval=renew_interval,
+            timeout=timeout,
+            max_hold=max_hold,
+            prefix=prefix,
+        )
+        try:
+            lease = await lock.acquire()
+        except AcquireTimeoutError as exc:
+            raise HTTPException(
+                status_code=busy_status,
+                detail="busy: another request holds the lock on this resource",
+                headers={"Retry-After": retry_after_header(exc)},
+            ) from exc
+        try:
+            async with lease:
+                yield lease
+        except LeaseLostError as exc:
+            if exc.fencing_token != lease.fencing_token or exc.name != lease.name:
+                raise  # another lock's loss, raised by the handler itself
+            raise HTTPException(
+                status_code=LOST_STATUS,
+                detail="the lock on this resource was lost; the request was stopped",
+            ) from exc
+
+    hold_lock.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        parameters, return_annotation=AsyncIterator[Lease]
+    )
+    return fastapi.Depends(hold_lock, scope="function")

@@ -1,0 +1,162 @@
+"""aiolock.aiohttp: a lock per request, through aiohttp's test client, on a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from aiolock import ConfigError, Lease, Lock
+from aiolock.aiohttp import locked_handler
+
+pytestmark = pytest.mark.real_only
+
+REDIS = web.AppKey("redis", redis.asyncio.Redis)
+
+
+@contextlib.asynccontextmanager
+async def serve(app: web.Application) -> AsyncIterator[TestClient[web.Request, web.Application]]:
+    async with TestClient(TestServer(app)) as http:
+        yield http
+
+
+async def test_the_handler_runs_under_the_lock_and_it_is_released_before_the_response(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    seen: list[tuple[str, bool]] = []
+    held_at_response: list[bool] = []
+
+    @locked_handler(name + ":{order_id}", client=REDIS, ttl=5)
+    async def place(request: web.Request, lease: Lease) -> web.Response:
+        seen.append((lease.name, await Lock(client, lease.name).locked()))
+        return web.json_response({"fence": lease.fencing_token})
+
+    async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
+        held_at_response.append(await Lock(client, f"{name}:42").locked())
+
+    app = web.Application()
+    app[REDIS] = client
+    app.router.add_post("/orders/{order_id}", place)
+    app.on_response_prepare.append(on_prepare)
+    async with serve(app) as http:
+        response = await http.post("/orders/42")
+        assert response.status == 200, await response.text()
+        assert (await response.json())["fence"] > 0
+    assert seen == [(f"{name}:42", True)]
+    assert held_at_response == [False]
+
+
+async def test_a_busy_lock_fails_fast_with_the_chosen_status_and_retry_after(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    ran: list[str] = []
+
+    @locked_handler(name + ":{item}", client=client)
+    async def conflict(request: web.Request) -> web.Response:
+        ran.append("a")
+        return web.Response(text="a")
+
+    @locked_handler(name + ":{item}", client=lambda: client, busy_status=429)
+    async def too_many(request: web.Request) -> web.Response:
+        ran.append("b")
+        return web.Response(text="b")
+
+    app = web.Application()
+    app.router.add_post("/a/{item}", conflict)
+    app.router.add_post("/b/{item}", too_many)
+    async with serve(app) as http:
+        async with Lock(client, f"{name}:x", ttl=30):
+            first = await http.post("/a/x")
+            second = await http.post("/b/x")
+        assert (first.status, second.status) == (409, 429)
+        assert first.headers["Retry-After"] == second.headers["Retry-After"] == "1"
+        assert ran == []
+        assert (await http.post("/a/x")).status == 200
+
+
+async def test_a_loss_stops_the_handler_and_answers_503(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    in_handler = asyncio.Event()
+    proceed = asyncio.Event()
+    log = f"{name}:writes"
+
+    @locked_handler(name + ":{order_id}", client=client, ttl=0.3)
+    async def pay(request: web.Request) -> web.Response:
+        await client.rpush(log, "before")
+        in_handler.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proceed.wait(), 5)  # without the loss: gives up after 5 s
+        await client.rpush(log, "after the loss")
+        return web.Response(text="paid")
+
+    app = web.Application()
+    app.router.add_post("/pay/{order_id}", pay)
+    async with serve(app) as http, asyncio.timeout(20):
+        request = asyncio.create_task(http.post("/pay/7"))
+        await in_handler.wait()
+        await client.delete(f"aiolock:{{{name}:7}}")  # the lock is taken from the handler
+        response = await request
+        assert response.status == 503, await response.text()
+    assert await client.lrange(log, 0, -1) == [b"before"]
+
+
+async def test_the_name_may_come_from_the_query(client: redis.asyncio.Redis, name: str) -> None:
+    @locked_handler(name + ":{cart}", client=client)
+    async def cart(request: web.Request, lease: Lease) -> web.Response:
+        return web.Response(text=lease.name)
+
+    app = web.Application()
+    app.router.add_get("/carts", cart)
+    async with serve(app) as http:
+        assert await (await http.get("/carts", params={"cart": "c9"})).text() == f"{name}:c9"
+        missing = await http.get("/carts")
+        assert missing.status == 400
+        assert "cart" in await missing.text()
+
+
+async def test_a_client_under_an_app_key_of_a_parent_app(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    @locked_handler(name, client=REDIS)
+    async def job(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    parent = web.Application()
+    parent[REDIS] = client
+    child = web.Application()
+    child.router.add_post("/job", job)
+    parent.add_subapp("/sub", child)
+    async with serve(parent) as http:
+        assert (await http.post("/sub/job")).status == 200
+
+    bare = web.Application()
+    bare.router.add_post("/job", job)
+    async with serve(bare) as http:
+        assert (await http.post("/job")).status == 500  # RuntimeError: no client under the key
+
+
+def test_bad_declarations_fail_at_decoration(client: redis.asyncio.Redis) -> None:
+    with pytest.raises(ConfigError) as info:
+        locked_handler("x", client=client, busy_status=500)  # type: ignore[arg-type]
+    assert info.value.argument == "busy_status"
+    with pytest.raises(ConfigError) as info:
+        locked_handler("x:{}", client=client)
+    assert info.value.argument == "name"
+
+    def not_async(request: web.Request) -> web.Response:
+        return web.Response()
+
+    with pytest.raises(TypeError, match="async"):
+        locked_handler("x", client=client)(not_async)  # type: ignore[arg-type]
+
+    async def three(request: web.Request, lease: Lease, extra: int) -> web.Response:
+        return web.Response()
+
+    with pytest.raises(TypeError, match="request"):
+        locked_handler("x", client=client)(three)  # type: ignore[arg-type]

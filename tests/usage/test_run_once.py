@@ -1,0 +1,212 @@
+"""`run_once`: several servers run a job once; no marker after a loss or a failure."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from subprocess import PIPE
+
+import pytest
+import redis.asyncio
+
+from aiolock import (
+    ConfigError,
+    Lease,
+    LeaseLostError,
+    Lock,
+    OnceResult,
+    OnceStatus,
+    run_once,
+)
+from aiolock._backend import backend_for
+
+from ..conftest import CommandLog
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def marker_key(job: str) -> str:
+    return f"aiolock:{{once:{job}}}:done"
+
+
+async def test_three_servers_started_apart_run_the_job_once(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    runs: list[int] = []
+
+    async def server(index: int) -> OnceResult[int]:
+        await asyncio.sleep(0.4 * index)  # started 0.4 s apart, as cron on three hosts
+
+        async def job() -> int:
+            runs.append(index)
+            await asyncio.sleep(0.05)  # done long before the next server starts
+            return index
+
+        return await run_once(client, name, job, retention=60, ttl=5)
+
+    async with asyncio.timeout(10):
+        results = await asyncio.gather(*(server(i) for i in range(3)))
+    assert runs == [0]
+    assert [r.status for r in results] == [OnceStatus.RAN] + [OnceStatus.ALREADY_DONE] * 2
+    assert results[0].value == 0 and results[0].ran
+    assert results[1].marker == results[2].marker == results[0].marker
+
+
+async def test_with_a_lock_alone_the_same_servers_run_it_three_times(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    """Why the marker: the lock only keeps the runs apart."""
+    runs: list[int] = []
+
+    async def server(index: int) -> None:
+        await asyncio.sleep(0.4 * index)
+        lease = await Lock(client, name, ttl=5).try_acquire()
+        if lease is not None:
+            async with lease:
+                runs.append(index)
+
+    async with asyncio.timeout(10):
+        await asyncio.gather(*(server(i) for i in range(3)))
+    assert runs == [0, 1, 2]
+
+
+@pytest.mark.real_only
+async def test_three_server_processes_started_apart_run_the_job_once(
+    server_url: str, client: redis.asyncio.Redis, name: str
+) -> None:
+    log = f"{name}:log"
+    argv = ["-m", "tests.usage.once_worker", "--url", server_url, "--job", name, "--log", log]
+    processes = []
+    for index in range(3):
+        if index:
+            await asyncio.sleep(0.4)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, *argv, cwd=ROOT, stdout=PIPE, stderr=PIPE
+        )
+        processes.append(process)
+    statuses = []
+    for process in processes:
+        out, err = await asyncio.wait_for(process.communicate(), timeout=60)
+        assert process.returncode == 0, err.decode()
+        statuses.append(json.loads(out)["status"])
+    ran = [int(pid) for pid in await client.lrange(log, 0, -1)]
+    assert len(ran) == 1, statuses
+    assert ran[0] == processes[statuses.index("ran")].pid
+    assert sorted(statuses) == ["already_done", "already_done", "ran"]
+
+
+async def test_a_server_arriving_while_the_job_runs_finds_it_running(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    started = asyncio.Event()
+    finish = asyncio.Event()
+
+    async def job() -> str:
+        started.set()
+        await finish.wait()
+        return "done"
+
+    async with asyncio.timeout(10):
+        first = asyncio.create_task(run_once(client, name, job, retention=60, ttl=5))
+        await started.wait()
+        second = await run_once(client, name, job, retention=60, ttl=5)
+        assert second.status is OnceStatus.RUNNING_ELSEWHERE
+        assert not second.ran and second.value is None
+        waiting = asyncio.create_task(run_once(client, name, job, retention=60, timeout=5))
+        channel = f"aiolock:{{once:{name}}}:released"
+        while backend_for(client).notifier.queue_length(channel) == 0:
+            await asyncio.sleep(0)  # until it waits in the queue behind the running job
+        finish.set()
+        assert (await first).status is OnceStatus.RAN
+        # It waited for the lock, then found the marker written under it.
+        assert (await waiting).status is OnceStatus.ALREADY_DONE
+
+
+async def test_a_lost_lease_writes_no_marker(client: redis.asyncio.Redis, name: str) -> None:
+    written_after_loss: list[str] = []
+
+    async def job() -> None:
+        await client.delete(f"aiolock:{{once:{name}}}")  # the lock is taken from us
+        await asyncio.sleep(10)  # cancelled at the next renewal
+        written_after_loss.append("x")
+
+    with pytest.raises(LeaseLostError):
+        await asyncio.wait_for(run_once(client, name, job, retention=60, ttl=0.3), 5)
+    assert written_after_loss == []
+    assert await client.exists(marker_key(name)) == 0
+    again = await run_once(client, name, lambda: asyncio.sleep(0, "second"), retention=60)
+    assert again.status is OnceStatus.RAN and again.value == "second"
+
+
+async def test_a_job_that_finishes_after_its_lease_ran_out_writes_no_marker(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    async def job() -> str:
+        time.sleep(0.4)  # the event loop stalls past the 0.3 s lease: it is gone
+        return "late"
+
+    with pytest.raises(LeaseLostError):
+        await run_once(client, name, job, retention=60, ttl=0.3)
+    assert await client.exists(marker_key(name)) == 0
+
+
+async def test_a_failed_job_writes_no_marker_and_runs_again(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    async def failing() -> None:
+        raise ValueError("the report service is down")
+
+    with pytest.raises(ValueError, match="report service"):
+        await run_once(client, name, failing, retention=60)
+    assert await client.exists(marker_key(name)) == 0
+    assert not await Lock(client, "once:" + name).locked()
+    retry = await run_once(client, name, lambda: asyncio.sleep(0, 7), retention=60)
+    assert retry.status is OnceStatus.RAN and retry.value == 7
+
+
+async def test_the_marker_records_the_run_and_expires_after_the_retention(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    tokens: list[int] = []
+
+    async def job(lease: Lease) -> None:
+        tokens.append(lease.fencing_token)
+
+    result = await run_once(client, name, job, retention=30)
+    assert result.marker is not None
+    assert result.marker.fencing_token == tokens[0]
+    assert result.marker.finished_at == pytest.approx(time.time(), abs=5)
+    assert 29_000 < await client.pttl(marker_key(name)) <= 30_000
+    again = await run_once(client, name, job, retention=30)
+    assert again.status is OnceStatus.ALREADY_DONE and again.marker == result.marker
+    assert len(tokens) == 1
+    await client.delete(marker_key(name))  # as if the retention ran out
+    assert (await run_once(client, name, job, retention=30)).ran
+
+
+@pytest.mark.real_only
+async def test_bad_arguments_fail_before_anything_is_sent(
+    client: redis.asyncio.Redis, commands: CommandLog, name: str
+) -> None:
+    async def job() -> None: ...
+
+    async def two(a: int, b: int) -> None: ...
+
+    mark = commands.mark()
+    with pytest.raises(ConfigError) as info:
+        await run_once(client, name, job, retention=0)
+    assert info.value.argument == "retention"
+    with pytest.raises(ConfigError) as info:
+        await run_once(client, "", job, retention=1)
+    assert info.value.argument == "job_key"
+    with pytest.raises(ConfigError) as info:
+        await run_once(client, name, job, retention=1, ttl=-1)
+    assert info.value.argument == "ttl"
+    with pytest.raises(TypeError, match="job_key must be a str"):
+        await run_once(client, b"k", job, retention=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="one"):
+        await run_once(client, name, two, retention=1)  # type: ignore[arg-type]
+    assert commands.since(mark).total() == 0

@@ -1,0 +1,199 @@
+"""Shutdown: lock holders are cancelled first, then their locks released, at once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+from subprocess import PIPE
+from typing import Any
+
+import pytest
+import redis.asyncio
+
+from aiolock import ConfigError, Lock, release_all, release_on_signals
+from aiolock._shutdown import _body_task
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def test_bodies_are_cancelled_under_the_lock_then_released(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    key_during_cancel: list[int] = []
+    after_block: list[str] = []
+    entered = asyncio.Event()
+
+    async def worker(lock: Lock) -> None:
+        async with lock:
+            entered.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                # Still protected here: the lock is released only once the body has ended.
+                key_during_cancel.append(await client.exists(lock.key))
+                raise
+        after_block.append("the code after the block ran as if the work was done")
+
+    guarded = Lock(client, name + ":guarded", ttl=30)
+    task = asyncio.create_task(worker(guarded))
+    async with asyncio.timeout(10):
+        await entered.wait()
+    plain = Lock(client, name + ":plain", ttl=30)
+    lease = await plain.acquire()  # held outside `async with`: no body to cancel
+    async with asyncio.timeout(10):
+        report = await release_all(timeout=5)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert report.cancelled == (guarded.name,)
+    assert report.released == (plain.name,)
+    assert report.still_held == ()
+    assert key_during_cancel == [1]
+    assert after_block == []
+    assert lease.released and not lease.held
+    assert not await guarded.locked() and not await plain.locked()
+
+
+async def test_a_body_that_refuses_to_end_keeps_its_lease(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    entered = asyncio.Event()
+    stop = asyncio.Event()
+    lock = Lock(client, name, ttl=30)
+
+    async def stubborn() -> None:
+        async with lock:
+            entered.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                await stop.wait()  # swallows the cancellation and goes on working
+
+    task = asyncio.create_task(stubborn())
+    async with asyncio.timeout(10):
+        await entered.wait()
+        report = await release_all(timeout=0.2)
+    assert report.still_held == (name,)
+    assert report.cancelled == ()
+    assert await lock.locked()  # never released under running code
+    stop.set()
+    async with asyncio.timeout(10):
+        await task
+    assert not await lock.locked()
+
+
+async def test_the_callers_own_lease_is_left_to_it(client: redis.asyncio.Redis, name: str) -> None:
+    async with Lock(client, name, ttl=30) as lease:
+        report = await release_all(timeout=1)
+        assert report.still_held == (name,)
+        assert lease.held
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ConfigError) as info:
+        asyncio.run(release_all(timeout=0))
+    assert info.value.argument == "timeout"
+
+    async def install(signals: Any) -> None:
+        release_on_signals(signals)
+
+    with pytest.raises(TypeError, match=r"signal\.Signals"):
+        asyncio.run(install([15]))
+
+
+def test_removing_the_handlers_puts_back_the_previous_one() -> None:
+    def previous(signum: int, frame: object) -> None: ...
+
+    before = signal.signal(signal.SIGUSR1, previous)
+    try:
+
+        async def install_and_remove() -> None:
+            remove = release_on_signals([signal.SIGUSR1])
+            assert signal.getsignal(signal.SIGUSR1) is not previous
+            remove()
+            remove()  # a second call does nothing
+
+        asyncio.run(install_and_remove())
+        assert signal.getsignal(signal.SIGUSR1) is previous
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+
+
+async def start_holder(url: str, name: str, *extra: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.usage.sigterm_holder", "--url", url, "--name", name,
+        *extra, cwd=ROOT, stdout=PIPE, stderr=PIPE,
+    )  # fmt: skip
+
+
+async def next_event(process: asyncio.subprocess.Process) -> dict[str, Any]:
+    assert process.stdout is not None
+    async with asyncio.timeout(30):
+        line = await process.stdout.readline()
+    assert line, "the holder ended without reporting"
+    event: dict[str, Any] = json.loads(line)
+    return event
+
+
+@pytest.mark.real_only
+async def test_sigterm_releases_the_lock_at_once_and_ends_the_process(
+    server_url: str, client: redis.asyncio.Redis, name: str
+) -> None:
+    holder = await start_holder(server_url, name)
+    try:
+        assert (await next_event(holder))["event"] == "acquired"
+        lock = Lock(client, name, ttl=30)
+        assert await lock.locked()
+        loop = asyncio.get_running_loop()
+        signalled = loop.time()
+        holder.send_signal(signal.SIGTERM)
+        assert await next_event(holder) == {"event": "cancelled", "key_exists": True}
+        async with asyncio.timeout(30):
+            await holder.wait()
+        assert holder.returncode == -signal.SIGTERM  # ended by the signal, as without us
+        # Gone long before its 30 s ttl, and taken by the next process at the first try.
+        lease = await lock.try_acquire()
+        assert lease is not None
+        assert loop.time() - signalled < 5
+        await lease.release()
+    finally:
+        if holder.returncode is None:
+            holder.kill()
+            await holder.wait()
+
+
+@pytest.mark.real_only
+async def test_without_terminate_the_process_goes_on(
+    server_url: str, client: redis.asyncio.Redis, name: str
+) -> None:
+    holder = await start_holder(server_url, name, "--no-terminate")
+    try:
+        assert (await next_event(holder))["event"] == "acquired"
+        holder.send_signal(signal.SIGTERM)
+        assert (await next_event(holder))["event"] == "cancelled"
+        assert await next_event(holder) == {"event": "exited", "key_exists": False}
+        async with asyncio.timeout(30):
+            await holder.wait()
+        assert holder.returncode == 0
+    finally:
+        if holder.returncode is None:
+            holder.kill()
+            await holder.wait()
+
+
+async def test_the_body_task_is_known_for_a_guarded_lease(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    """release_all finds a body's task through its lease's cancel scope; if anyio ever stops
+    telling it, such leases are left alone (still_held), never released under the body."""
+    lock = Lock(client, name, ttl=5)
+    lease = await lock.acquire()
+    try:
+        assert _body_task(lease) is None  # not guarding a block yet
+        async with lease:
+            assert _body_task(lease) is asyncio.current_task()
+    finally:
+        if lease.held:
+            await lease.release()
