@@ -227,6 +227,11 @@ class Backend:
         task.add_done_callback(self._spawned.discard)
 
     @property
+    def health_interval(self) -> float:
+        """The client's redis-py `health_check_interval` (seconds; 0 if unset)."""
+        return float(self._connection_kwargs.get("health_check_interval") or 0)
+
+    @property
     def scheduler(self) -> RenewalScheduler:
         if self._scheduler is None:
             self._scheduler = RenewalScheduler(self)

@@ -53,7 +53,7 @@ _SAFE_POLICY: Final = "noeviction"
 _MEMORY_WARNING_SHARE: Final = 0.9
 _SLOW_ROUND_TRIP: Final = 0.05
 _MIN_VERSION: Final = (6, 2)
-OUTSIDE_SCRIPTS: Final = ("evalsha", "eval", "exists", "subscribe", "unsubscribe")
+OUTSIDE_SCRIPTS: Final = ("evalsha", "eval", "exists", "subscribe", "unsubscribe", "ping")
 """Commands aiolock sends itself; the others are called by its Lua scripts."""
 
 
@@ -478,6 +478,7 @@ class _Scratch:
             "zrem": [queue, "doctor"],
             "publish": [self.channel, "doctor"],
             "time": [],
+            "ping": [],
             "exists": [lock],
             "pexpire": [lock, "5000"],
             "pttl": [lock],
@@ -492,7 +493,7 @@ class _Scratch:
 _PROBE_ORDER: Final = (
     "hset", "hsetnx", "hincrby", "hget", "hmget", "hexists", "hgetall", "hlen", "hdel",
     "lpush", "rpush", "lrange", "llen", "ltrim", "zadd", "zrange", "zrangebyscore", "zcard",
-    "zscore", "zrem", "publish", "time", "exists", "pexpire", "pttl", "del",
+    "zscore", "zrem", "publish", "time", "ping", "exists", "pexpire", "pttl", "del",
 )  # fmt: skip
 """Commands the probe knows, in an order where each finds the key it needs, `del` last."""
 

@@ -11,6 +11,14 @@ ttl (plus a small random spread) before trying again. If the pub/sub connection 
 head is woken to try at once (a release may have been missed), and the subscription is
 re-established with backoff.
 
+Silence is not proof that a connection lives: a NAT or a load balancer can drop an idle
+one without a reset. After `health_interval` seconds without a word from Redis (2 s unless
+the client sets redis-py's `health_check_interval`), the listener sends a PING; if nothing
+has come back `health_interval` seconds later, the connection is taken for dead: it is
+replaced, every subscription made again, and every head woken to try (which puts its
+process back in the lock's queue in Redis). A dead subscription is so found within twice
+`health_interval` (4 s by default).
+
 A release from this same process wakes the local head directly, before the notification
 comes back from Redis; the notification that follows is recognised by its fencing token
 and ignored, so one release wakes one waiter.
@@ -54,6 +62,14 @@ fallback timer alone (the server may be unreachable: its attempts will say so)."
 LINGER: Final = 1.0
 """Seconds a subscription (and the pub/sub connection) outlives its last waiter, so that
 waiting in bursts does not subscribe and unsubscribe every time."""
+
+HEALTH_INTERVAL: Final = 2.0
+"""Seconds of silence on the pub/sub connection before it is asked for a PING, and then
+for its answer, unless the client sets redis-py's `health_check_interval`."""
+
+
+class _Silent(Exception):
+    """The pub/sub connection did not answer a PING in time: taken for dead."""
 
 
 def _connected(pubsub: PubSub) -> bool:
@@ -300,6 +316,7 @@ class Notifier:
         self._task: asyncio.Task[None] | None = None
         self.rng = random.Random()
         self.messages_received = 0
+        self.silent_connections = 0  # pub/sub connections replaced for not answering a PING
 
     def queue_length(self, channel: str) -> int:
         queue = self._queues.get(channel)
@@ -442,6 +459,10 @@ class Notifier:
         backoff = Backoff(base=0.05, cap=2.0, rng=self.rng)
         cancelled = False
         loop = self._backend.loop
+        every = self._backend.health_interval or HEALTH_INTERVAL
+        heard = loop.time()  # when Redis last said anything on this connection
+        pinged: float | None = None  # when the PING now unanswered was sent
+        ping_refused = False
         try:
             while self._queues or self._subscribed:
                 pubsub = self._pubsub
@@ -451,8 +472,40 @@ class Notifier:
                         for queue in self._queues.values():
                             queue.requested = True
                         await pubsub.subscribe(*self._queues, *self._subscribed)
-                    message = await pubsub.get_message(timeout=LINGER)
+                        heard, pinged = loop.time(), None
+                    now = loop.time()
+                    if pinged is not None and now - pinged >= every:
+                        raise _Silent(f"no answer to a PING within {every:g}s")
+                    if pinged is None and now - heard >= every:
+                        await pubsub.ping()
+                        pinged = now
+                    wait = (pinged if pinged is not None else heard) + every - now
+                    message = await pubsub.get_message(timeout=max(min(LINGER, wait), 0.001))
+                    if message is not None:
+                        heard, pinged = loop.time(), None
+                except _Silent as exc:
+                    self.silent_connections += 1
+                    logger.warning(
+                        "aiolock: pub/sub connection silent for %.1fs, replacing it: %s",
+                        loop.time() - heard,
+                        exc,
+                    )
+                    await self._reset_pubsub(replace=True)
+                    for queue in self._queues.values():
+                        queue.wake_head()  # a release may have been missed
+                    continue
                 except self._backend.connection_errors as exc:
+                    if pinged is not None and self._backend.refused(exc) and "ping" in str(exc):
+                        # Refused by an ACL without +ping: an answer all the same.
+                        if not ping_refused:
+                            ping_refused = True
+                            logger.warning(
+                                "aiolock: PING refused on the pub/sub connection (add +ping to "
+                                "the user's ACL): %s",
+                                exc,
+                            )
+                        heard, pinged = loop.time(), None
+                        continue
                     await self._reset_pubsub(replace=True)
                     if self._backend.refused(exc):
                         logger.warning("aiolock: subscription refused: %s", exc)

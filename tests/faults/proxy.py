@@ -20,6 +20,8 @@ then turns faults on and off at any moment (RELIABILITY.md (b), "FaultProxy"):
   either direction, and its sockets stay open (a connection that a NAT or a load balancer
   dropped without a reset); other connections, and new ones, are untouched. The returned
   event is set when it happens;
+- `silence_subscribers()`: the same, now, for every open connection that has carried a
+  SUBSCRIBE (the pub/sub connections);
 - `restore()`: all of the above undone.
 
 ```python
@@ -66,6 +68,7 @@ class _Link:
         self.client = client
         self.upstream = upstream
         self.silent = False  # dropped by a middlebox: nothing goes through, no reset
+        self.subscribed = False  # has carried a SUBSCRIBE: a pub/sub connection
 
     def reset(self) -> None:
         for writer in (self.client, self.upstream):
@@ -165,6 +168,14 @@ class FaultProxy:
         self._silences.append((containing, done))
         return done
 
+    def silence_subscribers(self) -> int:
+        """Silence, for good, every open pub/sub connection; returns how many there were."""
+        links = [link for link in self._links if link.subscribed and not link.silent]
+        for link in links:
+            link.silent = True
+        self.silenced += len(links)
+        return len(links)
+
     async def restore(self) -> None:
         """Forward normally again: no delay, held bytes delivered, listening again."""
         self._delay = 0.0
@@ -224,6 +235,8 @@ class FaultProxy:
         self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, link: _Link
     ) -> None:
         while data := await src.read(_CHUNK):
+            if b"$9\r\nSUBSCRIBE\r\n" in data.upper():  # the command, not a script's text
+                link.subscribed = True
             for index, (pattern, done) in enumerate(self._silences):
                 if pattern in data:
                     del self._silences[index]
