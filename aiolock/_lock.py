@@ -239,7 +239,7 @@ class Lock:
                 return self._granted(attempt.lease, loop.time() - started, attempts)
             pttl_ms = attempt.pttl_ms
         if wait == 0:
-            raise self._timeout_error(0.0, attempts)
+            raise self._timeout_error(wait, loop.time() - started, attempts)
 
         waiter = notifier.join(self._keys.channel)
         queue = waiter.queue
@@ -266,7 +266,7 @@ class Lock:
                     # (it nudges the head), unless the caller's timeout comes before it.
                     remaining = time_left()
                     if remaining is not None and remaining <= 0:
-                        raise self._timeout_error(loop.time() - started, attempts)
+                        raise self._timeout_error(wait, loop.time() - started, attempts)
                     await waiter.wait(remaining, pending_ok=True)
                     continue
                 if waiter.is_head and (waiter.take_wakeup() or must_try):
@@ -281,7 +281,7 @@ class Lock:
                     pttl_ms = attempt.pttl_ms
                 remaining = time_left()
                 if remaining is not None and remaining <= 0:
-                    raise self._timeout_error(loop.time() - started, attempts)
+                    raise self._timeout_error(wait, loop.time() - started, attempts)
                 delay = remaining
                 if waiter.is_head:
                     # The backoff only paces checks of a key whose expiry is unknown.
@@ -682,7 +682,9 @@ class Lock:
             )
         return lease
 
-    def _timeout_error(self, waited: float, attempts: int) -> AcquireTimeoutError:
+    def _timeout_error(
+        self, timeout: float | None, waited: float, attempts: int
+    ) -> AcquireTimeoutError:
         if events.enabled():
             events.emit(
                 events.LockEvent(
@@ -693,9 +695,11 @@ class Lock:
                 )
             )
         return AcquireTimeoutError(
-            f"lock {self._name!r} not acquired within {waited:.3g}s ({attempts} attempts)",
+            f"lock {self._name!r} not acquired within {timeout or 0:g}s "
+            f"(waited {waited:.3g}s, {attempts} attempts)",
             name=self._name,
-            timeout=waited,
+            timeout=timeout or 0.0,
+            waited=waited,
             attempts=attempts,
         )
 

@@ -4,8 +4,8 @@
 AiolockError
 ├── ConfigError(AiolockError, ValueError)        .argument, .value
 ├── LockError                                    .name
-│   ├── AcquireTimeoutError(LockError, TimeoutError)   .timeout, .attempts, .holder,
-│   │                                                  .retry_after
+│   ├── AcquireTimeoutError(LockError, TimeoutError)   .timeout, .waited, .attempts,
+│   │                                                  .holder, .retry_after
 │   └── LeaseLostError                           .reason, .fencing_token, .stalled_for,
 │                                                .body_completed
 └── BackendError                                 .operation, .name; __cause__ = the redis error
@@ -67,7 +67,8 @@ class AcquireTimeoutError(LockError, TimeoutError):
     """The lock stayed held by someone else for the whole `timeout`.
 
     Redis answered every attempt: this is contention, not a failure. `timeout` is the
-    number of seconds waited and `attempts` the number of acquire attempts sent.
+    timeout the caller passed (seconds; 0 for a single try), `waited` the seconds actually
+    spent, and `attempts` the number of acquire attempts sent.
 
     What Redis knew when it last refused, where it is known (None otherwise):
 
@@ -75,20 +76,27 @@ class AcquireTimeoutError(LockError, TimeoutError):
     - `retry_after`: seconds until the lock may be free (the holder's key would expire
       unless renewed). A hint for a client to come back, such as an HTTP `Retry-After`
       header; not a promise: a renewed lock stays held longer, a release frees it sooner.
+
+    Code that stands in for a busy lock (in a test, say) builds one from the name alone:
+    `AcquireTimeoutError(name="orders:42", timeout=0)`; the message is made from the rest.
     """
 
     def __init__(
         self,
-        message: str,
+        message: str | None = None,
         *,
         name: str,
-        timeout: float,
-        attempts: int,
+        timeout: float = 0.0,
+        waited: float | None = None,
+        attempts: int = 1,
         holder: LockInfo | None = None,
         retry_after: float | None = None,
     ) -> None:
+        if message is None:
+            message = f"lock {name!r} not acquired within {timeout:g}s ({attempts} attempts)"
         super().__init__(message, name=name)
         self.timeout = timeout
+        self.waited = timeout if waited is None else waited
         self.attempts = attempts
         self.holder = holder
         self.retry_after = retry_after
@@ -122,7 +130,8 @@ class LeaseLostError(LockError):
     Raised by `async with` when the body was cancelled because the lease was lost, or when the
     body finished after the lease was already gone (its last effects were unprotected), and by
     `Lease.extend()` / `Lease.release()` when Redis says the key is no longer this lease's.
-    `reason` is a `LossReason`; `fencing_token` identifies the lost lease. The underlying
+    `reason` is a `LossReason`; `fencing_token` identifies the lost lease (both have
+    defaults, so that code standing in for a loss can build one from the name alone). The underlying
     cause (a redis error, for example) is chained as `__cause__` where there is one.
 
     `stalled_for` is set when the deadline was missed because the event loop did not run
@@ -134,14 +143,16 @@ class LeaseLostError(LockError):
 
     def __init__(
         self,
-        message: str,
+        message: str | None = None,
         *,
         name: str,
-        reason: LossReason,
-        fencing_token: int,
+        reason: LossReason = LossReason.NOT_OWNER,
+        fencing_token: int = 0,
         stalled_for: float | None = None,
         body_completed: bool | None = None,
     ) -> None:
+        if message is None:
+            message = f"lease on lock {name!r} (fencing token {fencing_token}) was lost: {reason}"
         super().__init__(message, name=name)
         self.reason = reason
         self.fencing_token = fencing_token
@@ -157,7 +168,7 @@ class BackendError(AiolockError):
     The redis-py exception, if any, is `__cause__`.
     """
 
-    def __init__(self, message: str, *, operation: str, name: str | None) -> None:
+    def __init__(self, message: str, *, operation: str, name: str | None = None) -> None:
         super().__init__(message)
         self.operation = operation
         self.name = name

@@ -87,7 +87,7 @@ def test_exception_attributes() -> None:
     )
     assert (hinted.holder, hinted.retry_after) == (holder, 2.5)
     with pytest.raises(TypeError):
-        AcquireTimeoutError("t", "n", 0.0, 1, holder, 2.5)  # type: ignore[call-arg]
+        AcquireTimeoutError("t", "n", 0.0, 1, holder, 2.5)  # type: ignore[call-arg, arg-type]
     lost = LeaseLostError("l", name="n", reason=LossReason.DEADLINE, fencing_token=7)
     assert (lost.name, lost.reason, lost.fencing_token) == ("n", LossReason.DEADLINE, 7)
     backend = BackendError("b", operation="acquire", name=None)

@@ -8,7 +8,15 @@ import os
 import pytest
 import redis.asyncio
 
-from aiolock import AcquireTimeoutError, Lease, LeaseLostError, Lock, LockInfo, LossReason
+from aiolock import (
+    AcquireTimeoutError,
+    BackendError,
+    Lease,
+    LeaseLostError,
+    Lock,
+    LockInfo,
+    LossReason,
+)
 from aiolock._layout import LockKeys
 
 
@@ -43,12 +51,27 @@ async def test_timeout_raises_acquire_timeout(client: redis.asyncio.Redis, name:
         await Lock(client, name, ttl=5).acquire(timeout=0.2)
     assert info.value.name == name
     assert info.value.attempts >= 2
-    assert 0.2 <= info.value.timeout < 1.0
+    assert info.value.timeout == 0.2, "the timeout passed, not the time spent"
+    assert 0.2 <= info.value.waited < 1.0
     assert isinstance(info.value, TimeoutError)
     with pytest.raises(AcquireTimeoutError) as info:
         await Lock(client, name, ttl=5, timeout=0).acquire()
     assert info.value.attempts == 1
+    assert info.value.timeout == 0
     await held.release()
+
+
+def test_errors_can_be_built_by_user_code() -> None:
+    """Code standing in for a busy lock or a loss (a test double) needs only the name."""
+    busy = AcquireTimeoutError(name="orders:42", timeout=1.5)
+    assert busy.name == "orders:42" and busy.timeout == 1.5 and busy.waited == 1.5
+    assert "orders:42" in str(busy) and "1.5s" in str(busy)
+    assert busy.holder is None and busy.retry_after is None
+    lost = LeaseLostError(name="orders:42", reason=LossReason.DEADLINE, fencing_token=7)
+    assert "deadline" in str(lost) and lost.fencing_token == 7
+    assert LeaseLostError(name="x").reason is LossReason.NOT_OWNER
+    broken = BackendError("Redis is down", operation="acquire")
+    assert broken.name is None
 
 
 async def test_lock_timeout_applies_to_async_with(client: redis.asyncio.Redis, name: str) -> None:
