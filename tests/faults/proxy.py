@@ -24,6 +24,10 @@ then turns faults on and off at any moment (RELIABILITY.md (b), "FaultProxy"):
   SUBSCRIBE (the pub/sub connections);
 - `restore()`: all of the above undone.
 
+`arrivals` records, for every request chunk, when it reached the proxy (`loop.time()`, the
+clients' own clock, as the proxy runs in their event loop) and its bytes: an upper bound on
+when the client sent it.
+
 ```python
 proxy = await FaultProxy(server.port).start()
 try:
@@ -106,6 +110,7 @@ class FaultProxy:
         self._holds_lifted.set()
         self._silences: list[tuple[bytes, asyncio.Event]] = []
         self.silenced = 0
+        self.arrivals: list[tuple[float, bytes]] = []
 
     @property
     def url(self) -> str:
@@ -114,6 +119,10 @@ class FaultProxy:
     @property
     def open_connections(self) -> int:
         return len(self._links)
+
+    def arrived(self, containing: bytes, *, since: float = 0.0) -> list[float]:
+        """When requests containing `containing` reached the proxy, after `since`."""
+        return [at for at, data in self.arrivals if at >= since and containing in data]
 
     async def start(self) -> Self:
         await self._listen()
@@ -234,7 +243,9 @@ class FaultProxy:
     async def _requests(
         self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, link: _Link
     ) -> None:
+        loop = asyncio.get_running_loop()
         while data := await src.read(_CHUNK):
+            self.arrivals.append((loop.time(), data))
             if b"$9\r\nSUBSCRIBE\r\n" in data.upper():  # the command, not a script's text
                 link.subscribed = True
             for index, (pattern, done) in enumerate(self._silences):
