@@ -129,8 +129,9 @@ class Lock:
         renew_interval: seconds between renewals; default ttl/3. Must be less than the ttl.
         timeout: seconds `async with` and `acquire()` wait for the lock; None waits
             forever, 0 tries once.
-        max_hold: stop renewing after this many seconds (≥ ttl): a hung holder then loses
-            the lock at its next deadline instead of keeping it forever.
+        max_hold: seconds (≥ ttl) after which renewal stops: the last renewal sets the
+            expiry up to this point, so a hung holder keeps the lock at most this long
+            (its lease is lost then, `LossReason.MAX_HOLD`) instead of forever.
         prefix: prefix of every Redis key of this lock (see ARCHITECTURE.md for the layout).
 
     Raises:
