@@ -15,11 +15,11 @@ from __future__ import annotations
 from ._events import EventKind as EventKind
 from ._events import LockEvent as LockEvent
 from ._events import add_listener as add_listener
+from ._info import LockInfo as LockInfo
 from ._inspect import HoldStats as HoldStats
 from ._inspect import hold_stats as hold_stats
 from ._lease import Lease as Lease
 from ._lock import Lock as Lock
-from ._lock import LockInfo as LockInfo
 from ._locked import locked as locked
 from ._once import DoneMarker as DoneMarker
 from ._once import OnceResult as OnceResult

@@ -2,10 +2,11 @@
 
 This is the only module that imports `redis`. It runs scripts (EVALSHA with an EVAL fallback
 on NOSCRIPT), bounds every call by a timeout, and translates redis errors into
-`BackendError` with the original chained. It also owns, per user client, the connections
+`BackendError` with the original chained. It also makes, per user client, the connections
 aiolock opens for itself: background work (renewals, the pub/sub subscription) must not wait
 for a free connection in the user's pool, and must not inherit the user's retry policy
-(redis-py's default retries a command for up to ~10 s, longer than many leases live).
+(redis-py's default retries a command for up to ~10 s, longer than many leases live). What
+runs on those connections (the renewal scheduler, the notifier) is `_runtime`'s.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
 
@@ -31,14 +32,11 @@ except ImportError:  # pragma: no cover - hiredis is a dependency, but may be mi
 
 from ._scripts import Script
 from ._settle import after_arrivals
-from ._waiting import Notifier
-from ._watchdog import RenewalScheduler
 from .errors import BackendError
 
 __all__ = (
     "AsyncRedis",
     "Backend",
-    "backend_for",
     "check_client",
     "outcome_unknown",
     "translate_errors",
@@ -172,10 +170,11 @@ _Send = Callable[[redis.asyncio.Redis, _Command, _Sent], Awaitable[Any]]
 
 
 class Backend:
-    """Everything aiolock keeps per redis client: its own connections and background tasks.
+    """How aiolock talks to one redis client: script calls on its pool, and connections of
+    aiolock's own with its settings.
 
-    Found with `backend_for(client)`; one per client and event loop. The client itself is
-    held weakly: locks hold it strongly, so it lives as long as they do.
+    One per client and event loop, held by that pair's `_runtime.Runtime`. The client itself
+    is held weakly: locks hold it strongly, so it lives as long as they do.
     """
 
     connection_errors: Final = (redis.exceptions.RedisError, OSError)
@@ -186,12 +185,8 @@ class Backend:
         "_client_ref",
         "_connection_class",
         "_connection_kwargs",
-        "_notifier",
         "_renew_client",
-        "_scheduler",
         "_send",
-        "_spawned",
-        "guards",
         "loop",
     )
 
@@ -207,11 +202,6 @@ class Backend:
         self._renew_client: redis.asyncio.Redis | None = None
         # aiolock's own connections are of the same class, with the same encoding.
         self._send: _Send = _send_direct if _sends_directly(client) else _execute
-        self._scheduler: RenewalScheduler | None = None
-        self._notifier: Notifier | None = None
-        # Key of a held lock -> the tasks whose `async with` block a lease of it guards.
-        self.guards: dict[str, list[asyncio.Task[Any]]] = {}
-        self._spawned: set[asyncio.Task[None]] = set()
 
     @property
     def client(self) -> redis.asyncio.Redis:
@@ -220,28 +210,10 @@ class Backend:
             raise RuntimeError("the redis client of this lock was garbage-collected")
         return client
 
-    def spawn(self, call: Coroutine[Any, Any, None]) -> None:
-        """Run `call` in a task of its own, kept until it ends (it must bound itself)."""
-        task = self.loop.create_task(call)
-        self._spawned.add(task)
-        task.add_done_callback(self._spawned.discard)
-
     @property
     def health_interval(self) -> float:
         """The client's redis-py `health_check_interval` (seconds; 0 if unset)."""
         return float(self._connection_kwargs.get("health_check_interval") or 0)
-
-    @property
-    def scheduler(self) -> RenewalScheduler:
-        if self._scheduler is None:
-            self._scheduler = RenewalScheduler(self)
-        return self._scheduler
-
-    @property
-    def notifier(self) -> Notifier:
-        if self._notifier is None:
-            self._notifier = Notifier(self)
-        return self._notifier
 
     async def run(
         self,
@@ -400,14 +372,3 @@ class Backend:
     def new_pubsub(self) -> PubSub:
         """A pub/sub session on a connection of its own."""
         return PubSub(connection_pool=self._connection_pool())
-
-
-_backends: weakref.WeakKeyDictionary[redis.asyncio.Redis, Backend] = weakref.WeakKeyDictionary()
-
-
-def backend_for(client: redis.asyncio.Redis) -> Backend:
-    """The backend of `client` in the running event loop, created on first use."""
-    backend = _backends.get(client)
-    if backend is None or backend.loop is not asyncio.get_running_loop():
-        backend = _backends[client] = Backend(client)
-    return backend

@@ -24,6 +24,7 @@ import redis.exceptions
 
 from . import _scripts
 from ._backend import Backend, translate_errors
+from ._info import text
 from ._layout import LockKeys
 from .errors import BackendError
 
@@ -364,10 +365,6 @@ _CONFIG_NAMES: Final = (
 )
 
 
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 async def read_facts(client: redis.asyncio.Redis) -> ServerFacts:
     """INFO, the CONFIG values that may be read, and a few round trips."""
     info_error = None
@@ -391,7 +388,7 @@ async def read_facts(client: redis.asyncio.Redis) -> ServerFacts:
         except (redis.exceptions.RedisError, OSError) as exc:
             raise BackendError(f"doctor failed: {exc}", operation="doctor", name=None) from exc
         for key, value in reply.items():
-            config[_text(key)] = _text(value)
+            config[text(key)] = text(value)
     trips: list[float] = []
     for _ in range(5):
         started = time.perf_counter()
@@ -548,7 +545,7 @@ async def check_permissions(
     scratch = _Scratch.make(prefix)
     try:
         async with asyncio.timeout(_READ_TIMEOUT):
-            me = _text(await _command(client, "ACL", "WHOAMI"))
+            me = text(await _command(client, "ACL", "WHOAMI"))
     except redis.exceptions.ResponseError:  # WHOAMI refused: the user we connected as
         me = str(client.connection_pool.connection_kwargs.get("username") or "default")
     target = user or me
@@ -565,7 +562,7 @@ async def check_permissions(
                 dryrun = ("ACL", "DRYRUN", target, command, *arguments)
                 try:
                     async with asyncio.timeout(_READ_TIMEOUT):
-                        reply = _text(await _command(client, *dryrun))
+                        reply = text(await _command(client, *dryrun))
                 except redis.exceptions.ResponseError as exc:
                     if _denied(exc):
                         raise  # ACL DRYRUN itself refused
@@ -610,7 +607,7 @@ async def _try_commands(
     try:
         async with asyncio.timeout(_READ_TIMEOUT):
             # Expire the scratch keys even if DEL is refused: PEXPIRE runs before it.
-            failed += [_text(line) for line in await client.eval(_PROBE, len(keys), *keys, *argv)]
+            failed += [text(line) for line in await client.eval(_PROBE, len(keys), *keys, *argv)]
     except redis.exceptions.ResponseError as exc:
         failed.append(f"eval: {exc}")
     try:

@@ -20,10 +20,11 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, final
 
-from ._backend import AsyncRedis, backend_for, check_client, translate_errors
+from ._backend import AsyncRedis, check_client, translate_errors
 from ._config import check_name, check_prefix
+from ._info import LockInfo, text
 from ._layout import LockKeys
-from ._lock import LockInfo
+from ._runtime import runtime_for
 from ._scripts import RELEASE, release_args
 
 __all__ = (
@@ -208,13 +209,9 @@ class LockState:
         return summarize_holds(self.name, self.holds_ms, ttl=in_use)
 
 
-def _text(value: object) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-
-
 def _int(value: object, default: int = 0) -> int:
     try:
-        return int(_text(value))
+        return int(text(value))
     except ValueError:
         return default
 
@@ -267,7 +264,7 @@ async def _scan(
                 cursor, keys = await client.scan(
                     cursor=cursor, match=match, count=1000, _type=type_
                 )
-        names.update(name_of(_text(key)) for key in keys)
+        names.update(name_of(text(key)) for key in keys)
         if int(cursor) == 0:
             return names
 
@@ -318,7 +315,7 @@ async def _read_batch(client: AsyncRedis, names: Sequence[str], prefix: str) -> 
 def _parse(name: str, now_ms: int, replies: Sequence[Any]) -> LockState:
     pttl_raw, holder_raw, fence_n, queue_raw, waiters_raw, holds_raw = replies
     pttl = int(pttl_raw)
-    holder_fields = {_text(k): _text(v) for k, v in dict(holder_raw).items()}
+    holder_fields = {text(k): text(v) for k, v in dict(holder_raw).items()}
     holder: LockInfo | None = None
     reservation: Reservation | None = None
     age: float | None = None
@@ -339,8 +336,8 @@ def _parse(name: str, now_ms: int, replies: Sequence[Any]) -> LockState:
         reservation = Reservation(
             queue_id=holder_fields["reserved"], expires_in=max(pttl, 0) / 1000
         )
-    entries = {_text(k): _text(v) for k, v in dict(waiters_raw).items()}
-    order = [_text(member) for member in queue_raw]
+    entries = {text(k): text(v) for k, v in dict(waiters_raw).items()}
+    order = [text(member) for member in queue_raw]
     order += sorted(set(entries) - set(order))  # an entry outside the zset: shown last
     queue = tuple(
         _queue_entry(queue_id, position, entries.get(queue_id), now_ms)
@@ -473,11 +470,11 @@ async def force_release(
         return ForceRelease(outcome="declined", holder=state.holder)
     # Forced: the token is not recorded as released (that record is how an owner's retried
     # release is recognised), so the evicted owner's own release reports the loss.
-    args = release_args(token=_text(token_raw), forced=True)
-    reply = await backend_for(client).run(
+    args = release_args(token=text(token_raw), forced=True)
+    reply = await runtime_for(client).backend.run(
         RELEASE, keys.for_release, args, timeout=READ_TIMEOUT, operation="release", name=name
     )
     if int(reply[0]) != 1:  # 0: someone else holds it now; 2: its holder released it
         return ForceRelease(outcome="holder_changed", holder=state.holder)
-    handed_to = _text(reply[1])
+    handed_to = text(reply[1])
     return ForceRelease(outcome="released", holder=state.holder, handed_to=handed_to or None)

@@ -436,7 +436,7 @@ class Lease:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool:
+    ) -> None:
         """Release the lease, and say whether the body ran protected throughout.
 
         Raises:
@@ -472,14 +472,13 @@ class Lease:
                     f"aiolock: the lease on lock {self.name!r} was also lost while this "
                     f"exception was raised ({self.loss_error()})"
                 )
-            return False
+            return
         if release_error is not None:
             logger.warning(
                 "aiolock: could not release lock %r (it expires by itself): %s",
                 self.name,
                 release_error,
             )
-        return swallowed
 
     # ----------------------------------------------------------------- called by the watchdog
     def _renewal_sent(self, sent_at: float, ttl: float) -> None:

@@ -25,8 +25,9 @@ from typing import Final, Generic, TypeVar, final
 
 from ._backend import AsyncRedis, check_client, translate_errors
 from ._config import MAX_NAME_LENGTH, MAX_SECONDS, check_seconds
+from ._info import LockInfo
 from ._lease import Lease
-from ._lock import Lock, LockInfo
+from ._lock import Lock
 from .errors import AcquireTimeoutError, ConfigError
 
 __all__ = ("DoneMarker", "OnceResult", "OnceStatus", "run_once")

@@ -20,7 +20,7 @@ import logging
 import signal
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Final, Literal, final
+from typing import Any, Final, final
 
 from ._config import check_seconds
 from ._lease import Lease, held_leases
@@ -50,18 +50,9 @@ class ReleaseReport:
     body); their keys expire by their ttl."""
 
 
-def _body_task(lease: Lease) -> asyncio.Task[Any] | Literal[False] | None:
-    """The task running the `async with` body this lease guards; None if it guards none;
-    False if it guards one whose task cannot be told (then it must not be released).
-
-    The body runs in the task that entered the lease's cancel scope: anyio records it as
-    the scope's host task.
-    """
-    scope = lease._scope
-    if scope is None:
-        return None
-    task = getattr(scope, "_host_task", None)
-    return task if isinstance(task, asyncio.Task) else False
+def _body_task(lease: Lease) -> asyncio.Task[Any] | None:
+    """The task running the `async with` body this lease guards; None if it guards none."""
+    return lease._guarded
 
 
 async def release_all(*, timeout: float = 5.0) -> ReleaseReport:
@@ -99,8 +90,8 @@ async def release_all(*, timeout: float = 5.0) -> ReleaseReport:
         task = _body_task(lease)
         if task is None:
             unguarded.append(lease)
-        elif task is False or task is me:
-            own.append(lease)  # a body that cannot be cancelled from here: left to it
+        elif task is me:
+            own.append(lease)  # the body calling this: left to it
         else:
             if not task.done():
                 task.cancel(_CANCEL_MESSAGE)

@@ -33,19 +33,23 @@ import logging
 import math
 import random
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from ._retry import Backoff
 from ._scripts import RENEW
 from .errors import BackendError
 
 if TYPE_CHECKING:
-    import weakref
-
     from ._backend import Backend
-    from ._lease import Lease
 
-__all__ = ("IDLE_LINGER", "MAX_BATCH", "MAX_IN_FLIGHT", "RenewalEntry", "RenewalScheduler")
+__all__ = (
+    "IDLE_LINGER",
+    "MAX_BATCH",
+    "MAX_IN_FLIGHT",
+    "Renewable",
+    "RenewalEntry",
+    "RenewalScheduler",
+)
 
 logger = logging.getLogger("aiolock")
 
@@ -60,6 +64,25 @@ server time."""
 MAX_IN_FLIGHT: Final = 16
 """Most renewal (and abandoned-lease release) calls outstanding at once, each on its own
 connection."""
+
+
+class Renewable(Protocol):
+    """What the scheduler tells a lease (`_lease.Lease`) about its renewals."""
+
+    @property
+    def deadline(self) -> float: ...
+
+    def _renewal_sent(self, sent_at: float, ttl: float) -> None: ...
+
+    def _renewal_answered(self, sent_at: float) -> None: ...
+
+    def _renewed(self, sent_at: float, ttl: float | None = None) -> None: ...
+
+    def _renew_failed(self, error: BaseException) -> None: ...
+
+    def _renewal_stopped(self) -> None: ...
+
+    def _not_owner(self) -> None: ...
 
 
 class RenewalEntry:
@@ -81,7 +104,7 @@ class RenewalEntry:
     def __init__(
         self,
         *,
-        lease_ref: weakref.ref[Lease],
+        lease_ref: Callable[[], Renewable | None],
         key: str,
         token: str,
         ttl_ms: int,
@@ -274,7 +297,7 @@ class RenewalScheduler:
 
     async def _renew(self, batch: list[RenewalEntry]) -> None:
         loop = self._backend.loop
-        live: list[tuple[RenewalEntry, Lease, int]] = []
+        live: list[tuple[RenewalEntry, Renewable, int]] = []
         now = loop.time()
         for entry in batch:
             lease = entry.lease_ref()
@@ -333,7 +356,7 @@ class RenewalScheduler:
                 lease._not_owner()
 
     def _failed(
-        self, live: list[tuple[RenewalEntry, Lease, int]], exc: BackendError, sent_at: float
+        self, live: list[tuple[RenewalEntry, Renewable, int]], exc: BackendError, sent_at: float
     ) -> None:
         now = self._backend.loop.time()
         for entry, lease, _ in live:

@@ -41,6 +41,7 @@ from ._backend import Backend, translate_errors
 from ._config import LockConfig
 from ._demo import DemoConfig, DemoError, DemoSummary, demo_server, run_demo
 from ._doctor import Diagnosis, diagnose
+from ._info import LockInfo
 from ._inspect import (
     ForceRelease,
     HoldStats,
@@ -50,7 +51,6 @@ from ._inspect import (
     scan_lock_names,
 )
 from ._layout import LockKeys
-from ._lock import LockInfo
 from .errors import BackendError, ConfigError
 
 try:

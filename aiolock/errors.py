@@ -26,7 +26,7 @@ import enum
 import typing
 
 if typing.TYPE_CHECKING:
-    from ._lock import LockInfo
+    from ._info import LockInfo
 
 __all__ = (
     "AcquireTimeoutError",

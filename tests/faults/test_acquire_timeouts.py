@@ -12,7 +12,7 @@ import time
 import pytest
 
 from aiolock import AcquireTimeoutError, BackendError, Lock
-from aiolock._backend import backend_for
+from aiolock._runtime import runtime_for
 
 from ..conftest import make_client
 from ..servers import RedisServer
@@ -41,7 +41,7 @@ async def test_a_timeout_holds_while_a_local_release_puts_the_queue_in_line(
         holder = await lock.acquire()
         waiting = asyncio.create_task(lock.acquire(timeout=0.5))
         channel = lock.key + ":released"
-        notifier = backend_for(client).notifier
+        notifier = runtime_for(client).notifier
         await until(lambda: notifier.is_subscribed(channel), "the waiter subscribed", timeout=5)
         queue = notifier.queue_for(channel)
         assert queue is not None

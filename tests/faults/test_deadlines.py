@@ -18,9 +18,9 @@ import time
 import pytest
 
 from aiolock import AcquireTimeoutError, EventKind, Lease, Lock, add_listener
-from aiolock._backend import backend_for
 from aiolock._config import safety_margin
 from aiolock._layout import LockKeys
+from aiolock._runtime import runtime_for
 from aiolock._scripts import ACQUIRE, RENEW
 
 from ..conftest import CommandLog, make_client
@@ -106,7 +106,7 @@ async def test_a_release_to_another_process_does_not_wake_this_ones_waiters(
         await until(lambda: queued(1), "B queued", timeout=10)
         second = asyncio.create_task(Lock(a, name, ttl=30).acquire())
         await until(lambda: queued(2), "A queued", timeout=10)
-        notifier = backend_for(a).notifier
+        notifier = runtime_for(a).notifier
         await until(lambda: notifier.is_subscribed(keys.channel), "A subscribed", timeout=10)
         heard = notifier.messages_received
         mark = logs[0].mark()

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from aiolock import Lock
-from aiolock._backend import backend_for
 from aiolock._layout import RESERVATION_MS, LockKeys
+from aiolock._runtime import runtime_for
 from aiolock._scripts import RENEW
 
 from .test_network_faults import Proxied, proxied, until
@@ -24,7 +24,7 @@ async def test_the_grantee_writes_its_first_renewal_and_does_not_wait_for_it(
     keys = LockKeys.build("aiolock", name)
     holder = await Lock(proxied.direct, name, ttl=30).acquire()
     waiting = asyncio.create_task(Lock(proxied.client, name, ttl=30).acquire())
-    notifier = backend_for(proxied.client).notifier
+    notifier = runtime_for(proxied.client).notifier
     await until(lambda: notifier.is_subscribed(keys.channel), "the waiter subscribed", timeout=10)
 
     async def queued() -> bool:

@@ -19,8 +19,8 @@ import pytest
 import redis.asyncio
 
 from aiolock import Lock
-from aiolock._backend import backend_for
 from aiolock._layout import ABORTS_KEPT, LockKeys
+from aiolock._runtime import runtime_for
 from aiolock._scripts import ACQUIRE, RELEASE, Script, acquire_args, release_args
 
 from ..conftest import make_client
@@ -39,7 +39,7 @@ class Replay:
 
     async def run(self, script: Script, args: list[str | int]) -> Any:
         keys = self.keys.for_acquire if script is ACQUIRE else self.keys.for_release
-        return await backend_for(self.client).run(
+        return await runtime_for(self.client).backend.run(
             script, keys, args, timeout=5, operation=script.name, name=self.name
         )
 

@@ -21,8 +21,8 @@ import redis.exceptions
 from redis.asyncio.connection import Connection
 
 from aiolock import AcquireTimeoutError, BackendError, Lease, LeaseLostError, Lock, LossReason
-from aiolock._backend import backend_for
 from aiolock._layout import LockKeys
+from aiolock._runtime import runtime_for
 
 from ..conftest import CommandLog, make_client
 from ..servers import RedisServer
@@ -282,7 +282,7 @@ async def test_a_release_during_a_pubsub_reset_still_wakes_the_waiter(
     waiting: asyncio.Task[Lease] | None = None
     try:
         waiting = asyncio.create_task(Lock(proxied.client, name, ttl=30).acquire(timeout=60))
-        notifier = backend_for(proxied.client).notifier
+        notifier = runtime_for(proxied.client).notifier
         await until(
             lambda: notifier.is_subscribed(channel_of(name)), "waiter subscribed", timeout=10
         )
@@ -329,7 +329,7 @@ async def test_a_release_between_the_retry_and_the_resubscription_wakes_the_wait
     waiting: asyncio.Task[Lease] | None = None
     try:
         waiting = asyncio.create_task(Lock(proxied.client, name, ttl=30).acquire(timeout=60))
-        notifier = backend_for(proxied.client).notifier
+        notifier = runtime_for(proxied.client).notifier
         await until(
             lambda: notifier.is_subscribed(channel_of(name)), "waiter subscribed", timeout=10
         )
@@ -376,7 +376,7 @@ async def test_a_lingering_subscription_of_a_dropped_client_ends_cleanly(
     client = make_client(proxied.proxy.url)
     holder = await Lock(proxied.direct, name, ttl=5).acquire()
     waiting = asyncio.create_task(Lock(client, name, ttl=5, renew=False).acquire(timeout=5))
-    notifier = backend_for(client).notifier  # holds the client weakly
+    notifier = runtime_for(client).notifier  # holds the client weakly
     await until(lambda: notifier.is_subscribed(channel_of(name)), "waiter subscribed", timeout=10)
     await holder.release()
     await (await waiting).release()

@@ -47,8 +47,8 @@ from aiolock import (
     LossReason,
     add_listener,
 )
-from aiolock._backend import backend_for
 from aiolock._layout import LockKeys
+from aiolock._runtime import runtime_for
 from aiolock._scripts import Script
 
 from ..conftest import make_client
@@ -162,7 +162,7 @@ async def test_a_least_privilege_acl_user_can_do_everything(
         waiting = asyncio.create_task(Lock(other, name, ttl=10).acquire(timeout=10))
         channel = LockKeys.build("aiolock", name).channel
         async with asyncio.timeout(10):
-            while not backend_for(other).notifier.is_subscribed(channel):
+            while not runtime_for(other).notifier.is_subscribed(channel):
                 await asyncio.sleep(0.01)
         assert await lock.locked()
         info = await lock.info()

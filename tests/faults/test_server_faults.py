@@ -23,8 +23,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from aiolock import AcquireTimeoutError, BackendError, Lease, LeaseLostError, Lock, LossReason
-from aiolock._backend import backend_for
 from aiolock._layout import LockKeys
+from aiolock._runtime import runtime_for
 from aiolock._scripts import ACQUIRE, RELEASE, Script, acquire_args, release_args
 from aiolock._waiting import Notifier, Waiter
 
@@ -282,7 +282,7 @@ async def test_refused_subscription_does_not_strand_a_waiter(
         holder = await Lock(admin, name, ttl=2).acquire()
         waiting = asyncio.create_task(Lock(limited, name, ttl=2).acquire(timeout=None))
         channel = LockKeys.build("aiolock", name).channel
-        notifier = backend_for(limited).notifier
+        notifier = runtime_for(limited).notifier
 
         async def queued_or_done() -> bool:
             return notifier.queue_length(channel) == 1 or waiting.done()
@@ -336,7 +336,7 @@ async def test_unreachable_server_during_a_timed_acquire_raises_backend_error(
 async def parked(client: redis.asyncio.Redis, name: str) -> None:
     """Wait until one task of this process is queued for `name`, subscribed and asleep in
     its waiter (not in the middle of a Redis command)."""
-    notifier = backend_for(client).notifier
+    notifier = runtime_for(client).notifier
     channel = LockKeys.build("aiolock", name).channel
 
     async def check() -> bool:
@@ -374,7 +374,7 @@ async def test_server_dying_under_a_waiter_raises_backend_error(
             await asyncio.wait_for(waiting, 10)  # a hang guard, far below the 30 s timeout
         assert info.type is BackendError  # not AcquireTimeoutError
         channel = LockKeys.build("aiolock", name).channel
-        assert backend_for(client).notifier.queue_length(channel) == 0
+        assert runtime_for(client).notifier.queue_length(channel) == 0
         loss = await asyncio.wait_for(holder.wait_lost(), 5)
         assert loss is not None and loss.reason is LossReason.DEADLINE
     finally:
@@ -442,7 +442,7 @@ async def test_scripts_applied_twice_give_the_same_answer(server: RedisServer, n
         return release_args(token=token, abort=abort == "1")
 
     try:
-        backend = backend_for(client)
+        backend = runtime_for(client).backend
 
         async def run(script: Script, args: list[str | int]) -> Any:
             operation = "acquire" if script is ACQUIRE else "release"

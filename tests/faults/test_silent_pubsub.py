@@ -16,8 +16,8 @@ import pytest
 import redis.asyncio
 
 from aiolock import Lock
-from aiolock._backend import backend_for
 from aiolock._layout import LockKeys
+from aiolock._runtime import runtime_for
 from aiolock._waiting import HEALTH_INTERVAL
 
 from ..conftest import make_client
@@ -40,7 +40,7 @@ async def test_a_waiter_behind_a_dead_subscription_still_gets_the_lock(
     holder = await Lock(proxied.direct, name, ttl=30).acquire()
     waiting = asyncio.create_task(Lock(proxied.client, name, ttl=30).acquire())
     try:
-        notifier = backend_for(proxied.client).notifier
+        notifier = runtime_for(proxied.client).notifier
         await until(lambda: notifier.is_subscribed(keys.channel), "subscribed", timeout=10)
 
         async def queued() -> bool:
@@ -109,7 +109,7 @@ async def test_a_deaf_process_gets_its_turns_and_does_not_slow_the_others(
             timeout=20,
         )
         channel = LockKeys.build("aiolock", name).channel
-        notifier = backend_for(proxied.client).notifier
+        notifier = runtime_for(proxied.client).notifier
         await until(
             lambda: notifier.is_subscribed(channel) and proxied.proxy.silence_subscribers() == 1,
             "the deaf process's pub/sub connection silenced",

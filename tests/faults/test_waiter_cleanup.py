@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from aiolock import Lock
-from aiolock._backend import backend_for
 from aiolock._layout import LockKeys
+from aiolock._runtime import runtime_for
 
 from .test_network_faults import Proxied, proxied, until
 
@@ -28,7 +28,7 @@ async def test_a_waiter_cancelled_while_joining_leaves_nothing_queued(
     first = asyncio.create_task(Lock(proxied.client, name, ttl=30).acquire())
     second: asyncio.Task[object] | None = None
     try:
-        notifier = backend_for(proxied.client).notifier
+        notifier = runtime_for(proxied.client).notifier
         await until(lambda: notifier.is_subscribed(keys.channel), "first subscribed", timeout=10)
 
         async def queued_in_redis() -> bool:

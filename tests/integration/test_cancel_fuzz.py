@@ -31,8 +31,8 @@ import pytest
 import redis.asyncio
 
 from aiolock import Lease, Lock
-from aiolock._backend import backend_for
 from aiolock._layout import LockKeys
+from aiolock._runtime import runtime_for
 
 T = TypeVar("T")
 
@@ -137,7 +137,7 @@ class Fuzzer:
         method = getattr(self, "run_" + self.operation.replace("-", "_"))
         await method(n)
         self.history.append(f"{condition}:{n}:{self.outcome}")
-        assert backend_for(self.client).notifier.queue_length(self.channel) == 0, self.context()
+        assert runtime_for(self.client).notifier.queue_length(self.channel) == 0, self.context()
         await assert_client_answers(self.client, f"{self.name}:{n}")
 
     outcome = ""
@@ -171,7 +171,7 @@ class Fuzzer:
     async def run_acquire_waiting(self, n: int) -> None:
         """The lock is held: the acquire queues, subscribes, waits, is woken and tries."""
         holder = await Lock(self.client, self.name, ttl=30).acquire()
-        notifier = backend_for(self.client).notifier
+        notifier = runtime_for(self.client).notifier
         try:
             await self.prepare()
             task = asyncio.create_task(run_cancelled_at(lambda: self.lock.acquire(timeout=10), n))

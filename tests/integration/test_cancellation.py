@@ -13,8 +13,8 @@ import pytest
 import redis.asyncio
 
 from aiolock import Lease, Lock
-from aiolock._backend import backend_for
 from aiolock._layout import LockKeys
+from aiolock._runtime import runtime_for
 
 
 def channel_of(name: str) -> str:
@@ -24,7 +24,7 @@ def channel_of(name: str) -> str:
 async def parked(client: redis.asyncio.Redis, name: str, count: int) -> None:
     """Wait until `count` tasks of this process are queued for the lock `name`, each of
     them asleep in its waiter (not in the middle of a Redis command)."""
-    notifier = backend_for(client).notifier
+    notifier = runtime_for(client).notifier
 
     def all_parked() -> bool:
         queue = notifier._queues.get(channel_of(name))
@@ -49,7 +49,7 @@ async def test_cancelled_waiter_leaves_the_queue_and_holds_nothing(
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
-    assert backend_for(client).notifier.queue_length(channel_of(name)) == 0
+    assert runtime_for(client).notifier.queue_length(channel_of(name)) == 0
     info = await lock.info()
     assert info is not None and info.fencing_token == holder.fencing_token
     await holder.release()
@@ -73,13 +73,13 @@ async def test_cancelling_the_head_waiter_hands_its_turn_to_the_next(
     head.cancel()
     with pytest.raises(asyncio.CancelledError):
         await head
-    assert backend_for(client).notifier.queue_length(channel_of(name)) == 1
+    assert runtime_for(client).notifier.queue_length(channel_of(name)) == 1
     assert not second.done()
     await holder.release()
     lease = await asyncio.wait_for(second, 10)  # a hang guard: expected within milliseconds
     assert lease.fencing_token > holder.fencing_token
     await lease.release()
-    assert backend_for(client).notifier.queue_length(channel_of(name)) == 0
+    assert runtime_for(client).notifier.queue_length(channel_of(name)) == 0
 
 
 async def test_acquire_cancelled_at_every_await_point_leaves_no_lock(
@@ -104,7 +104,7 @@ async def test_acquire_cancelled_at_every_await_point_leaves_no_lock(
             assert lease.held
             await lease.release()
             assert not await lock.locked()
-        assert backend_for(client).notifier.queue_length(channel_of(name)) == 0
+        assert runtime_for(client).notifier.queue_length(channel_of(name)) == 0
     assert outcomes[0] == "cancelled"  # k = 0: cancelled before it ever ran
     # No connection was left with an unread reply: every reply matches its own command.
     for i in range(20):

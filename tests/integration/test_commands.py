@@ -9,7 +9,7 @@ import pytest
 import redis.asyncio
 
 from aiolock import Lock
-from aiolock._backend import backend_for
+from aiolock._runtime import runtime_for
 
 from ..conftest import CommandLog
 
@@ -88,7 +88,7 @@ async def test_renewals_of_many_leases_are_batched(
     try:
         first_deadlines = [lease.deadline for lease in leases]
         mark = commands.mark()
-        scheduler = backend_for(client).scheduler
+        scheduler = runtime_for(client).scheduler
         batches_before = scheduler.batches_sent
         # Wait until every lease has been renewed at least twice (ttl/3 = 0.1 s apart).
         while min(lease.deadline for lease in leases) < max(first_deadlines) + 0.2:
@@ -110,7 +110,7 @@ async def test_a_waiter_is_silent_while_the_holder_holds(
     holder = await Lock(client, name, ttl=10).acquire()
     mark = commands.mark()
     waiter = asyncio.create_task(Lock(client, name, ttl=10).acquire())
-    notifier = backend_for(client).notifier
+    notifier = runtime_for(client).notifier
     while notifier.queue_length(f"aiolock:{{{name}}}:released") == 0:
         await asyncio.sleep(0)
     await asyncio.sleep(0.5)  # a stretch of holding: nothing may be sent meanwhile
@@ -131,7 +131,7 @@ async def test_one_release_wakes_one_of_many_local_waiters(
     await warm_up(client, name)
     holder = await Lock(client, name, ttl=10).acquire()
     channel = f"aiolock:{{{name}}}:released"
-    notifier = backend_for(client).notifier
+    notifier = runtime_for(client).notifier
     waiters = []
     start = commands.mark()
     for _ in range(20):

@@ -18,7 +18,8 @@ import redis.asyncio
 from redis.asyncio.connection import Connection
 
 from aiolock import BackendError, Lock
-from aiolock._backend import _execute, _send_direct, backend_for
+from aiolock._backend import _execute, _send_direct
+from aiolock._runtime import runtime_for
 
 from ..conftest import make_client
 from ..servers import RedisServer
@@ -60,7 +61,7 @@ async def test_every_kind_of_client_locks_waits_and_hands_over(
     kind, client = kind_and_client
     lock_name = f"{name}:é"  # not ASCII: both paths must encode it as the client does
     lock = Lock(client, lock_name, ttl=5)
-    backend = backend_for(client)
+    backend = runtime_for(client).backend
     assert backend._send is (_send_direct if kind in DIRECT else _execute)
 
     first = await lock.acquire()
@@ -86,7 +87,7 @@ async def test_a_call_cut_off_mid_reply_leaves_the_pool_clean(
     back in the pool with the reply still to come, where the user's next command on that
     connection would read the script's reply as its own."""
     client = make_client(server.url)
-    assert backend_for(client)._send is _send_direct
+    assert runtime_for(client).backend._send is _send_direct
     try:
         lease = await Lock(client, name, ttl=30).acquire()  # one pooled connection, reused
         server.pause()

@@ -14,8 +14,8 @@ import pytest
 import redis.asyncio
 
 from aiolock import EventKind, Lease, Lock, add_listener, hold_stats
-from aiolock._backend import backend_for
 from aiolock._layout import RESERVATION_MS, LockKeys
+from aiolock._runtime import runtime_for
 
 from ..conftest import CommandLog, make_client
 
@@ -153,7 +153,7 @@ async def test_a_cancelled_waiter_passes_on_a_grant_made_for_it(
     await queued_in_redis(clients[0], name, 1)
     second = asyncio.create_task(Lock(clients[2], name, ttl=10).acquire())
     await queued_in_redis(clients[0], name, 2)
-    notifier = backend_for(clients[1]).notifier
+    notifier = runtime_for(clients[1]).notifier
     await holder.release()  # granted to the first queue...
     # ...which gives up before or while taking it: either its withdrawal passes the grant
     # on, or the abort of its claim releases the lock to the next queue.
@@ -204,7 +204,7 @@ async def test_a_hand_off_between_processes_costs_one_release(
     holder = await Lock(a, name, ttl=10).acquire()
     waiting = asyncio.create_task(Lock(b, name, ttl=10).acquire())
     await queued_in_redis(a, name, 1)
-    while not backend_for(b).notifier.is_subscribed(LockKeys.build("aiolock", name).channel):
+    while not runtime_for(b).notifier.is_subscribed(LockKeys.build("aiolock", name).channel):
         await asyncio.sleep(0.001)
     marks = [log.mark() for log in logs]
     await holder.release()

@@ -26,7 +26,7 @@ async def test_async_with_acquires_and_releases(client: redis.asyncio.Redis, nam
     async with lock as lease:
         assert isinstance(lease, Lease)
         assert await lock.locked()
-        assert lease.held and not lease.lost and not lease.released
+        assert (lease.held, lease.lost, lease.released) == (True, False, False)
         assert 4.5 < lease.remaining() <= 5
     assert lease.released and not lease.held
     assert lease.remaining() == 0.0

@@ -8,7 +8,7 @@ import pytest
 import redis.asyncio
 
 from aiolock import Lease, Lock
-from aiolock._backend import Backend, backend_for
+from aiolock._runtime import Runtime, runtime_for
 
 from ..conftest import make_client
 from ..servers import RedisServer
@@ -16,12 +16,12 @@ from ..servers import RedisServer
 
 async def queued(client: redis.asyncio.Redis, lock: Lock, count: int) -> None:
     """Wait until `count` tasks of this process are queued for `lock`."""
-    notifier = backend_for(client).notifier
+    notifier = runtime_for(client).notifier
     while notifier.queue_length(f"aiolock:{{{lock.name}}}:released") < count:
         await asyncio.sleep(0)
 
 
-def running(backend: Backend) -> tuple[bool, bool]:
+def running(backend: Runtime) -> tuple[bool, bool]:
     return backend.scheduler.running, backend.notifier.running
 
 
@@ -104,7 +104,7 @@ async def test_a_waiter_that_times_out_passes_its_turn_on(
 
 
 async def test_background_tasks_end_when_idle(client: redis.asyncio.Redis, name: str) -> None:
-    backend = backend_for(client)
+    backend = runtime_for(client)
     lock = Lock(client, name, ttl=0.3)
     holder = await lock.acquire()
     waiting = asyncio.create_task(Lock(client, name).acquire())

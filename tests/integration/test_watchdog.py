@@ -10,7 +10,7 @@ import pytest
 import redis.asyncio
 
 from aiolock import Lock
-from aiolock._backend import backend_for
+from aiolock._runtime import runtime_for
 
 
 async def test_a_garbage_collected_lease_warns_and_is_released(
@@ -31,7 +31,7 @@ async def test_a_garbage_collected_lease_warns_and_is_released(
     async with asyncio.timeout(5):
         while await lock.locked():
             await asyncio.sleep(0.01)
-    await backend_for(client).scheduler.wait_idle()
+    await runtime_for(client).scheduler.wait_idle()
 
 
 async def test_entering_a_held_lock_again_in_the_same_task_raises(
@@ -49,7 +49,7 @@ async def test_entering_a_held_lock_again_in_the_same_task_raises(
 async def test_renewal_stops_when_every_lease_is_released(
     client: redis.asyncio.Redis, name: str
 ) -> None:
-    scheduler = backend_for(client).scheduler
+    scheduler = runtime_for(client).scheduler
     leases = [await Lock(client, f"{name}:{i}", ttl=0.2).acquire() for i in range(10)]
     assert scheduler.active == 10
     for lease in leases:

@@ -21,7 +21,7 @@ from aiolock import (
     OnceStatus,
     run_once,
 )
-from aiolock._backend import backend_for
+from aiolock._runtime import runtime_for
 
 from ..conftest import CommandLog
 
@@ -117,7 +117,7 @@ async def test_a_server_arriving_while_the_job_runs_finds_it_running(
         assert not second.ran and second.value is None
         waiting = asyncio.create_task(run_once(client, name, job, retention=60, timeout=5))
         channel = f"aiolock:{{once:{name}}}:released"
-        while backend_for(client).notifier.queue_length(channel) == 0:
+        while runtime_for(client).notifier.queue_length(channel) == 0:
             await asyncio.sleep(0)  # until it waits in the queue behind the running job
         finish.set()
         assert (await first).status is OnceStatus.RAN

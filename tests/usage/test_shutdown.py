@@ -186,8 +186,8 @@ async def test_without_terminate_the_process_goes_on(
 async def test_the_body_task_is_known_for_a_guarded_lease(
     client: redis.asyncio.Redis, name: str
 ) -> None:
-    """release_all finds a body's task through its lease's cancel scope; if anyio ever stops
-    telling it, such leases are left alone (still_held), never released under the body."""
+    """release_all finds the task whose body a lease guards (to cancel it before the lease
+    is released), and knows a lease that guards none."""
     lock = Lock(client, name, ttl=5)
     lease = await lock.acquire()
     try:

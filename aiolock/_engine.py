@@ -1,0 +1,741 @@
+"""The acquisition engine: everything between "a task awaits acquire()" and "a Lease exists",
+and back at release, for every leased primitive alike.
+
+`Primitive` is the base of `Lock` (and of every primitive on one Redis server). It owns:
+
+- the fast path (one attempt when no task of this process waits for the name), then the
+  FIFO wait: the process's `WaitQueue` (`_waiting`), where only the head talks to Redis,
+  with a fresh `Registration` per attempt so that a release can grant the lock straight to
+  this process; the caller's timeout, a fallback timer for expiries (which send no
+  notification), and the wait's withdrawal when its last waiter leaves;
+- turning an answer into a `Lease` (`_lease`): counted from when the request was sent, taken
+  from a grant heard of in time (with its first renewal written before the body runs), or
+  claimed by an acquire when heard of too late; registering it with the client's
+  `RenewalScheduler` (`_watchdog`);
+- the compensations: a cancelled or unanswered acquire is aborted (a release that also
+  forbids that acquire from landing later), an answer that came after the lease's validity
+  is given back, a cancelled release finishes under a shield;
+- the release: token-guarded, putting this process's own waiters in line in the same call,
+  and telling them at once what it did;
+- the `LeaseIssuer` side (extend, release, the `async with` guards).
+
+A primitive supplies what is its own: its keys and the three calls the engine makes (acquire,
+release, renew) as a script, its keys and its arguments, in the common argument conventions
+of `_scripts`; the meaning of the replies is shared (see ACQUIRE and RELEASE there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, ClassVar, Final
+
+import redis.asyncio
+
+from . import _events as events
+from ._backend import outcome_unknown
+from ._cancel import run_shielded
+from ._config import LockConfig, check_timeout, safety_margin
+from ._info import HOST, PID, task_name, text
+from ._layout import RESERVATION_MS
+from ._lease import Lease
+from ._retry import Backoff, poll_delay
+from ._runtime import Runtime, runtime_for
+from ._scripts import Script
+from ._waiting import Grant, Registration, WaitQueue
+from ._watchdog import RenewalEntry
+from .errors import AcquireTimeoutError, BackendError
+
+__all__ = ("UNSET", "Call", "Primitive", "Released", "Unset")
+
+MIN_ATTEMPT_TIMEOUT: Final = 1.0
+"""Shortest time an acquire attempt gives Redis to answer (connecting included)."""
+MIN_CLEANUP: Final = 0.1
+"""Shortest time given to a cleanup, even when the caller's timeout is used up."""
+ABORT_TIMEOUT: Final = 1.0
+"""Longest wait for the cleanup of an acquire whose outcome is unknown."""
+
+Call = tuple[Script, Sequence[str], list[str | int]]
+"""One script call: the script, its KEYS and its ARGV."""
+
+
+def _cleanup_budget(time_left: float | None) -> float:
+    """How long a cleanup after a failed or abandoned wait may take: what is left of the
+    caller's timeout (at least a moment, to try), at most ABORT_TIMEOUT."""
+    if time_left is None:
+        return ABORT_TIMEOUT
+    return min(ABORT_TIMEOUT, max(time_left, MIN_CLEANUP))
+
+
+class Unset:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<the primitive's timeout>"
+
+
+UNSET: Final = Unset()
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """What one release call did (see RELEASE in `_scripts`)."""
+
+    status: int  # 1 released now, 2 already, 3 a queue withdrawn, 0 not the owner
+    handed_to: str  # the wait queue the lock was handed to, or ''
+    granted: str  # the fencing token it was granted under, or ''
+    seq: str  # the registration it was granted to, or ''
+    expiry_ms: int  # the grant's expiry, or 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Attempt:
+    lease: Lease | None
+    pttl_ms: int
+
+
+class Primitive:
+    """A named primitive on one Redis server whose holders get `Lease`s.
+
+    Subclasses set `_client`, `_name`, `_config`, `_key` (the key a lease's token lives in,
+    which its renewals extend) and `_channel` (where releases are announced), and supply
+    `_acquire_call`, `_release_call` and `_renew_call`.
+    """
+
+    __slots__ = ("_channel", "_client", "_config", "_held", "_key", "_name")
+
+    _what: ClassVar[str] = "lock"
+    """What the primitive is called in messages."""
+
+    _client: redis.asyncio.Redis
+    _name: str
+    _config: LockConfig
+    _key: str
+    _channel: str
+    _held: list[tuple[asyncio.Task[Any], Lease]]
+
+    # ----------------------------------------------------------------- what a primitive supplies
+    def _acquire_call(
+        self, token: str, task: str, queue: tuple[str, int, str] | None, claims: Sequence[str]
+    ) -> Call:
+        """The acquire script call for `token` (see ACQUIRE's ARGV conventions)."""
+        raise NotImplementedError  # pragma: no cover - every primitive defines it
+
+    def _release_call(
+        self,
+        *,
+        token: str = "",
+        held_ms: int | None = None,
+        abort: bool = False,
+        withdraw: str = "",
+        join: tuple[str, str, int] | None = None,
+        claims: Sequence[str] = (),
+    ) -> Call:
+        """The release script call (see RELEASE's ARGV conventions)."""
+        raise NotImplementedError  # pragma: no cover - every primitive defines it
+
+    def _renew_call(self, token: str, ttl_ms: int) -> Call:
+        """The call that resets the expiry of the lease under `token` to `ttl_ms`."""
+        raise NotImplementedError  # pragma: no cover - every primitive defines it
+
+    # ----------------------------------------------------------------- properties
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def ttl(self) -> float:
+        return self._config.ttl
+
+    @property
+    def timeout(self) -> float | None:
+        return self._config.timeout
+
+    # ----------------------------------------------------------------- acquiring
+    async def acquire(self, *, timeout: float | Unset | None = UNSET) -> Lease:
+        """Wait for it and return the `Lease`.
+
+        Args:
+            timeout: seconds to wait; None waits forever, 0 tries once. Defaults to the
+                primitive's `timeout`.
+
+        Raises:
+            AcquireTimeoutError: it stayed held by others for the whole timeout.
+            BackendError: Redis could not be reached or refused the command.
+            RuntimeError: the current task holds it in an `async with` block (through any
+                object of this name on this client), and `timeout` is not 0: waiting
+                would never end (or always time out). Nothing is sent. A single try
+                (`timeout=0`, `try_acquire()`) is allowed, and finds it busy. Not
+                recognised: a lease from `acquire()` that was never entered with
+                `async with` (it may be handed to another task, which releases it), the same
+                name through another client object, and a task that waits for another task
+                waiting for it.
+
+        Cancellation:
+            A cancelled acquire leaves nothing held and nothing queued: if the acquire
+            script may have run when the cancellation arrived, a token-guarded release
+            (which also forbids a late-arriving acquire with that token) is sent under a
+            shield before the cancellation propagates.
+        """
+        wait = self._config.timeout if isinstance(timeout, Unset) else check_timeout(timeout)
+        runtime = runtime_for(self._client)
+        if wait != 0 and runtime.guarded_by(self._key, asyncio.current_task()):
+            raise RuntimeError(
+                f"{self._what} {self._name!r} is already held by this task, in an 'async with' "
+                f"block: waiting for it here would wait forever (it is not reentrant)"
+            )
+        loop = runtime.loop
+        started = loop.time()
+        deadline = None if wait is None else started + wait
+        notifier = runtime.notifier
+        attempts = 0
+
+        def time_left() -> float | None:
+            return None if deadline is None else deadline - loop.time()
+
+        # Fast path: nobody of this process is queued, so try before subscribing. Otherwise
+        # queue behind them (first come, first served), unless this is a single try.
+        pttl_ms = self._config.ttl_ms
+        if wait == 0 or notifier.queue_length(self._channel) == 0:
+            attempts += 1
+            attempt = await self._attempt(runtime, time_left())
+            if attempt.lease is not None:
+                return self._granted(attempt.lease, loop.time() - started, attempts)
+            pttl_ms = attempt.pttl_ms
+        if wait == 0:
+            raise self._timeout_error(wait, loop.time() - started, attempts)
+
+        waiter = notifier.join(self._channel)
+        queue = waiter.queue
+        acquired = False
+        try:
+            await notifier.ready(waiter, timeout=time_left())
+            must_try = waiter.is_head
+            unknown_pttl = Backoff(base=0.01, cap=1.0, rng=notifier.rng)
+            while True:
+                if waiter.is_head and (grant := queue.pop_grant()) is not None:
+                    lease = self._lease_from_grant(runtime, grant)
+                    if lease is not None:
+                        queue.took()
+                        acquired = True
+                        try:
+                            await self._renew_granted(runtime, lease)
+                        except asyncio.CancelledError:
+                            await lease._cleanup_after_loss()  # it never reached its caller
+                            raise
+                        return self._granted(lease, loop.time() - started, attempts)
+                    must_try = True  # heard of too late to count on: claim it by an acquire
+                if waiter.is_head and queue.joining:
+                    # A release here is putting the queue in line: its answer comes first
+                    # (it nudges the head), unless the caller's timeout comes before it.
+                    remaining = time_left()
+                    if remaining is not None and remaining <= 0:
+                        raise self._timeout_error(wait, loop.time() - started, attempts)
+                    await waiter.wait(remaining, pending_ok=True)
+                    continue
+                if waiter.is_head and (waiter.take_wakeup() or must_try):
+                    must_try = False
+                    attempts += 1
+                    attempt = await self._attempt(
+                        runtime, time_left(), queue=queue, behind=len(queue.waiters) - 1
+                    )
+                    if attempt.lease is not None:
+                        acquired = True
+                        return self._granted(attempt.lease, loop.time() - started, attempts)
+                    pttl_ms = attempt.pttl_ms
+                remaining = time_left()
+                if remaining is not None and remaining <= 0:
+                    raise self._timeout_error(wait, loop.time() - started, attempts)
+                delay = remaining
+                if waiter.is_head:
+                    # The backoff only paces checks of a key whose expiry is unknown.
+                    fallback = unknown_pttl.next() if pttl_ms <= 0 else 0.0
+                    poll = poll_delay(pttl_ms, fallback=fallback, rng=notifier.rng)
+                    delay = poll if remaining is None else min(poll, remaining)
+                timed_out = await waiter.wait(delay)
+                waiter.check()
+                if waiter.poll_hint_ms is not None:  # the lock was handed to another process
+                    pttl_ms, waiter.poll_hint_ms = waiter.poll_hint_ms, None
+                if timed_out and waiter.is_head:
+                    must_try = True
+        finally:
+            leaving = notifier.leave(waiter, acquired=acquired)
+            if leaving is not None:
+                # The last waiter of this process left: take its queue out of Redis, and
+                # hand on a lock reserved or granted to it meanwhile.
+                budget = _cleanup_budget(time_left())
+                with contextlib.suppress(BackendError, TimeoutError):
+                    await run_shielded(
+                        self._withdraw(runtime, leaving, timeout=budget), timeout=budget + 0.1
+                    )
+
+    async def try_acquire(self) -> Lease | None:
+        """Try once, without waiting: the `Lease`, or None if someone else holds it.
+
+        Raises:
+            BackendError: Redis could not be reached or refused the command.
+
+        Cancellation:
+            As for `acquire()`.
+        """
+        try:
+            return await self.acquire(timeout=0)
+        except AcquireTimeoutError:
+            return None
+
+    async def _attempt(
+        self,
+        runtime: Runtime,
+        time_left: float | None,
+        *,
+        queue: WaitQueue | None = None,
+        behind: int = 0,
+    ) -> _Attempt:
+        """One acquire script call: one round trip.
+
+        `queue` is this process's wait queue for the name (None: do not queue), `behind`
+        the number of this process's waiters queued behind the caller. The attempt puts a
+        fresh registration in the queue's entry, and claims a grant to an earlier one.
+        """
+        config = self._config
+        loop = runtime.loop
+        token = secrets.token_hex(16)
+        task = task_name()
+        validity = config.ttl - config.margin
+        # A reply later than the lease's validity would be useless: bound the call by it,
+        # and by the caller's wait, but give Redis at least a moment to answer even when
+        # there is nothing left to wait (a single try, or the last one).
+        bound = validity
+        if time_left is not None:
+            bound = min(validity, max(time_left, MIN_ATTEMPT_TIMEOUT))
+        registration: Registration | None = None
+        queued: tuple[str, int, str] | None = None
+        claims: list[str] = []
+        sent_at = loop.time()
+        if queue is not None:
+            claims = queue.claim_tokens()
+            registration = queue.register(self._grant_ms, sent_at)
+            queued = (queue.wid, behind, self._entry(registration, task))
+            queue.attempting = True
+        script, keys, args = self._acquire_call(token, task, queued, claims)
+        try:
+            reply = await runtime.backend.run(
+                script, keys, args, timeout=bound, operation="acquire", name=self._name
+            )
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                await self._abort(runtime, token, timeout=ABORT_TIMEOUT)
+            elif outcome_unknown(exc):
+                # Redis did not answer: its answer to the abort may not come either, and the
+                # caller's timeout must hold (the key, if set, expires within the ttl).
+                left = None if time_left is None else time_left - (loop.time() - sent_at)
+                await self._abort(runtime, token, timeout=_cleanup_budget(left))
+            raise
+        finally:
+            if queue is not None:
+                queue.attempting = False
+        status, value = int(reply[0]), int(reply[1])
+        if queue is not None and registration is not None and status != -1:
+            queue.settle(registration, acquired=status == 1, in_redis=status == 0 or behind > 0)
+        if status != 1:
+            return _Attempt(None, value if status == 0 else -1)
+        if loop.time() >= sent_at + validity:
+            # The reply came too late to be of use (this process was paused): give it back.
+            await self._abort(runtime, token, timeout=ABORT_TIMEOUT)
+            return _Attempt(None, -1)
+        interval = config.renew_interval
+        first_due = None if interval is None else sent_at + interval
+        return _Attempt(self._new_lease(runtime, token, value, sent_at, first_due=first_due), 0)
+
+    # ----------------------------------------------------------------- leases
+    def _new_lease(
+        self,
+        runtime: Runtime,
+        token: str,
+        fencing_token: int,
+        sent_at: float,
+        *,
+        first_due: float | None,
+        deadline: float | None = None,
+    ) -> Lease:
+        """A lease under `token`, renewed from `first_due` on (None: not renewed)."""
+        config = self._config
+        return Lease(
+            issuer=self,
+            token=token,
+            fencing_token=fencing_token,
+            ttl=config.ttl,
+            margin=config.margin,
+            sent_at=sent_at,
+            deadline=deadline,
+            scheduler=None if first_due is None else runtime.scheduler,
+            make_entry=None
+            if first_due is None
+            else lambda ref: self._renewal_entry(
+                ref,
+                token=token,
+                fencing_token=fencing_token,
+                sent_at=sent_at,
+                due=first_due,
+                runtime=runtime,
+            ),
+        )
+
+    @property
+    def _grant_ms(self) -> int:
+        """How long a grant to this primitive's waiters is held before it is renewed."""
+        return min(self._config.ttl_ms, RESERVATION_MS)
+
+    def _entry(self, registration: Registration, task: str) -> str:
+        """The tail of this process's entry in the wait queue in Redis (see ACQUIRE)."""
+        r = registration
+        ttl_ms = self._config.ttl_ms
+        return f"{HOST} {PID} {r.seq} {r.grant_ms} {ttl_ms} {r.token} {task}"
+
+    def _lease_from_grant(self, runtime: Runtime, grant: Grant) -> Lease | None:
+        """The lease for a grant heard of in time, or None if it must first be claimed.
+
+        The grant was made after `grant.sent_at` with its expiry (the full ttl when this
+        process granted it to itself, else at most RESERVATION_MS), so the lease is valid
+        until then, or for this primitive's ttl if that is shorter (its renewals set that),
+        minus the margin. It is taken only with at least half of that left, and only by a
+        primitive that renews. A lease valid for less than its ttl is renewed at once (see
+        `_renew_granted`), and by the watchdog within a third of its validity.
+        """
+        config = self._config
+        if config.renew_interval is None:
+            return None
+        validity = min(grant.expiry_ms / 1000, config.ttl)
+        sent_at = grant.sent_at
+        if runtime.loop.time() >= sent_at + validity / 2:
+            return None
+        return self._new_lease(
+            runtime,
+            grant.registration.token,
+            grant.fencing_token,
+            sent_at,
+            first_due=sent_at + min(config.renew_interval, validity / 3),
+            deadline=grant.valid_until(validity, safety_margin(validity)),
+        )
+
+    async def _renew_granted(self, runtime: Runtime, lease: Lease) -> None:
+        """Renew a lease taken from a short grant to its full ttl, before its body runs.
+
+        The renewal is sent on the user's client now, in a task of its own; this waits
+        until it has been written (never for its answer), so that an event-loop stall at
+        the start of the body finds it confirmed by Redis, as a lease acquired with its
+        full ttl would be. The watchdog's own schedule goes on regardless.
+        """
+        config = self._config
+        loop = runtime.loop
+        entry = lease._entry
+        if entry is None or lease.deadline - loop.time() >= config.ttl - 2 * config.margin:
+            return  # granted for its full ttl already
+        written = loop.create_future()
+
+        def on_sent() -> None:
+            if not written.done():
+                written.set_result(None)
+
+        async def renew() -> None:
+            sent_at = loop.time()
+            lease._renewal_sent(sent_at, config.ttl)
+            script, keys, args = self._renew_call(lease.token, config.ttl_ms)
+            try:
+                ours = await runtime.backend.run(
+                    script,
+                    keys,
+                    args,
+                    timeout=max(lease.deadline - sent_at, 0.001),
+                    operation="renew",
+                    name=self._name,
+                    on_sent=on_sent,
+                )
+            except BackendError as exc:
+                lease._renew_failed(exc)
+                return
+            finally:
+                lease._renewal_answered(sent_at)
+                on_sent()
+            if int(ours[0]) == 1:
+                lease._renewed(sent_at, config.ttl)
+                if config.renew_interval is not None:
+                    runtime.scheduler.postpone(entry, sent_at + config.renew_interval)
+            else:
+                lease._not_owner()
+
+        runtime.spawn(renew())
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(lease.deadline - loop.time(), 0) / 2):
+                await written
+
+    def _renewal_entry(
+        self,
+        ref: weakref.ref[Lease],
+        *,
+        token: str,
+        fencing_token: int,
+        sent_at: float,
+        due: float,
+        runtime: Runtime,
+    ) -> RenewalEntry:
+        config = self._config
+        assert config.renew_interval is not None
+        return RenewalEntry(
+            lease_ref=ref,
+            key=self._key,
+            release=lambda: self._release_token(
+                runtime,
+                token,
+                abort=False,
+                timeout=ABORT_TIMEOUT,
+                background=True,
+                fencing_token=fencing_token,
+            ),
+            token=token,
+            ttl_ms=config.ttl_ms,
+            interval=config.renew_interval,
+            due=due,
+            stop_at=None if config.max_hold is None else sent_at + config.max_hold,
+            rng=runtime.scheduler.rng,
+        )
+
+    # ----------------------------------------------------------------- compensations, release
+    async def _abort(self, runtime: Runtime, token: str, *, timeout: float) -> None:
+        """Undo an acquire whose outcome is unknown, under a shield; errors are dropped.
+
+        If the key was set and this fails too, it expires within the ttl.
+        """
+        with contextlib.suppress(BackendError, TimeoutError):
+            await run_shielded(
+                self._release_token(runtime, token, abort=True, timeout=timeout),
+                timeout=timeout + 0.1,
+            )
+
+    async def _withdraw(self, runtime: Runtime, queue: WaitQueue, *, timeout: float) -> None:
+        """Take this process's wait queue out of Redis; pass on a reservation or grant made
+        for it."""
+        call = self._release_call(withdraw=queue.wid, claims=queue.claim_tokens())
+        reply = await self._run_release(runtime, call, timeout=timeout)
+        runtime.notifier.local_release(
+            self._channel,
+            f"w{queue.wid}",
+            reply.handed_to,
+            granted=reply.granted,
+            seq=reply.seq,
+            expiry_ms=reply.expiry_ms,
+        )
+
+    async def _release_token(
+        self,
+        runtime: Runtime,
+        token: str,
+        *,
+        abort: bool,
+        timeout: float,
+        background: bool = False,
+        fresh: bool = False,
+        fencing_token: int | None = None,
+        held_ms: int | None = None,
+    ) -> int:
+        """Run the release script for `token`: 1 released now, 2 already, 0 not the owner.
+
+        `held_ms`, how long the lease was held, is recorded for the hold statistics.
+
+        If this process has waiters for the name, their queue joins the queue in Redis in
+        the same call (with a fresh registration), so the release can grant it straight to
+        them. What the release did is told to them at once; if it may have freed it for
+        them, the first of them is woken to try.
+        """
+        notifier = runtime.notifier
+        channel = self._channel
+        queue = None if abort else notifier.queue_for(channel)
+        joining: tuple[WaitQueue, Registration] | None = None  # the queue this call puts in line
+        join = None
+        sent_at = runtime.loop.time()
+        if queue is not None and queue.waiters and not (queue.attempting or queue.joining):
+            registration = queue.register(self._grant_ms, sent_at)
+            entry = self._entry(registration, task_name(queue.waiters[0].task))
+            join = (queue.wid, entry, len(queue.waiters))
+            joining = (queue, registration)
+            queue.joining = True
+        try:
+            reply = await self._run_release(
+                runtime,
+                self._release_call(token=token, held_ms=held_ms, abort=abort, join=join),
+                timeout=timeout,
+                background=background,
+                fresh=fresh,
+            )
+        except BaseException:
+            if joining is not None:
+                joining[0].joining = False
+                joining[0].wake_head()  # whether it was put in line is unknown: the head tries
+            raise
+        status = reply.status
+        if joining is not None:
+            queue, registration = joining
+            queue.joining = False
+            if status == 1:
+                queue.settle(registration, acquired=False, in_redis=True)
+            elif status == 0:
+                queue.forget(registration)  # nothing was released, nor put in line
+            # 2: an earlier attempt of this call released (and may have granted to this
+            # registration): the head, woken below, claims such a grant with an acquire.
+            if queue.waiters:
+                queue.waiters[0].nudge()
+            if notifier.queue_for(channel) is not queue:
+                # Its waiters left while the release was in flight; their withdrawal may
+                # have come first, and this release put the queue back: withdraw it again.
+                with contextlib.suppress(BackendError, TimeoutError):
+                    await self._withdraw(runtime, queue, timeout=timeout)
+                return status
+        if fencing_token is not None:
+            if status == 1:
+                notifier.local_release(
+                    channel,
+                    str(fencing_token),
+                    reply.handed_to,
+                    granted=reply.granted,
+                    seq=reply.seq,
+                    sent_at=sent_at,
+                    expiry_ms=reply.expiry_ms,
+                )
+            else:  # released earlier (the answer was lost) or not ours: it may be free
+                notifier.local_release(channel, str(fencing_token), "")
+        return status
+
+    async def _run_release(
+        self,
+        runtime: Runtime,
+        call: Call,
+        *,
+        timeout: float,
+        background: bool = False,
+        fresh: bool = False,
+    ) -> Released:
+        """One release call, and what it did."""
+        script, keys, args = call
+        reply = await runtime.backend.run(
+            script,
+            keys,
+            args,
+            timeout=timeout,
+            operation="release",
+            name=self._name,
+            background=background,
+            fresh=fresh,
+        )
+        return Released(
+            int(reply[0]), text(reply[1]), text(reply[2]), text(reply[3]), int(reply[4])
+        )
+
+    def _granted(self, lease: Lease, waited: float, attempts: int) -> Lease:
+        if events.enabled():
+            events.emit(
+                events.LockEvent(
+                    kind=events.EventKind.ACQUIRED,
+                    name=self._name,
+                    fencing_token=lease.fencing_token,
+                    wait=waited,
+                    attempts=attempts,
+                )
+            )
+        return lease
+
+    def _timeout_error(
+        self, timeout: float | None, waited: float, attempts: int
+    ) -> AcquireTimeoutError:
+        if events.enabled():
+            events.emit(
+                events.LockEvent(
+                    kind=events.EventKind.ACQUIRE_TIMED_OUT,
+                    name=self._name,
+                    wait=waited,
+                    attempts=attempts,
+                )
+            )
+        return AcquireTimeoutError(
+            f"{self._what} {self._name!r} not acquired within {timeout or 0:g}s "
+            f"(waited {waited:.3g}s, {attempts} attempts)",
+            name=self._name,
+            timeout=timeout or 0.0,
+            waited=waited,
+            attempts=attempts,
+        )
+
+    # ----------------------------------------------------------------- the LeaseIssuer side
+    async def _extend_lease(self, lease: Lease, *, timeout: float) -> bool:
+        script, keys, args = self._renew_call(lease.token, self._config.ttl_ms)
+        reply = await runtime_for(self._client).backend.run(
+            script, keys, args, timeout=timeout, operation="extend", name=self._name
+        )
+        return int(reply[0]) == 1
+
+    def _guarding(self, lease: Lease, task: asyncio.Task[Any], *, entered: bool) -> None:
+        runtime_for(self._client).guard(self._key, task, entered=entered)
+
+    async def _release_lease(self, lease: Lease, *, timeout: float) -> bool:
+        runtime = runtime_for(self._client)
+        status = await self._release_token(
+            runtime,
+            lease.token,
+            abort=False,
+            timeout=timeout,
+            # A lease of an event loop that was closed: the client's pooled connections
+            # belong to that loop, so the release goes on a connection of this one.
+            fresh=lease._loop is not runtime.loop,
+            fencing_token=lease.fencing_token,
+            held_ms=round(lease.held_for() * 1000),
+        )
+        return status != 0
+
+    # ----------------------------------------------------------------- async with
+    def __enter__(self) -> None:
+        raise TypeError(f"use 'async with' with a {type(self).__name__}, not 'with'")
+
+    def __exit__(self, *exc_info: object) -> None:  # pragma: no cover - __enter__ raises
+        raise TypeError(f"use 'async with' with a {type(self).__name__}, not 'with'")
+
+    async def __aenter__(self) -> Lease:
+        """Acquire (waiting up to the `timeout`) and guard the body with the lease.
+
+        The lease is the current task's: another task sharing this object gets a lease of
+        its own and cannot release this one. It is not reentrant: entering it again in the
+        task that holds it raises `RuntimeError` instead of waiting forever.
+
+        Cancellation:
+            As for `acquire()`.
+        """
+        task = asyncio.current_task()
+        if task is None:  # pragma: no cover - asyncio always runs coroutines in a task
+            raise RuntimeError(f"{type(self).__name__} must be used from an asyncio task")
+        lease = await self.acquire()
+        try:
+            await lease.__aenter__()
+        except BaseException:
+            await lease._cleanup_after_loss()
+            raise
+        self._held.append((task, lease))
+        return lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Release the current task's lease; see `Lease.__aexit__` for what is raised."""
+        task = asyncio.current_task()
+        for index in range(len(self._held) - 1, -1, -1):
+            if self._held[index][0] is task:
+                lease = self._held.pop(index)[1]
+                break
+        else:
+            raise RuntimeError(f"{self._what} {self._name!r} is not held by the current task")
+        await lease.__aexit__(exc_type, exc, tb)

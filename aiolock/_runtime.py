@@ -1,0 +1,83 @@
+"""Per redis client and event loop: the background work aiolock runs for every lock.
+
+A `Runtime` holds the client's `Backend` (the I/O seam), its `RenewalScheduler` (one task
+renewing every lease) and its `Notifier` (one pub/sub subscription for every waiter), each
+made on first use; which tasks of this process hold which lock in an `async with` block
+(to refuse a wait that would never end); and the short tasks it starts on the side (a
+granted lease's first renewal). Found with `runtime_for(client)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Coroutine
+from typing import Any
+
+import redis.asyncio
+
+from ._backend import Backend
+from ._waiting import Notifier
+from ._watchdog import RenewalScheduler
+
+__all__ = ("Runtime", "runtime_for")
+
+
+class Runtime:
+    """aiolock's own state and background work for one client in one event loop."""
+
+    __slots__ = ("__weakref__", "_notifier", "_scheduler", "_spawned", "backend", "guards", "loop")
+
+    def __init__(self, client: redis.asyncio.Redis) -> None:
+        self.backend = Backend(client)
+        self.loop = self.backend.loop
+        self._scheduler: RenewalScheduler | None = None
+        self._notifier: Notifier | None = None
+        # Key of a held lock -> the tasks whose `async with` block a lease of it guards.
+        self.guards: dict[str, list[asyncio.Task[Any]]] = {}
+        self._spawned: set[asyncio.Task[None]] = set()
+
+    @property
+    def scheduler(self) -> RenewalScheduler:
+        if self._scheduler is None:
+            self._scheduler = RenewalScheduler(self.backend)
+        return self._scheduler
+
+    @property
+    def notifier(self) -> Notifier:
+        if self._notifier is None:
+            self._notifier = Notifier(self.backend)
+        return self._notifier
+
+    def guarded_by(self, key: str, task: asyncio.Task[Any] | None) -> bool:
+        """Whether `task` holds the lock at `key` in an `async with` block."""
+        tasks = self.guards.get(key)
+        return tasks is not None and task in tasks
+
+    def guard(self, key: str, task: asyncio.Task[Any], *, entered: bool) -> None:
+        """`task` entered (or left) an `async with` block holding the lock at `key`."""
+        if entered:
+            self.guards.setdefault(key, []).append(task)
+            return
+        tasks = self.guards.get(key, [])
+        if task in tasks:
+            tasks.remove(task)
+        if not tasks:
+            self.guards.pop(key, None)
+
+    def spawn(self, call: Coroutine[Any, Any, None]) -> None:
+        """Run `call` in a task of its own, kept until it ends (it must bound itself)."""
+        task = self.loop.create_task(call)
+        self._spawned.add(task)
+        task.add_done_callback(self._spawned.discard)
+
+
+_runtimes: weakref.WeakKeyDictionary[redis.asyncio.Redis, Runtime] = weakref.WeakKeyDictionary()
+
+
+def runtime_for(client: redis.asyncio.Redis) -> Runtime:
+    """The runtime of `client` in the running event loop, created on first use."""
+    runtime = _runtimes.get(client)
+    if runtime is None or runtime.loop is not asyncio.get_running_loop():
+        runtime = _runtimes[client] = Runtime(client)
+    return runtime
