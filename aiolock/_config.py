@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from dataclasses import dataclass, field
 
+from ._layout import RETAIN_CAP, RETAIN_DEFAULT, RETAIN_MIN
 from .errors import ConfigError
 
 __all__ = (
@@ -32,6 +34,12 @@ MAX_SECONDS = 365 * 86400.0
 
 MAX_NAME_LENGTH = 1000
 """Longest accepted lock name, in characters."""
+
+SERVE_LAYOUT1_WAITERS = os.environ.get("AIOLOCK_SERVE_LAYOUT1_WAITERS", "") not in ("", "0")
+"""Set (`AIOLOCK_SERVE_LAYOUT1_WAITERS=1`) while processes of an older version, which write
+data layout 1, share locks with this one: every release then serves the wait queue even
+when the state says nobody queued (one more command per release). See the README's
+upgrade procedure."""
 
 
 def _number(argument: str, value: object) -> float:
@@ -143,13 +151,21 @@ class LockConfig:
     timeout: float | None
     max_hold: float | None
     prefix: str
+    retain: float = RETAIN_DEFAULT
+    hold_stats: bool = False
+    serve_layout1: bool = SERVE_LAYOUT1_WAITERS
     ttl_ms: int = field(init=False)
     """The ttl sent to Redis, rounded up so the server never expires before we think."""
     margin: float = field(init=False)
+    retain_ms: int | None = field(init=False)
+    """The retention a release sets, or None when the released lease's own expiry serves
+    (its ttl is between `retain` and RETAIN_CAP): one command less per release."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ttl_ms", math.ceil(self.ttl * 1000))
         object.__setattr__(self, "margin", safety_margin(self.ttl))
+        own_expiry = self.retain <= self.ttl <= RETAIN_CAP
+        object.__setattr__(self, "retain_ms", None if own_expiry else math.ceil(self.retain * 1000))
 
     @staticmethod
     def cached(**arguments: object) -> LockConfig:
@@ -172,6 +188,8 @@ class LockConfig:
         timeout: object,
         max_hold: object,
         prefix: object,
+        retain: object = RETAIN_DEFAULT,
+        hold_stats: object = False,
     ) -> LockConfig:
         ttl_s = check_seconds("ttl", ttl, minimum=MIN_TTL)
         if not isinstance(renew, bool):
@@ -198,12 +216,16 @@ class LockConfig:
                 value=renew_interval,
             )
         hold = None if max_hold is None else check_seconds("max_hold", max_hold, minimum=ttl_s)
+        if not isinstance(hold_stats, bool):
+            raise TypeError(f"hold_stats must be a bool, got {type(hold_stats).__name__}")
         return cls(
             ttl=ttl_s,
             renew_interval=interval,
             timeout=check_timeout(timeout),
             max_hold=hold,
             prefix=check_prefix(prefix),
+            retain=check_seconds("retain", retain, minimum=RETAIN_MIN, maximum=86400.0),
+            hold_stats=hold_stats,
         )
 
 

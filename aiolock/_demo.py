@@ -182,7 +182,12 @@ async def _sell(
     stock_key, fence_key, sold_key = config.app_keys
     slow = config.slow_units()
     lock = Lock(
-        client, config.lock_name, ttl=config.ttl, timeout=_ACQUIRE_TIMEOUT, prefix=config.prefix
+        client,
+        config.lock_name,
+        ttl=config.ttl,
+        timeout=_ACQUIRE_TIMEOUT,
+        prefix=config.prefix,
+        hold_stats=True,  # the summary shows the hold times and the ttl they suggest
     )
     while True:
         try:
@@ -349,8 +354,8 @@ async def run_demo(
         keys = LockKeys.build(config.prefix, config.lock_name)
         with contextlib.suppress(Exception):  # a shared server keeps nothing of the demo
             await client.delete(
-                stock_key, fence_key, sold_key, keys.lock, keys.fence, keys.queue,
-                keys.waiters, keys.holds,
+                stock_key, fence_key, sold_key, keys.lock, keys.queue, keys.waiters,
+                keys.holds,
             )  # fmt: skip
         await client.aclose()
     holds = sorted(report.holds)

@@ -11,6 +11,7 @@ seconds (Redis 6.2, or a user not allowed to run `ACL DRYRUN`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import re
 import secrets
@@ -54,7 +55,7 @@ _SAFE_POLICY: Final = "noeviction"
 _MEMORY_WARNING_SHARE: Final = 0.9
 _SLOW_ROUND_TRIP: Final = 0.05
 _MIN_VERSION: Final = (6, 2)
-OUTSIDE_SCRIPTS: Final = ("evalsha", "eval", "exists", "subscribe", "unsubscribe", "ping")
+OUTSIDE_SCRIPTS: Final = ("evalsha", "eval", "subscribe", "unsubscribe", "ping")
 """Commands aiolock sends itself; the others are called by its Lua scripts."""
 
 
@@ -466,7 +467,7 @@ class _Scratch:
             "rpush": [holds, "1"],
             "lrange": [holds, "0", "0"],
             "llen": [holds],
-            "ltrim": [holds, "0", "0"],
+            "ltrim": [holds, "1", "0"],  # empties the list: the key goes
             "zadd": [queue, "1", "doctor"],
             "zrange": [queue, "0", "-1"],
             "zrangebyscore": [queue, "-inf", "+inf"],
@@ -631,6 +632,11 @@ async def _try_commands(
         failed.append(f"subscribe: {exc}")
     finally:
         await pubsub.aclose()  # type: ignore[no-untyped-call]
+    # Clean up at once where allowed (aiolock itself does not need DEL): the scratch keys
+    # expire within seconds anyway.
+    with contextlib.suppress(redis.exceptions.ResponseError, TimeoutError):
+        async with asyncio.timeout(_READ_TIMEOUT):
+            await client.delete(*keys)
     return failed, unchecked
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ from . import _events as events
 from ._backend import outcome_unknown
 from ._cancel import run_shielded
 from ._config import LockConfig, check_timeout, safety_margin
-from ._info import HOST, PID, task_name, text
+from ._info import HOST, PID, LockInfo, task_name, text
 from ._layout import RESERVATION_MS
 from ._lease import Lease
 from ._retry import Backoff, poll_delay
@@ -97,6 +98,32 @@ class Released:
 class _Attempt:
     lease: Lease | None
     pttl_ms: int
+    busy: Sequence[Any] = ()
+    """An answer "held": {0, pttl, fencing token, holder, acquired ms, ttl ms, typical}."""
+
+
+def _busy_hint(name: str, busy: Sequence[Any]) -> tuple[LockInfo | None, float | None]:
+    """The holder and a retry hint (seconds) from an answer "held" (see ACQUIRE).
+
+    The hint is the holder's typical remaining hold when the lock's typical hold is known
+    (what is left of it, never more than the key's remaining ttl), else the key's ttl.
+    """
+    if len(busy) < 7:
+        return None, None
+    pttl_ms = int(busy[1])
+    fence, holder, acquired, ttl, typical = (text(value) for value in busy[2:7])
+    info = None
+    if fence and holder:
+        info = LockInfo.of(
+            name, fence=fence, holder=holder, acquired_ms=acquired, ttl_ms=ttl, pttl_ms=pttl_ms
+        )
+    if pttl_ms < 0:
+        return info, None
+    hint = pttl_ms / 1000
+    if typical.isdigit() and info is not None and acquired.isdigit():
+        held = max(time.time() - int(acquired) / 1000, 0.0)
+        hint = min(hint, max(int(typical) / 1000 - held, 0.001))
+    return info, hint
 
 
 class Primitive:
@@ -130,8 +157,10 @@ class Primitive:
         self,
         *,
         token: str = "",
+        retain_ms: int | None = None,
         held_ms: int | None = None,
         abort: bool = False,
+        look_at_queue: bool = False,
         withdraw: str = "",
         join: tuple[str, str, int] | None = None,
         claims: Sequence[str] = (),
@@ -194,6 +223,7 @@ class Primitive:
         deadline = None if wait is None else started + wait
         notifier = runtime.notifier
         attempts = 0
+        busy: Sequence[Any] = ()
 
         def time_left() -> float | None:
             return None if deadline is None else deadline - loop.time()
@@ -206,9 +236,9 @@ class Primitive:
             attempt = await self._attempt(runtime, time_left())
             if attempt.lease is not None:
                 return self._granted(attempt.lease, loop.time() - started, attempts)
-            pttl_ms = attempt.pttl_ms
+            pttl_ms, busy = attempt.pttl_ms, attempt.busy
         if wait == 0:
-            raise self._timeout_error(wait, loop.time() - started, attempts)
+            raise self._timeout_error(wait, loop.time() - started, attempts, busy)
 
         waiter = notifier.join(self._channel)
         queue = waiter.queue
@@ -235,7 +265,7 @@ class Primitive:
                     # (it nudges the head), unless the caller's timeout comes before it.
                     remaining = time_left()
                     if remaining is not None and remaining <= 0:
-                        raise self._timeout_error(wait, loop.time() - started, attempts)
+                        raise self._timeout_error(wait, loop.time() - started, attempts, busy)
                     await waiter.wait(remaining, pending_ok=True)
                     continue
                 if waiter.is_head and (waiter.take_wakeup() or must_try):
@@ -247,10 +277,10 @@ class Primitive:
                     if attempt.lease is not None:
                         acquired = True
                         return self._granted(attempt.lease, loop.time() - started, attempts)
-                    pttl_ms = attempt.pttl_ms
+                    pttl_ms, busy = attempt.pttl_ms, attempt.busy or busy
                 remaining = time_left()
                 if remaining is not None and remaining <= 0:
-                    raise self._timeout_error(wait, loop.time() - started, attempts)
+                    raise self._timeout_error(wait, loop.time() - started, attempts, busy)
                 delay = remaining
                 if waiter.is_head:
                     # The backoff only paces checks of a key whose expiry is unknown.
@@ -343,7 +373,7 @@ class Primitive:
         if queue is not None and registration is not None and status != -1:
             queue.settle(registration, acquired=status == 1, in_redis=status == 0 or behind > 0)
         if status != 1:
-            return _Attempt(None, value if status == 0 else -1)
+            return _Attempt(None, value if status == 0 else -1, reply if status == 0 else ())
         if loop.time() >= sent_at + validity:
             # The reply came too late to be of use (this process was paused): give it back.
             await self._abort(runtime, token, timeout=ABORT_TIMEOUT)
@@ -565,12 +595,17 @@ class Primitive:
             joining = (queue, registration)
             queue.joining = True
         try:
+            config = self._config
+            call = self._release_call(
+                token=token,
+                retain_ms=None if abort else config.retain_ms,
+                held_ms=held_ms if config.hold_stats else None,
+                abort=abort,
+                look_at_queue=config.serve_layout1,
+                join=join,
+            )
             reply = await self._run_release(
-                runtime,
-                self._release_call(token=token, held_ms=held_ms, abort=abort, join=join),
-                timeout=timeout,
-                background=background,
-                fresh=fresh,
+                runtime, call, timeout=timeout, background=background, fresh=fresh
             )
         except BaseException:
             if joining is not None:
@@ -649,8 +684,9 @@ class Primitive:
         return lease
 
     def _timeout_error(
-        self, timeout: float | None, waited: float, attempts: int
+        self, timeout: float | None, waited: float, attempts: int, busy: Sequence[Any] = ()
     ) -> AcquireTimeoutError:
+        holder, retry_after = _busy_hint(self._name, busy)
         if events.enabled():
             events.emit(
                 events.LockEvent(
@@ -667,6 +703,8 @@ class Primitive:
             timeout=timeout or 0.0,
             waited=waited,
             attempts=attempts,
+            holder=holder,
+            retry_after=retry_after,
         )
 
     # ----------------------------------------------------------------- the LeaseIssuer side

@@ -47,16 +47,44 @@ class LockInfo:
 
     @classmethod
     def from_fields(cls, name: str, fields: Mapping[str, str], pttl_ms: int) -> LockInfo | None:
-        """The holder described by a holder hash's `fields` (None if it holds no lease)."""
-        if pttl_ms == -2 or "fence" not in fields:
+        """The holder described by a state hash's `fields` (None if it holds no lease).
+
+        Reads the holder as layout 2 writes it (`m`, `a`, `t`) or as layout 1 did (`host`,
+        `pid`, `task`, `acquired_ms`, `ttl_ms`).
+        """
+        if pttl_ms == -2 or "token" not in fields or "fence" not in fields:
             return None
+        return cls.of(
+            name,
+            fence=fields["fence"],
+            holder=fields.get("m")
+            or f"{fields.get('host', '')} {fields.get('pid', '0')} {fields.get('task', '')}",
+            acquired_ms=fields.get("a") or fields.get("acquired_ms") or "0",
+            ttl_ms=fields.get("t") or fields.get("ttl_ms") or "0",
+            pttl_ms=pttl_ms,
+        )
+
+    @classmethod
+    def of(
+        cls, name: str, *, fence: str, holder: str, acquired_ms: str, ttl_ms: str, pttl_ms: int
+    ) -> LockInfo:
+        """A holder from the state's fields: `holder` is "<host> <pid> <task>"."""
+        host, _, rest = holder.partition(" ")
+        pid, _, task = rest.partition(" ")
         return cls(
             name=name,
-            fencing_token=int(fields["fence"]),
-            host=fields.get("host", ""),
-            pid=int(fields.get("pid", "0") or 0),
-            task=fields.get("task", ""),
-            acquired_at=int(fields.get("acquired_ms", "0") or 0) / 1000,
-            ttl=int(fields.get("ttl_ms", "0") or 0) / 1000,
+            fencing_token=_number(fence),
+            host=host,
+            pid=_number(pid),
+            task=task,
+            acquired_at=_number(acquired_ms) / 1000,
+            ttl=_number(ttl_ms) / 1000,
             expires_in=max(pttl_ms, 0) / 1000,
         )
+
+
+def _number(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        return 0

@@ -5,10 +5,12 @@ Shared by the `aiolock` command line and the public `hold_stats()`. Everything h
 ordinary token-guarded RELEASE script with the holder's token. The hold-time maths are
 pure functions of the recorded durations, tested as units.
 
-Hold durations come from the `holds` list of the layout: the release script records each
-normal release (server time from acquire to release, ms). Holds that ended by expiry or
-were aborted are not recorded, so a ttl that is far too short hides the longest holds:
-a `near_ttl` flag is the signal to look.
+Hold durations come from the `holds` list of the layout, kept for locks created with
+`hold_stats=True`: the release script records each normal release (as the holder measured
+it, ms). Holds that ended by expiry or were aborted are not recorded, so a ttl that is far
+too short hides the longest holds: a `near_ttl` flag is the signal to look. Every lock that
+is waited for also keeps a typical hold (a moving average over releases that handed it on)
+in its state.
 """
 
 from __future__ import annotations
@@ -175,7 +177,9 @@ class LockState:
     """Seconds since the holder acquired the lock (server clock)."""
     reservation: Reservation | None
     last_fencing_token: int | None
-    """The fence counter: the last fencing token issued (None: no acquire in a day)."""
+    """The last fencing token issued (None: no state kept, see the retention)."""
+    typical_hold: float | None
+    """Seconds: a moving average over the releases that handed the lock on (None: none)."""
     queue: tuple[QueueEntry, ...]
     holds_ms: tuple[int, ...]
     """Recent hold durations in ms, newest first."""
@@ -286,7 +290,7 @@ async def read_locks(
     return states
 
 
-_PER_LOCK: Final = 6
+_PER_LOCK: Final = 5
 """Commands per lock in a snapshot."""
 
 
@@ -299,7 +303,6 @@ async def _read_batch(client: AsyncRedis, names: Sequence[str], prefix: str) -> 
                     keys = LockKeys.build(prefix, name)
                     pipe.pttl(keys.lock)
                     pipe.hgetall(keys.lock)
-                    pipe.hget(keys.fence, "n")
                     pipe.zrange(keys.queue, 0, -1)
                     pipe.hgetall(keys.waiters)
                     pipe.lrange(keys.holds, 0, 99)
@@ -313,24 +316,14 @@ async def _read_batch(client: AsyncRedis, names: Sequence[str], prefix: str) -> 
 
 
 def _parse(name: str, now_ms: int, replies: Sequence[Any]) -> LockState:
-    pttl_raw, holder_raw, fence_n, queue_raw, waiters_raw, holds_raw = replies
+    pttl_raw, holder_raw, queue_raw, waiters_raw, holds_raw = replies
     pttl = int(pttl_raw)
     holder_fields = {text(k): text(v) for k, v in dict(holder_raw).items()}
-    holder: LockInfo | None = None
+    holder = LockInfo.from_fields(name, holder_fields, pttl)
     reservation: Reservation | None = None
     age: float | None = None
-    if "fence" in holder_fields and pttl != -2:
-        acquired_ms = _int(holder_fields.get("acquired_ms"))
-        holder = LockInfo(
-            name=name,
-            fencing_token=_int(holder_fields["fence"]),
-            host=holder_fields.get("host", ""),
-            pid=_int(holder_fields.get("pid")),
-            task=holder_fields.get("task", ""),
-            acquired_at=acquired_ms / 1000,
-            ttl=_int(holder_fields.get("ttl_ms")) / 1000,
-            expires_in=max(pttl, 0) / 1000,
-        )
+    if holder is not None:
+        acquired_ms = round(holder.acquired_at * 1000)
         age = max(now_ms - acquired_ms, 0) / 1000 if acquired_ms else None
     elif "reserved" in holder_fields and pttl != -2:
         reservation = Reservation(
@@ -348,7 +341,8 @@ def _parse(name: str, now_ms: int, replies: Sequence[Any]) -> LockState:
         holder=holder,
         age=age,
         reservation=reservation,
-        last_fencing_token=None if fence_n is None else _int(fence_n),
+        last_fencing_token=_int(holder_fields["fence"]) if "fence" in holder_fields else None,
+        typical_hold=_int(holder_fields["h"]) / 1000 if holder_fields.get("h") else None,
         queue=queue,
         holds_ms=tuple(_int(value) for value in holds_raw),
         server_time=now_ms / 1000,
@@ -468,11 +462,11 @@ async def force_release(
         return ForceRelease(outcome="holder_changed", holder=state.holder)
     if confirm is not None and not await confirm(state.holder):
         return ForceRelease(outcome="declined", holder=state.holder)
-    # Forced: the token is not recorded as released (that record is how an owner's retried
-    # release is recognised), so the evicted owner's own release reports the loss.
+    # Forced: the holder's token is not kept as released (that record is how an owner's
+    # retried release is recognised), so the evicted owner's own release reports the loss.
     args = release_args(token=text(token_raw), forced=True)
     reply = await runtime_for(client).backend.run(
-        RELEASE, keys.for_release, args, timeout=READ_TIMEOUT, operation="release", name=name
+        RELEASE, keys.scripts, args, timeout=READ_TIMEOUT, operation="release", name=name
     )
     if int(reply[0]) != 1:  # 0: someone else holds it now; 2: its holder released it
         return ForceRelease(outcome="holder_changed", holder=state.holder)

@@ -1,35 +1,44 @@
 """Where one lock lives in Redis: key names, fields and the format version.
 
-Format version 1. For a lock named NAME under PREFIX (default "aiolock"):
+Format version 2. For a lock named NAME under PREFIX (default "aiolock"):
 
 | key / channel            | type    | holds                                                  |
 |--------------------------|---------|--------------------------------------------------------|
-| `PREFIX:{NAME}`          | hash    | the holder; exists only while held (or reserved); TTL = the lease's ttl |
-| `PREFIX:{NAME}:fence`    | hash    | fencing counter and retry bookkeeping; TTL 1 day, renewed by the first acquire after half of it has passed |
+| `PREFIX:{NAME}`          | hash    | the state: the holder while held, and what outlives a hold (see below); TTL = the lease's ttl while held, then the retention |
 | `PREFIX:{NAME}:queue`    | zset    | waiting processes, first come first served (member: queue id, score: arrival µs) |
 | `PREFIX:{NAME}:waiters`  | hash    | queue id -> "<expires at, Unix ms> <waiters> <host> <pid> <seq> <grant ms> <ttl ms> <grant token> <task>" |
-| `PREFIX:{NAME}:holds`    | list    | recent hold durations in ms, newest first: 100 to 150 of them (trimmed to 100 every 50 holds, when its 1-day TTL is renewed); readers take the first 100 |
+| `PREFIX:{NAME}:holds`    | list    | only for locks with `hold_stats=True`: recent hold durations in ms, newest first, 100 to 150 of them (trimmed to 100 every 50 holds, when its 1-day TTL is renewed) |
 | `PREFIX:{NAME}:released` | channel | one message per release that hands the lock to another process's queue: "<fencing token> <queue id> <granted fencing token> <seq>" |
 
-Fields of the holder hash: `v` (format version, "1"), `token` (128-bit hex secret),
-`fence` (fencing token, decimal), `host`, `pid`, `task` (holder's hostname, process id and
-asyncio task name), `acquired_ms` (server time of the acquire, Unix ms), `ttl_ms` (lease ttl).
-A lock granted to a queued process holds that process's grant token, with an expiry of at
-most RESERVATION_MS until the process renews it. For a queue entry without the grant fields
-(as written by an older version) the hash instead holds only `reserved` (the queue id the
-lock is kept for), for at most RESERVATION_MS, and the channel message has only its first
-two fields.
+The state hash. While held: `token` (128-bit hex secret), `fence` (the holder's fencing
+token), `m` ("<host> <pid> <task>": the holder's hostname, process id and asyncio task
+name), `a` (server time of the acquisition, Unix ms), `t` (the lease's ttl, ms). Always,
+while the key lives: `fence` (the last fencing token issued), `k` (the first 16 hex digits
+of the last holder's token), and when they apply `r` (the same of the last token whose
+release handed the lock on), `h` (the typical hold, ms: a moving average over releases that
+handed the lock on, 1/8 each), `q` (set while the wait queue may have entries, so that a
+release with nobody waiting does not look), `reserved` (a queue the lock is kept for, as
+layout 1 wrote it), `a:<token>` and `ac` (acquires aborted while their outcome was unknown,
+numbered; the newest ABORTS_KEPT to twice as many are kept).
 
-Fields of the fence hash: `n` (last fencing token issued), `x` (server time, Unix ms, when
-its expiry was last set; older versions do not write it, and its absence renews the expiry),
-`released` (token of the last lease released, so a retried release is recognised and a
-stray copy of its acquire is refused), `a:<token>` (one field per acquire abandoned while its
-outcome was unknown, numbered by `ac`, so the acquire cannot land after the abort; the
-newest ABORTS_KEPT to twice as many are kept). A release renews the expiry only after a
-hold of more than a quarter of it, or when it had to make the hash anew.
+Why each command of an uncontended cycle (ACQUIRE: HMGET, TIME, HSET, PEXPIRE; RELEASE:
+HMGET, HDEL): the HMGETs read the whole state in one call; TIME floors the fencing token by
+the server clock, which keeps tokens increasing when the state was lost or restored from an
+older copy; one HSET writes the holder, PEXPIRE gives it its ttl (so a crashed holder frees
+the lock); the release deletes the holder's fields in one HDEL and leaves the rest, which
+expires with the key.
 
-The hold list records each hold as its holder measured it, from the grant to the release
-(local monotonic clock); a forced release records the server's own measure.
+What stays after a release (about 100 bytes per name; `benchmarks/` measures it): `fence`,
+`k` and, for locks that were waited for, `r`, `h` and `q`. It lives until the released
+lease's key would have expired (at most its ttl after its last renewal), or, for a lock
+whose ttl is shorter than its `retain` (default RETAIN_DEFAULT) or longer than RETAIN_CAP,
+exactly `retain` (one more command per release). While it lives, a late copy of a command
+is recognised: an acquire with a token already used or aborted is refused, a release
+retried after its answer was lost reports success. After it, such a late copy is not
+recognised: an acquire can then take the lock under a token nobody owns, for at most its
+ttl. Fencing tokens stay strictly increasing whatever the retention (they are floored by
+the server clock), as long as that clock does not step back by more than the time since
+the state expired.
 
 Waiting: in each process only the first waiter for a name talks to Redis, for all the
 process's waiters of that name, under one random queue id. Its entry carries a fresh grant
@@ -39,6 +48,14 @@ once, without a command (it claims the grant with an acquire if it heard of it t
 releasing process that has waiters of its own puts its queue in line in the same call.
 Entries expire GRACE_MS after the holder's key would, so a crashed waiter's entry
 disappears by itself; a grant to a crashed waiter lapses after RESERVATION_MS.
+
+Layout 1 compatibility (a rolling upgrade): layout-1 processes read only `token`,
+`reserved` and `fence` of the state hash, write their holder with their own field names
+(`v`, `host`, `pid`, `task`, `acquired_ms`, `ttl_ms`), delete the whole hash on release, and
+keep their fencing counter in `PREFIX:{NAME}:fence`. Both layouts share the queue keys and
+the channel, so each serves the other's waiters, except that a layout-2 release whose
+state has no `q` (a layout-1 waiter queued while a layout-2 process held the lock) leaves
+layout-1 waiters to their own checks, at the holder's ttl at the latest.
 
 `{NAME}` is a Redis Cluster hash tag: every key of one lock is in one slot. Names may hold
 any text except a leading "}". Match every aiolock key with `SCAN MATCH PREFIX:{*`.
@@ -51,20 +68,18 @@ from dataclasses import dataclass, field
 
 __all__ = (
     "ABORTS_KEPT",
-    "FENCE_KEY_TTL_MS",
+    "ABORT_RETAIN_MS",
     "FORMAT_VERSION",
     "GRACE_MS",
+    "KEPT_PREFIX",
     "RESERVATION_MS",
+    "RETAIN_CAP",
+    "RETAIN_DEFAULT",
+    "RETAIN_MIN",
     "LockKeys",
 )
 
-FORMAT_VERSION = 1
-
-FENCE_KEY_TTL_MS = 86_400_000
-"""Lifetime of the fence hash after the last acquire. Fencing tokens are floored by the
-server's clock in microseconds, so a counter that expired (or was lost in a restart)
-resumes above every token issued before, as long as the server clock did not step back."""
-
+FORMAT_VERSION = 2
 
 GRACE_MS = 2000
 """How long a waiter's queue entry outlives the expiry of the key it waits for. The waiter
@@ -75,10 +90,26 @@ RESERVATION_MS = 1000
 renews it (a grant), or claims it (a reservation). If that process died, the others are
 delayed by this much, once."""
 
-
 ABORTS_KEPT = 32
 """Aborted acquire tokens a lock remembers at least (at most twice as many): an acquire that
 arrives after its caller aborted it is refused as long as its token is remembered."""
+
+ABORT_RETAIN_MS = 600_000
+"""How long the state of a lock that is not held lives after an abort was recorded in it."""
+
+KEPT_PREFIX = 16
+"""Hex digits of a token the state keeps after its lease (64 bits)."""
+
+RETAIN_DEFAULT = 10.0
+"""Default retention of a released lock's state, seconds (see the module docstring)."""
+
+RETAIN_MIN = 5.0
+"""Shortest accepted retention: longer than a release is retried (a retry after a lost
+answer must still find the record of the first attempt)."""
+
+RETAIN_CAP = 3600.0
+"""A ttl above this makes the release set the retention: a released state never lives
+longer than max(retain, this)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,19 +117,15 @@ class LockKeys:
     """The Redis names belonging to one lock."""
 
     lock: str
-    fence: str
     queue: str
     waiters: str
     holds: str
     channel: str
-    for_acquire: tuple[str, ...] = field(init=False, repr=False, compare=False)
-    """KEYS of the acquire script."""
-    for_release: tuple[str, ...] = field(init=False, repr=False, compare=False)
-    """KEYS of the release script."""
+    scripts: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    """KEYS of the acquire and release scripts."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "for_acquire", (self.lock, self.fence, self.queue, self.waiters))
-        object.__setattr__(self, "for_release", (*self.for_acquire, self.holds))
+        object.__setattr__(self, "scripts", (self.lock, self.queue, self.waiters, self.holds))
 
     @classmethod
     @functools.lru_cache(maxsize=1024)
@@ -107,7 +134,6 @@ class LockKeys:
         base = f"{prefix}:{{{name}}}"
         return cls(
             lock=base,
-            fence=f"{base}:fence",
             queue=f"{base}:queue",
             waiters=f"{base}:waiters",
             holds=f"{base}:holds",

@@ -9,7 +9,7 @@ from ._backend import AsyncRedis, check_client
 from ._config import LockConfig, check_name
 from ._engine import Call, Primitive
 from ._info import HOST, PID, LockInfo, text
-from ._layout import LockKeys
+from ._layout import RETAIN_DEFAULT, LockKeys
 from ._runtime import runtime_for
 from ._scripts import ACQUIRE, INSPECT, RELEASE, RENEW, acquire_args, release_args
 
@@ -50,6 +50,12 @@ class Lock(Primitive):
             expiry up to this point, so a hung holder keeps the lock at most this long
             (its lease is lost then, `LossReason.MAX_HOLD`) instead of forever.
         prefix: prefix of every Redis key of this lock (see ARCHITECTURE.md for the layout).
+        retain: seconds (5 to 86400) the lock's state (its last fencing token and the
+            records that recognise late copies of commands, about 100 bytes) stays after
+            a release, when the ttl is shorter than this or longer than an hour; otherwise
+            it stays until the released lease would have expired. See `_layout`.
+        hold_stats: record every hold's duration for `aiolock stats` and `hold_stats()`
+            (one more command per release).
 
     Raises:
         TypeError: a wrong type (a `bytes` name, a synchronous client, ...).
@@ -69,6 +75,8 @@ class Lock(Primitive):
         timeout: float | None = None,
         max_hold: float | None = None,
         prefix: str = "aiolock",
+        retain: float = RETAIN_DEFAULT,
+        hold_stats: bool = False,
     ) -> None:
         self._client = check_client(client)
         self._name = check_name(name)
@@ -79,6 +87,8 @@ class Lock(Primitive):
             timeout=timeout,
             max_hold=max_hold,
             prefix=prefix,
+            retain=retain,
+            hold_stats=hold_stats,
         )
         keys = self._keys = LockKeys.build(self._config.prefix, self._name)
         self._key = keys.lock
@@ -98,36 +108,47 @@ class Lock(Primitive):
     def _acquire_call(
         self, token: str, task: str, queue: tuple[str, int, str] | None, claims: Sequence[str]
     ) -> Call:
-        args = acquire_args(token, self._config.ttl_ms, HOST, PID, task, queue=queue, claims=claims)
-        return ACQUIRE, self._keys.for_acquire, args
+        holder = f"{HOST} {PID} {task}"
+        args = acquire_args(token, self._config.ttl_ms, holder, queue=queue, claims=claims)
+        return ACQUIRE, self._keys.scripts, args
 
     def _release_call(
         self,
         *,
         token: str = "",
+        retain_ms: int | None = None,
         held_ms: int | None = None,
         abort: bool = False,
+        look_at_queue: bool = False,
         withdraw: str = "",
         join: tuple[str, str, int] | None = None,
         claims: Sequence[str] = (),
     ) -> Call:
         args = release_args(
-            token=token, held_ms=held_ms, abort=abort, withdraw=withdraw, join=join, claims=claims
+            token=token,
+            retain_ms=retain_ms,
+            held_ms=held_ms,
+            abort=abort,
+            look_at_queue=look_at_queue,
+            withdraw=withdraw,
+            join=join,
+            claims=claims,
         )
-        return RELEASE, self._keys.for_release, args
+        return RELEASE, self._keys.scripts, args
 
     def _renew_call(self, token: str, ttl_ms: int) -> Call:
         return RENEW, (self._keys.lock,), [token, ttl_ms]
 
     # ----------------------------------------------------------------- inspection
     async def locked(self) -> bool:
-        """Whether anyone holds the lock right now (one EXISTS round trip).
+        """Whether anyone holds the lock right now, or it is kept for a queued process (one
+        round trip).
 
         Raises:
             BackendError: Redis could not be reached.
         """
-        backend = runtime_for(self._client).backend
-        return await backend.exists(self._keys.lock, timeout=5.0, name=self._name)
+        holder, reserved = await self._inspect()
+        return holder is not None or reserved
 
     async def info(self) -> LockInfo | None:
         """The current holder as recorded in Redis, or None if the lock is free.
@@ -135,8 +156,13 @@ class Lock(Primitive):
         Raises:
             BackendError: Redis could not be reached.
         """
+        return (await self._inspect())[0]
+
+    async def _inspect(self) -> tuple[LockInfo | None, bool]:
+        """The holder (or None), and whether the lock is kept for a queued process."""
         reply = await runtime_for(self._client).backend.run(
             INSPECT, [self._keys.lock], [], timeout=5.0, operation="inspect", name=self._name
         )
         fields = {text(k): text(v) for k, v in zip(reply[1::2], reply[2::2], strict=True)}
-        return LockInfo.from_fields(self._name, fields, int(reply[0]))
+        pttl = int(reply[0])
+        return LockInfo.from_fields(self._name, fields, pttl), "reserved" in fields

@@ -1,10 +1,21 @@
-"""The Lua scripts, each one atomic round trip, each safe to apply twice.
+"""The Lua scripts of data layout 2, each one atomic round trip, each safe to apply twice.
 
 redis-py retries a command after a connection error, so any script may run twice for one
-call; each script below gives the same answer the second time. Scripts are sent by EVALSHA
-and fall back to EVAL (which also caches them) on NOSCRIPT, so a `SCRIPT FLUSH` or a
-restarted server costs one extra round trip and is otherwise invisible. No state is kept per
-client: the SHA1 is computed here, from the text.
+call; each script below gives the same answer the second time, and a copy that arrives late
+(after its caller gave up on it) is refused. Scripts are sent by EVALSHA and fall back to
+EVAL (which also caches them) on NOSCRIPT, so a `SCRIPT FLUSH` or a restarted server costs
+one extra round trip and is otherwise invisible. No state is kept per client: the SHA1 is
+computed here, from the text.
+
+Server work is what every client of a Redis shares, so each `redis.call` is counted. An
+uncontended cycle on a name makes six (the layout reference in `_layout` says why each):
+
+- ACQUIRE: HMGET (the state: holder, last fencing token, refusals), TIME (the fencing token
+  is floored by the server clock), HSET (the holder), PEXPIRE (its ttl);
+- RELEASE: HMGET (the state: owner check, a waiter queue to serve), HDEL (the holder's
+  fields; the rest of the state stays until the key expires).
+
+A release that serves the wait queue, records a hold or must set the retention makes more.
 """
 
 from __future__ import annotations
@@ -13,9 +24,18 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ._layout import ABORTS_KEPT, FENCE_KEY_TTL_MS, GRACE_MS, RESERVATION_MS
+from ._layout import ABORT_RETAIN_MS, ABORTS_KEPT, GRACE_MS, KEPT_PREFIX, RESERVATION_MS
 
-__all__ = ("ACQUIRE", "INSPECT", "RELEASE", "RENEW", "Script", "acquire_args", "release_args")
+__all__ = (
+    "ACQUIRE",
+    "INSPECT",
+    "RELEASE",
+    "RENEW",
+    "Script",
+    "acquire_args",
+    "kept",
+    "release_args",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,23 +48,50 @@ class Script:
         object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
 
 
+def kept(token: str) -> str:
+    """What the state keeps of a token once its lease is gone: its first KEPT_PREFIX hex
+    digits (64 bits), enough to recognise a late copy of its commands."""
+    return token[:KEPT_PREFIX]
+
+
 # The layout's constants, as Lua locals at the top of the scripts that need them. Those
 # scripts read the server clock (TIME) before they write: Redis 6.2 configured with
 # `lua-replicate-commands no` refuses that unless the script asks for its effects to be
 # replicated (always the case, and the call a no-op, from Redis 7 on; fakeredis lacks it).
 _CONSTANTS = (
     "if redis.replicate_commands then redis.replicate_commands() end\n"
-    f"local FENCE_TTL, GRACE, RESERVATION = {FENCE_KEY_TTL_MS}, {GRACE_MS}, {RESERVATION_MS}\n"
-    f"local ABORTS_KEPT = {ABORTS_KEPT}\n"
+    f"local GRACE, RESERVATION = {GRACE_MS}, {RESERVATION_MS}\n"
+    f"local ABORTS_KEPT, ABORT_RETAIN, KEPT = {ABORTS_KEPT}, {ABORT_RETAIN_MS}, {KEPT_PREFIX}\n"
 )
 
-# Numbers are handed to redis.call as Lua numbers, which Redis writes as their exact
-# decimal digits (below 1e17); Lua's own `..` would round them to 14 digits.
-_ENQUEUE = """
+# Shared by ACQUIRE and RELEASE. KEYS[1] the state hash, KEYS[2] the waiter queue (zset),
+# KEYS[3] the waiter entries (hash). Numbers are handed to redis.call as Lua numbers, which
+# Redis writes as their exact decimal digits (below 1e17); Lua's `..` would round them.
+_COMMON = """
+local now_us, now_ms
+-- Read the server clock (once, and only on the paths that need it).
+local function clock()
+  if not now_us then
+    local t = redis.call('TIME')
+    now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    now_ms = math.floor(now_us / 1000)
+  end
+end
+-- The next fencing token (a number): above the last one issued, and above the server clock
+-- in µs, so tokens keep increasing across a restart that lost the state (or restored an
+-- older copy of it). `last` is the state's `fence` field.
+local function next_fence(last)
+  clock()
+  local fence = (tonumber(last or '') or 0) + 1
+  if fence < now_us then
+    fence = now_us
+  end
+  return fence
+end
 -- Take queue `wid` out of the waiter queue.
 local function dequeue(wid)
-  redis.call('ZREM', KEYS[3], wid)
-  redis.call('HDEL', KEYS[4], wid)
+  redis.call('ZREM', KEYS[2], wid)
+  redis.call('HDEL', KEYS[3], wid)
 end
 -- Whether `token` is one of ARGV[first..]: the tokens a queue's lock may be granted under.
 local function listed(token, first)
@@ -56,100 +103,82 @@ local function listed(token, first)
   return false
 end
 -- Put queue `wid` at the back of the waiter queue (or keep its place) with entry
--- "<until ms> <count> <tail>"; both queue keys live as long as their longest entry.
-local function enqueue(wid, now_us, until_ms, count, tail)
-  if not redis.call('ZSCORE', KEYS[3], wid) then
-    redis.call('ZADD', KEYS[3], now_us, wid)
-  end
-  redis.call('HSET', KEYS[4], wid, string.format('%.0f %d ', until_ms, count) .. tail)
-  local window = until_ms - math.floor(now_us / 1000) + 1000
-  if redis.call('PTTL', KEYS[3]) < window then
+-- "<until ms> <count> <tail>"; both queue keys live as long as their longest entry. The
+-- state's `q` field tells a release that there may be waiters to serve.
+local function enqueue(wid, until_ms, count, tail)
+  clock()
+  redis.call('ZADD', KEYS[2], 'NX', now_us, wid)
+  redis.call('HSET', KEYS[1], 'q', 1)
+  redis.call('HSET', KEYS[3], wid, string.format('%.0f %d ', until_ms, count) .. tail)
+  local window = until_ms - now_ms + 1000
+  if redis.call('PTTL', KEYS[2]) < window then
+    redis.call('PEXPIRE', KEYS[2], window)
     redis.call('PEXPIRE', KEYS[3], window)
-    redis.call('PEXPIRE', KEYS[4], window)
   end
-end
--- Issue the next fencing token (a number): above the last one, and above the server clock
--- in µs, so a counter lost in a restart resumes above every earlier token. `counter` is
--- {n, x} of the fence hash (read here if nil), x being when (ms) its expiry was last set:
--- it is set again only once half of it has passed, so after this the hash lives at least
--- FENCE_TTL / 2 more.
-local function next_fence(now_us, counter)
-  counter = counter or redis.call('HMGET', KEYS[2], 'n', 'x')
-  local fence = (tonumber(counter[1] or '') or 0) + 1
-  if fence < now_us then
-    fence = now_us
-  end
-  local now_ms = math.floor(now_us / 1000)
-  if now_ms - (tonumber(counter[2] or '') or 0) > FENCE_TTL / 2 then
-    redis.call('HSET', KEYS[2], 'n', fence, 'x', now_ms)
-    redis.call('PEXPIRE', KEYS[2], FENCE_TTL)
-  else
-    redis.call('HSET', KEYS[2], 'n', fence)
-  end
-  return fence
 end
 """
 
 ACQUIRE = Script(
     "acquire",
     """
--- KEYS[1] holder hash, KEYS[2] fence hash, KEYS[3] waiter queue (zset), KEYS[4] waiter entries
--- ARGV[1] token, ARGV[2] ttl (ms), ARGV[3] host, ARGV[4] pid, ARGV[5] task name; only when
--- the caller queues: ARGV[6] id of the caller's process-local wait queue, ARGV[7] waiters
--- of that process queued behind the caller, ARGV[8] the rest of the queue entry:
--- "<host> <pid>", then, if the lock may be granted to the queue directly,
--- " <seq> <grant ms> <ttl ms> <grant token> <task>", ARGV[9..] tokens the lock may have
--- been granted to (earlier entries of the same queue): a lock held under one of them is
--- claimed, keeping its fencing token
+-- KEYS[1] state (hash: the holder while held), KEYS[2] waiter queue (zset), KEYS[3] waiter
+-- entries (hash), KEYS[4] recent holds (list; not used here, named for one key set)
+-- ARGV[1] token, ARGV[2] ttl (ms), ARGV[3] the holder, "<host> <pid> <task>"; only when the
+-- caller queues: ARGV[4] id of the caller's process-local wait queue, ARGV[5] waiters of
+-- that process queued behind the caller, ARGV[6] the rest of the queue entry:
+-- "<host> <pid> <seq> <grant ms> <ttl ms> <grant token> <task>", ARGV[7..] tokens the lock
+-- may have been granted to (earlier entries of the same queue): a lock held under one of
+-- them is claimed, keeping its fencing token
 -- Returns {1, fencing token}: acquired (also when a retry finds the key already ours);
---         {0, pttl ms}: held, or reserved for another queue; the caller's queue entry is
---           added (at the back) or refreshed, and lives until pttl + GRACE;
---         {-1, 0}: this token was aborted by its owner, or already released: it must never
---           be granted (a late copy of an acquire whose caller gave up on it).
+--         {0, pttl ms, fencing token, holder, acquired ms, ttl ms, typical hold ms}: held,
+--           or reserved for another queue, by the holder described ('' where unknown); the
+--           caller's queue entry is added (at the back) or refreshed, and lives until
+--           pttl + GRACE;
+--         {-1, 0}: this token was aborted by its owner, or already used: it must never be
+--           granted (a late copy of an acquire whose caller gave up on it).
 """
     + _CONSTANTS
-    + _ENQUEUE
+    + _COMMON
     + """
-local holder = redis.call('HMGET', KEYS[1], 'token', 'reserved', 'fence')
-local current, reserved = holder[1], holder[2]
+local s = redis.call('HMGET', KEYS[1], 'token', 'reserved', 'fence', 'k', 'r',
+  'a:' .. ARGV[1], 'm', 'a', 't', 'h')
+local current, reserved = s[1], s[2]
 if current == ARGV[1] then
-  return {1, tonumber(holder[3])}
+  return {1, tonumber(s[3])}
 end
-local counter = redis.call('HMGET', KEYS[2], 'n', 'x', 'released', 'a:' .. ARGV[1])
-if counter[3] == ARGV[1] or counter[4] then
+local mine = string.sub(ARGV[1], 1, KEPT)
+if s[6] or s[4] == mine or s[5] == mine then
   return {-1, 0}
 end
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local now_ms = math.floor(now_us / 1000)
-local wid = ARGV[6] or ''
-local claimed = current and listed(current, 9)
+local wid = ARGV[4] or ''
+local claimed = current and listed(current, 7)
 if not claimed and (current or (reserved and reserved ~= wid)) then
   local pttl = redis.call('PTTL', KEYS[1])
   if wid ~= '' then
-    enqueue(wid, now_us, now_ms + math.max(pttl, 0) + GRACE, tonumber(ARGV[7]) + 1, ARGV[8])
+    clock()
+    enqueue(wid, now_ms + math.max(pttl, 0) + GRACE, tonumber(ARGV[5]) + 1, ARGV[6])
   end
-  return {0, pttl}
+  return {0, pttl, s[3] or '', s[7] or '', s[8] or '', s[9] or '', s[10] or ''}
 end
 -- Free, reserved for the caller's queue, or granted to it: take it.
 local fence
 if claimed then
-  fence = tonumber(holder[3])
-  redis.call('PEXPIRE', KEYS[2], FENCE_TTL)
+  fence = tonumber(s[3])
 else
-  fence = next_fence(now_us, counter)
+  fence = next_fence(s[3])
 end
-if reserved or claimed then
-  redis.call('DEL', KEYS[1])
+clock()
+if reserved then
+  redis.call('HDEL', KEYS[1], 'reserved')
 end
-redis.call('HSET', KEYS[1], 'v', '1', 'token', ARGV[1], 'fence', fence,
-  'host', ARGV[3], 'pid', ARGV[4], 'task', ARGV[5], 'acquired_ms', now_ms, 'ttl_ms', ARGV[2])
+redis.call('HSET', KEYS[1], 'token', ARGV[1], 'fence', fence, 'k', mine, 'm', ARGV[3],
+  'a', now_ms, 't', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 if wid ~= '' then
   dequeue(wid)
-  if tonumber(ARGV[7]) > 0 then
+  if tonumber(ARGV[5]) > 0 then
     -- More waiters in the caller's process: back of the queue, for after this hold.
-    enqueue(wid, now_us, now_ms + tonumber(ARGV[2]) + GRACE, tonumber(ARGV[7]), ARGV[8])
+    enqueue(wid, now_ms + tonumber(ARGV[2]) + GRACE, tonumber(ARGV[5]), ARGV[6])
   end
 end
 return {1, fence}
@@ -160,17 +189,15 @@ return {1, fence}
 def acquire_args(
     token: str,
     ttl_ms: int,
-    host: str,
-    pid: int,
-    task: str,
+    holder: str,
     *,
     queue: tuple[str, int, str] | None = None,
     claims: Sequence[str] = (),
 ) -> list[str | int]:
-    """ARGV for ACQUIRE (see its header). `queue` is (queue id, waiters behind, entry) of
-    the caller's wait queue, which the attempt puts in line; `claims` the tokens the lock
-    may have been granted to under that queue."""
-    args: list[str | int] = [token, ttl_ms, host, pid, task]
+    """ARGV for ACQUIRE (see its header). `holder` is "<host> <pid> <task>"; `queue` is
+    (queue id, waiters behind, entry) of the caller's wait queue, which the attempt puts in
+    line; `claims` the tokens the lock may have been granted to under that queue."""
+    args: list[str | int] = [token, ttl_ms, holder]
     if queue is not None:
         args += (*queue, *claims)
     return args
@@ -179,21 +206,22 @@ def acquire_args(
 RELEASE = Script(
     "release",
     """
--- KEYS[1] holder hash, KEYS[2] fence hash, KEYS[3] waiter queue, KEYS[4] waiter entries,
--- KEYS[5] recent hold durations (list)
+-- KEYS[1] state, KEYS[2] waiter queue, KEYS[3] waiter entries, KEYS[4] recent holds (list)
 -- ARGV[1] token ('' when only withdrawing a queue); the others may be left out:
--- ARGV[2] how long (ms) the lease was held, as its holder measured it: recorded in the hold
--- list ('' records nothing),
--- ARGV[3] mode: '' to release; 'abort' to also forbid a later acquire with this token (its
--- outcome is unknown); 'force' to evict the holder (aiolock release --force): its token is
--- not recorded as released, so the evicted holder's own release reports the loss, and its
--- hold is recorded as the server measures it,
--- ARGV[4] id of a wait queue to withdraw ('' for none): its process stopped waiting,
--- ARGV[5] the releasing process's wait queue for this lock ('' if none waits there): it
+-- ARGV[2] mode: '' to release; 'abort' to also forbid a later acquire with this token (its
+-- outcome is unknown); 'force' to evict the holder (aiolock release --force): the evicted
+-- holder's own release then reports the loss; 'queue' to release and look at the wait
+-- queue even if the state says nobody queued (layout-1 waiters do not say it),
+-- ARGV[3] retention (ms): what stays of the state after this release lives that long
+-- ('': until the released lease's own expiry),
+-- ARGV[4] how long (ms) the lease was held, as its holder measured it: recorded in the
+-- hold list ('' records nothing),
+-- ARGV[5] id of a wait queue to withdraw ('' for none): its process stopped waiting,
+-- ARGV[6] the releasing process's wait queue for this lock ('' if none waits there): it
 -- joins the waiter queue (or keeps its place) before the lock is handed on,
--- ARGV[6] that queue's entry (as ARGV[8] of ACQUIRE), ARGV[7] its waiter count,
--- ARGV[8..] when withdrawing: tokens the lock may have been granted to under that queue
--- Returns {status, queue id, granted fencing token, granted seq, grant expiry ms}, status being
+-- ARGV[7] that queue's entry (as ARGV[6] of ACQUIRE), ARGV[8] its waiter count,
+-- ARGV[9..] when withdrawing: tokens the lock may have been granted to under that queue
+-- Returns {status, queue id, granted fencing token, granted seq, grant expiry ms}, status
 --         1: released now and handed to that queue ('' if none waited);
 --         2: released already, by an earlier attempt of this same call;
 --         3: the queue was withdrawn; if the lock was reserved or granted to it, it was
@@ -201,31 +229,50 @@ RELEASE = Script(
 --         0: not the owner (expired, deleted, or someone else holds it).
 -- A lock is handed to the first queue whose entry has not expired: granted to the token in
 -- the entry (held under it for RESERVATION ms, until its process renews it), or, for an
--- entry without one, reserved for the queue's next acquire. Granted straight to the
--- releasing process's own queue (nobody ahead of it), it is held for the entry's full ttl:
--- that process is alive, and its waiter takes the lock without a message. Unless the queue is the
--- releasing process's own, this is announced on the channel KEYS[1]:released as
--- "<released fencing token> <queue id>[ <granted fencing token> <granted seq>]".
+-- entry without one (written by layout 1), reserved for the queue's next acquire. Granted
+-- straight to the releasing process's own queue (nobody ahead of it), it is held for the
+-- entry's full ttl: that process is alive, and its waiter takes it without a message.
+-- Unless the queue is the releasing process's own, this is announced on the channel
+-- KEYS[1]:released as "<released fencing token> <queue id>[ <granted fencing token>
+-- <granted seq>]".
 """
     + _CONSTANTS
-    + _ENQUEUE
+    + _COMMON
     + """
-local held, mode, own = ARGV[2] or '', ARGV[3] or '', ARGV[5] or ''
-local now_us, now_ms
+local mode, retain, held = ARGV[2] or '', ARGV[3] or '', ARGV[4] or ''
+local own = ARGV[6] or ''
+local mine = string.sub(ARGV[1], 1, KEPT)
+local s = redis.call('HMGET', KEYS[1], 'token', 'fence', 'k', 'r', 'reserved', 'q', 'a', 'h')
+-- The holder's fields (and those layout 1 writes), removed when the lock is given up.
+local HOLDER = {'token', 'm', 'a', 't', 'v', 'host', 'pid', 'task', 'acquired_ms', 'ttl_ms'}
 
--- Read the server clock (once, and only on the paths that hand the lock on).
-local function clock()
-  if not now_us then
-    local t = redis.call('TIME')
-    now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    now_ms = math.floor(now_us / 1000)
+-- Remember that an acquire with `token` must never be granted (its caller aborted it): one
+-- numbered field per token; each time ABORTS_KEPT more have come, only the newest
+-- ABORTS_KEPT are kept. The state then lives ABORT_RETAIN ms, unless it is held.
+local function forbid(token, held_now)
+  local field = 'a:' .. token
+  if redis.call('HEXISTS', KEYS[1], field) == 0 then
+    local count = redis.call('HINCRBY', KEYS[1], 'ac', 1)
+    redis.call('HSET', KEYS[1], field, count)
+    if count % ABORTS_KEPT == 0 and count > ABORTS_KEPT then
+      local fields = redis.call('HGETALL', KEYS[1])
+      for i = 1, #fields, 2 do
+        if string.sub(fields[i], 1, 2) == 'a:' and tonumber(fields[i + 1]) <= count - ABORTS_KEPT then
+          redis.call('HDEL', KEYS[1], fields[i])
+        end
+      end
+    end
+  end
+  if not held_now and redis.call('PTTL', KEYS[1]) < ABORT_RETAIN then
+    redis.call('PEXPIRE', KEYS[1], ABORT_RETAIN)
   end
 end
 
 -- Give the lock to queue `wid`, whose entry ends with `tail` ("<host> <pid>[ <grant>]"):
 -- granted to the entry's token (for the entry's ttl if `full`, else for at most
--- RESERVATION ms), or reserved for the queue if it has none. Returns the granted fencing
--- token, registration seq and expiry ms ('', '', 0 if reserved).
+-- RESERVATION ms), or reserved for the queue if it has none. The releaser's token is
+-- recorded (`r`), and the hold it ended in the typical hold (`h`). Returns the granted
+-- fencing token, registration seq and expiry ms ('', '', 0 if reserved).
 local function give(wid, tail, full)
   local host, pid, seq, g_ms, g_ttl, token, task = string.match(tail,
     '^(%S+) (%S+) (%d+) (%d+) (%d+) (%x+) (.*)$')
@@ -234,9 +281,14 @@ local function give(wid, tail, full)
     redis.call('PEXPIRE', KEYS[1], RESERVATION)
     return '', '', 0
   end
-  local fence = next_fence(now_us)
-  redis.call('HSET', KEYS[1], 'v', '1', 'token', token, 'fence', fence,
-    'host', host, 'pid', pid, 'task', task, 'acquired_ms', now_ms, 'ttl_ms', g_ttl)
+  local fence = next_fence(s[2])
+  local typical = tonumber(s[8] or '')
+  local hold = now_ms - (tonumber(s[7] or '') or now_ms)
+  if (mode == '' or mode == 'queue') and ARGV[1] ~= '' then
+    typical = typical and math.floor((typical * 7 + hold) / 8) or hold
+  end
+  redis.call('HSET', KEYS[1], 'token', token, 'fence', fence, 'k', string.sub(token, 1, KEPT),
+    'm', host .. ' ' .. pid .. ' ' .. task, 'a', now_ms, 't', g_ttl, 'r', mine, 'h', typical or '')
   local expiry = tonumber(g_ttl)
   if not full then
     expiry = math.min(tonumber(g_ms), RESERVATION)
@@ -245,36 +297,20 @@ local function give(wid, tail, full)
   return string.format('%.0f', fence), seq, expiry
 end
 
--- Remember that an acquire with `token` must never be granted (its caller aborted it): one
--- numbered field per token; each time ABORTS_KEPT more have come, only the newest
--- ABORTS_KEPT are kept.
-local function forbid(token)
-  local field = 'a:' .. token
-  if redis.call('HEXISTS', KEYS[2], field) == 0 then
-    local count = redis.call('HINCRBY', KEYS[2], 'ac', 1)
-    redis.call('HSET', KEYS[2], field, count)
-    if count % ABORTS_KEPT == 0 and count > ABORTS_KEPT then
-      local fields = redis.call('HGETALL', KEYS[2])
-      for i = 1, #fields, 2 do
-        if string.sub(fields[i], 1, 2) == 'a:' and tonumber(fields[i + 1]) <= count - ABORTS_KEPT then
-          redis.call('HDEL', KEYS[2], fields[i])
-        end
-      end
-    end
-  end
-  redis.call('PEXPIRE', KEYS[2], FENCE_TTL)
-end
-
 -- Hand the lock to the first queue whose entry has not expired, and announce it.
 local function hand_over(fence)
   local wid, granted, seq, expiry = '', '', '', 0
+  if not s[6] and mode ~= 'queue' then
+    return wid, granted, seq, expiry  -- nobody queued since the queue was last found empty
+  end
   while true do
-    local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
     if not head then
+      redis.call('HDEL', KEYS[1], 'q')
       break
     end
     clock()
-    local entry = redis.call('HGET', KEYS[4], head) or '0'
+    local entry = redis.call('HGET', KEYS[3], head) or '0'
     dequeue(head)
     local until_ms, tail = string.match(entry, '^(%d+) %d+ (.*)$')
     if until_ms and tonumber(until_ms) >= now_ms then
@@ -295,61 +331,61 @@ local function hand_over(fence)
   return wid, granted, seq, expiry
 end
 
-local holder = redis.call('HMGET', KEYS[1], 'token', 'fence', 'acquired_ms', 'reserved')
-if ARGV[1] ~= '' and holder[1] == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+if ARGV[1] ~= '' and s[1] == ARGV[1] then
+  redis.call('HDEL', KEYS[1], unpack(HOLDER))
   if mode == 'force' then
+    -- The evicted holder's own release must not find its token recorded.
+    redis.call('HSET', KEYS[1], 'k', '-')
     clock()
-    local acquired = tonumber(holder[3] or '') or 0
-    held = acquired > 0 and now_ms - acquired or ''
-  else
-    -- The acquire left the fence hash at least FENCE_TTL / 2 to live: renew its expiry
-    -- only after a long hold (or one of unknown length), or if the hash was gone (evicted)
-    -- and this made it anew; a field new to the hash tells both that and a first release.
-    local new_field = redis.call('HSET', KEYS[2], 'released', ARGV[1])
-    if new_field == 1 or held == '' or tonumber(held) >= FENCE_TTL / 4 then
-      redis.call('PEXPIRE', KEYS[2], FENCE_TTL)
+    local acquired = tonumber(s[7] or '') or 0
+    held = ''
+    if acquired > 0 and redis.call('EXISTS', KEYS[4]) == 1 then
+      held = now_ms - acquired  -- recorded where holds are (the server's measure)
     end
+  elseif mode == 'abort' then
+    forbid(ARGV[1], false)
   end
-  if mode == 'abort' then
-    forbid(ARGV[1])
+  if retain ~= '' then
+    redis.call('PEXPIRE', KEYS[1], retain)
   end
   if held ~= '' and mode ~= 'abort' then
     -- The list keeps 100 to 150 entries: trimmed (and its expiry renewed) every 50 holds.
-    local length = redis.call('LPUSH', KEYS[5], held)
+    local length = redis.call('LPUSH', KEYS[4], held)
     if length == 1 or length > 150 then
-      redis.call('LTRIM', KEYS[5], 0, 99)
-      redis.call('PEXPIRE', KEYS[5], FENCE_TTL)
+      redis.call('LTRIM', KEYS[4], 0, 99)
+      redis.call('PEXPIRE', KEYS[4], 86400000)
     end
   end
   if own ~= '' then
     clock()
-    local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
     if not head or head == own then
       -- Nobody is ahead of the releasing process's own waiters: straight to them.
       if head then
         dequeue(head)
       end
-      return {1, own, give(own, ARGV[6], true)}
+      return {1, own, give(own, ARGV[7], true)}
     end
-    enqueue(own, now_us, now_ms + RESERVATION + GRACE, tonumber(ARGV[7]), ARGV[6])
+    enqueue(own, now_ms + RESERVATION + GRACE, tonumber(ARGV[8]), ARGV[7])
+    s[6] = '1'
   end
-  return {1, hand_over(holder[2])}
+  return {1, hand_over(s[2])}
 end
-local withdraw = ARGV[4] or ''
+local withdraw = ARGV[5] or ''
 if withdraw ~= '' then
   dequeue(withdraw)
-  if holder[4] == withdraw or (holder[1] and listed(holder[1], 8)) then
-    redis.call('DEL', KEYS[1])
+  if s[5] == withdraw or (s[1] and listed(s[1], 9)) then
+    redis.call('HDEL', KEYS[1], 'reserved', unpack(HOLDER))
+    s[6] = '1'
     return {3, hand_over('w' .. withdraw)}
   end
   return {3, '', '', '', 0}
 end
-if redis.call('HGET', KEYS[2], 'released') == ARGV[1] then
+if not s[1] and s[3] == mine or s[4] == mine then
   return {2, '', '', '', 0}
 end
 if mode == 'abort' then
-  forbid(ARGV[1])
+  forbid(ARGV[1], s[1] ~= false)
 end
 return {0, '', '', '', 0}
 """,
@@ -359,23 +395,30 @@ return {0, '', '', '', 0}
 def release_args(
     *,
     token: str = "",
+    retain_ms: int | None = None,
     held_ms: int | None = None,
     abort: bool = False,
     withdraw: str = "",
     forced: bool = False,
+    look_at_queue: bool = False,
     join: tuple[str, str, int] | None = None,
     claims: Sequence[str] = (),
 ) -> list[str | int]:
     """ARGV for RELEASE (see its header): release `token`, or `withdraw` a wait queue.
 
-    `held_ms` is how long the lease was held (None: not recorded); `join` is (queue id,
-    entry, waiter count) of the releasing process's own wait queue; `claims` the tokens a
-    withdrawn queue may have been granted the lock under. Arguments left at their defaults
-    at the end are not sent.
+    `look_at_queue` makes the release serve the wait queue even when the state says that
+    nobody queued (layout-1 waiters do not say it).
+
+    `retain_ms` is how long the state stays after the release (None: until the released
+    lease's own expiry); `held_ms` how long the lease was held (None: not recorded); `join`
+    is (queue id, entry, waiter count) of the releasing process's own wait queue; `claims`
+    the tokens a withdrawn queue may have been granted the lock under. Arguments left at
+    their defaults at the end are not sent.
     """
-    mode = "abort" if abort else "force" if forced else ""
+    mode = "abort" if abort else "force" if forced else "queue" if look_at_queue else ""
+    retain: str | int = "" if retain_ms is None else retain_ms
     held: str | int = "" if held_ms is None else held_ms
-    args: list[str | int] = [token, held, mode, withdraw]
+    args: list[str | int] = [token, mode, retain, held, withdraw]
     if join is not None:
         args += join
     elif claims:
@@ -408,8 +451,8 @@ return out
 INSPECT = Script(
     "inspect",
     """
--- KEYS[1] holder hash
--- Returns {pttl ms, field1, value1, ...}: pttl -2 and no fields when the lock is free.
+-- KEYS[1] state hash
+-- Returns {pttl ms, field1, value1, ...}: pttl -2 and no fields when nothing is stored.
 local out = {redis.call('PTTL', KEYS[1])}
 local fields = redis.call('HGETALL', KEYS[1])
 for i = 1, #fields do

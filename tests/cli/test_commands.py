@@ -76,7 +76,7 @@ async def test_show_tells_everything_about_one_lock(
 ) -> None:
     name = f"{tag}:inventory"
     client = make_client(server_url)
-    lock = Lock(client, name, ttl=20)
+    lock = Lock(client, name, ttl=20, hold_stats=True)
     for _ in range(4):
         async with lock:
             pass
@@ -157,10 +157,10 @@ async def test_stats_per_lock_with_recommendation(
     server_url: str, tag: str, arun: AsyncRunCli
 ) -> None:
     client = make_client(server_url)
-    async with Lock(client, f"{tag}:slow", ttl=0.1):
+    async with Lock(client, f"{tag}:slow", ttl=0.1, hold_stats=True):
         await asyncio.sleep(0.15)  # kept past its ttl by the watchdog
     for _ in range(3):
-        async with Lock(client, f"{tag}:fast", ttl=5):
+        async with Lock(client, f"{tag}:fast", ttl=5, hold_stats=True):
             pass
     held = await Lock(client, f"{tag}:held", ttl=8).acquire()
     try:

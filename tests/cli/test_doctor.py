@@ -165,7 +165,8 @@ def test_the_least_privilege_user_of_the_readme_passes(
     assert code == 0, report
     assert found["permissions"]["severity"] == "ok"
     assert found["server"]["severity"] == "warning"  # INFO is not granted: settings unchecked
-    assert not admin.keys("aiolock:{doctor-*")  # the probe's scratch keys are gone
+    # The probe's scratch keys expire within seconds (this user may not delete them).
+    assert all(0 < admin.pttl(key) <= 5000 for key in admin.keys("aiolock:{doctor-*"))
 
 
 def test_missing_permissions_are_named_with_the_fix(

@@ -26,20 +26,26 @@ async def test_scan_finds_held_locks_by_pattern_and_prefix(
     other = await Lock(client, f"{tag}:orders:3", ttl=5, prefix="elsewhere").acquire()
     released = await Lock(client, f"{tag}:reports", ttl=5).acquire()
     await released.release()
+    # Holds recorded, state gone (it expired): found only when asked for.
+    recorded = await Lock(client, f"{tag}:stats", ttl=5, hold_stats=True).acquire()
+    await recorded.release()
+    await client.delete(LockKeys.build("aiolock", f"{tag}:stats").lock)
     try:
+        # A released lock's state is kept for a while (its last fencing token): found too.
         assert await scan_lock_names(client, pattern=f"{tag}:*") == [
             f"{tag}:orders:1",
             f"{tag}:orders:2",
+            f"{tag}:reports",
         ]
         assert await scan_lock_names(client, pattern=f"{tag}:orders:1") == [f"{tag}:orders:1"]
         assert await scan_lock_names(client, pattern=f"{tag}:*", prefix="elsewhere") == [
             f"{tag}:orders:3"
         ]
-        # Locks with recorded holds are found too when asked: the released one.
         assert await scan_lock_names(client, pattern=f"{tag}:*", with_holds=True) == [
             f"{tag}:orders:1",
             f"{tag}:orders:2",
             f"{tag}:reports",
+            f"{tag}:stats",
         ]
     finally:
         for lease in (a, b, other):
@@ -48,12 +54,12 @@ async def test_scan_finds_held_locks_by_pattern_and_prefix(
 
 async def test_snapshot_of_a_held_lock_with_a_queue(client: redis.asyncio.Redis, tag: str) -> None:
     name = f"{tag}:orders"
-    lock = Lock(client, name, ttl=5)
+    lock = Lock(client, name, ttl=5, hold_stats=True)
     for _ in range(3):
         async with lock:
             pass
     lease = await lock.acquire()
-    waiters = [asyncio.create_task(Lock(client, name, ttl=5).acquire()) for _ in range(2)]
+    waiters = [asyncio.create_task(lock.acquire()) for _ in range(2)]
 
     async def queued() -> bool:
         (state,) = await read_locks(client, [name])
@@ -85,6 +91,8 @@ async def test_snapshot_of_a_held_lock_with_a_queue(client: redis.asyncio.Redis,
     (state,) = await read_locks(client, [name])
     assert state.state == "free" and state.known
     assert len(state.holds_ms) == 6
+    # Two releases handed the lock on: the typical hold is known.
+    assert state.typical_hold is not None and 0 <= state.typical_hold < 5
 
 
 async def test_snapshot_of_an_unknown_lock(client: redis.asyncio.Redis, tag: str) -> None:
@@ -158,7 +166,7 @@ async def test_hold_stats_api(client: redis.asyncio.Redis, tag: str) -> None:
     name = f"{tag}:api"
     empty = await aiolock.hold_stats(client, name)
     assert (empty.count, empty.p99, empty.recommended_ttl) == (0, None, None)
-    lock = Lock(client, name, ttl=5)
+    lock = Lock(client, name, ttl=5, hold_stats=True)
     for _ in range(5):
         async with lock:
             pass
@@ -177,7 +185,7 @@ async def test_hold_stats_api(client: redis.asyncio.Redis, tag: str) -> None:
 
 async def test_holds_approaching_the_ttl_are_flagged(client: redis.asyncio.Redis, tag: str) -> None:
     name = f"{tag}:slow"
-    async with Lock(client, name, ttl=0.1) as lease:  # kept past its ttl by the watchdog
+    async with Lock(client, name, ttl=0.1, hold_stats=True) as lease:  # kept by the watchdog
         await asyncio.sleep(0.15)
     assert lease.released
     stats = await aiolock.hold_stats(client, name, ttl=0.1)
@@ -207,9 +215,8 @@ async def test_snapshot_parses_a_reservation_and_odd_queue_entries(
     keys = LockKeys.build("aiolock", name)
     seconds, micros = await client.time()
     now_ms = seconds * 1000 + micros // 1000
-    await client.hset(keys.lock, "reserved", "q-next")
+    await client.hset(keys.lock, mapping={"reserved": "q-next", "fence": "1234"})
     await client.pexpire(keys.lock, 1000)
-    await client.hset(keys.fence, "n", "1234")
     await client.zadd(keys.queue, {"q-next": 1, "q-dead": 2})
     await client.hset(
         keys.waiters,
@@ -242,4 +249,4 @@ async def test_snapshot_parses_a_reservation_and_odd_queue_entries(
         assert await scan_lock_names(client, pattern=f"{tag}:*") == [name]
         assert (await force_release(client, name)).outcome == "not_held"
     finally:
-        await client.delete(keys.lock, keys.fence, keys.queue, keys.waiters, keys.holds)
+        await client.delete(keys.lock, keys.queue, keys.waiters, keys.holds)

@@ -133,6 +133,7 @@ def _state(*, holder_ttl: float | None, queue: tuple[QueueEntry, ...] = ()) -> L
         age=None,
         reservation=None,
         last_fencing_token=1,
+        typical_hold=None,
         queue=queue,
         holds_ms=(400, 400),
         server_time=0.0,

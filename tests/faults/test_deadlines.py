@@ -134,7 +134,7 @@ async def test_a_fencing_counter_ahead_of_the_clock_is_honoured(
     try:
         seconds, micros = await client.time()
         ahead = (int(seconds) + 10**6) * 10**6 + int(micros)
-        await client.hset(keys.fence, "n", ahead)
+        await client.hset(keys.lock, "fence", ahead)  # the state of a lock used before
         if path == "acquire":
             lease = await Lock(client, name, ttl=5).acquire()
         else:

@@ -38,14 +38,13 @@ class Replay:
         self.keys = LockKeys.build("aiolock", name)
 
     async def run(self, script: Script, args: list[str | int]) -> Any:
-        keys = self.keys.for_acquire if script is ACQUIRE else self.keys.for_release
         return await runtime_for(self.client).backend.run(
-            script, keys, args, timeout=5, operation=script.name, name=self.name
+            script, self.keys.scripts, args, timeout=5, operation=script.name, name=self.name
         )
 
     async def acquire(self, token: str) -> int:
         """The status of an acquire with `token`: 1 acquired, 0 busy, -1 refused for good."""
-        args = acquire_args(token, 5000, "host", os.getpid(), "task")
+        args = acquire_args(token, 5000, f"host {os.getpid()} task")
         return int((await self.run(ACQUIRE, args))[0])
 
     async def abort(self, token: str) -> int:
@@ -86,7 +85,7 @@ async def test_many_aborts_are_remembered_and_their_record_stays_bounded(
     # The most recent ABORTS_KEPT are always refused; the record never grows past twice that.
     for token in tokens[-ABORTS_KEPT:]:
         assert await replay.acquire(token) == -1
-    fields = await replay.client.hkeys(replay.keys.fence)
+    fields = await replay.client.hkeys(replay.keys.lock)
     records = [field for field in fields if isinstance(field, bytes) and field[:2] == b"a:"]
     assert ABORTS_KEPT <= len(records) <= 2 * ABORTS_KEPT
     assert await replay.holder() is None

@@ -259,11 +259,12 @@ class ReplyLog:
         return len(self.replies)
 
     def held_replies_since(self, mark: int) -> int:
-        """ACQUIRE replies answering "held by someone else" ([0, pttl]) since `mark`."""
+        """ACQUIRE replies answering "held by someone else" ([0, pttl, the holder...])
+        since `mark`."""
         return sum(
             1
             for reply in self.replies[mark:]
-            if isinstance(reply, list) and len(reply) == 2 and reply[0] == 0
+            if isinstance(reply, list) and len(reply) == 7 and reply[0] == 0
         )
 
 

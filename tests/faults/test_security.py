@@ -61,18 +61,17 @@ PACKAGE = Path(aiolock.__file__).resolve().parent
 # =========================================================================== (a) ACL
 ACL_SETUSER = (
     "ACL SETUSER aiolock-app reset on >PASSWORD ~aiolock:* resetchannels &aiolock:* "
-    "+evalsha +eval +exists +subscribe +unsubscribe +ping "
-    "+del +hdel +hexists +hget +hgetall +hincrby +hmget +hset +lpush +ltrim +pexpire +pttl "
-    "+publish +time "
-    "+zadd +zrange +zrem +zscore"
+    "+evalsha +eval +subscribe +unsubscribe +ping "
+    "+exists +hdel +hexists +hget +hgetall +hincrby +hmget +hset +lpush +ltrim +pexpire +pttl "
+    "+publish +time +zadd +zrange +zrem"
 )
 """The least privilege for aiolock with the default prefix: its keys and channels only;
-EVALSHA/EVAL (scripts), EXISTS (`locked()`), SUBSCRIBE/UNSUBSCRIBE/PING (waiting), and every
+EVALSHA/EVAL (scripts), SUBSCRIBE/UNSUBSCRIBE/PING (waiting), and every
 command the scripts call (ACL applies inside scripts too). redis-py's CLIENT SETINFO on
 connect is refused by this user and ignored by redis-py; add `+client|setinfo` on servers
 that have it (Redis >= 7.2, Valkey) to keep it out of the ACL LOG."""
 
-OUTSIDE_SCRIPTS = {"evalsha", "eval", "exists", "subscribe", "unsubscribe", "ping"}
+OUTSIDE_SCRIPTS = {"evalsha", "eval", "subscribe", "unsubscribe", "ping"}
 """Commands aiolock sends itself; the others in the line are called by its scripts."""
 
 HANDSHAKE_REFUSALS = {"client", "client|setinfo"}

@@ -436,7 +436,7 @@ async def test_scripts_applied_twice_give_the_same_answer(server: RedisServer, n
     ) -> list[str | int]:
         pid = os.getpid()
         queue = (wid, 0, entry or f"host {pid}") if wid else None
-        return acquire_args(token, 5000, "host", pid, "task", queue=queue, claims=claims)
+        return acquire_args(token, 5000, f"host {pid} task", queue=queue, claims=claims)
 
     def releasing(token: str, abort: str) -> list[str | int]:
         return release_args(token=token, abort=abort == "1")
@@ -446,9 +446,8 @@ async def test_scripts_applied_twice_give_the_same_answer(server: RedisServer, n
 
         async def run(script: Script, args: list[str | int]) -> Any:
             operation = "acquire" if script is ACQUIRE else "release"
-            keys_of = keys.for_acquire if script is ACQUIRE else keys.for_release
             return await backend.run(
-                script, keys_of, args, timeout=5, operation=operation, name=name
+                script, keys.scripts, args, timeout=5, operation=operation, name=name
             )
 
         token = secrets.token_hex(16)
@@ -462,7 +461,7 @@ async def test_scripts_applied_twice_give_the_same_answer(server: RedisServer, n
 
         assert await run(RELEASE, releasing(token, "0")) == [1, b"", b"", b"", 0]
         assert await run(RELEASE, releasing(token, "0")) == [2, b"", b"", b"", 0]
-        assert not await client.exists(keys.lock)
+        assert not await client.hexists(keys.lock, "token")
 
         # A release that grants the lock to a queued token, applied twice: one grant.
         holder = secrets.token_hex(16)
@@ -491,7 +490,7 @@ async def test_scripts_applied_twice_give_the_same_answer(server: RedisServer, n
         late = await run(ACQUIRE, acquiring(aborted))
         assert isinstance(late, list)
         assert [int(v) for v in late] == [-1, 0]
-        assert not await client.exists(keys.lock), "an aborted token must never be granted"
+        assert not await client.hexists(keys.lock, "token"), "an aborted token is never granted"
 
         # The lock itself is unaffected: a fresh token gets it, with a larger fencing token.
         fresh = await run(ACQUIRE, acquiring(secrets.token_hex(16)))

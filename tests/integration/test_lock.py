@@ -17,6 +17,7 @@ from aiolock import (
     LockInfo,
     LossReason,
 )
+from aiolock._info import text
 from aiolock._layout import LockKeys
 
 
@@ -216,10 +217,19 @@ async def test_the_layout_holds_exact_numbers(client: redis.asyncio.Redis, name:
         assert 0 <= now_us - lease.fencing_token < 5_000_000  # floored by the server clock
         fields = await client.hgetall(keys.lock)
         assert fields[b"fence"] == str(lease.fencing_token).encode()
-        assert await client.hget(keys.fence, "n") == str(lease.fencing_token).encode()
-        assert fields[b"acquired_ms"].isdigit()
-        assert 0 <= now_us // 1000 - int(fields[b"acquired_ms"]) < 5_000
-        assert fields[b"ttl_ms"] == b"7000"
+        assert fields[b"token"] == lease.token.encode()
+        assert fields[b"k"] == lease.token[:16].encode()
+        host, pid, task = text(fields[b"m"]).split(" ", 2)
+        assert host and int(pid) == os.getpid()
+        assert task == asyncio.current_task().get_name()  # type: ignore[union-attr]
+        assert fields[b"a"].isdigit()
+        assert 0 <= now_us // 1000 - int(fields[b"a"]) < 5_000
+        assert fields[b"t"] == b"7000"
+    # What stays: the last fencing token and the token's first 64 bits, nothing of the holder.
+    assert await client.hgetall(keys.lock) == {
+        b"fence": str(lease.fencing_token).encode(),
+        b"k": lease.token[:16].encode(),
+    }
 
 
 async def test_renewal_keeps_the_lease_past_its_ttl(client: redis.asyncio.Redis, name: str) -> None:
@@ -283,50 +293,47 @@ async def test_decode_responses_client_works(
         await client.aclose()
 
 
-DAY_MS = 86_400_000
-
-
-async def test_the_fence_hash_expiry_is_renewed_only_when_half_used(
+async def test_the_state_stays_until_the_released_lease_would_have_expired(
     client: redis.asyncio.Redis, name: str
 ) -> None:
-    """Every lock's fence hash lives at least half a day past its last acquire, without an
-    expiry update on every acquire and release."""
+    """A ttl between the retention (10 s) and an hour: the release sets no expiry, the
+    state stays as long as the lease's key would have."""
     keys = LockKeys.build("aiolock", name)
-    lock = Lock(client, name, ttl=5)
-    async with lock:
-        pass
-    assert DAY_MS - 60_000 < await client.pttl(keys.fence) <= DAY_MS  # a first acquire sets it
-
-    await client.pexpire(keys.fence, DAY_MS - 3_600_000)  # an hour of it has passed
-    async with lock:
-        pass
-    assert await client.pttl(keys.fence) <= DAY_MS - 3_600_000, "renewed too early"
-
-    # More than half a day since it was last set: the next acquire renews it.
-    seconds, _ = await client.time()
-    await client.hset(keys.fence, "x", str((seconds - 13 * 3600) * 1000))
-    await client.pexpire(keys.fence, 11 * 3_600_000)
-    async with lock:
-        pass
-    assert DAY_MS - 60_000 < await client.pttl(keys.fence) <= DAY_MS
-
-
-async def test_a_release_renews_the_fence_hash_expiry_if_it_had_to_make_it_anew(
-    client: redis.asyncio.Redis, name: str
-) -> None:
-    """Evicted during the hold (or deleted): the release's record must not live forever."""
-    keys = LockKeys.build("aiolock", name)
-    lease = await Lock(client, name, ttl=5).acquire()
-    await client.delete(keys.fence)
+    lease = await Lock(client, name, ttl=20).acquire()
     await lease.release()
-    assert await client.hget(keys.fence, "released") == lease.token.encode()
-    assert DAY_MS - 60_000 < await client.pttl(keys.fence) <= DAY_MS
+    assert 15_000 < await client.pttl(keys.lock) <= 20_000
+    again = await Lock(client, name, ttl=20).acquire()
+    assert again.fencing_token > lease.fencing_token
+    await again.release()
+
+
+@pytest.mark.parametrize(
+    ("ttl", "retain", "expected_s"),
+    [(1, None, 10.0), (2, 5, 5.0), (7200, None, 10.0), (7200, 60, 60.0)],
+    ids=["short-ttl", "retain=5", "long-ttl", "long-ttl-retain=60"],
+)
+async def test_the_retention_is_set_when_the_ttl_would_not_serve(
+    client: redis.asyncio.Redis, name: str, ttl: float, retain: float | None, expected_s: float
+) -> None:
+    keys = LockKeys.build("aiolock", name)
+    lock = (
+        Lock(client, name, ttl=ttl)
+        if retain is None
+        else Lock(client, name, ttl=ttl, retain=retain)
+    )
+    lease = await lock.acquire()
+    await lease.release()
+    assert expected_s * 1000 - 2000 < await client.pttl(keys.lock) <= expected_s * 1000
+    assert set(await client.hkeys(keys.lock)) == {b"fence", b"k"}
 
 
 async def test_hold_durations_are_the_holders_own(client: redis.asyncio.Redis, name: str) -> None:
-    """Measured by the holder, from the grant to the release, in ms."""
+    """Measured by the holder, from the grant to the release, in ms (with hold_stats)."""
     keys = LockKeys.build("aiolock", name)
     async with Lock(client, name, ttl=5) as lease:
+        pass
+    assert not await client.exists(keys.holds), "recorded only when asked for"
+    async with Lock(client, name, ttl=5, hold_stats=True) as lease:
         await asyncio.sleep(0.05)
         held = lease.held_for()
     (recorded,) = await client.lrange(keys.holds, 0, -1)

@@ -226,7 +226,7 @@ async def test_a_lease_whose_loop_closed_is_lost_and_can_be_released_here(
     assert info.value.reason is LossReason.LOOP_CLOSED
     checker = make_client(server_url)
     try:
-        assert not await checker.exists(LockKeys.build("aiolock", name).lock), "not released"
+        assert not await checker.hexists(LockKeys.build("aiolock", name).lock, "token"), "held"
     finally:
         await checker.aclose()
 
@@ -240,13 +240,13 @@ async def test_releasing_a_lease_of_a_loop_still_open_elsewhere_is_refused(
     try:
         with pytest.raises(RuntimeError, match="another event loop"):
             await lease.release()
-        assert await checker.exists(key), "nothing was sent"
+        assert await checker.hexists(key, "token"), "nothing was sent"
 
         def release_there() -> None:
             loop.run_until_complete(lease.release())
 
         await asyncio.to_thread(release_there)
-        assert not await checker.exists(key)
+        assert not await checker.hexists(key, "token")
     finally:
         await checker.aclose()
         await asyncio.to_thread(_shut, loop, client)

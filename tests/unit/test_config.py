@@ -191,15 +191,18 @@ def test_check_prefix_limits() -> None:
 def test_key_layout() -> None:
     keys = LockKeys.build("aiolock", "orders:42")
     assert keys.lock == "aiolock:{orders:42}"
-    assert keys.fence == "aiolock:{orders:42}:fence"
+    assert keys.queue == "aiolock:{orders:42}:queue"
+    assert keys.waiters == "aiolock:{orders:42}:waiters"
+    assert keys.holds == "aiolock:{orders:42}:holds"
     assert keys.channel == "aiolock:{orders:42}:released"
+    assert keys.scripts == (keys.lock, keys.queue, keys.waiters, keys.holds)
 
 
 def test_key_layout_with_a_prefix() -> None:
     keys = LockKeys.build("my-app", "x")
-    assert (keys.lock, keys.fence, keys.channel) == (
+    assert (keys.lock, keys.queue, keys.channel) == (
         "my-app:{x}",
-        "my-app:{x}:fence",
+        "my-app:{x}:queue",
         "my-app:{x}:released",
     )
 
@@ -226,7 +229,7 @@ SLOT_NAMES = [
 def test_all_keys_of_a_lock_share_one_cluster_slot(lock_name: str, prefix: str) -> None:
     check_name(lock_name)  # only names that a Lock accepts
     keys = LockKeys.build(check_prefix(prefix), lock_name)
-    slots = {key_slot(key.encode()) for key in (keys.lock, keys.fence, keys.channel)}
+    slots = {key_slot(key.encode()) for key in (*keys.scripts, keys.channel)}
     assert len(slots) == 1
     if "}" not in lock_name:
         # the hash tag is the whole name
@@ -242,7 +245,7 @@ def test_the_slot_depends_on_the_name_not_the_prefix() -> None:
 def test_a_leading_closing_brace_would_split_the_slots() -> None:
     """Why check_name rejects names starting with '}': the tag would be empty."""
     keys = LockKeys.build("aiolock", "}orders")
-    slots = {key_slot(key.encode()) for key in (keys.lock, keys.fence, keys.channel)}
+    slots = {key_slot(key.encode()) for key in (*keys.scripts, keys.channel)}
     assert len(slots) > 1
     with pytest.raises(ConfigError):
         check_name("}orders")

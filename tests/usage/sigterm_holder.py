@@ -39,10 +39,10 @@ async def main() -> None:
             try:
                 await asyncio.Event().wait()
             except asyncio.CancelledError:
-                report("cancelled", key_exists=bool(await client.exists(lock.key)))
+                report("cancelled", key_exists=bool(await client.hexists(lock.key, "token")))
                 raise
     except asyncio.CancelledError:
-        report("exited", key_exists=bool(await client.exists(lock.key)))
+        report("exited", key_exists=bool(await client.hexists(lock.key, "token")))
     finally:
         await client.aclose()
 

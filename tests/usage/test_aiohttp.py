@@ -74,7 +74,8 @@ async def test_a_busy_lock_fails_fast_with_the_chosen_status_and_retry_after(
             first = await http.post("/a/x")
             second = await http.post("/b/x")
         assert (first.status, second.status) == (409, 429)
-        assert first.headers["Retry-After"] == second.headers["Retry-After"] == "1"
+        # No typical hold known yet: the holder's key expires in 30 s at the latest.
+        assert first.headers["Retry-After"] == second.headers["Retry-After"] == "30"
         assert ran == []
         assert (await http.post("/a/x")).status == 200
 

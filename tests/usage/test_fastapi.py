@@ -86,7 +86,8 @@ async def test_a_busy_lock_fails_fast_with_the_chosen_status_and_retry_after(
         first = await web.post("/a/x")
         second = await web.post("/b/x")
     assert (first.status_code, second.status_code) == (409, 429), first.text
-    assert first.headers["retry-after"] == second.headers["retry-after"] == "1"
+    # No typical hold known yet: the holder's key expires in 30 s at the latest.
+    assert first.headers["retry-after"] == second.headers["retry-after"] == "30"
     assert ran == []
     async with http(app) as web:
         assert (await web.post("/a/x")).status_code == 200

@@ -33,7 +33,7 @@ async def test_bodies_are_cancelled_under_the_lock_then_released(
                 await asyncio.Event().wait()
             except asyncio.CancelledError:
                 # Still protected here: the lock is released only once the body has ended.
-                key_during_cancel.append(await client.exists(lock.key))
+                key_during_cancel.append(await client.hexists(lock.key, "token"))
                 raise
         after_block.append("the code after the block ran as if the work was done")
 
