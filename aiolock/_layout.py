@@ -123,9 +123,12 @@ class LockKeys:
     channel: str
     scripts: tuple[str, ...] = field(init=False, repr=False, compare=False)
     """KEYS of the acquire and release scripts."""
+    state: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    """KEYS of an acquire that does not queue: the state alone."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scripts", (self.lock, self.queue, self.waiters, self.holds))
+        object.__setattr__(self, "state", (self.lock,))
 
     @classmethod
     @functools.lru_cache(maxsize=1024)

@@ -110,7 +110,8 @@ class Lock(Primitive):
     ) -> Call:
         holder = f"{HOST} {PID} {task}"
         args = acquire_args(token, self._config.ttl_ms, holder, queue=queue, claims=claims)
-        return ACQUIRE, self._keys.scripts, args
+        # An attempt that does not queue touches the state alone: one key (cheaper to pass).
+        return ACQUIRE, self._keys.scripts if queue is not None else self._keys.state, args
 
     def _release_call(
         self,

@@ -121,8 +121,8 @@ end
 ACQUIRE = Script(
     "acquire",
     """
--- KEYS[1] state (hash: the holder while held), KEYS[2] waiter queue (zset), KEYS[3] waiter
--- entries (hash), KEYS[4] recent holds (list; not used here, named for one key set)
+-- KEYS[1] state (hash: the holder while held); only when the caller queues: KEYS[2] waiter
+-- queue (zset), KEYS[3] waiter entries (hash), KEYS[4] recent holds (list; not used here)
 -- ARGV[1] token, ARGV[2] ttl (ms), ARGV[3] the holder, "<host> <pid> <task>"; only when the
 -- caller queues: ARGV[4] id of the caller's process-local wait queue, ARGV[5] waiters of
 -- that process queued behind the caller, ARGV[6] the rest of the queue entry:
@@ -138,10 +138,8 @@ ACQUIRE = Script(
 --           granted (a late copy of an acquire whose caller gave up on it).
 """
     + _CONSTANTS
-    + _COMMON
     + """
-local s = redis.call('HMGET', KEYS[1], 'token', 'reserved', 'fence', 'k', 'r',
-  'a:' .. ARGV[1], 'm', 'a', 't', 'h')
+local s = redis.call('HMGET', KEYS[1], 'token', 'reserved', 'fence', 'k', 'r', 'a:' .. ARGV[1])
 local current, reserved = s[1], s[2]
 if current == ARGV[1] then
   return {1, tonumber(s[3])}
@@ -151,6 +149,23 @@ if s[6] or s[4] == mine or s[5] == mine then
   return {-1, 0}
 end
 local wid = ARGV[4] or ''
+if not current and not reserved and wid == '' then
+  -- Free, and the caller does not queue: the uncontended path, first and short (the
+  -- helpers below are not even made). The fencing token as next_fence makes it.
+  local t = redis.call('TIME')
+  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local fence = (tonumber(s[3] or '') or 0) + 1
+  if fence < us then
+    fence = us
+  end
+  redis.call('HSET', KEYS[1], 'token', ARGV[1], 'fence', fence, 'k', mine, 'm', ARGV[3],
+    'a', math.floor(us / 1000), 't', ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, fence}
+end
+"""
+    + _COMMON
+    + """
 local claimed = current and listed(current, 7)
 if not claimed and (current or (reserved and reserved ~= wid)) then
   local pttl = redis.call('PTTL', KEYS[1])
@@ -158,7 +173,8 @@ if not claimed and (current or (reserved and reserved ~= wid)) then
     clock()
     enqueue(wid, now_ms + math.max(pttl, 0) + GRACE, tonumber(ARGV[5]) + 1, ARGV[6])
   end
-  return {0, pttl, s[3] or '', s[7] or '', s[8] or '', s[9] or '', s[10] or ''}
+  local h = redis.call('HMGET', KEYS[1], 'm', 'a', 't', 'h')
+  return {0, pttl, s[3] or '', h[1] or '', h[2] or '', h[3] or '', h[4] or ''}
 end
 -- Free, reserved for the caller's queue, or granted to it: take it.
 local fence
@@ -237,14 +253,32 @@ RELEASE = Script(
 -- <granted seq>]".
 """
     + _CONSTANTS
-    + _COMMON
     + """
 local mode, retain, held = ARGV[2] or '', ARGV[3] or '', ARGV[4] or ''
 local own = ARGV[6] or ''
+local s = redis.call('HMGET', KEYS[1], 'token', 'k', 'r', 'reserved', 'q', 'v')
+if ARGV[1] ~= '' and s[1] == ARGV[1] and mode == '' and held == '' and own == ''
+    and not s[5] and not s[6] then
+  -- The holder releases, nobody queued: the uncontended path, first and short.
+  redis.call('HDEL', KEYS[1], 'token', 'm', 'a', 't')
+  if retain ~= '' then
+    redis.call('PEXPIRE', KEYS[1], retain)
+  end
+  return {1, '', '', '', 0}
+end
 local mine = string.sub(ARGV[1], 1, KEPT)
-local s = redis.call('HMGET', KEYS[1], 'token', 'fence', 'k', 'r', 'reserved', 'q', 'a', 'h')
--- The holder's fields (and those layout 1 writes), removed when the lock is given up.
-local HOLDER = {'token', 'm', 'a', 't', 'v', 'host', 'pid', 'task', 'acquired_ms', 'ttl_ms'}
+"""
+    + _COMMON
+    + """
+-- Remove the holder's fields (and those of a holder written by layout 1).
+local function unhold(...)
+  if s[6] then
+    redis.call('HDEL', KEYS[1], 'token', 'm', 'a', 't', 'v', 'host', 'pid', 'task',
+      'acquired_ms', 'ttl_ms', ...)
+  else
+    redis.call('HDEL', KEYS[1], 'token', 'm', 'a', 't', ...)
+  end
+end
 
 -- Remember that an acquire with `token` must never be granted (its caller aborted it): one
 -- numbered field per token; each time ABORTS_KEPT more have come, only the newest
@@ -273,7 +307,17 @@ end
 -- RESERVATION ms), or reserved for the queue if it has none. The releaser's token is
 -- recorded (`r`), and the hold it ended in the typical hold (`h`). Returns the granted
 -- fencing token, registration seq and expiry ms ('', '', 0 if reserved).
+local last
+-- The state's last fencing token, acquisition time and typical hold (read once, and read
+-- before a release deletes the holder's fields when the lock is to be handed on).
+local function previous()
+  if not last then
+    last = redis.call('HMGET', KEYS[1], 'fence', 'a', 'h')
+  end
+  return last
+end
 local function give(wid, tail, full)
+  previous()
   local host, pid, seq, g_ms, g_ttl, token, task = string.match(tail,
     '^(%S+) (%S+) (%d+) (%d+) (%d+) (%x+) (.*)$')
   if not token then
@@ -281,9 +325,9 @@ local function give(wid, tail, full)
     redis.call('PEXPIRE', KEYS[1], RESERVATION)
     return '', '', 0
   end
-  local fence = next_fence(s[2])
-  local typical = tonumber(s[8] or '')
-  local hold = now_ms - (tonumber(s[7] or '') or now_ms)
+  local fence = next_fence(last[1])
+  local typical = tonumber(last[3] or '')
+  local hold = now_ms - (tonumber(last[2] or '') or now_ms)
   if (mode == '' or mode == 'queue') and ARGV[1] ~= '' then
     typical = typical and math.floor((typical * 7 + hold) / 8) or hold
   end
@@ -297,10 +341,11 @@ local function give(wid, tail, full)
   return string.format('%.0f', fence), seq, expiry
 end
 
--- Hand the lock to the first queue whose entry has not expired, and announce it.
-local function hand_over(fence)
+-- Hand the lock to the first queue whose entry has not expired, and announce it as
+-- released by `what` (the releaser's fencing token if nil).
+local function hand_over(what)
   local wid, granted, seq, expiry = '', '', '', 0
-  if not s[6] and mode ~= 'queue' then
+  if not s[5] and mode ~= 'queue' then
     return wid, granted, seq, expiry  -- nobody queued since the queue was last found empty
   end
   while true do
@@ -322,7 +367,7 @@ local function hand_over(fence)
   if wid ~= '' and wid ~= own then
     -- A waiter that is subscribed but not queued yet always tries again after subscribing,
     -- and finds the lock free: nothing is published when nobody is queued.
-    local message = fence .. ' ' .. wid
+    local message = (what or last[1] or '') .. ' ' .. wid
     if granted ~= '' then
       message = message .. ' ' .. granted .. ' ' .. seq
     end
@@ -332,13 +377,16 @@ local function hand_over(fence)
 end
 
 if ARGV[1] ~= '' and s[1] == ARGV[1] then
-  redis.call('HDEL', KEYS[1], unpack(HOLDER))
+  if s[5] or own ~= '' or mode ~= '' then
+    previous()  -- the lock may be handed on, or the hold measured here
+  end
+  unhold()
   if mode == 'force' then
     -- The evicted holder's own release must not find its token recorded.
     redis.call('HSET', KEYS[1], 'k', '-')
     clock()
-    local acquired = tonumber(s[7] or '') or 0
     held = ''
+    local acquired = tonumber(last[2] or '') or 0
     if acquired > 0 and redis.call('EXISTS', KEYS[4]) == 1 then
       held = now_ms - acquired  -- recorded where holds are (the server's measure)
     end
@@ -367,21 +415,21 @@ if ARGV[1] ~= '' and s[1] == ARGV[1] then
       return {1, own, give(own, ARGV[7], true)}
     end
     enqueue(own, now_ms + RESERVATION + GRACE, tonumber(ARGV[8]), ARGV[7])
-    s[6] = '1'
+    s[5] = '1'
   end
-  return {1, hand_over(s[2])}
+  return {1, hand_over()}
 end
 local withdraw = ARGV[5] or ''
 if withdraw ~= '' then
   dequeue(withdraw)
-  if s[5] == withdraw or (s[1] and listed(s[1], 9)) then
-    redis.call('HDEL', KEYS[1], 'reserved', unpack(HOLDER))
-    s[6] = '1'
+  if s[4] == withdraw or (s[1] and listed(s[1], 9)) then
+    unhold('reserved')
+    s[5] = '1'
     return {3, hand_over('w' .. withdraw)}
   end
   return {3, '', '', '', 0}
 end
-if not s[1] and s[3] == mine or s[4] == mine then
+if not s[1] and s[2] == mine or s[3] == mine then
   return {2, '', '', '', 0}
 end
 if mode == 'abort' then
