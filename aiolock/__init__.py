@@ -12,6 +12,7 @@ Public names are exported from here only; the modules behind them are private.
 
 from __future__ import annotations
 
+from ._engine import Busy as Busy
 from ._events import EventKind as EventKind
 from ._events import LockEvent as LockEvent
 from ._events import add_listener as add_listener
@@ -41,6 +42,7 @@ __all__ = (
     "AcquireTimeoutError",
     "AiolockError",
     "BackendError",
+    "Busy",
     "ConfigError",
     "DoneMarker",
     "EventKind",

@@ -23,6 +23,7 @@ __all__ = (
     "check_name",
     "check_prefix",
     "check_timeout",
+    "check_token",
     "safety_margin",
 )
 
@@ -81,6 +82,23 @@ def check_timeout(value: object, *, argument: str = "timeout") -> float | None:
             value=value,
         )
     return seconds
+
+
+_TOKEN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+
+
+def check_token(token: object) -> str:
+    """A lease token chosen by the caller: 16 to 128 characters from [A-Za-z0-9_-]."""
+    if not isinstance(token, str):
+        raise TypeError(f"token must be a str, got {type(token).__name__}")
+    if not 16 <= len(token) <= 128 or not _TOKEN_CHARS.issuperset(token):
+        raise ConfigError(
+            "token must be 16 to 128 characters from [A-Za-z0-9_-] (for example "
+            f"secrets.token_hex(16)), got {token!r}",
+            argument="token",
+            value=token,
+        )
+    return token
 
 
 def check_name(name: object) -> str:

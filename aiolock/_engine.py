@@ -34,14 +34,14 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, final
 
 import redis.asyncio
 
 from . import _events as events
 from ._backend import outcome_unknown
 from ._cancel import run_shielded
-from ._config import LockConfig, check_timeout, safety_margin
+from ._config import LockConfig, check_timeout, check_token, safety_margin
 from ._info import HOST, PID, LockInfo, task_name, text
 from ._layout import RESERVATION_MS
 from ._lease import Lease
@@ -50,9 +50,9 @@ from ._runtime import Runtime, runtime_for
 from ._scripts import Script
 from ._waiting import Grant, Registration, WaitQueue
 from ._watchdog import RenewalEntry
-from .errors import AcquireTimeoutError, BackendError
+from .errors import AcquireTimeoutError, BackendError, LeaseLostError, LossReason
 
-__all__ = ("UNSET", "Call", "Primitive", "Released", "Unset")
+__all__ = ("UNSET", "Busy", "Call", "Primitive", "Released", "Unset")
 
 MIN_ATTEMPT_TIMEOUT: Final = 1.0
 """Shortest time an acquire attempt gives Redis to answer (connecting included)."""
@@ -92,6 +92,22 @@ class Released:
     granted: str  # the fencing token it was granted under, or ''
     seq: str  # the registration it was granted to, or ''
     expiry_ms: int  # the grant's expiry, or 0
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Busy:
+    """Someone else holds it: what Redis said when it refused a single try.
+
+    Added in 0.2.
+    """
+
+    name: str
+    holder: LockInfo | None
+    """The holder, when the refusal named one (not for a lock kept for a queued process)."""
+    retry_after: float | None
+    """Seconds until it may be free: what is left of its typical hold when that is known,
+    else until the holder's key expires unless renewed. A hint, not a promise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +176,7 @@ class Primitive:
         retain_ms: int | None = None,
         held_ms: int | None = None,
         abort: bool = False,
+        forced: bool = False,
         look_at_queue: bool = False,
         withdraw: str = "",
         join: tuple[str, str, int] | None = None,
@@ -170,6 +187,11 @@ class Primitive:
 
     def _renew_call(self, token: str, ttl_ms: int) -> Call:
         """The call that resets the expiry of the lease under `token` to `ttl_ms`."""
+        raise NotImplementedError  # pragma: no cover - every primitive defines it
+
+    def _resume_call(self, token: str, ttl_ms: int) -> Call:
+        """The call answering {1, fencing token} if a lease is held under `token` (its
+        expiry then reset to `ttl_ms`), else {0}."""
         raise NotImplementedError  # pragma: no cover - every primitive defines it
 
     # ----------------------------------------------------------------- properties
@@ -186,16 +208,29 @@ class Primitive:
         return self._config.timeout
 
     # ----------------------------------------------------------------- acquiring
-    async def acquire(self, *, timeout: float | Unset | None = UNSET) -> Lease:
+    async def acquire(
+        self, *, timeout: float | Unset | None = UNSET, token: str | None = None
+    ) -> Lease:
         """Wait for it and return the `Lease`.
 
         Args:
             timeout: seconds to wait; None waits forever, 0 tries once. Defaults to the
                 primitive's `timeout`.
+            token: the lease's token, chosen by the caller (16 to 128 characters from
+                `[A-Za-z0-9_-]`, unique per lease: `secrets.token_hex(16)` or a UUID's hex)
+                instead of a random one. A retry with the same token after a lost reply
+                gets the same lease back, never a second one, and a lock already held under
+                it is given back with its expiry reset to the ttl (acquire-or-extend). Such
+                an acquire is therefore not undone when its reply is lost: the lock may stay
+                held under the token, for up to the ttl, until the caller retries or
+                releases it by token (`release_token`). Another process can take the lease
+                over with `resume(token)`. Added in 0.2.
 
         Raises:
             AcquireTimeoutError: it stayed held by others for the whole timeout.
             BackendError: Redis could not be reached or refused the command.
+            LeaseLostError: `token` was used for a lease that has ended (released, aborted
+                or expired and recorded): a token is never granted twice.
             RuntimeError: the current task holds it in an `async with` block (through any
                 object of this name on this client), and `timeout` is not 0: waiting
                 would never end (or always time out). Nothing is sent. A single try
@@ -212,6 +247,8 @@ class Primitive:
             shield before the cancellation propagates.
         """
         wait = self._config.timeout if isinstance(timeout, Unset) else check_timeout(timeout)
+        if token is not None:
+            token = check_token(token)
         runtime = runtime_for(self._client)
         if wait != 0 and runtime.guarded_by(self._key, asyncio.current_task()):
             raise RuntimeError(
@@ -233,7 +270,7 @@ class Primitive:
         pttl_ms = self._config.ttl_ms
         if wait == 0 or notifier.queue_length(self._channel) == 0:
             attempts += 1
-            attempt = await self._attempt(runtime, time_left())
+            attempt = await self._attempt(runtime, time_left(), token=token)
             if attempt.lease is not None:
                 return self._granted(attempt.lease, loop.time() - started, attempts)
             pttl_ms, busy = attempt.pttl_ms, attempt.busy
@@ -249,7 +286,8 @@ class Primitive:
             unknown_pttl = Backoff(base=0.01, cap=1.0, rng=notifier.rng)
             while True:
                 if waiter.is_head and (grant := queue.pop_grant()) is not None:
-                    lease = self._lease_from_grant(runtime, grant)
+                    # A lease under the caller's own token claims the grant by an acquire.
+                    lease = None if token is not None else self._lease_from_grant(runtime, grant)
                     if lease is not None:
                         queue.took()
                         acquired = True
@@ -272,7 +310,11 @@ class Primitive:
                     must_try = False
                     attempts += 1
                     attempt = await self._attempt(
-                        runtime, time_left(), queue=queue, behind=len(queue.waiters) - 1
+                        runtime,
+                        time_left(),
+                        queue=queue,
+                        behind=len(queue.waiters) - 1,
+                        token=token,
                     )
                     if attempt.lease is not None:
                         acquired = True
@@ -318,6 +360,83 @@ class Primitive:
         except AcquireTimeoutError:
             return None
 
+    async def try_acquire_or_busy(self) -> Lease | Busy:
+        """Try once, without waiting: the `Lease`, or `Busy` saying who holds it and when
+        to come back (what Redis said when it refused, at no extra round trip).
+
+        Raises:
+            BackendError: Redis could not be reached or refused the command.
+
+        Cancellation:
+            As for `acquire()`.
+
+        Added in 0.2.
+        """
+        try:
+            return await self.acquire(timeout=0)
+        except AcquireTimeoutError as busy:
+            return Busy(name=self._name, holder=busy.holder, retry_after=busy.retry_after)
+
+    async def resume(self, token: str) -> Lease:
+        """Take over the lease held under `token`, e.g. from another process of yours, or
+        after this one restarted: its expiry is reset to the ttl, and from then on it is
+        renewed, released and lost here like any lease. One round trip.
+
+        The lease must still be held under that token (a lease that ended cannot be
+        continued: acquire a new one).
+
+        Raises:
+            LeaseLostError: nothing is held under `token` (it ended, or never was).
+            BackendError: Redis could not be reached or refused the command.
+            ConfigError: `token` is not a valid token (nothing is sent).
+
+        Cancellation:
+            Safe to cancel: the lease's expiry is reset or not; it stays the holder's.
+
+        Added in 0.2.
+        """
+        token = check_token(token)
+        runtime = runtime_for(self._client)
+        config = self._config
+        script, keys, args = self._resume_call(token, config.ttl_ms)
+        sent_at = runtime.loop.time()
+        reply = await runtime.backend.run(
+            script, keys, args, timeout=config.ttl - config.margin, operation="resume",
+            name=self._name,
+        )  # fmt: skip
+        if int(reply[0]) != 1:
+            raise LeaseLostError(
+                f"{self._what} {self._name!r} is not held under the token given",
+                name=self._name,
+                reason=LossReason.NOT_OWNER,
+            )
+        interval = config.renew_interval
+        first_due = None if interval is None else sent_at + interval
+        lease = self._new_lease(runtime, token, int(reply[1]), sent_at, first_due=first_due)
+        return self._granted(lease, 0.0, 1)
+
+    async def release_token(self, token: str) -> bool:
+        """Release the lease held under `token`, from any process: True if it was released
+        (now, or already by an earlier attempt), False if it is not held under it. Waiters
+        are served as by any release. One round trip.
+
+        Raises:
+            BackendError: Redis could not be reached or refused the command.
+            ConfigError: `token` is not a valid token (nothing is sent).
+
+        Cancellation:
+            Finished under a shield, as `Lease.release()`.
+
+        Added in 0.2.
+        """
+        token = check_token(token)
+        runtime = runtime_for(self._client)
+        status = await run_shielded(
+            self._release_token(runtime, token, abort=False, timeout=ABORT_TIMEOUT * 5),
+            timeout=ABORT_TIMEOUT * 5 + 0.5,
+        )
+        return status != 0
+
     async def _attempt(
         self,
         runtime: Runtime,
@@ -325,16 +444,20 @@ class Primitive:
         *,
         queue: WaitQueue | None = None,
         behind: int = 0,
+        token: str | None = None,
     ) -> _Attempt:
         """One acquire script call: one round trip.
 
         `queue` is this process's wait queue for the name (None: do not queue), `behind`
         the number of this process's waiters queued behind the caller. The attempt puts a
         fresh registration in the queue's entry, and claims a grant to an earlier one.
+        `token` is the caller's own (an attempt whose outcome is unknown is then kept, for
+        the caller to retry), else a fresh random one.
         """
         config = self._config
         loop = runtime.loop
-        token = secrets.token_hex(16)
+        chosen = token is not None
+        token = token if token is not None else secrets.token_hex(16)
         task = task_name()
         validity = config.ttl - config.margin
         # A reply later than the lease's validity would be useless: bound the call by it,
@@ -358,7 +481,9 @@ class Primitive:
                 script, keys, args, timeout=bound, operation="acquire", name=self._name
             )
         except BaseException as exc:
-            if isinstance(exc, asyncio.CancelledError):
+            if chosen:
+                pass  # the caller's token: its retry gets the lease back (see acquire)
+            elif isinstance(exc, asyncio.CancelledError):
                 await self._abort(runtime, token, timeout=ABORT_TIMEOUT)
             elif outcome_unknown(exc):
                 # Redis did not answer: its answer to the abort may not come either, and the
@@ -372,6 +497,13 @@ class Primitive:
         status, value = int(reply[0]), int(reply[1])
         if queue is not None and registration is not None and status != -1:
             queue.settle(registration, acquired=status == 1, in_redis=status == 0 or behind > 0)
+        if status == -1 and chosen:
+            raise LeaseLostError(
+                f"{self._what} {self._name!r}: the token given was used for a lease that has "
+                "ended; a token is never granted twice",
+                name=self._name,
+                reason=LossReason.NOT_OWNER,
+            )
         if status != 1:
             return _Attempt(None, value if status == 0 else -1, reply if status == 0 else ())
         if loop.time() >= sent_at + validity:
@@ -708,8 +840,8 @@ class Primitive:
         )
 
     # ----------------------------------------------------------------- the LeaseIssuer side
-    async def _extend_lease(self, lease: Lease, *, timeout: float) -> bool:
-        script, keys, args = self._renew_call(lease.token, self._config.ttl_ms)
+    async def _extend_lease(self, lease: Lease, *, timeout: float, ttl_ms: int) -> bool:
+        script, keys, args = self._renew_call(lease.token, ttl_ms)
         reply = await runtime_for(self._client).backend.run(
             script, keys, args, timeout=timeout, operation="extend", name=self._name
         )

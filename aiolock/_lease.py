@@ -18,6 +18,7 @@ import contextlib
 import enum
 import functools
 import logging
+import math
 import warnings
 import weakref
 from collections.abc import Callable
@@ -28,6 +29,7 @@ import anyio
 
 from . import _events as events
 from ._cancel import run_shielded
+from ._config import MIN_TTL, check_seconds, safety_margin
 from ._settle import after_arrivals, arrivals
 from .errors import AiolockError, BackendError, LeaseLostError, LossReason
 
@@ -52,8 +54,9 @@ class LeaseIssuer(Protocol):
     @property
     def name(self) -> str: ...
 
-    async def _extend_lease(self, lease: Lease, *, timeout: float) -> bool:
-        """Reset the expiry; True if still ours, False if not. Raises BackendError."""
+    async def _extend_lease(self, lease: Lease, *, timeout: float, ttl_ms: int) -> bool:
+        """Reset the expiry to `ttl_ms`; True if still ours, False if not. Raises
+        BackendError."""
         ...
 
     async def _release_lease(self, lease: Lease, *, timeout: float) -> bool:
@@ -143,6 +146,7 @@ class Lease:
         "_margin",
         "_renew_error",
         "_renewal_stopped_by_max_hold",
+        "_retargeted_at",
         "_scheduler",
         "_scope",
         "_settling",
@@ -188,6 +192,7 @@ class Lease:
         self._in_flight: list[tuple[float, float]] = []
         self._settling = False
         self._stalled_for: float | None = None  # how late a missed deadline was noticed
+        self._retargeted_at = -math.inf  # when extend(ttl=...) last set a new ttl
         # A lease granted directly starts with the grant's shorter validity, until renewed.
         self._deadline = sent_at + ttl - margin if deadline is None else deadline
         self._granted_at = self._loop.time()
@@ -313,13 +318,19 @@ class Lease:
         return error
 
     # ----------------------------------------------------------------- operations
-    async def extend(self) -> None:
+    async def extend(self, ttl: float | None = None) -> None:
         """Reset the lease's expiry to the full ttl now, in one round trip.
 
         The watchdog does this in the background; call it yourself when renewal is off
         (`renew=False`) or before a step that must not straddle a renewal.
 
+        Args:
+            ttl: a new ttl for the lease, seconds (0.01 to 1 year): the expiry is set to it
+                now, and the watchdog renews to it from then on (at least every third of
+                it). Default: the lease's ttl. Added in 0.2.
+
         Raises:
+            ConfigError: `ttl` out of range (nothing is sent).
             LeaseLostError: the key no longer holds this lease's token, or the deadline had
                 passed before the call.
             BackendError: Redis did not answer in time; the lease is still held until its
@@ -330,20 +341,26 @@ class Lease:
             Safe to cancel: the expiry is either reset or not, and the lease stays valid
             until its current deadline either way.
         """
+        new_ttl = None if ttl is None else check_seconds("ttl", ttl, minimum=MIN_TTL)
         self._check_not_released("extend")
         await self._settle_deadline()
         if self._state is _State.LOST:
             raise self.loss_error()
+        target = self._ttl if new_ttl is None else new_ttl
         sent_at = self._loop.time()
-        self._renewal_sent(sent_at, self._ttl)
+        self._renewal_sent(sent_at, target)
         try:
-            ours = await self._issuer._extend_lease(self, timeout=max(self.remaining(), 0.001))
+            ours = await self._issuer._extend_lease(
+                self, timeout=max(self.remaining(), 0.001), ttl_ms=math.ceil(target * 1000)
+            )
         finally:
             self._renewal_answered(sent_at)
-        if ours:
-            self._renewed(sent_at, self._ttl)
-        else:
+        if not ours:
             self._not_owner()
+        elif new_ttl is not None and self._state is _State.HELD:
+            self._retarget(new_ttl, sent_at)
+        else:
+            self._renewed(sent_at, self._ttl)
         if self.lost:
             raise self.loss_error()
 
@@ -481,6 +498,29 @@ class Lease:
             )
 
     # ----------------------------------------------------------------- called by the watchdog
+    def _retarget(self, ttl: float, sent_at: float) -> None:
+        """The expiry was set to a new `ttl` by a request sent at `sent_at`: the lease has
+        that ttl from now on (its deadline may move back), and is renewed to it.
+
+        A renewal to the old ttl still in flight may reach Redis after this one and set its
+        own expiry last: until it is answered, the shorter of the two counts, and its
+        answer (counted with the old ttl) is then ignored.
+        """
+        shortest = min([ttl, *(old for _, old in self._in_flight)])
+        self._ttl = ttl
+        self._margin = safety_margin(ttl)
+        self._retargeted_at = sent_at
+        self._deadline = sent_at + shortest - safety_margin(shortest)
+        self._arm_timer()
+        if self._entry is not None:
+            self._entry.ttl_ms = math.ceil(ttl * 1000)
+            self._entry.interval = min(self._entry.interval, ttl / 3)
+            if self._scheduler is not None:
+                self._scheduler.postpone(self._entry, sent_at + self._entry.interval)
+                self._scheduler.hasten(self._entry, sent_at + self._entry.interval)
+        self._renew_error = None
+        self._emit(events.EventKind.RENEWED)
+
     def _renewal_sent(self, sent_at: float, ttl: float) -> None:
         """A renewal setting the expiry to `ttl` was sent at `sent_at`."""
         self._in_flight.append((sent_at, ttl))
@@ -496,6 +536,8 @@ class Lease:
         """Redis confirmed a renewal sent at `sent_at` that set the expiry to `ttl`."""
         if self._state is not _State.HELD:
             return  # loss is final; a late success changes nothing
+        if sent_at < self._retargeted_at:
+            return  # sent with the ttl the lease had before extend(ttl=...)
         deadline = sent_at + (self._ttl if ttl is None else ttl) - self._margin
         if deadline > self._deadline:
             self._deadline = deadline

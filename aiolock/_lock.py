@@ -11,7 +11,7 @@ from ._engine import Call, Primitive
 from ._info import HOST, PID, LockInfo, text
 from ._layout import RETAIN_DEFAULT, LockKeys
 from ._runtime import runtime_for
-from ._scripts import ACQUIRE, INSPECT, RELEASE, RENEW, acquire_args, release_args
+from ._scripts import ACQUIRE, INSPECT, RELEASE, RENEW, RESUME, acquire_args, release_args
 
 __all__ = ("Lock", "LockInfo")
 
@@ -120,6 +120,7 @@ class Lock(Primitive):
         retain_ms: int | None = None,
         held_ms: int | None = None,
         abort: bool = False,
+        forced: bool = False,
         look_at_queue: bool = False,
         withdraw: str = "",
         join: tuple[str, str, int] | None = None,
@@ -130,6 +131,7 @@ class Lock(Primitive):
             retain_ms=retain_ms,
             held_ms=held_ms,
             abort=abort,
+            forced=forced,
             look_at_queue=look_at_queue,
             withdraw=withdraw,
             join=join,
@@ -138,7 +140,10 @@ class Lock(Primitive):
         return RELEASE, self._keys.scripts, args
 
     def _renew_call(self, token: str, ttl_ms: int) -> Call:
-        return RENEW, (self._keys.lock,), [token, ttl_ms]
+        return RENEW, self._keys.state, [token, ttl_ms]
+
+    def _resume_call(self, token: str, ttl_ms: int) -> Call:
+        return RESUME, self._keys.state, [token, ttl_ms]
 
     # ----------------------------------------------------------------- inspection
     async def locked(self) -> bool:
@@ -159,11 +164,40 @@ class Lock(Primitive):
         """
         return (await self._inspect())[0]
 
+    async def force_release(self) -> LockInfo | None:
+        """Evict the current holder (a stuck lock), as `aiolock release --force` does.
+
+        Token-guarded: the holder's token is read, then the ordinary release runs with it,
+        so the lock is handed to the first queued process as on a normal release, and if
+        the holder changed in between, nothing is released (a new holder is never
+        evicted). The evicted holder's watchdog finds out at its next renewal
+        (`LossReason.NOT_OWNER`) and its work is cancelled. Two round trips.
+
+        Returns:
+            The evicted holder, or None if nothing was released (free, or the holder
+            changed meanwhile).
+
+        Raises:
+            BackendError: Redis could not be reached or refused the command.
+
+        Added in 0.2.
+        """
+        holder, fields = await self._inspect_fields()
+        if holder is None:
+            return None
+        runtime = runtime_for(self._client)
+        call = self._release_call(token=fields["token"], forced=True)
+        reply = await self._run_release(runtime, call, timeout=5.0)
+        return holder if reply.status == 1 else None
+
     async def _inspect(self) -> tuple[LockInfo | None, bool]:
         """The holder (or None), and whether the lock is kept for a queued process."""
+        holder, fields = await self._inspect_fields()
+        return holder, "reserved" in fields
+
+    async def _inspect_fields(self) -> tuple[LockInfo | None, dict[str, str]]:
         reply = await runtime_for(self._client).backend.run(
-            INSPECT, [self._keys.lock], [], timeout=5.0, operation="inspect", name=self._name
+            INSPECT, self._keys.state, [], timeout=5.0, operation="inspect", name=self._name
         )
         fields = {text(k): text(v) for k, v in zip(reply[1::2], reply[2::2], strict=True)}
-        pttl = int(reply[0])
-        return LockInfo.from_fields(self._name, fields, pttl), "reserved" in fields
+        return LockInfo.from_fields(self._name, fields, int(reply[0])), fields

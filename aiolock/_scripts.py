@@ -31,6 +31,7 @@ __all__ = (
     "INSPECT",
     "RELEASE",
     "RENEW",
+    "RESUME",
     "Script",
     "acquire_args",
     "kept",
@@ -129,7 +130,8 @@ ACQUIRE = Script(
 -- "<host> <pid> <seq> <grant ms> <ttl ms> <grant token> <task>", ARGV[7..] tokens the lock
 -- may have been granted to (earlier entries of the same queue): a lock held under one of
 -- them is claimed, keeping its fencing token
--- Returns {1, fencing token}: acquired (also when a retry finds the key already ours);
+-- Returns {1, fencing token}: acquired (also when a retry finds the key already ours: its
+--           expiry is reset to the ttl);
 --         {0, pttl ms, fencing token, holder, acquired ms, ttl ms, typical hold ms}: held,
 --           or reserved for another queue, by the holder described ('' where unknown); the
 --           caller's queue entry is added (at the back) or refreshed, and lives until
@@ -142,6 +144,8 @@ ACQUIRE = Script(
 local s = redis.call('HMGET', KEYS[1], 'token', 'reserved', 'fence', 'k', 'r', 'a:' .. ARGV[1])
 local current, reserved = s[1], s[2]
 if current == ARGV[1] then
+  -- Already ours: a retry after a lost reply, or a caller's token (acquire-or-extend).
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, tonumber(s[3])}
 end
 local mine = string.sub(ARGV[1], 1, KEPT)
@@ -493,6 +497,21 @@ for i = 1, #KEYS do
   end
 end
 return out
+""",
+)
+
+RESUME = Script(
+    "resume",
+    """
+-- KEYS[1] state hash
+-- ARGV[1] token, ARGV[2] ttl (ms)
+-- Returns {1, fencing token}: the lock is held under this token; its expiry is reset to
+--         the ttl; {0}: it is not.
+if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, tonumber(redis.call('HGET', KEYS[1], 'fence'))}
+end
+return {0}
 """,
 )
 

@@ -185,6 +185,13 @@ class RenewalScheduler:
         if entry.active and due > entry.due:
             self._reschedule(entry, due)
 
+    def hasten(self, entry: RenewalEntry, due: float) -> None:
+        """The lease must be renewed by `due` at the latest (its ttl became shorter)."""
+        if entry.active and due < entry.due:
+            self._reschedule(entry, due)
+            if self._sleeping_until is None or due < self._sleeping_until:
+                self._wake()
+
     def abandon(self, entry: RenewalEntry) -> None:
         """The lease was garbage-collected while held: release its key in the background."""
         if entry.active:

@@ -5,6 +5,8 @@ then turns faults on and off at any moment (RELIABILITY.md (b), "FaultProxy"):
 
 - `delay_replies(s)`: every reply chunk read from the server from now on reaches the
   client `s` seconds later (requests still go through at once, in order);
+- `lose_reply_to(b"EVALSHA")`: the reply to the next request containing these bytes is
+  lost (that request reaches the server); everything else flows;
 - `blackhole()`: nothing is forwarded in either direction, and every socket stays open
   (a partition: the peers see silence, not an error). The bytes are held and delivered
   by `restore()`, as TCP would after a partition heals; `blackhole(discard=True)` drops
@@ -72,6 +74,7 @@ class _Link:
         self.client = client
         self.upstream = upstream
         self.silent = False  # dropped by a middlebox: nothing goes through, no reset
+        self.lose_next_reply = False
         self.subscribed = False  # has carried a SUBSCRIBE: a pub/sub connection
 
     def reset(self) -> None:
@@ -109,6 +112,7 @@ class FaultProxy:
         self._holds_lifted = asyncio.Event()
         self._holds_lifted.set()
         self._silences: list[tuple[bytes, asyncio.Event]] = []
+        self._lose_reply_to: list[bytes] = []
         self.silenced = 0
         self.arrivals: list[tuple[float, bytes]] = []
 
@@ -138,6 +142,10 @@ class FaultProxy:
     def delay_replies(self, seconds: float) -> None:
         """Hold every reply chunk read from the server from now on for `seconds`."""
         self._delay = seconds
+
+    def lose_reply_to(self, containing: bytes) -> None:
+        """Lose the reply to the next request containing `containing` (it is applied)."""
+        self._lose_reply_to.append(containing)
 
     def blackhole(self, *, discard: bool = False) -> None:
         """Forward nothing, in either direction; keep every socket open.
@@ -189,6 +197,7 @@ class FaultProxy:
         """Forward normally again: no delay, held bytes delivered, listening again."""
         self._delay = 0.0
         self._discard = False
+        self._lose_reply_to: list[bytes] = []
         self._flowing.set()
         self._holds.clear()
         self._holds_lifted.set()
@@ -248,6 +257,11 @@ class FaultProxy:
             self.arrivals.append((loop.time(), data))
             if b"$9\r\nSUBSCRIBE\r\n" in data.upper():  # the command, not a script's text
                 link.subscribed = True
+            for index, pattern in enumerate(self._lose_reply_to):
+                if pattern in data:
+                    del self._lose_reply_to[index]
+                    link.lose_next_reply = True
+                    break
             for index, (pattern, done) in enumerate(self._silences):
                 if pattern in data:
                     del self._silences[index]
@@ -281,6 +295,9 @@ class FaultProxy:
         async with asyncio.TaskGroup() as group:
             group.create_task(deliver())
             while data := await src.read(_CHUNK):
+                if link.lose_next_reply:
+                    link.lose_next_reply = False
+                    continue
                 queue.put_nowait((loop.time() + self._delay, data))
             raise EOFError
 

@@ -1,0 +1,177 @@
+"""The peers' API: a caller's own token, acquire-or-extend, resume and release by token,
+extend to a new ttl, force release, and a single try that says why it failed."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+
+import pytest
+import redis.asyncio
+
+from aiolock import (
+    Busy,
+    ConfigError,
+    EventKind,
+    Lease,
+    LeaseLostError,
+    Lock,
+    LockEvent,
+    LossReason,
+    add_listener,
+)
+from aiolock._layout import LockKeys
+
+from ..conftest import CommandLog
+
+
+async def test_a_callers_token_is_the_leases_and_a_retry_gets_it_back(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    token = secrets.token_hex(16)
+    lease = await Lock(client, name, ttl=10).acquire(token=token)
+    assert lease.token == token
+    await client.pexpire(LockKeys.build("aiolock", name).lock, 3000)  # time passes
+    # The same token again, from another Lock object (another process would do the same):
+    # the same lease, its expiry reset: acquire-or-extend.
+    again = await Lock(client, name, ttl=10).acquire(token=token, timeout=0)
+    assert (again.token, again.fencing_token) == (token, lease.fencing_token)
+    assert await client.pttl(LockKeys.build("aiolock", name).lock) > 9000
+    await again.release()
+    await lease.release()  # one lease under one token: released already, no error
+
+
+async def test_a_used_token_is_never_granted_twice(client: redis.asyncio.Redis, name: str) -> None:
+    token = secrets.token_hex(16)
+    lease = await Lock(client, name, ttl=10).acquire(token=token)
+    await lease.release()
+    with pytest.raises(LeaseLostError, match="never granted twice") as info:
+        await Lock(client, name, ttl=10).acquire(token=token)
+    assert info.value.reason is LossReason.NOT_OWNER
+    assert not await Lock(client, name).locked()
+
+
+@pytest.mark.parametrize(
+    ("token", "error"),
+    [
+        ("short", ConfigError),
+        ("x" * 129, ConfigError),
+        ("has space in it..", ConfigError),
+        (b"0123456789abcdef", TypeError),
+        (1234567890123456, TypeError),
+    ],
+)
+async def test_bad_tokens_are_refused_before_anything_is_sent(
+    client: redis.asyncio.Redis, name: str, commands: CommandLog, token: object, error: type
+) -> None:
+    lock = Lock(client, name, ttl=10)
+    mark = commands.mark()
+    with pytest.raises(error, match="token"):
+        await lock.acquire(token=token)  # type: ignore[arg-type]
+    with pytest.raises(error, match="token"):
+        await lock.resume(token)  # type: ignore[arg-type]
+    with pytest.raises(error, match="token"):
+        await lock.release_token(token)  # type: ignore[arg-type]
+    assert commands.since(mark) == {}
+
+
+async def test_another_process_resumes_or_releases_a_lease_by_its_token(
+    client: redis.asyncio.Redis, name: str, backend_kind: str, request: pytest.FixtureRequest
+) -> None:
+    token = secrets.token_hex(16)
+    first = await Lock(client, name, ttl=2).acquire(token=token)
+    # "Another process": a lease object of its own under the same token, renewed from here.
+    taken = await Lock(client, name, ttl=2).resume(token)
+    assert (taken.token, taken.fencing_token) == (token, first.fencing_token)
+    renewed = asyncio.Event()
+    remove = add_listener(
+        lambda e: (
+            renewed.set()
+            if e.kind is EventKind.RENEWED and e.fencing_token == taken.fencing_token
+            else None
+        )
+    )
+    try:
+        await asyncio.wait_for(renewed.wait(), 5)
+    finally:
+        remove()
+    waiter = asyncio.create_task(Lock(client, name, ttl=2).acquire(timeout=10))
+    await asyncio.sleep(0.05)
+    assert await Lock(client, name).release_token(token) is True  # and the waiter is served
+    successor = await asyncio.wait_for(waiter, 10)
+    assert successor.fencing_token > first.fencing_token
+    assert await Lock(client, name).release_token(token) is True  # idempotent
+    assert await Lock(client, name).release_token(secrets.token_hex(16)) is False
+    with pytest.raises(LeaseLostError):
+        await Lock(client, name).resume(token)
+    await successor.release()
+    for lease in (first, taken):
+        with pytest.raises(LeaseLostError):
+            await lease.release()
+
+
+async def test_extend_to_a_new_ttl(client: redis.asyncio.Redis, name: str) -> None:
+    key = LockKeys.build("aiolock", name).lock
+    lease = await Lock(client, name, ttl=5).acquire()
+    await lease.extend(ttl=60)
+    assert 59_000 < await client.pttl(key) <= 60_000
+    assert lease.remaining() > 59
+    # Shorter than the renewal interval it had (5 / 3 s): renewed often enough to live.
+    await lease.extend(ttl=0.6)
+    assert await client.pttl(key) <= 600
+    await asyncio.sleep(1.5)
+    assert lease.held, "renewed to the new ttl, at a third of it"
+    assert 0 < await client.pttl(key) <= 600
+    with pytest.raises(ConfigError, match="ttl"):
+        await lease.extend(ttl=0)
+    await lease.release()
+
+
+async def test_force_release_evicts_the_holder_from_code(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    lock = Lock(client, name, ttl=10)
+    assert await lock.force_release() is None  # nothing held
+    lease = await lock.acquire()
+    evicted = await Lock(client, name).force_release()
+    assert evicted is not None and evicted.fencing_token == lease.fencing_token
+    assert not await lock.locked()
+    with pytest.raises(LeaseLostError) as info:
+        await lease.extend()
+    assert info.value.reason is LossReason.NOT_OWNER
+
+
+async def test_a_single_try_says_why_it_failed(client: redis.asyncio.Redis, name: str) -> None:
+    lock = Lock(client, name, ttl=10)
+    lease = await lock.try_acquire_or_busy()
+    assert isinstance(lease, Lease)
+    busy = await lock.try_acquire_or_busy()
+    assert isinstance(busy, Busy)
+    assert busy.holder is not None and busy.holder.fencing_token == lease.fencing_token
+    assert busy.retry_after is not None and 9 < busy.retry_after <= 10  # the key's ttl
+    await lease.release()
+
+
+async def test_the_retry_hint_follows_the_typical_hold_once_known(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    """Releases that hand the lock on record how long it was held: the hint is what is
+    left of that, not the (renewed) key's ttl."""
+    lock = Lock(client, name, ttl=30)
+    for _ in range(3):
+        holder = await lock.acquire()
+        waiter = asyncio.create_task(lock.acquire(timeout=10))
+        await asyncio.sleep(0.1)  # a hold of about 0.1 s, with a waiter
+        await holder.release()
+        await (await asyncio.wait_for(waiter, 10)).release()
+    held = await lock.acquire()
+    busy = await lock.try_acquire_or_busy()
+    assert isinstance(busy, Busy) and busy.retry_after is not None
+    assert busy.retry_after < 1, f"hint {busy.retry_after}s: not from the typical hold"
+    await held.release()
+
+
+def test_a_busy_describes_itself() -> None:
+    busy = Busy(name="n", holder=None, retry_after=1.5)
+    assert "1.5" in repr(busy)
+    assert isinstance(LockEvent, type)
