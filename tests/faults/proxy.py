@@ -197,7 +197,7 @@ class FaultProxy:
         """Forward normally again: no delay, held bytes delivered, listening again."""
         self._delay = 0.0
         self._discard = False
-        self._lose_reply_to: list[bytes] = []
+        self._lose_reply_to.clear()
         self._flowing.set()
         self._holds.clear()
         self._holds_lifted.set()
