@@ -313,7 +313,11 @@ class Backend:
         except redis.exceptions.NoScriptError:
             if script is None:
                 raise
-            return await self._send(client, ("EVAL", script.source, *command[2:]))
+            source = script.source
+        # Sent once the NoScriptError is no longer being handled: a client that keeps the
+        # exception it is sent under (fakeredis's Lua bridge does on Python 3.12+) would
+        # otherwise keep its traceback, and with it the caller's frames and their leases.
+        return await self._send(client, ("EVAL", source, *command[2:]))
 
     @staticmethod
     def refused(error: BaseException) -> bool:

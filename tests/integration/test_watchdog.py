@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import warnings
+from collections.abc import Iterable
 
 import pytest
 import redis.asyncio
+from redis.asyncio.connection import Connection
 
-from aiolock import Lock
+from aiolock import Lock, _backend
 from aiolock._backend import backend_for
+
+from ..conftest import _commands_in, make_client
 
 
 async def test_a_garbage_collected_lease_warns_and_is_released(
@@ -32,6 +37,47 @@ async def test_a_garbage_collected_lease_warns_and_is_released(
         while await lock.locked():
             await asyncio.sleep(0.01)
     await backend_for(client).scheduler.wait_idle()
+
+
+@pytest.mark.real_only
+@pytest.mark.parametrize("send", ["direct", "execute_command"])
+async def test_the_eval_fallback_is_not_sent_under_the_noscript_error(
+    server_url: str, name: str, send: str
+) -> None:
+    """The EVAL sent after a NOSCRIPT is sent once that error is no longer being handled.
+
+    Sent inside the `except`, every layer below it runs with the error as the exception
+    being handled, and one that keeps it (fakeredis's Lua bridge does, on Python 3.12+)
+    keeps its traceback: the frames of the acquire and, through them, the lease it returned,
+    which is then never garbage-collected (the test above, on fakeredis).
+    """
+    handled: list[BaseException | None] = []
+
+    class Recording(Connection):
+        async def send_packed_command(
+            self, command: bytes | str | Iterable[bytes], check_health: bool = True
+        ) -> None:
+            packed = command.encode() if isinstance(command, str) else command
+            packed = packed if isinstance(packed, bytes) else b"".join(packed)
+            if any(args[0].upper() == b"EVAL" for args in _commands_in(packed)):
+                handled.append(sys.exception())
+            await super().send_packed_command(command, check_health)
+
+    if send == "direct":
+        _backend.DIRECT_CONNECTIONS.add(Recording)
+    client = make_client(server_url, connection_class=Recording)
+    try:
+        assert backend_for(client)._send is (
+            _backend._send_direct if send == "direct" else _backend._execute
+        )
+        await client.script_flush()
+        lease = await Lock(client, name, ttl=5).acquire()
+        await lease.release()
+        assert handled, "no EVAL was sent: the scripts were not flushed"
+        assert handled == [None] * len(handled), f"EVAL sent while handling {handled}"
+    finally:
+        _backend.DIRECT_CONNECTIONS.discard(Recording)
+        await client.aclose()
 
 
 async def test_entering_a_held_lock_again_in_the_same_task_raises(
