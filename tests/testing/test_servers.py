@@ -176,6 +176,56 @@ def test_a_server_dies_with_the_process_that_started_it(how: str) -> None:
             wait_gone(pid, port)
 
 
+def test_a_server_started_by_a_killed_pytest_run_dies_with_it(
+    pytester: pytest.Pytester, binary: ServerBinary
+) -> None:
+    """The plugin's `aiolock_server` in a pytest run that is killed (as by CI's time limit)."""
+    pytester.makepyfile(
+        test_holds="""
+        import json, time
+
+        def test_holds(aiolock_server):
+            print(json.dumps({"pid": aiolock_server.pid, "port": aiolock_server.port}),
+                  flush=True)
+            time.sleep(120)
+        """
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-s", "-q", "-p", "no:cacheprovider", "test_holds.py"],
+        cwd=pytester.path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    with reaped(child):
+        assert child.stdout is not None
+        deadline = time.monotonic() + 60
+        while True:  # pytest prints its own lines first
+            assert time.monotonic() < deadline, "the inner test did not report its server"
+            line = read_json_line_or_text(child)
+            if line.startswith("{"):
+                started = json.loads(line)
+                break
+        pid, port = started["pid"], started["port"]
+        with no_leftover(pid, port):
+            assert alive(pid) and accepts(port)
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=30)
+            wait_gone(pid, port)
+
+
+def read_json_line_or_text(process: subprocess.Popen[str]) -> str:
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], 60)
+    if not ready:
+        pytest.fail("no output from the inner pytest run within 60 s")
+    line = process.stdout.readline()
+    if not line:
+        _, err = process.communicate(timeout=10)
+        pytest.fail(f"the inner pytest run ended early: {err}")
+    return line.strip()
+
+
 # --------------------------------------------------------------------------- no extra needed
 WITHOUT_EXTRAS = """
 import json, sys
