@@ -150,12 +150,28 @@ async def _send_direct(client: redis.asyncio.Redis, command: _Command) -> Any:
         packed: bytes = hiredis.pack_command(command)  # type: ignore[arg-type]
         await connection.send_packed_command(packed)
         return await connection.read_response()
+    except RuntimeError as exc:
+        if not _closed_transport(exc):
+            raise
+        raise redis.exceptions.ConnectionError(f"the connection was closed: {exc}") from exc
     finally:
         await pool.release(connection)
 
 
 async def _execute(client: redis.asyncio.Redis, command: _Command) -> Any:
-    return await client.execute_command(*command)  # type: ignore[no-untyped-call]
+    try:
+        return await client.execute_command(*command)  # type: ignore[no-untyped-call]
+    except RuntimeError as exc:
+        if not _closed_transport(exc):
+            raise
+        raise redis.exceptions.ConnectionError(f"the connection was closed: {exc}") from exc
+
+
+def _closed_transport(error: RuntimeError) -> bool:
+    """Whether uvloop refused a write on a connection that the other end had reset (asyncio's
+    own loop lets the write through and the read reports the reset): a broken connection,
+    retried on a new one like any other."""
+    return "handler is closed" in str(error)
 
 
 _Send = Callable[[redis.asyncio.Redis, _Command], Awaitable[Any]]
