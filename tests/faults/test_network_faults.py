@@ -26,6 +26,7 @@ from aiolock._layout import LockKeys
 
 from ..conftest import CommandLog, make_client
 from ..servers import RedisServer
+from ..waits import eventually, until_cancelled, within
 from .proxy import FaultProxy
 
 pytestmark = pytest.mark.real_only
@@ -39,17 +40,7 @@ RELEASE_TIMEOUT_OF_1S_TTL = 1.0
 
 async def until(check: Callable[[], bool | Awaitable[bool]], what: str, *, timeout: float) -> None:
     """Wait until `check()` holds, polling; fail (not hang) after `timeout` seconds."""
-    try:
-        async with asyncio.timeout(timeout):
-            while True:
-                result = check()
-                if not isinstance(result, bool):
-                    result = await result
-                if result:
-                    return
-                await asyncio.sleep(0.005)
-    except TimeoutError:
-        pytest.fail(f"still not true after {timeout:g}s: {what}")
+    await eventually(check, what=what, timeout=timeout, interval=0.005)
 
 
 @dataclass
@@ -97,7 +88,7 @@ async def test_replies_slower_than_the_renewal_bound_lose_the_lease_by_its_deadl
             proxied.proxy.delay_replies(2 * ttl)
             slowed_at = loop.time()
             try:
-                await asyncio.Event().wait()  # only the loss ends this
+                await until_cancelled(what="the loss at the lease's deadline")
             except asyncio.CancelledError:
                 lost_at = loop.time()
                 raise
@@ -259,7 +250,7 @@ async def test_refused_connections_lose_the_lease_by_deadline_and_fail_acquires_
             with pytest.raises(BackendError) as acquire_info:
                 await Lock(proxied.client, f"{name}:other", ttl=ttl).acquire(timeout=30)
             assert acquire_info.type is BackendError
-            await asyncio.Event().wait()  # only the loss ends this
+            await until_cancelled(what="the loss at the lease's deadline")
     lost_at = loop.time()
     assert info.value.reason is LossReason.DEADLINE
     assert lease.lost
@@ -413,7 +404,7 @@ async def test_a_lingering_subscription_of_a_dropped_client_ends_cleanly(
     notifier = backend_for(client).notifier  # holds the client weakly
     await until(lambda: notifier.is_subscribed(channel_of(name)), "waiter subscribed", timeout=10)
     await holder.release()
-    await (await waiting).release()
+    await (await within(waiting, what="the waiter to get the lock")).release()
     [listener] = [t for t in asyncio.all_tasks() if t.get_name() == "aiolock-notifier"]
     assert not listener.done(), "the subscription lingers after its last waiter"
     dropped = weakref.ref(client)

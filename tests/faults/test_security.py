@@ -51,6 +51,7 @@ from aiolock.testing import ServerStartError, TLSFiles
 
 from ..conftest import in_ci, make_client
 from ..servers import RedisServer, ServerBinary, find_binaries
+from ..waits import eventually, within
 
 pytestmark = pytest.mark.real_only
 
@@ -158,15 +159,17 @@ async def test_a_least_privilege_acl_user_can_do_everything(
         holder = await lock.acquire()
         waiting = asyncio.create_task(Lock(other, name, ttl=10).acquire(timeout=10))
         channel = LockKeys.build("aiolock", name).channel
-        async with asyncio.timeout(10):
-            while not backend_for(other).notifier.is_subscribed(channel):
-                await asyncio.sleep(0.01)
+        await eventually(
+            lambda: backend_for(other).notifier.is_subscribed(channel),
+            what="the waiter subscribed",
+            interval=0.01,
+        )
         assert await lock.locked()
         info = await lock.info()
         assert info is not None and info.fencing_token == holder.fencing_token
         await holder.extend()
         await holder.release()
-        successor = await asyncio.wait_for(waiting, 5)
+        successor = await within(waiting, what="the waiter woken by the release")
         assert successor.fencing_token > holder.fencing_token
         await successor.release()
         assert not await lock.locked()

@@ -30,6 +30,7 @@ from aiolock._waiting import Notifier, Waiter
 
 from ..conftest import CommandLog, counting_connection, make_client
 from ..servers import RedisServer
+from ..waits import eventually, until_cancelled, within
 
 SCHEDULING_BOUND = 0.25
 """Event-loop scheduling delay allowed between a lease's deadline and the body's cancellation."""
@@ -39,12 +40,7 @@ async def wait_for_condition(
     check: Callable[[], Awaitable[bool]], what: str, *, timeout: float = 10.0
 ) -> None:
     """Poll an async predicate until it holds; fail (not hang) after `timeout` seconds."""
-    try:
-        async with asyncio.timeout(timeout):
-            while not await check():
-                await asyncio.sleep(0.01)
-    except TimeoutError:
-        pytest.fail(f"still not true after {timeout:g}s: {what}")
+    await eventually(check, what=what, timeout=timeout, interval=0.01)
 
 
 # --------------------------------------------------------------------------- F11: SIGSTOP
@@ -66,7 +62,7 @@ async def test_frozen_server_loses_the_lease_at_its_local_deadline(
                 server.pause()
                 paused_at = loop.time()
                 try:
-                    await asyncio.Event().wait()  # only the loss ends this
+                    await until_cancelled(what="the loss at the lease's deadline")
                 except asyncio.CancelledError:
                     lost_at = loop.time()
                     raise
@@ -110,7 +106,7 @@ async def test_restart_without_data_loses_the_lease_as_not_owner(
             async with lock as lease:
                 tokens.append(lease.fencing_token)
                 server.restart_empty()
-                await asyncio.Event().wait()  # only the loss ends this
+                await until_cancelled(what="the loss at the next renewal (within 1 s)")
         assert info.value.reason is LossReason.NOT_OWNER
         assert lease.lost and lease.loss_reason is LossReason.NOT_OWNER
         async with Lock(client, name, ttl=3) as after:
@@ -226,7 +222,8 @@ async def test_exhausted_pool_does_not_starve_renewal_or_notification(
                 return int(info["blocked_clients"]) == 1
 
             await wait_for_condition(blocked, "the BLPOP holds the only connection")
-            assert await blocking is None  # BLPOP timed out after holding it 2 s
+            # BLPOP timed out after holding the only connection for 2 s.
+            assert await within(blocking, what="the 2 s BLPOP") is None
             assert lease.held and not lease.lost
             assert commands.since(mark)["EVALSHA renew"] >= 3, commands.since(mark)
             assert not waiting.done()

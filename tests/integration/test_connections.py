@@ -22,6 +22,7 @@ from aiolock._backend import _execute, _send_direct, backend_for
 
 from ..conftest import make_client
 from ..servers import RedisServer
+from ..waits import within
 
 pytestmark = pytest.mark.real_only
 
@@ -69,7 +70,7 @@ async def test_every_kind_of_client_locks_waits_and_hands_over(
     info = await lock.info()
     assert info is not None and info.fencing_token == first.fencing_token
     await first.release()
-    second = await waiter
+    second = await within(waiter, what="the waiter to get the lock")
     assert second.fencing_token > first.fencing_token
     await second.extend()
     await second.release()
@@ -105,7 +106,7 @@ async def test_a_call_cut_off_mid_reply_leaves_the_pool_clean(
             await asyncio.sleep(0.1)
         finally:
             server.resume()
-        assert await setting is True
+        assert await within(setting, what="the SET sent while the reply was due") is True
         assert await client.get(f"{name}:k") == b"mine"
         assert await client.ping() is True
         await lease.release()

@@ -16,6 +16,7 @@ from aiolock import Lock, _backend
 from aiolock._backend import backend_for
 
 from ..conftest import _commands_in, make_client
+from ..waits import eventually, within
 
 
 async def test_a_garbage_collected_lease_warns_and_is_released(
@@ -33,10 +34,12 @@ async def test_a_garbage_collected_lease_warns_and_is_released(
         for w in caught
     )
     # The scheduler releases the abandoned key instead of letting it block for 30 s.
-    async with asyncio.timeout(5):
-        while await lock.locked():
-            await asyncio.sleep(0.01)
-    await backend_for(client).scheduler.wait_idle()
+
+    async def released() -> bool:
+        return not await lock.locked()
+
+    await eventually(released, what="the abandoned lease's key released", interval=0.01)
+    await within(backend_for(client).scheduler.wait_idle(), what="the scheduler to end")
 
 
 @pytest.mark.real_only
