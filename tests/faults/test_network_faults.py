@@ -2,7 +2,8 @@
 
 Slow replies, a partition (blackhole), connections reset, connections refused. The client
 under test talks to the server through the proxy; whatever plays "another process" talks
-to the server directly. Fault catalogue: RELIABILITY.md section (b), F05-F08.
+to the server directly. What each test shows is listed in docs/guarantees.md ("The
+network").
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ async def proxied(server: RedisServer, commands: CommandLog) -> AsyncIterator[Pr
         await proxy.aclose()
 
 
-# --------------------------------------------------------------------------- F05: slow replies
+# --------------------------------------------------------------------------- slow replies
 async def test_replies_slower_than_the_renewal_bound_lose_the_lease_by_its_deadline(
     proxied: Proxied, name: str, commands: CommandLog
 ) -> None:
@@ -114,7 +115,7 @@ async def _free(client: redis.asyncio.Redis, lock: Lock) -> bool:
     return not await client.exists(lock.key)
 
 
-# --------------------------------------------------------------------------- F06: blackhole
+# --------------------------------------------------------------------------- blackhole
 ACQUIRE_TIMEOUT = 2.0
 ABORT_TIMEOUT = 1.0
 """aiolock/_lock.py `_ABORT_TIMEOUT`: how long a failed acquire waits for its cleanup."""
@@ -173,7 +174,7 @@ async def test_a_blackhole_shorter_than_the_validity_is_survived(
     assert lease.released and not lease.lost
 
 
-# --------------------------------------------------------------------------- F07: resets
+# --------------------------------------------------------------------------- resets
 async def test_reset_connections_mid_hold_are_reopened_and_the_lease_survives(
     proxied: Proxied, name: str, commands: CommandLog
 ) -> None:

@@ -2,8 +2,8 @@
 
 Every test owns its server (the `server` fixture) and may pause, kill or restart it. Clients
 are built with `make_client` without setting `socket_timeout` (redis-py's default applies):
-the bounds that matter must come from aiolock itself. Fault catalogue: RELIABILITY.md
-section (b), F11, F13 and neighbours.
+the bounds that matter must come from aiolock itself. What each test shows is listed in
+docs/guarantees.md ("The server").
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ async def wait_for_condition(
     await eventually(check, what=what, timeout=timeout, interval=0.01)
 
 
-# --------------------------------------------------------------------------- F11: SIGSTOP
+# --------------------------------------------------------------------------- SIGSTOP
 async def test_frozen_server_loses_the_lease_at_its_local_deadline(
     server: RedisServer, name: str
 ) -> None:
@@ -89,7 +89,7 @@ async def test_frozen_server_loses_the_lease_at_its_local_deadline(
         await client.aclose()
 
 
-# --------------------------------------------------------------------------- F13: restart
+# --------------------------------------------------------------------------- restart
 async def test_restart_without_data_loses_the_lease_as_not_owner(
     server: RedisServer, name: str
 ) -> None:
