@@ -326,13 +326,16 @@ class Backend:
         restart) is sent again as EVAL, which also caches the script."""
         try:
             return await self._send(client, command)
-        except redis.exceptions.NoScriptError:
+        except redis.exceptions.NoScriptError as exc:
             if script is None:
                 raise
+            # Drop its traceback: redis-py's frame in it holds the error (a cycle only the
+            # cycle collector frees), and from Python 3.12 on its frames keep their callers
+            # alive, with the lease an acquire returned.
+            exc.__traceback__ = None
             source = script.source
-        # Sent once the NoScriptError is no longer being handled: a client that keeps the
-        # exception it is sent under (fakeredis's Lua bridge does on Python 3.12+) would
-        # otherwise keep its traceback, and with it the caller's frames and their leases.
+        # Sent once the error is no longer being handled: a client that keeps the exception
+        # being handled (fakeredis's Lua bridge does on Python 3.12+) would keep it forever.
         return await self._send(client, ("EVAL", source, *command[2:]))
 
     @staticmethod
