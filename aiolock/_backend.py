@@ -150,10 +150,10 @@ async def _send_direct(client: redis.asyncio.Redis, command: _Command) -> Any:
         packed: bytes = hiredis.pack_command(command)  # type: ignore[arg-type]
         await connection.send_packed_command(packed)
         return await connection.read_response()
-    except RuntimeError as exc:
+    except (RuntimeError, AttributeError, TypeError) as exc:
         if not _closed_transport(exc):
             raise
-        raise redis.exceptions.ConnectionError(f"the connection was closed: {exc}") from exc
+        raise redis.exceptions.ConnectionError(f"the connection was closed: {exc!r}") from exc
     finally:
         await pool.release(connection)
 
@@ -161,17 +161,24 @@ async def _send_direct(client: redis.asyncio.Redis, command: _Command) -> Any:
 async def _execute(client: redis.asyncio.Redis, command: _Command) -> Any:
     try:
         return await client.execute_command(*command)  # type: ignore[no-untyped-call]
-    except RuntimeError as exc:
+    except (RuntimeError, AttributeError, TypeError) as exc:
         if not _closed_transport(exc):
             raise
-        raise redis.exceptions.ConnectionError(f"the connection was closed: {exc}") from exc
+        raise redis.exceptions.ConnectionError(f"the connection was closed: {exc!r}") from exc
 
 
-def _closed_transport(error: RuntimeError) -> bool:
-    """Whether uvloop refused a write on a connection that the other end had reset (asyncio's
-    own loop lets the write through and the read reports the reset): a broken connection,
-    retried on a new one like any other."""
-    return "handler is closed" in str(error)
+def _closed_transport(error: Exception) -> bool:
+    """Whether the event loop refused a write on a connection the other end had reset: a
+    broken connection, retried on a new one like any other. asyncio's own loop normally lets
+    such a write through and the read reports the reset; uvloop raises RuntimeError ("the
+    handler is closed"), and the selector transport of CPython 3.12 and 3.13 before its fix
+    for gh-136234 raises AttributeError or TypeError from `writelines()`."""
+    if isinstance(error, RuntimeError):
+        return "handler is closed" in str(error)
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_globals.get("__name__") == "asyncio.selector_events"
 
 
 _Send = Callable[[redis.asyncio.Redis, _Command], Awaitable[Any]]
