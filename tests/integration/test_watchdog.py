@@ -68,10 +68,15 @@ async def test_a_dropped_lease_is_freed_at_once_after_the_eval_fallback(
     lease = await Lock(client, name, ttl=30).acquire()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        del lease  # the last reference: its __del__ warns now, or something else holds it
-    warned = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
-    caught.clear()  # a warning's source is the lease itself
-    assert warned, "the dropped lease was not freed: something else still refers to it"
+        del lease  # the last reference of this test: its __del__ warns once it is freed
+        # Freed by reference counting, possibly an event-loop turn later (redis-py 5.0 with
+        # fakeredis holds it until then), never by the cycle collector, which is off.
+        await eventually(
+            lambda: any(issubclass(w.category, ResourceWarning) for w in caught),
+            what="the dropped lease freed without the cycle collector (its __del__ warns)",
+            timeout=2,
+        )
+        caught.clear()  # a warning's source is the lease itself
 
     async def released() -> bool:
         return not await Lock(client, name).locked()
