@@ -305,8 +305,11 @@ async def test_a_release_renews_the_fence_hash_expiry_if_it_had_to_make_it_anew(
 async def test_hold_durations_are_the_holders_own(client: redis.asyncio.Redis, name: str) -> None:
     """Measured by the holder, from the grant to the release, in ms."""
     keys = LockKeys.build("aiolock", name)
+    loop = asyncio.get_running_loop()
     async with Lock(client, name, ttl=5) as lease:
-        await asyncio.sleep(0.05)
+        entered = loop.time()
+        await asyncio.sleep(0.05)  # uvloop's timers may wake a fraction of a ms early
+        body = loop.time() - entered
         held = lease.held_for()
     (recorded,) = await client.lrange(keys.holds, 0, -1)
-    assert 50 <= int(recorded) <= held * 1000 + 50
+    assert round(body * 1000) <= int(recorded) <= held * 1000 + 50
