@@ -156,6 +156,10 @@ async def _send_direct(client: redis.asyncio.Redis, command: _Command, on_sent: 
         if on_sent is not None:
             on_sent()
         return await connection.read_response()
+    except (RuntimeError, AttributeError, TypeError) as exc:
+        if not _closed_transport(exc):
+            raise
+        raise redis.exceptions.ConnectionError(f"the connection was closed: {exc!r}") from exc
     finally:
         await pool.release(connection)
 
@@ -163,7 +167,26 @@ async def _send_direct(client: redis.asyncio.Redis, command: _Command, on_sent: 
 async def _execute(client: redis.asyncio.Redis, command: _Command, on_sent: _Sent) -> Any:
     if on_sent is not None:
         on_sent()
-    return await client.execute_command(*command)  # type: ignore[no-untyped-call]
+    try:
+        return await client.execute_command(*command)  # type: ignore[no-untyped-call]
+    except (RuntimeError, AttributeError, TypeError) as exc:
+        if not _closed_transport(exc):
+            raise
+        raise redis.exceptions.ConnectionError(f"the connection was closed: {exc!r}") from exc
+
+
+def _closed_transport(error: Exception) -> bool:
+    """Whether the event loop refused a write on a connection the other end had reset: a
+    broken connection, retried on a new one like any other. asyncio's own loop normally lets
+    such a write through and the read reports the reset; uvloop raises RuntimeError ("the
+    handler is closed"), and the selector transport of CPython 3.12 and 3.13 before its fix
+    for gh-136234 raises AttributeError or TypeError from `writelines()`."""
+    if isinstance(error, RuntimeError):
+        return "handler is closed" in str(error)
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_globals.get("__name__") == "asyncio.selector_events"
 
 
 _Send = Callable[[redis.asyncio.Redis, _Command, _Sent], Awaitable[Any]]
@@ -341,10 +364,17 @@ class Backend:
         restart) is sent again as EVAL, which also caches the script."""
         try:
             return await self._send(client, command, on_sent)
-        except redis.exceptions.NoScriptError:
+        except redis.exceptions.NoScriptError as exc:
             if script is None:
                 raise
-            return await self._send(client, ("EVAL", script.source, *command[2:]), on_sent)
+            # Drop its traceback: redis-py's frame in it holds the error (a cycle only the
+            # cycle collector frees), and from Python 3.12 on its frames keep their callers
+            # alive, with the lease an acquire returned.
+            exc.__traceback__ = None
+            source = script.source
+        # Sent once the error is no longer being handled: a client that keeps the exception
+        # being handled (fakeredis's Lua bridge does on Python 3.12+) would keep it forever.
+        return await self._send(client, ("EVAL", source, *command[2:]), on_sent)
 
     @staticmethod
     def refused(error: BaseException) -> bool:

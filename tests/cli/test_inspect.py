@@ -15,6 +15,7 @@ from aiolock import LeaseLostError, Lock, LockInfo, LossReason
 from aiolock._inspect import force_release, read_locks, scan_lock_names
 from aiolock._layout import LockKeys
 
+from ..waits import within
 from .conftest import eventually
 
 
@@ -66,7 +67,7 @@ async def test_snapshot_of_a_held_lock_with_a_queue(client: redis.asyncio.Redis,
         return state.waiters == 2
 
     try:
-        await eventually(queued)
+        await eventually(queued, what="two waiters read back")
         (state,) = await read_locks(client, [name])
         info = await lock.info()
         assert state.holder is not None and info is not None
@@ -111,12 +112,12 @@ async def test_force_release_evicts_and_hands_over(client: redis.asyncio.Redis, 
         (state,) = await read_locks(client, [name])
         return state.waiters == 1
 
-    await eventually(queued)
+    await eventually(queued, what="the waiter read back")
     result = await force_release(client, name)
     assert result.outcome == "released"
     assert result.holder is not None and result.holder.fencing_token == stuck.fencing_token
     assert result.handed_to is not None  # the queued waiter's process
-    successor = await waiter
+    successor = await within(waiter, what="the waiter to get the released lock")
     assert successor.fencing_token > stuck.fencing_token
     with pytest.raises(LeaseLostError) as lost:
         await stuck.extend()  # what its watchdog would find at the next renewal

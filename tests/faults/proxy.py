@@ -1,7 +1,7 @@
 """`FaultProxy`: a TCP proxy between the clients of a test and one server, faulty on demand.
 
 One listener on a free port of 127.0.0.1 forwards every connection to the server. The test
-then turns faults on and off at any moment (RELIABILITY.md (b), "FaultProxy"):
+then turns faults on and off at any moment:
 
 - `delay_replies(s)`: every reply chunk read from the server from now on reaches the
   client `s` seconds later (requests still go through at once, in order);

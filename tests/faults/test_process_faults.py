@@ -2,8 +2,8 @@
 
 The holder is `tests/faults/holder.py`, run with `sys.executable` against the test's own
 server; it reports what happened to it as JSON lines. This process plays the contender.
-The test signals only the holder process it started, by its PID. Fault catalogue:
-RELIABILITY.md section (b), F01-F03 and F27.
+The test signals only the holder process it started, by its PID. What each test shows is
+listed in docs/guarantees.md ("The holder's process").
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ async def contender(server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
         await client.aclose()
 
 
-# --------------------------------------------------------------------------- F01: SIGSTOP
+# --------------------------------------------------------------------------- SIGSTOP
 async def test_a_holder_paused_past_its_ttl_learns_of_the_loss_on_resume(
     server: RedisServer, name: str, holders: list[Holder], contender: redis.asyncio.Redis
 ) -> None:
@@ -183,7 +183,7 @@ async def test_a_holder_paused_past_its_ttl_learns_of_the_loss_on_resume(
     assert holder.kinds()[-2:] == ["lost", "exit"]
 
 
-# --------------------------------------------------------------------------- F27: SIGKILL
+# --------------------------------------------------------------------------- SIGKILL
 async def test_a_killed_holder_frees_the_lock_within_its_ttl(
     server: RedisServer, name: str, holders: list[Holder], contender: redis.asyncio.Redis
 ) -> None:
@@ -204,7 +204,7 @@ async def test_a_killed_holder_frees_the_lock_within_its_ttl(
     assert holder.process.returncode == -signal.SIGKILL
 
 
-# --------------------------------------------------------------------------- F03: blocked loop
+# --------------------------------------------------------------------------- blocked loop
 async def test_a_holder_whose_loop_was_blocked_past_its_ttl_is_fenced_off(
     server: RedisServer, name: str, holders: list[Holder], contender: redis.asyncio.Redis
 ) -> None:

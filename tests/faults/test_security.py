@@ -20,20 +20,17 @@ import logging
 import os
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 import redis.asyncio
 import redis.exceptions
-from mirakuru import TCPExecutor
-from mirakuru.exceptions import ProcessExitedWithError, TimeoutExpired
 
 import aiolock
 import aiolock._scripts
@@ -50,9 +47,11 @@ from aiolock import (
 from aiolock._layout import LockKeys
 from aiolock._runtime import runtime_for
 from aiolock._scripts import Script
+from aiolock.testing import ServerStartError, TLSFiles
 
-from ..conftest import make_client
+from ..conftest import in_ci, make_client
 from ..servers import RedisServer, ServerBinary, find_binaries
+from ..waits import eventually, within
 
 pytestmark = pytest.mark.real_only
 
@@ -160,15 +159,17 @@ async def test_a_least_privilege_acl_user_can_do_everything(
         holder = await lock.acquire()
         waiting = asyncio.create_task(Lock(other, name, ttl=10).acquire(timeout=10))
         channel = LockKeys.build("aiolock", name).channel
-        async with asyncio.timeout(10):
-            while not runtime_for(other).notifier.is_subscribed(channel):
-                await asyncio.sleep(0.01)
+        await eventually(
+            lambda: runtime_for(other).notifier.is_subscribed(channel),
+            what="the waiter subscribed",
+            interval=0.01,
+        )
         assert await lock.locked()
         info = await lock.info()
         assert info is not None and info.fencing_token == holder.fencing_token
         await holder.extend()
         await holder.release()
-        successor = await asyncio.wait_for(waiting, 5)
+        successor = await within(waiting, what="the waiter woken by the release")
         assert successor.fencing_token > holder.fencing_token
         await successor.release()
         assert not await lock.locked()
@@ -250,12 +251,6 @@ def _tls_candidates() -> list[str]:
     return list(unique.values())
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass
 class TlsServer:
     url: str
@@ -265,37 +260,37 @@ class TlsServer:
 
 @pytest.fixture
 def tls_server() -> Iterator[TlsServer]:
-    """A server of this test's own listening on TLS only, on a free port of 127.0.0.1."""
+    """A server of this test's own listening on TLS only, on a free port of 127.0.0.1.
+
+    The first binary here that starts with TLS options is used. In CI (`CI=true`) a
+    missing one is a failure, as a missing server binary is (tests/conftest.py)."""
     if os.environ.get("REDIS_URL"):
         pytest.skip("REDIS_URL is set: this test must own its server")
     with tempfile.TemporaryDirectory(prefix="aiolock-tls-") as tmp:
-        directory = Path(tmp)
-        made = _make_certificate(directory)
+        made = _make_certificate(Path(tmp))
         if made is None:
-            pytest.skip("cannot make a certificate: neither openssl nor cryptography is here")
+            _missing("cannot make a certificate: neither openssl nor cryptography is here")
         cert, key = made
-        tried = []
-        for binary in _tls_candidates():
-            port = _free_port()
-            command = [
-                binary, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
-                "--tls-cert-file", str(cert), "--tls-key-file", str(key),
-                "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no",
-                "--save", "", "--appendonly", "no", "--dir", tmp, "--protected-mode", "no",
-            ]  # fmt: skip
-            executor = TCPExecutor(command, host="127.0.0.1", port=port, timeout=10)
+        refused = []
+        for path in _tls_candidates():
+            server = RedisServer(ServerBinary("tls", path), tls=TLSFiles(cert, key, cert))
             try:
-                executor.start()
-            except (ProcessExitedWithError, TimeoutExpired):
-                executor.stop()
-                tried.append(binary)
+                server.start()
+            except ServerStartError as error:
+                refused.append(f"{path}: {str(error).splitlines()[-1]}")
                 continue
             try:
-                yield TlsServer(f"rediss://127.0.0.1:{port}/0", cert, binary)
+                yield TlsServer(server.url, cert, path)
             finally:
-                executor.stop()
+                server.stop()
             return
-        pytest.skip(f"no server binary here supports TLS (tried {', '.join(tried)})")
+        _missing("no server binary here supports TLS; tried:\n" + "\n".join(refused))
+
+
+def _missing(message: str) -> NoReturn:
+    if in_ci():
+        pytest.fail(f"{message} (CI=true: the TLS test must run)")
+    pytest.skip(message)
 
 
 async def test_a_lock_cycle_over_tls(tls_server: TlsServer, name: str) -> None:

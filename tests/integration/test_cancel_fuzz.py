@@ -34,6 +34,8 @@ from aiolock import Lease, Lock
 from aiolock._layout import LockKeys
 from aiolock._runtime import runtime_for
 
+from ..waits import eventually, within
+
 T = TypeVar("T")
 
 SEED = 20261122
@@ -92,7 +94,7 @@ async def run_cancelled_at(
     if n == 0:
         task.cancel()
     try:
-        return "done", await task, driver
+        return "done", await within(task, what=f"the operation cancelled at step {n}"), driver
     except asyncio.CancelledError:
         if not task.cancelled():
             raise  # the test itself was cancelled
@@ -175,12 +177,13 @@ class Fuzzer:
         try:
             await self.prepare()
             task = asyncio.create_task(run_cancelled_at(lambda: self.lock.acquire(timeout=10), n))
-            async with asyncio.timeout(10):
-                while not task.done() and not notifier.is_subscribed(self.channel):
-                    await asyncio.sleep(0)
+            await eventually(
+                lambda: task.done() or notifier.is_subscribed(self.channel),
+                what=f"the waiting acquire subscribed or ended: {self.context()}",
+            )
         finally:
             await holder.release()
-        outcome, lease, driver = await task
+        outcome, lease, driver = await within(task, what=f"the waiting acquire at step {n}")
         self.record(outcome, driver)
         if lease is not None:
             assert lease.fencing_token > holder.fencing_token

@@ -16,6 +16,8 @@ from aiolock import Lease, Lock
 from aiolock._layout import LockKeys
 from aiolock._runtime import runtime_for
 
+from ..waits import eventually, within
+
 
 def channel_of(name: str) -> str:
     return LockKeys.build("aiolock", name).channel
@@ -34,9 +36,7 @@ async def parked(client: redis.asyncio.Redis, name: str, count: int) -> None:
             and all(w._future is not None and not w._future.done() for w in queue.waiters)
         )
 
-    async with asyncio.timeout(10):
-        while not all_parked():
-            await asyncio.sleep(0)
+    await eventually(all_parked, what=f"{count} task(s) queued and asleep in their waiters")
 
 
 async def test_cancelled_waiter_leaves_the_queue_and_holds_nothing(
@@ -165,7 +165,7 @@ async def test_release_completes_through_two_native_cancellations(
             leases.append(lease)  # the body ends normally: __aexit__ releases
 
     task = asyncio.create_task(holder())
-    await entered.wait()
+    await within(entered.wait(), what="the release to start")
     assert await lock.locked()
     for _ in range(2):
         task.cancel()
@@ -176,7 +176,7 @@ async def test_release_completes_through_two_native_cancellations(
     assert await lock.locked(), "the release is still held up"
     proceed.set()
     with pytest.raises(asyncio.CancelledError):
-        await task
+        await within(task, what="the held-up release to finish")
     assert not await lock.locked()
     [lease] = leases
     assert lease.released and not lease.lost
@@ -196,11 +196,11 @@ async def test_outer_cancellation_of_the_body_propagates_untouched(
             await asyncio.Event().wait()
 
     task = asyncio.create_task(holder())
-    await entered.wait()
+    await within(entered.wait(), what="the body to start")
     assert await lock.locked()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await task  # CancelledError itself, not LeaseLostError
+        await within(task, what="the cancelled block to exit")  # not LeaseLostError
     [lease] = leases
     assert lease.released and not lease.lost and lease.loss_reason is None
     assert not await lock.locked()
@@ -221,6 +221,6 @@ async def test_cancelling_wait_lost_is_harmless(client: redis.asyncio.Redis, nam
     await asyncio.sleep(0)
     assert not second.done()
     await lease.release()
-    assert await second is None
+    assert await within(second, what="wait_lost() to return after the release") is None
     assert lease.released
     assert not await lock.locked()

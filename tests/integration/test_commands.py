@@ -14,6 +14,7 @@ from aiolock._runtime import runtime_for
 
 from ..conftest import CommandLog, make_client
 from ..servers import RedisServer
+from ..waits import eventually, within
 
 pytestmark = pytest.mark.real_only
 
@@ -123,8 +124,11 @@ async def test_renewals_of_many_leases_are_batched(
         scheduler = runtime_for(client).scheduler
         batches_before = scheduler.batches_sent
         # Wait until every lease has been renewed at least twice (ttl/3 = 0.1 s apart).
-        while min(lease.deadline for lease in leases) < max(first_deadlines) + 0.2:
-            await asyncio.sleep(0.02)
+        await eventually(
+            lambda: min(lease.deadline for lease in leases) >= max(first_deadlines) + 0.2,
+            what="every lease renewed twice",
+            interval=0.02,
+        )
         calls = commands.since(mark)["EVALSHA renew"]
         assert calls == scheduler.batches_sent - batches_before
         # At least 400 lease renewals were sent; one call per lease would be >= 400 calls.
@@ -143,14 +147,14 @@ async def test_a_waiter_is_silent_while_the_holder_holds(
     mark = commands.mark()
     waiter = asyncio.create_task(Lock(client, name, ttl=10).acquire())
     notifier = runtime_for(client).notifier
-    while notifier.queue_length(f"aiolock:{{{name}}}:released") == 0:
-        await asyncio.sleep(0)
+    channel = f"aiolock:{{{name}}}:released"
+    await eventually(lambda: notifier.queue_length(channel) > 0, what="the waiter queued")
     await asyncio.sleep(0.5)  # a stretch of holding: nothing may be sent meanwhile
     # try, subscribe, try again (closes the race with a release in between), then silence
     assert commands.commands[mark:] == ["EVALSHA acquire", "SUBSCRIBE", "EVALSHA acquire"]
     mark = commands.mark()
     await holder.release()
-    lease = await waiter
+    lease = await within(waiter, what="the waiter to get the lock")
     # The release grants the lock to the waiter's registered token: no acquire follows.
     assert commands.since(mark) == Counter({"EVALSHA release": 1})
     assert lease.held and lease.fencing_token > holder.fencing_token
@@ -168,16 +172,22 @@ async def test_one_release_wakes_one_of_many_local_waiters(
     start = commands.mark()
     for _ in range(20):
         waiters.append(asyncio.create_task(Lock(client, name, ttl=10).acquire()))
-        while notifier.queue_length(channel) < len(waiters):
-            await asyncio.sleep(0)
+        await eventually(
+            lambda: notifier.queue_length(channel) >= len(waiters),
+            what=f"{len(waiters)} waiters queued",
+        )
     # Only the first arrival tries at once; the others queue behind it without a command.
     # Once subscribed, the head tries again (a release may have come in between): 2 tries.
-    while not notifier.is_subscribed(channel) or commands.since(start)["EVALSHA acquire"] < 2:
-        await asyncio.sleep(0.001)
+    await eventually(
+        lambda: notifier.is_subscribed(channel) and commands.since(start)["EVALSHA acquire"] >= 2,
+        what="the head subscribed and tried again",
+        interval=0.001,
+    )
     assert commands.since(start) == Counter({"EVALSHA acquire": 2, "SUBSCRIBE": 1})
     mark = commands.mark()
     await holder.release()
-    done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    done, _ = await asyncio.wait(waiters, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+    assert done, "no waiter got the lock within 10 s of the release"
     await asyncio.sleep(0.2)  # any herd would show up here as extra attempts
     assert commands.since(mark) == Counter({"EVALSHA release": 1})
     assert done == {waiters[0]}
@@ -188,8 +198,8 @@ async def test_one_release_wakes_one_of_many_local_waiters(
         mark = commands.mark()
         await lease.release()
         pending = [w for w in waiters if not w.done()]
-        done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-        assert done == {waiters[index]}
+        done, _ = await asyncio.wait(pending, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+        assert done == {waiters[index]}, f"waiter {index} did not get the lock within 10 s"
         previous, lease = lease, done.pop().result()
         assert lease.fencing_token > previous.fencing_token
         assert commands.since(mark) == Counter({"EVALSHA release": 1})

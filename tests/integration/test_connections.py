@@ -10,19 +10,20 @@ back to the user's pool.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 import redis.asyncio
 from redis.asyncio.connection import Connection
 
-from aiolock import BackendError, Lock
+from aiolock import BackendError, Lock, _backend
 from aiolock._backend import _execute, _send_direct
 from aiolock._runtime import runtime_for
 
 from ..conftest import make_client
 from ..servers import RedisServer
+from ..waits import eventually, within
 
 pytestmark = pytest.mark.real_only
 
@@ -70,7 +71,7 @@ async def test_every_kind_of_client_locks_waits_and_hands_over(
     info = await lock.info()
     assert info is not None and info.fencing_token == first.fencing_token
     await first.release()
-    second = await waiter
+    second = await within(waiter, what="the waiter to get the lock")
     assert second.fencing_token > first.fencing_token
     await second.extend()
     await second.release()
@@ -80,33 +81,61 @@ async def test_every_kind_of_client_locks_waits_and_hands_over(
     assert await client.exists(lock.key.encode(encoding)) == 1  # the state, kept
 
 
+class Reading(Connection):
+    """Counts the replies its connections have started to wait for."""
+
+    reads = 0
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        type(self).reads += 1
+        return await super().read_response(*args, **kwargs)
+
+
+@pytest.fixture
+def reading() -> Iterator[type[Reading]]:
+    """A connection class of this test's own, on which aiolock sends directly."""
+
+    class ReadingHere(Reading):
+        pass
+
+    _backend.DIRECT_CONNECTIONS.add(ReadingHere)
+    try:
+        yield ReadingHere
+    finally:
+        _backend.DIRECT_CONNECTIONS.discard(ReadingHere)
+
+
 async def test_a_call_cut_off_mid_reply_leaves_the_pool_clean(
-    server: RedisServer, name: str
+    server: RedisServer, name: str, reading: type[Reading]
 ) -> None:
     """A script call cancelled while Redis is frozen: its connection is closed, not put
     back in the pool with the reply still to come, where the user's next command on that
     connection would read the script's reply as its own."""
-    client = make_client(server.url)
+    client = make_client(server.url, connection_class=reading)
     assert runtime_for(client).backend._send is _send_direct
     try:
         lease = await Lock(client, name, ttl=30).acquire()  # one pooled connection, reused
         server.pause()
         try:
+            reads = reading.reads
             extending = asyncio.create_task(lease.extend())
-            await asyncio.sleep(0.1)  # sent; no reply while the server is frozen
+            await eventually(  # sent; no reply while the server is frozen
+                lambda: reading.reads > reads, what="the extend waiting for its reply"
+            )
             extending.cancel()
             with pytest.raises(asyncio.CancelledError):
-                await extending
+                await within(extending, what="the cancelled extend to end")
 
             # Sent while the reply to the script is still due.
             async def set_mine() -> object:
                 return await client.set(f"{name}:k", "mine")
 
+            reads = reading.reads
             setting = asyncio.create_task(set_mine())
-            await asyncio.sleep(0.1)
+            await eventually(lambda: reading.reads > reads, what="the SET waiting for its reply")
         finally:
             server.resume()
-        assert await setting is True
+        assert await within(setting, what="the SET sent while the reply was due") is True
         assert await client.get(f"{name}:k") == b"mine"
         assert await client.ping() is True
         await lease.release()

@@ -18,6 +18,7 @@ from aiolock._layout import RESERVATION_MS, LockKeys
 from aiolock._runtime import runtime_for
 
 from ..conftest import CommandLog, make_client
+from ..waits import eventually, within
 
 
 @pytest.fixture
@@ -61,8 +62,11 @@ async def logged_pair(
 
 async def queued_in_redis(client: redis.asyncio.Redis, name: str, count: int) -> None:
     keys = LockKeys.build("aiolock", name)
-    while await client.zcard(keys.queue) < count:
-        await asyncio.sleep(0.001)
+
+    async def enough() -> bool:
+        return await client.zcard(keys.queue) >= count
+
+    await eventually(enough, what=f"{count} process(es) in the queue in Redis", interval=0.001)
 
 
 async def test_waiting_processes_are_served_in_arrival_order(
@@ -159,7 +163,7 @@ async def test_a_cancelled_waiter_passes_on_a_grant_made_for_it(
     # on, or the abort of its claim releases the lock to the next queue.
     first.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await first
+        await within(first, what="the cancelled waiter to end")
     assert notifier.queue_length(LockKeys.build("aiolock", name).channel) == 0
     lease: Lease = await asyncio.wait_for(second, 5)
     await lease.release()
@@ -204,8 +208,12 @@ async def test_a_hand_off_between_processes_costs_one_release(
     holder = await Lock(a, name, ttl=10).acquire()
     waiting = asyncio.create_task(Lock(b, name, ttl=10).acquire())
     await queued_in_redis(a, name, 1)
-    while not runtime_for(b).notifier.is_subscribed(LockKeys.build("aiolock", name).channel):
-        await asyncio.sleep(0.001)
+    channel = LockKeys.build("aiolock", name).channel
+    await eventually(
+        lambda: runtime_for(b).notifier.is_subscribed(channel),
+        what="the waiter subscribed",
+        interval=0.001,
+    )
     marks = [log.mark() for log in logs]
     await holder.release()
     lease = await asyncio.wait_for(waiting, 5)
@@ -255,8 +263,11 @@ async def test_a_grant_heard_of_too_late_is_claimed_by_an_acquire(
     start = logs[1].mark()
     waiting = asyncio.create_task(Lock(b, name, ttl=10).acquire())
     # Its try, SUBSCRIBE, and its try once subscribed (the last registration) are sent.
-    while logs[1].since(start)["EVALSHA acquire"] < 2:
-        await asyncio.sleep(0.001)
+    await eventually(
+        lambda: logs[1].since(start)["EVALSHA acquire"] >= 2,
+        what="the waiter's second try (once subscribed)",
+        interval=0.001,
+    )
     await queued_in_redis(a, name, 1)
     # The waiter's process stalls: by the time it hears of the grant, more than half of the
     # grant's expiry has passed since it registered, so it cannot count on it.

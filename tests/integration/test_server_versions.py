@@ -11,6 +11,7 @@ from aiolock import LeaseLostError, Lock, LossReason
 
 from ..conftest import make_client
 from ..servers import RedisServer, ServerBinary, find_binaries
+from ..waits import within
 
 pytestmark = pytest.mark.real_only
 
@@ -37,7 +38,7 @@ async def test_core_cycle(versioned_server: RedisServer, name: str) -> None:
             await asyncio.sleep(0.6)  # renewed twice meanwhile
             assert lease.held
             assert not waiter.done()
-        second = await waiter
+        second = await within(waiter, what="the waiter to get the lock")
         tokens.append(second.fencing_token)
         await second.release()
 

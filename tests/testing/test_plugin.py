@@ -1,0 +1,112 @@
+"""The pytest plugin, as a user meets it: a tiny test file of theirs, run by pytester in a
+pytest process of its own (the plugin is registered by aiolock's `pytest11` entry point)."""
+
+from __future__ import annotations
+
+import pytest
+
+from aiolock.testing import find_binaries
+
+from ..conftest import in_ci
+
+USER_TESTS = """
+import asyncio
+
+import pytest
+
+from aiolock import AcquireTimeoutError, LeaseLostError, Lock, LossReason
+from aiolock.testing import RedisServer, expire_now, hold_elsewhere
+
+
+async def reserve(client, order):
+    async with Lock(client, f"orders:{order}", ttl=5, timeout=0.2):
+        return "reserved"
+
+
+@pytest.mark.asyncio
+async def test_busy_on_a_real_server(aiolock_client, aiolock_server):
+    assert isinstance(aiolock_server, RedisServer)
+    assert await aiolock_client.dbsize() == 0  # emptied for each test
+    async with hold_elsewhere(aiolock_client, "orders:1") as lease:
+        assert lease.held
+        with pytest.raises(AcquireTimeoutError):
+            await reserve(aiolock_client, 1)
+    assert await reserve(aiolock_client, 1) == "reserved"
+    await aiolock_client.set("left-behind", 1)
+
+
+@pytest.mark.asyncio
+async def test_the_next_test_starts_empty(aiolock_client):
+    assert await aiolock_client.get("left-behind") is None
+
+
+@pytest.mark.asyncio
+async def test_busy_on_fakeredis(aiolock_fakeredis):
+    async with hold_elsewhere(aiolock_fakeredis, "orders:2"):
+        with pytest.raises(AcquireTimeoutError):
+            await reserve(aiolock_fakeredis, 2)
+    assert await reserve(aiolock_fakeredis, 2) == "reserved"
+
+
+async def lose(client):
+    lock = Lock(client, "orders:3", ttl=0.3)
+    with pytest.raises(LeaseLostError) as lost:
+        async with lock:
+            assert await expire_now(client, lock)
+            await asyncio.sleep(5)  # cancelled at the next renewal, within 0.1 s
+    assert lost.value.reason is LossReason.NOT_OWNER
+    assert not await expire_now(client, "orders:3")
+
+
+@pytest.mark.asyncio
+async def test_lost_on_a_real_server(aiolock_client):
+    await lose(aiolock_client)
+
+
+@pytest.mark.asyncio
+async def test_lost_on_fakeredis(aiolock_fakeredis):
+    await lose(aiolock_fakeredis)
+"""
+
+INI = """
+[pytest]
+asyncio_mode = {mode}
+asyncio_default_fixture_loop_scope = function
+asyncio_default_test_loop_scope = function
+filterwarnings = error
+timeout = 60
+"""
+
+
+@pytest.fixture
+def user_tests(pytester: pytest.Pytester) -> pytest.Pytester:
+    if not find_binaries():
+        if in_ci():
+            pytest.fail("no server binary")
+        pytest.skip("no server binary")
+    pytester.makepyfile(test_user=USER_TESTS)
+    return pytester
+
+
+@pytest.mark.parametrize("mode", ["strict", "auto"])
+def test_the_plugins_fixtures_in_a_users_tests(user_tests: pytest.Pytester, mode: str) -> None:
+    user_tests.makeini(INI.format(mode=mode))
+    result = user_tests.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
+    result.assert_outcomes(passed=5)
+
+
+def test_the_plugin_without_auto_loading(
+    user_tests: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With entry points not loaded, `-p aiolock.testing.plugin` brings the fixtures (and
+    `-p asyncio` pytest-asyncio, `-p timeout` its time limit)."""
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    user_tests.makeini(INI.format(mode="strict"))
+    result = user_tests.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "asyncio", "-p", "pytest_timeout",
+        "-p", "aiolock.testing.plugin", timeout=120,
+    )  # fmt: skip
+    result.assert_outcomes(passed=5)
+    monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
+    result = user_tests.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:aiolock")
+    result.stdout.fnmatch_lines(["*fixture 'aiolock_client' not found*"])

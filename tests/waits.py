@@ -1,0 +1,67 @@
+"""Bounded waits for the tests: a wait that does not end fails with what it waited for.
+
+- `eventually(check, what=...)`: until `check()` (sync or async) holds;
+- `within(awaitable, what=...)`: the awaitable's result (a task, an event's wait...);
+- `until_cancelled(what=...)`: the body of a block that only a cancellation may end (a
+  lease's loss); if none comes, it fails.
+
+The bounds are generous (the suite must pass on a loaded 2-core machine); they only turn
+a hang into a failure with a message, before pytest-timeout would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import NoReturn, TypeVar
+
+T = TypeVar("T")
+
+BOUND = 10.0
+"""Default bound of a wait, in seconds."""
+
+
+class WaitTimeout(AssertionError):
+    """A bounded wait ran out."""
+
+
+async def eventually(
+    check: Callable[[], bool | Awaitable[bool]],
+    *,
+    what: str,
+    timeout: float = BOUND,
+    interval: float = 0.0,
+) -> None:
+    """Wait until `check()` holds, checking every `interval` seconds (0: at every turn of
+    the event loop); fail after `timeout` seconds, naming `what`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = check()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        if loop.time() >= deadline:
+            raise WaitTimeout(f"still not true after {timeout:g}s: {what}")
+        await asyncio.sleep(interval)
+
+
+async def within(awaitable: Awaitable[T], *, what: str, timeout: float = BOUND) -> T:
+    """`await awaitable`, failing after `timeout` seconds (a task awaited is then cancelled,
+    as by `asyncio.wait_for`). A `TimeoutError` of the awaitable's own propagates as is."""
+    scope = asyncio.timeout(timeout)
+    try:
+        async with scope:
+            return await awaitable
+    except TimeoutError:
+        if scope.expired():
+            raise WaitTimeout(f"not done after {timeout:g}s: {what}") from None
+        raise
+
+
+async def until_cancelled(*, what: str, timeout: float = BOUND) -> NoReturn:
+    """Wait for a cancellation (`what`), and fail if none comes within `timeout` seconds."""
+    await asyncio.sleep(timeout)
+    raise WaitTimeout(f"no cancellation after {timeout:g}s: {what}")
