@@ -139,6 +139,33 @@ _Sent = Callable[[], None] | None
 before redis-py is handed it)."""
 
 
+_DRAIN_ABOVE: Final = 65536
+"""Bytes buffered in a connection's transport above which a write waits for them to drain."""
+
+
+async def _write(connection: redis.asyncio.connection.AbstractConnection, packed: bytes) -> None:
+    """Write `packed` on `connection` as its `send_packed_command` would, without the task
+    redis-py's socket timeout wraps around every write on Python 3.11 (`asyncio.wait_for`):
+    aiolock bounds the whole call itself. A connection that checks its health before
+    writes (`health_check_interval`), or without a stream writer, goes redis-py's way.
+
+    On any error the connection is closed, as redis-py closes it."""
+    writer: asyncio.StreamWriter | None = getattr(connection, "_writer", None)
+    if writer is None or getattr(connection, "health_check_interval", None):
+        await connection.send_packed_command(packed)
+        return
+    try:
+        writer.write(packed)
+        if writer.transport.get_write_buffer_size() > _DRAIN_ABOVE:
+            await writer.drain()
+    except OSError as exc:
+        await connection.disconnect(nowait=True)
+        raise redis.exceptions.ConnectionError(f"error while writing to the socket: {exc}") from exc
+    except BaseException:
+        await connection.disconnect(nowait=True)
+        raise
+
+
 async def _send_direct(client: redis.asyncio.Redis, command: _Command, on_sent: _Sent) -> Any:
     """One command on a connection of `client`'s pool: packed by hiredis, sent, answered.
 
@@ -152,7 +179,7 @@ async def _send_direct(client: redis.asyncio.Redis, command: _Command, on_sent: 
         connection = await pool.get_connection()  # type: ignore[no-untyped-call]
     try:
         packed: bytes = hiredis.pack_command(command)  # type: ignore[arg-type]
-        await connection.send_packed_command(packed)
+        await _write(connection, packed)
         if on_sent is not None:
             on_sent()
         return await connection.read_response()
@@ -202,6 +229,17 @@ class Backend:
 
     connection_errors: Final = (redis.exceptions.RedisError, OSError)
     """What a broken or refusing connection raises, for code that handles it unmapped."""
+
+    @staticmethod
+    def broken(error: BaseException) -> bool:
+        """Whether `error` says that a connection broke or the server refused a command,
+        including the event loop's own errors for a write on a connection that was reset
+        (see `_closed_transport`)."""
+        if isinstance(error, Backend.connection_errors):
+            return True
+        return isinstance(error, RuntimeError | AttributeError | TypeError) and _closed_transport(
+            error
+        )
 
     __slots__ = (
         "__weakref__",
@@ -349,10 +387,19 @@ class Backend:
                 raise _backend_error(operation, name, timeout, TimeoutError()) from exc
             raise
         except (redis.exceptions.RedisError, OSError) as exc:
+            if expired:
+                task.uncancel()  # our timer's cancellation, turned into this error on the way
+                raise _backend_error(operation, name, timeout, TimeoutError()) from exc
+            if task.cancelling() > cancelling:
+                # The caller's cancellation, swallowed on the way (redis-py's wait_for on
+                # Python 3.11) and turned into this error: it must not be lost.
+                raise asyncio.CancelledError from exc
             raise _backend_error(operation, name, timeout, exc) from exc
         finally:
             answered = True
             timer.cancel()
+        if expired:
+            task.uncancel()  # our timer's cancellation, swallowed: the answer came anyway
         if task.cancelling() > cancelling:
             raise asyncio.CancelledError
         return result

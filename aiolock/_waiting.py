@@ -446,7 +446,9 @@ class Notifier:
             queue.requested = True
             try:
                 await self._pubsub.subscribe(queue.channel)
-            except self._backend.connection_errors as exc:
+            except Exception as exc:
+                if not self._backend.broken(exc):
+                    raise
                 # The listener sees the broken connection too and re-subscribes everything.
                 logger.debug("aiolock: subscribe failed, the listener will retry: %s", exc)
 
@@ -494,7 +496,9 @@ class Notifier:
                     for queue in self._queues.values():
                         queue.wake_head()  # a release may have been missed
                     continue
-                except self._backend.connection_errors as exc:
+                except Exception as exc:
+                    if not self._backend.broken(exc):
+                        raise
                     if pinged is not None and self._backend.refused(exc) and "ping" in str(exc):
                         # Refused by an ACL without +ping: an answer all the same.
                         if not ping_refused:
@@ -582,5 +586,7 @@ class Notifier:
                 del self._subscribed[channel]
             try:
                 await self._pubsub.unsubscribe(*idle)
-            except self._backend.connection_errors:
+            except Exception as exc:
+                if not self._backend.broken(exc):
+                    raise
                 await self._reset_pubsub(replace=True)

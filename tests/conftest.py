@@ -78,21 +78,40 @@ def _commands_in(packed: bytes) -> Iterator[tuple[bytes, ...]]:
         yield tuple(args)
 
 
+class _RecordingWriter:
+    """A connection's stream writer that records every command written through it."""
+
+    def __init__(self, writer: asyncio.StreamWriter, log: CommandLog) -> None:
+        self._writer = writer
+        self._log = log
+
+    def write(self, data: bytes) -> None:
+        self._writer.write(data)
+        self._record(data)
+
+    def writelines(self, data: Iterable[bytes]) -> None:
+        chunks = list(data)
+        self._writer.writelines(chunks)
+        self._record(b"".join(chunks))
+
+    def _record(self, packed: bytes) -> None:
+        # Recorded once handed to the transport, so that a test that sees a command in
+        # the log knows it has left.
+        for args in _commands_in(bytes(packed)):
+            self._log.record(args)
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self._writer, attribute)
+
+
 def counting_connection(log: CommandLog) -> type[Connection]:
-    """A redis-py connection that records what it sends. aiolock sends on it directly, as
-    on redis-py's own connection class, so what is counted is what aiolock really sends."""
+    """A redis-py connection that records what it sends, at its stream writer: what aiolock
+    writes directly and what redis-py writes for it are counted alike."""
 
     class CountingConnection(Connection):
-        async def send_packed_command(
-            self, command: bytes | str | Iterable[bytes], check_health: bool = True
-        ) -> None:
-            packed = command.encode() if isinstance(command, str) else command
-            packed = packed if isinstance(packed, bytes) else b"".join(packed)
-            # Recorded once written (redis-py may write in a task of its own), so that a
-            # test that sees a command in the log knows it has left.
-            await super().send_packed_command(packed, check_health)
-            for args in _commands_in(packed):
-                log.record(args)
+        async def _connect(self) -> None:
+            await super()._connect()  # type: ignore[no-untyped-call]
+            self._writer = _RecordingWriter(self._writer, log)  # type: ignore[arg-type, assignment]
 
     _backend.DIRECT_CONNECTIONS.add(CountingConnection)
     return CountingConnection

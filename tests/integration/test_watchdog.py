@@ -7,6 +7,7 @@ import gc
 import sys
 import warnings
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import pytest
 import redis.asyncio
@@ -99,15 +100,32 @@ async def test_the_eval_fallback_is_not_sent_under_the_noscript_error(
     """
     handled: list[BaseException | None] = []
 
-    class Recording(Connection):
-        async def send_packed_command(
-            self, command: bytes | str | Iterable[bytes], check_health: bool = True
-        ) -> None:
-            packed = command.encode() if isinstance(command, str) else command
-            packed = packed if isinstance(packed, bytes) else b"".join(packed)
+    class Writer:
+        """The connection's stream writer, noting what is being handled at each EVAL."""
+
+        def __init__(self, writer: Any) -> None:
+            self._writer = writer
+
+        def _note(self, packed: bytes) -> None:
             if any(args[0].upper() == b"EVAL" for args in _commands_in(packed)):
                 handled.append(sys.exception())
-            await super().send_packed_command(command, check_health)
+
+        def write(self, data: bytes) -> None:
+            self._note(bytes(data))
+            self._writer.write(data)
+
+        def writelines(self, data: Iterable[bytes]) -> None:
+            chunks = list(data)
+            self._note(b"".join(chunks))
+            self._writer.writelines(chunks)
+
+        def __getattr__(self, attribute: str) -> Any:
+            return getattr(self._writer, attribute)
+
+    class Recording(Connection):
+        async def _connect(self) -> None:
+            await super()._connect()  # type: ignore[no-untyped-call]
+            self._writer = Writer(self._writer)  # type: ignore[assignment]
 
     if send == "direct":
         _backend.DIRECT_CONNECTIONS.add(Recording)
