@@ -51,6 +51,7 @@ import itertools
 import json
 import math
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -423,8 +424,15 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _stop(signum: int, frame: object) -> None:
+    """SIGTERM (an outer `timeout`): unwind, so that the workers, the server and the
+    temporary directory are cleaned up."""
+    raise SystemExit(f"upgrade check: stopped by signal {signum}, nothing verified")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
+    signal.signal(signal.SIGTERM, _stop)
     variants = ["with", "without"] if args.variant == "both" else [args.variant]
     began = time.monotonic()
     directory = Path(tempfile.mkdtemp(prefix="aiolock-upgrade-"))
