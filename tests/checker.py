@@ -4,6 +4,7 @@ recorded and the history verified (the three checks below).
 ```
 python -m tests.checker --processes 4 --tasks 8 --names 3 --minutes 1 [--url redis://...]
 python -m tests.checker --seconds 10 --faults      # its own server, paused and restarted
+python -m tests.checker --old-python OLD/venv/bin/python --old-tree OLD --old-processes 2
 ```
 
 Without `--url` the checker starts a throwaway server of its own (`aiolock.testing`), and
@@ -24,6 +25,14 @@ lost. What is verified, per name:
 3. **Nothing left held**: once every worker has exited, no lock key of the run still has a
    holder (found with `SCAN ... TYPE hash`, never `KEYS`) after its ttl has run out; keys
    still held right at the end are reported.
+
+Mixed versions (a rolling upgrade; `tests/upgrade.py` builds the older version): the first
+`old_processes` workers run an older aiolock, with its virtualenv's interpreter and its
+source tree as working directory, so that `-m tests.checker` and `import aiolock` are that
+version's (its checker must speak this one's worker protocol: the arguments below, the
+"ready", "go" and "done" lines, a JSON line per section). The other workers run this tree,
+with `AIOLOCK_SERVE_LAYOUT1_WAITERS=1` unless `serve_layout1_waiters` is False. Sections are
+labelled with their side ("old:<pid>/<task>", "new:<pid>/<task>").
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import json
 import os
@@ -56,6 +66,7 @@ __all__ = (
     "Report",
     "Section",
     "Verdict",
+    "Violation",
     "main",
     "periodic_faults",
     "run",
@@ -64,6 +75,7 @@ __all__ = (
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_LOCK = "aiolock:Lock"
+SERVE_LAYOUT1 = "AIOLOCK_SERVE_LAYOUT1_WAITERS"
 
 LockFactory = Callable[..., AbstractAsyncContextManager[Any]]
 """`factory(client, name, *, ttl=, timeout=)`: an async context manager whose value has a
@@ -82,6 +94,12 @@ class Section:
     lost: bool
     worker: str = ""
     reason: str = ""
+
+    @property
+    def side(self) -> str:
+        """The version that wrote it in a run of mixed versions, "old" or "new", else ""."""
+        side, colon, _ = self.worker.partition(":")
+        return side if colon else ""
 
     def to_json(self) -> str:
         return json.dumps(
@@ -220,6 +238,9 @@ def periodic_faults(duration: float, ttl: float, *, every: float = 5.0) -> list[
 class CheckerConfig:
     processes: int = 4
     tasks: int = 8
+    task_mix: tuple[int, ...] = ()
+    """Tasks of each process in turn, repeated (1, 4: one task in the first, four in the
+    second, one in the third...), instead of `tasks` in each."""
     names: int = 3
     duration: float = 60.0
     """Seconds of contention (from the moment every worker is ready)."""
@@ -231,6 +252,32 @@ class CheckerConfig:
     lock: str = DEFAULT_LOCK
     """The lock factory, as "module:attribute"."""
     seed: int = 0
+    old_processes: int = 0
+    """How many of the `processes` (the first ones) run an older version of aiolock."""
+    old_python: str | None = None
+    """The interpreter of the older version's virtualenv (with `redis` installed)."""
+    old_tree: str | None = None
+    """The older version's source tree: its workers run there (`-m tests.checker`)."""
+    serve_layout1_waiters: bool = True
+    """With old workers: run the new ones with AIOLOCK_SERVE_LAYOUT1_WAITERS=1 (False: with
+    the variable removed from their environment, as after a deployment that forgot it)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.old_processes <= self.processes:
+            raise ValueError(f"old_processes must be 0 to {self.processes}")
+        if any(n < 1 for n in self.task_mix):
+            raise ValueError("every process needs at least one task")
+        if self.old_processes and not (self.old_python and self.old_tree):
+            raise ValueError("old workers need old_python and old_tree")
+
+    def tasks_of(self, index: int) -> int:
+        """How many tasks worker `index` runs."""
+        return self.task_mix[index % len(self.task_mix)] if self.task_mix else self.tasks
+
+    @property
+    def sides(self) -> list[str]:
+        """The version each worker runs, by index: "old" or "new"."""
+        return ["old" if i < self.old_processes else "new" for i in range(self.processes)]
 
 
 @dataclass(slots=True)
@@ -245,16 +292,35 @@ class Report:
     """Keys of the run still held a ttl (and a second) later: a violation."""
     counters: Counter[str]
     worker_failures: list[str]
+    sections: list[Section] = field(default_factory=list)
+    """The history, in the order the sections were entered."""
+    worker_counters: list[Counter[str]] = field(default_factory=list)
+    """Each worker's outcomes, by index (see `CheckerConfig.sides` for its version)."""
+    worker_stderr: list[str] = field(default_factory=list)
+    """What each worker wrote to its standard error (tracebacks, logged warnings)."""
+    started: float = 0.0
+    """When the workers were told to go (`time.monotonic()`, the sections' clock)."""
+    ended: float = 0.0
+    """When the workers were told to stop starting sections (same clock)."""
 
     @property
     def ok(self) -> bool:
         return not (self.verdict.violations or self.leaked or self.worker_failures)
 
+    def side_counters(self, side: str) -> Counter[str]:
+        """The outcomes of every worker of one side ("old" or "new") together."""
+        total: Counter[str] = Counter()
+        for worker_side, counters in zip(self.config.sides, self.worker_counters, strict=False):
+            if worker_side == side:
+                total.update(counters)
+        return total
+
     def summary(self) -> str:
         c, v = self.config, self.verdict
+        tasks = "/".join(map(str, c.task_mix)) if c.task_mix else str(c.tasks)
         lines = [
             (
-                f"checker: {c.processes} processes x {c.tasks} tasks x {c.duration:g}s on "
+                f"checker: {c.processes} processes x {tasks} tasks x {c.duration:g}s on "
                 f"{c.names} names (lock {c.lock}, ttl {c.ttl:g}s, seed {c.seed}); "
                 f"{self.elapsed:.1f}s in all"
             ),
@@ -273,6 +339,18 @@ class Report:
             "worker outcomes: "
             + ", ".join(f"{key} {n}" for key, n in sorted(self.counters.items())),
         ]
+        if c.old_processes:
+            variable = f"{SERVE_LAYOUT1}=1" if c.serve_layout1_waiters else f"no {SERVE_LAYOUT1}"
+            lines.append(
+                f"versions: {c.old_processes} old processes ({c.old_tree}), "
+                f"{c.processes - c.old_processes} new ({variable})"
+            )
+            for side in ("old", "new"):
+                counters = self.side_counters(side)
+                lines.append(
+                    f"  {side} side outcomes: "
+                    + (", ".join(f"{key} {n}" for key, n in sorted(counters.items())) or "none")
+                )
         lines += [f"worker failure: {failure}" for failure in self.worker_failures]
         lines += [f"VIOLATION {violation}" for violation in v.violations[:20]]
         if len(v.violations) > 20:
@@ -359,7 +437,7 @@ async def _worker(args: argparse.Namespace) -> None:
     try:
         with _open_log(args.out, "a") as out:
             async with asyncio.TaskGroup() as group:
-                for i in range(args.tasks):
+                for i in range(int(args.tasks)):
                     group.create_task(
                         _contend(
                             client,
@@ -405,13 +483,32 @@ async def _nemesis(server: Any, faults: Sequence[Fault], started: float, log: li
         log.append(str(fault))
 
 
+def _worker_command(config: CheckerConfig, index: int) -> tuple[str, Path, dict[str, str]]:
+    """The interpreter, working directory and environment of worker `index`."""
+    env = dict(os.environ)
+    if config.sides[index] == "old":
+        assert config.old_python is not None and config.old_tree is not None
+        # `-m tests.checker` and `import aiolock` must find the old tree (the working
+        # directory, first on sys.path), nothing of this one.
+        for variable in ("PYTHONPATH", "PYTHONSAFEPATH", "PYTHONHOME", SERVE_LAYOUT1):
+            env.pop(variable, None)
+        return config.old_python, Path(config.old_tree).resolve(), env
+    if config.old_processes:
+        if config.serve_layout1_waiters:
+            env[SERVE_LAYOUT1] = "1"
+        else:
+            env.pop(SERVE_LAYOUT1, None)
+    return sys.executable, ROOT, env
+
+
 async def _spawn(
     config: CheckerConfig, url: str, names: Sequence[str], index: int, directory: Path
 ) -> tuple[asyncio.subprocess.Process, Path, Any]:
     out = directory / f"worker-{index}.jsonl"
     stderr = _open_log(directory / f"worker-{index}.stderr", "wb")  # closed by run()
+    python, cwd, env = _worker_command(config, index)
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
+        python,
         "-m",
         "tests.checker",
         "--worker",
@@ -420,7 +517,7 @@ async def _spawn(
         "--names",
         ",".join(names),
         "--tasks",
-        str(config.tasks),
+        str(config.tasks_of(index)),
         "--ttl",
         str(config.ttl),
         "--hold",
@@ -431,7 +528,8 @@ async def _spawn(
         config.lock,
         "--out",
         str(out),
-        cwd=ROOT,
+        cwd=cwd,
+        env=env,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=stderr,
@@ -466,6 +564,9 @@ async def run(config: CheckerConfig, *, server: Any = None) -> Report:
     failures: list[str] = []
     faults_log: list[str] = []
     workers: list[tuple[asyncio.subprocess.Process, Path, Any]] = []
+    worker_counters: list[Counter[str]] = [Counter() for _ in range(config.processes)]
+    stderr_logs: list[str] = []
+    go_at = 0.0
     with tempfile.TemporaryDirectory(prefix="aiolock-checker-") as tmp:
         directory = Path(tmp)
         try:
@@ -477,7 +578,8 @@ async def run(config: CheckerConfig, *, server: Any = None) -> Report:
                 if ready is None or ready.get("event") != "ready":
                     raise RuntimeError(f"a worker did not start: {ready}")
             started = loop.time()
-            end_at = time.monotonic() + config.duration
+            go_at = time.monotonic()
+            end_at = go_at + config.duration
             for process, _, _ in workers:
                 assert process.stdin is not None
                 process.stdin.write(f"go {end_at!r}\n".encode())
@@ -495,6 +597,7 @@ async def run(config: CheckerConfig, *, server: Any = None) -> Report:
                         failures.append(f"worker {index} exited with {code}")
                     else:
                         counters.update(done["counters"])
+                        worker_counters[index].update(done["counters"])
             finally:
                 if nemesis is not None:
                     if failures:
@@ -502,12 +605,13 @@ async def run(config: CheckerConfig, *, server: Any = None) -> Report:
                     with contextlib.suppress(asyncio.CancelledError):
                         await nemesis
             sections = [
-                Section.from_json(line)
-                for _, out, _ in workers
+                _labelled(Section.from_json(line), config, index)
+                for index, (_, out, _) in enumerate(workers)
                 if out.exists()
                 for line in out.read_text(encoding="utf-8").splitlines()
                 if line
             ]
+            sections.sort(key=lambda s: (s.enter, s.exit))
             verdict = verify(sections)
             held, leaked = await _sweep(url, names, config.ttl)
         finally:
@@ -527,6 +631,7 @@ async def run(config: CheckerConfig, *, server: Any = None) -> Report:
                 own_server.stop()
         for index in range(len(workers)):
             log = (directory / f"worker-{index}.stderr").read_text(errors="replace")
+            stderr_logs.append(log)
             if failures and log.strip():
                 failures.append(f"worker {index} stderr (last lines): {log[-2000:]}")
     return Report(
@@ -538,7 +643,19 @@ async def run(config: CheckerConfig, *, server: Any = None) -> Report:
         leaked=leaked,
         counters=counters,
         worker_failures=failures,
+        sections=sections,
+        worker_counters=worker_counters,
+        worker_stderr=stderr_logs,
+        started=go_at,
+        ended=go_at + config.duration,
     )
+
+
+def _labelled(section: Section, config: CheckerConfig, index: int) -> Section:
+    """`section`, written by worker `index`, labelled with that worker's version."""
+    if not config.old_processes:
+        return section
+    return dataclasses.replace(section, worker=f"{config.sides[index]}:{section.worker}")
 
 
 async def _sweep(url: str, names: Sequence[str], ttl: float) -> tuple[list[str], list[str]]:
@@ -564,7 +681,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         description="Check aiolock's mutual exclusion and fencing under contention and faults.",
     )
     parser.add_argument("--processes", type=int, default=4)
-    parser.add_argument("--tasks", type=int, default=8, help="tasks per process")
+    parser.add_argument(
+        "--tasks",
+        default="8",
+        help="tasks per process; a list (1,4) gives each process the next number in turn",
+    )
     parser.add_argument("--names", default="3", help="number of lock names")
     duration = parser.add_mutually_exclusive_group()
     duration.add_argument("--minutes", type=float)
@@ -578,6 +699,19 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--fault-every", type=float, default=5.0, help="seconds between faults")
     parser.add_argument("--lock", default=DEFAULT_LOCK, help="lock factory, module:attribute")
     parser.add_argument("--seed", default="0")
+    parser.add_argument(
+        "--old-processes",
+        type=int,
+        default=0,
+        help="how many of the processes run an older version (with --old-python, --old-tree)",
+    )
+    parser.add_argument("--old-python", help="the older version's virtualenv interpreter")
+    parser.add_argument("--old-tree", help="the older version's source tree")
+    parser.add_argument(
+        "--without-serve-layout1",
+        action="store_true",
+        help=f"run the new processes without {SERVE_LAYOUT1}=1 (with old processes)",
+    )
     # Internal: what the orchestrator passes to a worker process.
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -593,9 +727,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write("--faults needs a server of the checker's own: leave out --url\n")
         return 2
     duration = 60.0 * args.minutes if args.minutes is not None else (args.seconds or 60.0)
+    mix = tuple(int(n) for n in args.tasks.split(","))
     config = CheckerConfig(
         processes=args.processes,
-        tasks=args.tasks,
+        tasks=mix[0],
+        task_mix=mix if len(mix) > 1 else (),
         names=int(args.names),
         duration=duration,
         ttl=args.ttl,
@@ -606,6 +742,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         else (),
         lock=args.lock,
         seed=int(args.seed),
+        old_processes=args.old_processes,
+        old_python=args.old_python,
+        old_tree=args.old_tree,
+        serve_layout1_waiters=not args.without_serve_layout1,
     )
     report = asyncio.run(run(config))
     _say(report.summary())

@@ -6,14 +6,30 @@ sections, and the history is verified for overlaps, fencing order and leftover h
 
 from __future__ import annotations
 
+import dataclasses
+import sys
+from collections import Counter
+from pathlib import Path
 from types import TracebackType
 from typing import Self
 
 import pytest
 import redis.asyncio
 
-from ..checker import CheckerConfig, Fault, Section, run, verify
+from ..checker import (
+    ROOT,
+    SERVE_LAYOUT1,
+    CheckerConfig,
+    Fault,
+    Report,
+    Section,
+    Verdict,
+    _worker_command,
+    run,
+    verify,
+)
 from ..servers import RedisServer
+from ..upgrade import analyse
 
 pytestmark = pytest.mark.real_only
 
@@ -132,3 +148,93 @@ async def test_the_checker_reports_overlaps_of_a_broken_lock(server: RedisServer
     assert report.verdict.overlaps, summary
     assert "VIOLATIONS FOUND" in summary
     assert f"overlaps found: {len(report.verdict.overlaps)}" in summary
+
+
+# --------------------------------------------------------------------------- mixed versions
+def test_old_workers_run_with_their_interpreter_in_their_tree(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An old worker finds the old tree's checker and aiolock first (its working directory,
+    nothing of this tree on its path); the new ones serve layout-1 waiters unless told not
+    to."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.delenv(SERVE_LAYOUT1, raising=False)
+    config = CheckerConfig(
+        processes=3, old_processes=1, old_python="/old/venv/bin/python", old_tree="/old/src"
+    )
+    assert config.sides == ["old", "new", "new"]
+    python, cwd, env = _worker_command(config, 0)
+    assert (python, cwd) == ("/old/venv/bin/python", Path("/old/src"))
+    assert "PYTHONPATH" not in env and SERVE_LAYOUT1 not in env
+    python, cwd, env = _worker_command(config, 1)
+    assert (python, cwd, env[SERVE_LAYOUT1]) == (sys.executable, ROOT, "1")
+    monkeypatch.setenv(SERVE_LAYOUT1, "1")
+    without = dataclasses.replace(config, serve_layout1_waiters=False)
+    assert SERVE_LAYOUT1 not in _worker_command(without, 2)[2]
+
+
+def test_old_workers_need_an_interpreter_and_a_tree() -> None:
+    with pytest.raises(ValueError, match="old_python and old_tree"):
+        CheckerConfig(processes=2, old_processes=1)
+    with pytest.raises(ValueError, match="old_processes"):
+        CheckerConfig(processes=2, old_processes=3, old_python="python", old_tree=".")
+
+
+async def test_a_mixed_run_labels_every_section_with_its_side(server: RedisServer) -> None:
+    """This tree standing in for the old one: the plumbing, not the versions."""
+    config = CheckerConfig(
+        processes=2,
+        task_mix=(1, 2),
+        names=1,
+        duration=2.0,
+        hold=0.01,
+        old_processes=1,
+        old_python=sys.executable,
+        old_tree=str(ROOT),
+    )
+    report = await run(config, server=server)
+    summary = report.summary()
+    assert report.ok, summary
+    assert {s.side for s in report.sections} == {"old", "new"}, summary
+    for side in ("old", "new"):
+        written = sum(s.side == side for s in report.sections)
+        assert report.side_counters(side)["sections"] == written, summary
+    assert {s.worker.split("/")[1] for s in report.sections if s.side == "new"} == {"0", "1"}
+    assert "versions: 1 old processes" in summary
+
+
+def test_the_upgrade_check_counts_hand_offs_and_waits_from_the_history() -> None:
+    sections = [
+        Section("n", 1, 1.0, 2.0, False, "old:1/0"),
+        Section("n", 2, 2.5, 3.0, False, "new:2/0"),
+        Section("n", 3, 3.0, 4.0, False, "new:2/0"),
+        Section("n", 4, 4.1, 5.0, False, "old:1/0"),
+    ]
+    config = CheckerConfig(
+        processes=2, tasks=1, duration=6.0, old_processes=1, old_python="p", old_tree="t"
+    )
+    report = Report(
+        config=config,
+        verdict=Verdict(),
+        elapsed=6.0,
+        faults_injected=[],
+        held_at_end=[],
+        leaked=[],
+        counters=Counter(),
+        worker_failures=[],
+        sections=sections,
+        worker_counters=[Counter(sections=2), Counter(sections=2)],
+        worker_stderr=["", ""],
+        started=0.0,
+        ended=6.0,
+    )
+    analysis = analyse(report)
+    assert analysis.handoffs == {
+        ("old", "new"): [0.5],
+        ("new", "new"): [0.0],
+        ("new", "old"): [pytest.approx(0.1)],
+    }
+    old, new = analysis.sides["old"], analysis.sides["new"]
+    assert old.waits == [1.0, pytest.approx(2.1), 1.0]  # start, between, until the end
+    assert new.waits == [2.5, 0.0, 2.0]
+    assert (old.sections, new.sections, old.tasks_seen, old.tasks) == (2, 2, 1, 1)
