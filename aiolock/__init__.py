@@ -26,6 +26,8 @@ from ._once import DoneMarker as DoneMarker
 from ._once import OnceResult as OnceResult
 from ._once import OnceStatus as OnceStatus
 from ._once import run_once as run_once
+from ._semaphore import Semaphore as Semaphore
+from ._semaphore import SemaphoreInfo as SemaphoreInfo
 from ._shutdown import ReleaseReport as ReleaseReport
 from ._shutdown import release_all as release_all
 from ._shutdown import release_on_signals as release_on_signals
@@ -57,6 +59,8 @@ __all__ = (
     "OnceResult",
     "OnceStatus",
     "ReleaseReport",
+    "Semaphore",
+    "SemaphoreInfo",
     "__version__",
     "add_listener",
     "hold_stats",

@@ -20,6 +20,7 @@ __all__ = (
     "MAX_SECONDS",
     "MIN_TTL",
     "LockConfig",
+    "check_limit",
     "check_name",
     "check_prefix",
     "check_timeout",
@@ -99,6 +100,23 @@ def check_token(token: object) -> str:
             value=token,
         )
     return token
+
+
+MAX_LIMIT = 10_000
+"""Largest accepted semaphore limit: each acquire reads every permit held."""
+
+
+def check_limit(value: object, *, argument: str = "limit") -> int:
+    """A semaphore's limit: an int from 1 to MAX_LIMIT."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{argument} must be an int, got {type(value).__name__}")
+    if not 1 <= value <= MAX_LIMIT:
+        raise ConfigError(
+            f"{argument} must be an int from 1 to {MAX_LIMIT}, got {value!r}",
+            argument=argument,
+            value=value,
+        )
+    return value
 
 
 def check_name(name: object) -> str:

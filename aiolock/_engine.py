@@ -31,7 +31,7 @@ import contextlib
 import secrets
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ClassVar, Final, final
@@ -92,6 +92,7 @@ class Released:
     granted: str  # the fencing token it was granted under, or ''
     seq: str  # the registration it was granted to, or ''
     expiry_ms: int  # the grant's expiry, or 0
+    slot: str = ""  # the slot of a permit granted, or ''
 
 
 @final
@@ -116,6 +117,8 @@ class _Attempt:
     pttl_ms: int
     busy: Sequence[Any] = ()
     """An answer "held": {0, pttl, fencing token, holder, acquired ms, ttl ms, typical}."""
+    free: int = 0
+    """Leases still free after this one was acquired (a semaphore's permits)."""
 
 
 def _busy_hint(name: str, busy: Sequence[Any]) -> tuple[LockInfo | None, float | None]:
@@ -147,13 +150,17 @@ class Primitive:
 
     Subclasses set `_client`, `_name`, `_config`, `_key` (the key a lease's token lives in,
     which its renewals extend) and `_channel` (where releases are announced), and supply
-    `_acquire_call`, `_release_call` and `_renew_call`.
+    `_acquire_call`, `_release_call`, `_renew_call` and `_resume_call`.
     """
 
     __slots__ = ("_channel", "_client", "_config", "_held", "_key", "_name")
 
     _what: ClassVar[str] = "lock"
     """What the primitive is called in messages."""
+    _renew_kind: ClassVar[str] = ""
+    """How `_key` holds a lease, for the batched renewal (see RENEW in `_scripts`)."""
+    _exclusive: ClassVar[bool] = True
+    """One holder at a time: a task that holds it and waits for it again waits forever."""
 
     _client: redis.asyncio.Redis
     _name: str
@@ -250,7 +257,7 @@ class Primitive:
         if token is not None:
             token = check_token(token)
         runtime = runtime_for(self._client)
-        if wait != 0 and runtime.guarded_by(self._key, asyncio.current_task()):
+        if wait != 0 and self._exclusive and runtime.guarded_by(self._key, asyncio.current_task()):
             raise RuntimeError(
                 f"{self._what} {self._name!r} is already held by this task, in an 'async with' "
                 f"block: waiting for it here would wait forever (it is not reentrant)"
@@ -280,6 +287,7 @@ class Primitive:
         waiter = notifier.join(self._channel)
         queue = waiter.queue
         acquired = False
+        more = False  # leases may still be free for the next waiter here (a semaphore)
         try:
             await notifier.ready(waiter, timeout=time_left())
             must_try = waiter.is_head
@@ -289,8 +297,9 @@ class Primitive:
                     # A lease under the caller's own token claims the grant by an acquire.
                     lease = None if token is not None else self._lease_from_grant(runtime, grant)
                     if lease is not None:
-                        queue.took()
-                        acquired = True
+                        queue.took(requeued=not self._exclusive)
+                        # A grant takes the queue out of Redis: a next waiter puts it back.
+                        acquired, more = True, not self._exclusive
                         try:
                             await self._renew_granted(runtime, lease)
                         except asyncio.CancelledError:
@@ -317,7 +326,7 @@ class Primitive:
                         token=token,
                     )
                     if attempt.lease is not None:
-                        acquired = True
+                        acquired, more = True, attempt.free > 0
                         return self._granted(attempt.lease, loop.time() - started, attempts)
                     pttl_ms, busy = attempt.pttl_ms, attempt.busy or busy
                 remaining = time_left()
@@ -336,15 +345,18 @@ class Primitive:
                 if timed_out and waiter.is_head:
                     must_try = True
         finally:
-            leaving = notifier.leave(waiter, acquired=acquired)
+            leaving = notifier.leave(waiter, acquired=acquired, more=more)
             if leaving is not None:
                 # The last waiter of this process left: take its queue out of Redis, and
-                # hand on a lock reserved or granted to it meanwhile.
+                # hand on a lock reserved or granted to it meanwhile (after an acquire, in
+                # the background: the caller has its lease).
                 budget = _cleanup_budget(time_left())
-                with contextlib.suppress(BackendError, TimeoutError):
-                    await run_shielded(
-                        self._withdraw(runtime, leaving, timeout=budget), timeout=budget + 0.1
-                    )
+                withdrawal = self._withdraw(runtime, leaving, timeout=budget)
+                if acquired:
+                    runtime.spawn(self._quietly(withdrawal))
+                else:
+                    with contextlib.suppress(BackendError, TimeoutError):
+                        await run_shielded(withdrawal, timeout=budget + 0.1)
 
     async def try_acquire(self) -> Lease | None:
         """Try once, without waiting: the `Lease`, or None if someone else holds it.
@@ -412,7 +424,10 @@ class Primitive:
             )
         interval = config.renew_interval
         first_due = None if interval is None else sent_at + interval
-        lease = self._new_lease(runtime, token, int(reply[1]), sent_at, first_due=first_due)
+        slot = int(reply[2]) if len(reply) > 2 else None
+        lease = self._new_lease(
+            runtime, token, int(reply[1]), sent_at, first_due=first_due, slot=slot
+        )
         return self._granted(lease, 0.0, 1)
 
     async def release_token(self, token: str) -> bool:
@@ -496,7 +511,7 @@ class Primitive:
                 queue.attempting = False
         status, value = int(reply[0]), int(reply[1])
         if queue is not None and registration is not None and status != -1:
-            queue.settle(registration, acquired=status == 1, in_redis=status == 0 or behind > 0)
+            queue.settle(registration, in_redis=status == 0 or behind > 0)
         if status == -1 and chosen:
             raise LeaseLostError(
                 f"{self._what} {self._name!r}: the token given was used for a lease that has "
@@ -512,7 +527,9 @@ class Primitive:
             return _Attempt(None, -1)
         interval = config.renew_interval
         first_due = None if interval is None else sent_at + interval
-        return _Attempt(self._new_lease(runtime, token, value, sent_at, first_due=first_due), 0)
+        slot = int(reply[2]) if len(reply) > 2 else None
+        lease = self._new_lease(runtime, token, value, sent_at, first_due=first_due, slot=slot)
+        return _Attempt(lease, 0, free=int(reply[3]) if len(reply) > 3 else 0)
 
     # ----------------------------------------------------------------- leases
     def _new_lease(
@@ -524,6 +541,7 @@ class Primitive:
         *,
         first_due: float | None,
         deadline: float | None = None,
+        slot: int | None = None,
     ) -> Lease:
         """A lease under `token`, renewed from `first_due` on (None: not renewed)."""
         config = self._config
@@ -531,6 +549,7 @@ class Primitive:
             issuer=self,
             token=token,
             fencing_token=fencing_token,
+            slot=slot,
             ttl=config.ttl,
             margin=config.margin,
             sent_at=sent_at,
@@ -583,6 +602,7 @@ class Primitive:
             sent_at,
             first_due=sent_at + min(config.renew_interval, validity / 3),
             deadline=grant.valid_until(validity, safety_margin(validity)),
+            slot=grant.slot,
         )
 
     async def _renew_granted(self, runtime: Runtime, lease: Lease) -> None:
@@ -660,6 +680,7 @@ class Primitive:
                 fencing_token=fencing_token,
             ),
             token=token,
+            kind=self._renew_kind,
             ttl_ms=config.ttl_ms,
             interval=config.renew_interval,
             due=due,
@@ -679,6 +700,12 @@ class Primitive:
                 timeout=timeout + 0.1,
             )
 
+    @staticmethod
+    async def _quietly(call: Coroutine[Any, Any, None]) -> None:
+        """Run a cleanup in the background; its errors are dropped (it bounds itself)."""
+        with contextlib.suppress(BackendError, TimeoutError):
+            await call
+
     async def _withdraw(self, runtime: Runtime, queue: WaitQueue, *, timeout: float) -> None:
         """Take this process's wait queue out of Redis; pass on a reservation or grant made
         for it."""
@@ -691,6 +718,7 @@ class Primitive:
             granted=reply.granted,
             seq=reply.seq,
             expiry_ms=reply.expiry_ms,
+            slot=reply.slot,
         )
 
     async def _release_token(
@@ -719,8 +747,13 @@ class Primitive:
         queue = None if abort else notifier.queue_for(channel)
         joining: tuple[WaitQueue, Registration] | None = None  # the queue this call puts in line
         join = None
+        claims: list[str] = []
         sent_at = runtime.loop.time()
         if queue is not None and queue.waiters and not (queue.attempting or queue.joining):
+            if not self._exclusive:
+                # Leases granted to the queue's earlier registrations (heard of or not) are
+                # given back by this call: the queue forgets those registrations.
+                claims = queue.claim_tokens()
             registration = queue.register(self._grant_ms, sent_at)
             entry = self._entry(registration, task_name(queue.waiters[0].task))
             join = (queue.wid, entry, len(queue.waiters))
@@ -735,6 +768,7 @@ class Primitive:
                 abort=abort,
                 look_at_queue=config.serve_layout1,
                 join=join,
+                claims=claims,
             )
             reply = await self._run_release(
                 runtime, call, timeout=timeout, background=background, fresh=fresh
@@ -749,7 +783,7 @@ class Primitive:
             queue, registration = joining
             queue.joining = False
             if status == 1:
-                queue.settle(registration, acquired=False, in_redis=True)
+                queue.settle(registration, in_redis=True)
             elif status == 0:
                 queue.forget(registration)  # nothing was released, nor put in line
             # 2: an earlier attempt of this call released (and may have granted to this
@@ -772,6 +806,7 @@ class Primitive:
                     seq=reply.seq,
                     sent_at=sent_at,
                     expiry_ms=reply.expiry_ms,
+                    slot=reply.slot,
                 )
             else:  # released earlier (the answer was lost) or not ours: it may be free
                 notifier.local_release(channel, str(fencing_token), "")
@@ -798,8 +833,9 @@ class Primitive:
             background=background,
             fresh=fresh,
         )
+        slot = text(reply[5]) if len(reply) > 5 else ""
         return Released(
-            int(reply[0]), text(reply[1]), text(reply[2]), text(reply[3]), int(reply[4])
+            int(reply[0]), text(reply[1]), text(reply[2]), text(reply[3]), int(reply[4]), slot
         )
 
     def _granted(self, lease: Lease, waited: float, attempts: int) -> Lease:

@@ -44,6 +44,8 @@ class LockInfo:
     """The lease's ttl, seconds."""
     expires_in: float
     """Seconds until the key expires unless renewed."""
+    slot: int | None = None
+    """A semaphore permit's slot (None for a lock's holder)."""
 
     @classmethod
     def from_fields(cls, name: str, fields: Mapping[str, str], pttl_ms: int) -> LockInfo | None:
@@ -66,7 +68,15 @@ class LockInfo:
 
     @classmethod
     def of(
-        cls, name: str, *, fence: str, holder: str, acquired_ms: str, ttl_ms: str, pttl_ms: int
+        cls,
+        name: str,
+        *,
+        fence: str,
+        holder: str,
+        acquired_ms: str,
+        ttl_ms: str,
+        pttl_ms: int,
+        slot: int | None = None,
     ) -> LockInfo:
         """A holder from the state's fields: `holder` is "<host> <pid> <task>"."""
         host, _, rest = holder.partition(" ")
@@ -80,7 +90,34 @@ class LockInfo:
             acquired_at=_number(acquired_ms) / 1000,
             ttl=_number(ttl_ms) / 1000,
             expires_in=max(pttl_ms, 0) / 1000,
+            slot=slot,
         )
+
+    @classmethod
+    def permits(cls, name: str, fields: Mapping[str, str], now_ms: int) -> tuple[LockInfo, ...]:
+        """The live permits among a semaphore state's `fields` ("p:<token>" = "<slot>
+        <expires at, ms> <fencing token> <acquired at, ms> <ttl ms> <host> <pid> <task>"),
+        by slot; `now_ms` is the server's clock."""
+        found = []
+        for field, value in fields.items():
+            if not field.startswith("p:"):
+                continue
+            parts = value.split(" ", 5)
+            if len(parts) < 6 or not parts[0].isdigit() or _number(parts[1]) <= now_ms:
+                continue
+            slot, expires, fence, acquired, ttl, holder = parts
+            found.append(
+                cls.of(
+                    name,
+                    fence=fence,
+                    holder=holder,
+                    acquired_ms=acquired,
+                    ttl_ms=ttl,
+                    pttl_ms=_number(expires) - now_ms,
+                    slot=int(slot),
+                )
+            )
+        return tuple(sorted(found, key=lambda info: info.slot or 0))
 
 
 def _number(value: str) -> int:

@@ -175,6 +175,11 @@ class LockState:
     holder: LockInfo | None
     age: float | None
     """Seconds since the holder acquired the lock (server clock)."""
+    kind: Literal["lock", "semaphore"] = "lock"
+    holders: tuple[LockInfo, ...] = ()
+    """Every holder: a lock's one holder, a semaphore's permits by slot."""
+    limit: int | None = None
+    """A semaphore's limit in force (None: none stored, or a lock)."""
     reservation: Reservation | None
     last_fencing_token: int | None
     """The last fencing token issued (None: no state kept, see the retention)."""
@@ -188,7 +193,7 @@ class LockState:
 
     @property
     def state(self) -> Literal["held", "reserved", "free"]:
-        if self.holder is not None:
+        if self.holder is not None or self.holders:
             return "held"
         return "reserved" if self.reservation is not None else "free"
 
@@ -274,9 +279,10 @@ async def _scan(
 
 
 async def read_locks(
-    client: AsyncRedis, names: Sequence[str], *, prefix: str = "aiolock"
+    client: AsyncRedis, names: Sequence[str], *, prefix: str = "aiolock", kind: str = ""
 ) -> list[LockState]:
-    """A snapshot of each named lock (one MULTI/EXEC round trip per 200 locks), in order.
+    """A snapshot of each named lock (one MULTI/EXEC round trip per 200 locks), in order;
+    of semaphores with `kind="sem:"`.
 
     Raises:
         BackendError: Redis could not be reached or refused the command.
@@ -286,7 +292,7 @@ async def read_locks(
     names = [check_name(name) for name in names]
     states: list[LockState] = []
     for start in range(0, len(names), _BATCH):
-        states.extend(await _read_batch(client, names[start : start + _BATCH], prefix))
+        states.extend(await _read_batch(client, names[start : start + _BATCH], prefix, kind))
     return states
 
 
@@ -294,13 +300,15 @@ _PER_LOCK: Final = 5
 """Commands per lock in a snapshot."""
 
 
-async def _read_batch(client: AsyncRedis, names: Sequence[str], prefix: str) -> list[LockState]:
+async def _read_batch(
+    client: AsyncRedis, names: Sequence[str], prefix: str, kind: str
+) -> list[LockState]:
     with translate_errors("inspect", names[0] if len(names) == 1 else None, READ_TIMEOUT):
         async with asyncio.timeout(READ_TIMEOUT):
             async with client.pipeline(transaction=True) as pipe:
                 pipe.time()
                 for name in names:
-                    keys = LockKeys.build(prefix, name)
+                    keys = LockKeys.build(prefix, name, kind)
                     pipe.pttl(keys.lock)
                     pipe.hgetall(keys.lock)
                     pipe.zrange(keys.queue, 0, -1)
@@ -310,16 +318,19 @@ async def _read_batch(client: AsyncRedis, names: Sequence[str], prefix: str) -> 
     seconds, micros = replies[0]
     now_ms = int(seconds) * 1000 + int(micros) // 1000
     return [
-        _parse(name, now_ms, replies[1 + i * _PER_LOCK : 1 + (i + 1) * _PER_LOCK])
+        _parse(name, now_ms, replies[1 + i * _PER_LOCK : 1 + (i + 1) * _PER_LOCK], kind)
         for i, name in enumerate(names)
     ]
 
 
-def _parse(name: str, now_ms: int, replies: Sequence[Any]) -> LockState:
+def _parse(name: str, now_ms: int, replies: Sequence[Any], kind: str = "") -> LockState:
     pttl_raw, holder_raw, queue_raw, waiters_raw, holds_raw = replies
     pttl = int(pttl_raw)
     holder_fields = {text(k): text(v) for k, v in dict(holder_raw).items()}
-    holder = LockInfo.from_fields(name, holder_fields, pttl)
+    holder = LockInfo.from_fields(name, holder_fields, pttl) if not kind else None
+    holders = LockInfo.permits(name, holder_fields, now_ms) if kind == "sem:" else ()
+    if holder is not None:
+        holders = (holder,)
     reservation: Reservation | None = None
     age: float | None = None
     if holder is not None:
@@ -340,6 +351,9 @@ def _parse(name: str, now_ms: int, replies: Sequence[Any]) -> LockState:
         name=name,
         holder=holder,
         age=age,
+        kind="semaphore" if kind == "sem:" else "lock",
+        holders=holders,
+        limit=_int(holder_fields["limit"]) if "limit" in holder_fields and pttl != -2 else None,
         reservation=reservation,
         last_fencing_token=_int(holder_fields["fence"]) if "fence" in holder_fields else None,
         typical_hold=_int(holder_fields["h"]) / 1000 if holder_fields.get("h") else None,

@@ -132,9 +132,10 @@ class LockKeys:
 
     @classmethod
     @functools.lru_cache(maxsize=1024)
-    def build(cls, prefix: str, name: str) -> LockKeys:
-        """The names of lock `name` under `prefix` (remembered for recently used names)."""
-        base = f"{prefix}:{{{name}}}"
+    def build(cls, prefix: str, name: str, kind: str = "") -> LockKeys:
+        """The names of lock `name` under `prefix` (remembered for recently used names);
+        `kind` is "sem:" for a semaphore's, "rw:" for a read-write lock's."""
+        base = f"{prefix}:{kind}{{{name}}}"
         return cls(
             lock=base,
             queue=f"{base}:queue",

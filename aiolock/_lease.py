@@ -112,10 +112,12 @@ def _settled(ref: weakref.ref[Lease]) -> None:
 
 @final
 class Lease:
-    """One acquisition of a lock: held until released, or lost.
+    """One acquisition of a lock (or one permit of a semaphore, one side of a read-write
+    lock): held until released, or lost.
 
-    Obtained from `Lock.acquire()`, `Lock.try_acquire()` or `async with lock as lease`; not
-    created directly. While held, the lock's watchdog renews it in the background.
+    Obtained from `Lock.acquire()`, `Lock.try_acquire()` or `async with lock as lease` (and
+    the same on every primitive); not created directly. While held, the watchdog renews it
+    in the background.
 
     Use it as an async context manager (`async with lock as lease:` does this for you) to
     have the body cancelled when the lease is lost; outside one, check `lost`, `remaining()`
@@ -128,7 +130,12 @@ class Lease:
         fencing_token: a number strictly greater than that of every earlier lease of this
             name, across processes and across a Redis restart that lost all data (as long as
             the server's clock does not step back). Storage that remembers the highest token
-            it has seen can reject writes from a holder whose lease was lost.
+            it has seen can reject writes from a holder whose lease was lost. A semaphore's
+            permits, held side by side, draw from one sequence per semaphore: remember the
+            highest per `slot` instead.
+        slot: a semaphore permit's slot, from 0 to the limit minus 1: no two permits held
+            at once share one, and a permit that was lost has its slot (and its place in
+            the fencing order of that slot) taken by the next. None for other leases.
     """
 
     __slots__ = (
@@ -156,6 +163,7 @@ class Lease:
         "_ttl",
         "fencing_token",
         "name",
+        "slot",
         "token",
     )
 
@@ -171,11 +179,13 @@ class Lease:
         scheduler: RenewalScheduler | None,
         make_entry: Callable[[weakref.ref[Lease]], RenewalEntry] | None,
         deadline: float | None = None,
+        slot: int | None = None,
     ) -> None:
         self._issuer = issuer
         self.name = issuer.name
         self.token = token
         self.fencing_token = fencing_token
+        self.slot = slot
         self._ttl = ttl
         self._margin = margin
         self._loop = asyncio.get_running_loop()
@@ -263,8 +273,8 @@ class Lease:
         elif self._loss_reason is not None:
             state += f" ({self._loss_reason.value})"
         return (
-            f"<Lease {self.name!r} fencing_token={self.fencing_token} "
-            f"token={self.token[:6]}… {state}>"
+            f"<Lease {self.name!r} fencing_token={self.fencing_token}"
+            f"{'' if self.slot is None else f' slot={self.slot}'} token={self.token[:6]}… {state}>"
         )
 
     async def wait_lost(self) -> LeaseLostError | None:

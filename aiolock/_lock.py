@@ -140,7 +140,7 @@ class Lock(Primitive):
         return RELEASE, self._keys.scripts, args
 
     def _renew_call(self, token: str, ttl_ms: int) -> Call:
-        return RENEW, self._keys.state, [token, ttl_ms]
+        return RENEW, self._keys.state, [token, ttl_ms, ""]
 
     def _resume_call(self, token: str, ttl_ms: int) -> Call:
         return RESUME, self._keys.state, [token, ttl_ms]

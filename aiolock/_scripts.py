@@ -59,7 +59,7 @@ def kept(token: str) -> str:
 # scripts read the server clock (TIME) before they write: Redis 6.2 configured with
 # `lua-replicate-commands no` refuses that unless the script asks for its effects to be
 # replicated (always the case, and the call a no-op, from Redis 7 on; fakeredis lacks it).
-_CONSTANTS = (
+CONSTANTS = (
     "if redis.replicate_commands then redis.replicate_commands() end\n"
     f"local GRACE, RESERVATION = {GRACE_MS}, {RESERVATION_MS}\n"
     f"local ABORTS_KEPT, ABORT_RETAIN, KEPT = {ABORTS_KEPT}, {ABORT_RETAIN_MS}, {KEPT_PREFIX}\n"
@@ -68,7 +68,7 @@ _CONSTANTS = (
 # Shared by ACQUIRE and RELEASE. KEYS[1] the state hash, KEYS[2] the waiter queue (zset),
 # KEYS[3] the waiter entries (hash). Numbers are handed to redis.call as Lua numbers, which
 # Redis writes as their exact decimal digits (below 1e17); Lua's `..` would round them.
-_COMMON = """
+COMMON = """
 local now_us, now_ms
 -- Read the server clock (once, and only on the paths that need it).
 local function clock()
@@ -119,6 +119,31 @@ local function enqueue(wid, until_ms, count, tail)
 end
 """
 
+# Shared by the release scripts: KEYS[1] is the state hash.
+FORBID = """
+-- Remember that an acquire with `token` must never be granted (its caller aborted it): one
+-- numbered field per token; each time ABORTS_KEPT more have come, only the newest
+-- ABORTS_KEPT are kept. The state then lives ABORT_RETAIN ms, unless it is held.
+local function forbid(token, held_now)
+  local field = 'a:' .. token
+  if redis.call('HEXISTS', KEYS[1], field) == 0 then
+    local count = redis.call('HINCRBY', KEYS[1], 'ac', 1)
+    redis.call('HSET', KEYS[1], field, count)
+    if count % ABORTS_KEPT == 0 and count > ABORTS_KEPT then
+      local fields = redis.call('HGETALL', KEYS[1])
+      for i = 1, #fields, 2 do
+        if string.sub(fields[i], 1, 2) == 'a:' and tonumber(fields[i + 1]) <= count - ABORTS_KEPT then
+          redis.call('HDEL', KEYS[1], fields[i])
+        end
+      end
+    end
+  end
+  if not held_now and redis.call('PTTL', KEYS[1]) < ABORT_RETAIN then
+    redis.call('PEXPIRE', KEYS[1], ABORT_RETAIN)
+  end
+end
+"""
+
 ACQUIRE = Script(
     "acquire",
     """
@@ -139,7 +164,7 @@ ACQUIRE = Script(
 --         {-1, 0}: this token was aborted by its owner, or already used: it must never be
 --           granted (a late copy of an acquire whose caller gave up on it).
 """
-    + _CONSTANTS
+    + CONSTANTS
     + """
 local s = redis.call('HMGET', KEYS[1], 'token', 'reserved', 'fence', 'k', 'r', 'a:' .. ARGV[1])
 local current, reserved = s[1], s[2]
@@ -168,7 +193,7 @@ if not current and not reserved and wid == '' then
   return {1, fence}
 end
 """
-    + _COMMON
+    + COMMON
     + """
 local claimed = current and listed(current, 7)
 if not claimed and (current or (reserved and reserved ~= wid)) then
@@ -256,7 +281,7 @@ RELEASE = Script(
 -- KEYS[1]:released as "<released fencing token> <queue id>[ <granted fencing token>
 -- <granted seq>]".
 """
-    + _CONSTANTS
+    + CONSTANTS
     + """
 local mode, retain, held = ARGV[2] or '', ARGV[3] or '', ARGV[4] or ''
 local own = ARGV[6] or ''
@@ -272,7 +297,8 @@ if ARGV[1] ~= '' and s[1] == ARGV[1] and mode == '' and held == '' and own == ''
 end
 local mine = string.sub(ARGV[1], 1, KEPT)
 """
-    + _COMMON
+    + COMMON
+    + FORBID
     + """
 -- Remove the holder's fields (and those of a holder written by layout 1).
 local function unhold(...)
@@ -281,28 +307,6 @@ local function unhold(...)
       'acquired_ms', 'ttl_ms', ...)
   else
     redis.call('HDEL', KEYS[1], 'token', 'm', 'a', 't', ...)
-  end
-end
-
--- Remember that an acquire with `token` must never be granted (its caller aborted it): one
--- numbered field per token; each time ABORTS_KEPT more have come, only the newest
--- ABORTS_KEPT are kept. The state then lives ABORT_RETAIN ms, unless it is held.
-local function forbid(token, held_now)
-  local field = 'a:' .. token
-  if redis.call('HEXISTS', KEYS[1], field) == 0 then
-    local count = redis.call('HINCRBY', KEYS[1], 'ac', 1)
-    redis.call('HSET', KEYS[1], field, count)
-    if count % ABORTS_KEPT == 0 and count > ABORTS_KEPT then
-      local fields = redis.call('HGETALL', KEYS[1])
-      for i = 1, #fields, 2 do
-        if string.sub(fields[i], 1, 2) == 'a:' and tonumber(fields[i + 1]) <= count - ABORTS_KEPT then
-          redis.call('HDEL', KEYS[1], fields[i])
-        end
-      end
-    end
-  end
-  if not held_now and redis.call('PTTL', KEYS[1]) < ABORT_RETAIN then
-    redis.call('PEXPIRE', KEYS[1], ABORT_RETAIN)
   end
 end
 
@@ -484,16 +488,41 @@ def release_args(
 RENEW = Script(
     "renew",
     """
--- KEYS[1..N] holder hashes (one slot per call on Cluster)
--- ARGV[2i-1] token of KEYS[i], ARGV[2i] its ttl (ms)
+-- KEYS[1..N] the keys holding the leases (one slot per call on Cluster)
+-- ARGV[3i-2] token of the lease in KEYS[i], ARGV[3i-1] its ttl (ms), ARGV[3i] its kind:
+-- '' for a state hash holding it under `token` (a lock); 'p' for a hash holding it in the
+-- field 'p:<token>', "<slot> <expires at, ms> <rest>" (a semaphore's permit), the key
+-- living at least as long as each such lease
 -- Returns {r1..rN}: 1 = expiry reset to the ttl, 0 = not the owner (nothing changed).
+if redis.replicate_commands then redis.replicate_commands() end
 local out = {}
+local now_ms
 for i = 1, #KEYS do
-  if redis.call('HGET', KEYS[i], 'token') == ARGV[2 * i - 1] then
-    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
-    out[i] = 1
+  local token, ttl, kind = ARGV[3 * i - 2], tonumber(ARGV[3 * i - 1]), ARGV[3 * i]
+  out[i] = 0
+  if kind == '' then
+    if redis.call('HGET', KEYS[i], 'token') == token then
+      redis.call('PEXPIRE', KEYS[i], ttl)
+      out[i] = 1
+    end
   else
-    out[i] = 0
+    local field = 'p:' .. token
+    local lease = redis.call('HGET', KEYS[i], field)
+    if not now_ms and lease then
+      local t = redis.call('TIME')
+      now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    end
+    local slot, expires, rest
+    if lease then
+      slot, expires, rest = string.match(lease, '^(%d+) (%d+) (.*)$')
+    end
+    if expires and tonumber(expires) > now_ms then
+      redis.call('HSET', KEYS[i], field, string.format('%s %.0f %s', slot, now_ms + ttl, rest))
+      if redis.call('PTTL', KEYS[i]) < ttl then
+        redis.call('PEXPIRE', KEYS[i], ttl)
+      end
+      out[i] = 1
+    end
   end
 end
 return out
@@ -503,15 +532,35 @@ return out
 RESUME = Script(
     "resume",
     """
--- KEYS[1] state hash
--- ARGV[1] token, ARGV[2] ttl (ms)
--- Returns {1, fencing token}: the lock is held under this token; its expiry is reset to
---         the ttl; {0}: it is not.
-if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, tonumber(redis.call('HGET', KEYS[1], 'fence'))}
+-- KEYS[1] the key holding the lease
+-- ARGV[1] token, ARGV[2] ttl (ms), ARGV[3] its kind, as for RENEW ('' if left out)
+-- Returns {1, fencing token[, slot]}: a lease is held under this token (its slot, for a
+--         semaphore's permit); its expiry is reset to the ttl; {0}: it is not.
+if (ARGV[3] or '') == '' then
+  if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {1, tonumber(redis.call('HGET', KEYS[1], 'fence'))}
+  end
+  return {0}
 end
-return {0}
+if redis.replicate_commands then redis.replicate_commands() end
+local field = 'p:' .. ARGV[1]
+local lease = redis.call('HGET', KEYS[1], field)
+if not lease then
+  return {0}
+end
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local slot, expires, fence, rest = string.match(lease, '^(%d+) (%d+) (%d+) (.*)$')
+if tonumber(expires) <= now_ms then
+  return {0}
+end
+local ttl = tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], field, string.format('%s %.0f %s %s', slot, now_ms + ttl, fence, rest))
+if redis.call('PTTL', KEYS[1]) < ttl then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
+return {1, tonumber(fence), tonumber(slot)}
 """,
 )
 

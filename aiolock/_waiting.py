@@ -101,6 +101,7 @@ class Grant:
     fencing_token: int
     sent_at: float  # latest local time known to precede the grant
     expiry_ms: int  # the expiry the grant set on the key
+    slot: int | None = None  # the slot of a semaphore's permit
 
     def valid_until(self, validity: float, margin: float) -> float:
         return self.sent_at + validity - margin
@@ -179,6 +180,7 @@ class WaitQueue:
         "refusal",
         "registrations",
         "requested",
+        "requeued",
         "subscribed",
         "waiters",
         "wid",
@@ -193,6 +195,8 @@ class WaitQueue:
         )
         self._seq = itertools.count(1)
         self.grant: Grant | None = None  # heard of, not yet taken by the head
+        # Put back in line by the grant the head took, under no registration (a semaphore's).
+        self.requeued = False
         # At most one command carrying a registration is in flight, so that Redis applies
         # them in the order they were made: the head's acquire, or a local release that
         # puts the queue in line.
@@ -208,8 +212,9 @@ class WaitQueue:
     @property
     def registered(self) -> bool:
         """Whether the queue may have an entry in Redis: every command that writes one
-        carries a registration, and each is kept until it is known not to be there."""
-        return bool(self.registrations)
+        carries a registration, and each is kept until it is known not to be there; a
+        grant that put the queue back in line leaves one with none."""
+        return bool(self.registrations) or self.requeued
 
     def wake_head(self) -> None:
         if self.waiters:
@@ -221,19 +226,20 @@ class WaitQueue:
         self.registrations.append(registration)
         return registration
 
-    def settle(self, registration: Registration, *, acquired: bool, in_redis: bool) -> None:
+    def settle(self, registration: Registration, *, in_redis: bool) -> None:
         """A command carrying `registration` (the newest) was answered, and applied.
 
-        Older registrations are dead: the entry in Redis now holds the new one, and an
-        acquire claims any grant to them. The new one is in Redis only if `in_redis`; a
-        grant to it may already have been heard of, unless the command acquired (no grant
-        can come before this process releases).
+        Older registrations are dead: the entry in Redis now holds the new one, and the
+        command claimed or gave back any grant to them. The new one is in Redis only if
+        `in_redis`; a grant to it may already have been heard of (a semaphore's acquire may
+        grant the permits left to its own queue's new entry).
         """
         self.registrations.clear()
+        self.requeued = False
         if in_redis:
             self.registrations.append(registration)
         grant = self.grant
-        if grant is not None and (acquired or grant.registration.seq < registration.seq):
+        if grant is not None and grant.registration.seq < registration.seq:
             self.grant = None
 
     def forget(self, registration: Registration) -> None:
@@ -258,9 +264,11 @@ class WaitQueue:
             return None
         return grant if grant.registration is self.registrations[-1] else None
 
-    def took(self) -> None:
-        """The head took the grant from `pop_grant` as its lease."""
-        self.registrations.clear()  # a grant takes the entry out of the queue in Redis
+    def took(self, *, requeued: bool = False) -> None:
+        """The head took the grant from `pop_grant` as its lease. The grant took the entry
+        out of the queue in Redis, or, if `requeued`, put it at the back."""
+        self.registrations.clear()
+        self.requeued = requeued
 
     def released(
         self,
@@ -271,6 +279,7 @@ class WaitQueue:
         seq: str = "",
         sent_at: float = 0.0,
         expiry_ms: int = 0,
+        slot: str = "",
     ) -> None:
         """A release was seen, from this process's own release or from the channel.
 
@@ -294,7 +303,11 @@ class WaitQueue:
                 if str(registration.seq) == seq:
                     expiry = expiry_ms or min(registration.grant_ms, RESERVATION_MS)
                     self.grant = Grant(
-                        registration, int(granted), max(sent_at, registration.sent_at), expiry
+                        registration,
+                        int(granted),
+                        max(sent_at, registration.sent_at),
+                        expiry,
+                        int(slot) if slot.isdigit() else None,
                     )
             self.wake_head()
         elif reserved_for in ("", self.wid):
@@ -375,13 +388,14 @@ class Notifier:
                     await queue.subscribed.wait()
         waiter.check()
 
-    def leave(self, waiter: Waiter, *, acquired: bool) -> WaitQueue | None:
+    def leave(self, waiter: Waiter, *, acquired: bool, more: bool = False) -> WaitQueue | None:
         """Take `waiter` out of its queue.
 
         If it was at the head and did not acquire, the next waiter is woken to try at once
         (and takes a grant the leaver did not): a release meant for the leaver must not be
         lost. If it acquired, the next waiter becomes head without trying (the lock is
-        held), and waits for the release.
+        held), and waits for the release; unless `more` (a semaphore's permits may still
+        be free, or the queue must be put back in line): then it is woken to try.
 
         Returns the queue the caller must withdraw from Redis (the last waiter of this
         process left, and the lock may still be reserved or granted to its queue), or None.
@@ -394,7 +408,7 @@ class Notifier:
             return None
         if queue.waiters:
             if was_head:
-                if acquired:
+                if acquired and not more:
                     # The lock is held here: its release queues the others in Redis (or
                     # grants to them) and wakes the next head.
                     queue.waiters[0].nudge()
@@ -420,6 +434,7 @@ class Notifier:
         seq: str = "",
         sent_at: float = 0.0,
         expiry_ms: int = 0,
+        slot: str = "",
     ) -> None:
         """A lease of this process was released: act on it without waiting for the echo.
 
@@ -435,6 +450,7 @@ class Notifier:
                 seq=seq,
                 sent_at=sent_at,
                 expiry_ms=expiry_ms,
+                slot=slot,
             )
 
     # ----------------------------------------------------------------- the listener
@@ -576,8 +592,8 @@ class Notifier:
             self.messages_received += 1
             data = message["data"]
             text = data.decode() if isinstance(data, bytes) else str(data)
-            fence, reserved_for, granted, seq, *_ = (*text.split(" ", 4), "", "", "")
-            queue.released(fence, reserved_for, granted=granted, seq=seq)
+            fence, reserved_for, granted, seq, slot, *_ = (*text.split(" ", 5), "", "", "", "")
+            queue.released(fence, reserved_for, granted=granted, seq=seq, slot=slot)
 
     async def _drop_idle_channels(self, now: float) -> None:
         idle = [ch for ch, since in self._subscribed.items() if now - since >= LINGER]

@@ -94,6 +94,7 @@ class RenewalEntry:
         "due",
         "interval",
         "key",
+        "kind",
         "lease_ref",
         "release",
         "stop_at",
@@ -113,9 +114,11 @@ class RenewalEntry:
         stop_at: float | None,
         rng: random.Random,
         release: Callable[[], Awaitable[object]],
+        kind: str = "",
     ) -> None:
         self.lease_ref = lease_ref
         self.key = key
+        self.kind = kind  # how the key holds the lease: see RENEW
         self.token = token
         self.release = release  # deletes the key if still ours: for an abandoned lease
         self.ttl_ms = ttl_ms
@@ -326,7 +329,7 @@ class RenewalScheduler:
         keys = [entry.key for entry, _, _ in live]
         args: list[str | int] = []
         for entry, lease, ttl_ms in live:
-            args += (entry.token, ttl_ms)
+            args += (entry.token, ttl_ms, entry.kind)
             lease._renewal_sent(sent_at, ttl_ms / 1000)
         self.batches_sent += 1
         try:

@@ -19,9 +19,12 @@ lost. What is verified, per name:
 1. **No overlap**: no two critical sections overlap in time, unless the earlier one was
    reported lost (a restart that lost the key let the next holder in; the earlier holder
    was told), or the later one was reported lost and carries the lower token (a stale
-   grant: its acquire ran before a restart wiped it, and its reply was read late).
+   grant: its acquire ran before a restart wiped it, and its reply was read late). With
+   `--limit N` (a `Semaphore` of that limit instead of a `Lock`): no more than N sections
+   at once, and no two at once in one permit slot, with the same exceptions.
 2. **Fencing order**: fencing tokens strictly increase in the order the sections were
-   entered, with the same stale-grant exception; no token is ever granted twice.
+   entered (of a semaphore: per permit slot), with the same stale-grant exception; no
+   token is ever granted twice.
 3. **Nothing left held**: once every worker has exited, no lock key of the run still has a
    holder (found with `SCAN ... TYPE hash`, never `KEYS`) after its ttl has run out; keys
    still held right at the end are reported.
@@ -75,11 +78,13 @@ __all__ = (
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_LOCK = "aiolock:Lock"
+DEFAULT_SEMAPHORE = "aiolock:Semaphore"
 SERVE_LAYOUT1 = "AIOLOCK_SERVE_LAYOUT1_WAITERS"
 
 LockFactory = Callable[..., AbstractAsyncContextManager[Any]]
-"""`factory(client, name, *, ttl=, timeout=)`: an async context manager whose value has a
-`fencing_token`. `aiolock.Lock` is one; the tests pass deliberately broken ones."""
+"""`factory(client, name, *, ttl=, timeout=)` (and `limit=` for a semaphore): an async
+context manager whose value has a `fencing_token` (and a `slot`). `aiolock.Lock` is one;
+the tests pass deliberately broken ones."""
 
 
 # =========================================================================== the history
@@ -94,6 +99,8 @@ class Section:
     lost: bool
     worker: str = ""
     reason: str = ""
+    slot: int = -1
+    """A semaphore permit's slot (-1 for a lock's section)."""
 
     @property
     def side(self) -> str:
@@ -111,6 +118,7 @@ class Section:
                 "lost": self.lost,
                 "worker": self.worker,
                 "reason": self.reason,
+                "slot": self.slot,
             }
         )
 
@@ -125,12 +133,13 @@ class Section:
             lost=bool(data["lost"]),
             worker=str(data.get("worker", "")),
             reason=str(data.get("reason", "")),
+            slot=int(data.get("slot", -1)),
         )
 
 
 @dataclass(frozen=True, slots=True)
 class Violation:
-    kind: Literal["overlap", "token order", "duplicate token"]
+    kind: Literal["overlap", "over the limit", "token order", "duplicate token"]
     earlier: Section
     later: Section
 
@@ -138,9 +147,11 @@ class Violation:
         e, l_ = self.earlier, self.later
         detail = (
             f"overlap of {min(e.exit, l_.exit) - l_.enter:.6f}s"
-            if self.kind == "overlap"
+            if self.kind in ("overlap", "over the limit")
             else f"token {l_.token} after {e.token}"
         )
+        if l_.slot >= 0:
+            detail += f" (slots {e.slot} and {l_.slot})"
         return (
             f"{self.kind} on {e.name!r}: {detail}; earlier [{e.enter:.6f}, {e.exit:.6f}] "
             f"token {e.token} by {e.worker} (lost={e.lost}), later [{l_.enter:.6f}, "
@@ -157,11 +168,11 @@ class Verdict:
 
     @property
     def overlaps(self) -> list[Violation]:
-        return [v for v in self.violations if v.kind == "overlap"]
+        return [v for v in self.violations if v.kind in ("overlap", "over the limit")]
 
     @property
     def token_violations(self) -> list[Violation]:
-        return [v for v in self.violations if v.kind != "overlap"]
+        return [v for v in self.violations if v.kind not in ("overlap", "over the limit")]
 
 
 def _stale_grant(earlier: Section, later: Section) -> bool:
@@ -169,15 +180,21 @@ def _stale_grant(earlier: Section, later: Section) -> bool:
     return later.lost and later.token < earlier.token
 
 
-def verify(sections: Iterable[Section]) -> Verdict:
-    """Check a history of critical sections (checks 1 and 2 of the module docstring)."""
+def verify(sections: Iterable[Section], *, limit: int = 1) -> Verdict:
+    """Check a history of critical sections (checks 1 and 2 of the module docstring): of a
+    lock's, or of a semaphore's of that `limit`."""
     verdict = Verdict()
     by_name: dict[str, list[Section]] = {}
+    by_slot: dict[tuple[str, int], list[Section]] = {}
     for section in sections:
         by_name.setdefault(section.name, []).append(section)
+        by_slot.setdefault((section.name, section.slot), []).append(section)
         verdict.sections += 1
         verdict.lost += section.lost
-    for history in by_name.values():
+    if limit > 1:
+        for history in by_name.values():
+            _check_limit(history, limit, verdict)
+    for history in by_slot.values():
         history.sort(key=lambda s: (s.enter, s.exit))
         open_sections: list[Section] = []  # entered earlier and not yet exited
         highest: Section | None = None
@@ -204,6 +221,25 @@ def verify(sections: Iterable[Section]) -> Verdict:
             if highest is None or section.token > highest.token:
                 highest = section
     return verdict
+
+
+def _check_limit(history: list[Section], limit: int, verdict: Verdict) -> None:
+    """A semaphore's sections: no more than `limit` at once (lost ones excused, as stale
+    grants are), and no token in two slots."""
+    history.sort(key=lambda s: (s.enter, s.exit))
+    open_sections: list[Section] = []
+    seen: dict[int, Section] = {}
+    for section in history:
+        open_sections = [s for s in open_sections if s.exit > section.enter]
+        counted = [
+            s for s in open_sections if not (s.lost or _stale_grant(s, section))
+        ]
+        if len(counted) >= limit:
+            verdict.violations.append(Violation("over the limit", counted[0], section))
+        open_sections.append(section)
+        if section.token in seen and seen[section.token].slot != section.slot:
+            verdict.violations.append(Violation("duplicate token", seen[section.token], section))
+        seen.setdefault(section.token, section)
 
 
 # =========================================================================== configuration
@@ -251,6 +287,9 @@ class CheckerConfig:
     faults: tuple[Fault, ...] = ()
     lock: str = DEFAULT_LOCK
     """The lock factory, as "module:attribute"."""
+    limit: int = 0
+    """A semaphore's limit: the factory (`lock`, by default then `aiolock:Semaphore`) is
+    called with `limit=`; 0: a lock."""
     seed: int = 0
     old_processes: int = 0
     """How many of the `processes` (the first ones) run an older version of aiolock."""
@@ -263,6 +302,8 @@ class CheckerConfig:
     the variable removed from their environment, as after a deployment that forgot it)."""
 
     def __post_init__(self) -> None:
+        if self.limit and self.lock == DEFAULT_LOCK:
+            object.__setattr__(self, "lock", DEFAULT_SEMAPHORE)
         if not 0 <= self.old_processes <= self.processes:
             raise ValueError(f"old_processes must be 0 to {self.processes}")
         if any(n < 1 for n in self.task_mix):
@@ -321,7 +362,8 @@ class Report:
         lines = [
             (
                 f"checker: {c.processes} processes x {tasks} tasks x {c.duration:g}s on "
-                f"{c.names} names (lock {c.lock}, ttl {c.ttl:g}s, seed {c.seed}); "
+                f"{c.names} names ({'semaphore' if c.limit else 'lock'} {c.lock}"
+                f"{f', limit {c.limit}' if c.limit else ''}, ttl {c.ttl:g}s, seed {c.seed}); "
                 f"{self.elapsed:.1f}s in all"
             ),
             (
@@ -390,19 +432,24 @@ async def _contend(
     worker: str,
     out: Any,
     counters: Counter[str],
+    limit: int = 0,
 ) -> None:
     """One task: take a random lock, hold it a little, record the section; until `end_at`."""
+    extra = {"limit": limit} if limit else {}
     while (now := time.monotonic()) < end_at:
         name = rng.choice(names)
         enter: float | None = None
         exit_ = 0.0
         token = 0
+        slot = -1
         lost = False
         reason = ""
         try:
-            async with factory(client, name, ttl=ttl, timeout=min(5.0, end_at - now)) as lease:
+            timeout = min(5.0, end_at - now)
+            async with factory(client, name, ttl=ttl, timeout=timeout, **extra) as lease:
                 enter = time.monotonic()
                 token = int(lease.fencing_token)
+                slot = -1 if getattr(lease, "slot", None) is None else int(lease.slot)
                 try:
                     await asyncio.sleep(rng.uniform(0, hold))
                 finally:
@@ -421,7 +468,7 @@ async def _contend(
         if enter is None:
             continue  # lost before the body began: no critical section
         counters["sections"] += 1
-        section = Section(name, token, enter, exit_, lost, worker, reason)
+        section = Section(name, token, enter, exit_, lost, worker, reason, slot)
         out.write(section.to_json() + "\n")
         out.flush()
 
@@ -450,6 +497,7 @@ async def _worker(args: argparse.Namespace) -> None:
                             worker=f"{os.getpid()}/{i}",
                             out=out,
                             counters=counters,
+                            limit=int(getattr(args, "limit", 0) or 0),
                         )
                     )
     finally:
@@ -459,13 +507,22 @@ async def _worker(args: argparse.Namespace) -> None:
 
 # =========================================================================== the orchestrator
 async def _held_keys(client: redis.asyncio.Redis, pattern: str) -> list[str]:
-    """Keys matching `pattern` that have a holder (the holder hash has a token)."""
-    keys = [key async for key in client.scan_iter(match=pattern, _type="hash", count=1000)]
-    return [
-        key.decode() if isinstance(key, bytes) else str(key)
-        for key in keys
-        if await client.hexists(key, "token")
-    ]
+    """Keys matching `pattern` that have a holder: a lock's state with a token, or a
+    semaphore's with a permit that has not expired."""
+    seconds, micros = await client.time()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    held = []
+    async for key in client.scan_iter(match=pattern, _type="hash", count=1000):
+        fields = {
+            (k.decode() if isinstance(k, bytes) else str(k)): (
+                v.decode() if isinstance(v, bytes) else str(v)
+            )
+            for k, v in (await client.hgetall(key)).items()
+        }
+        permits = [v for k, v in fields.items() if k.startswith("p:")]
+        if "token" in fields or any(int(v.split(" ")[1]) > now_ms for v in permits):
+            held.append(key.decode() if isinstance(key, bytes) else str(key))
+    return held
 
 
 async def _nemesis(server: Any, faults: Sequence[Fault], started: float, log: list[str]) -> None:
@@ -526,6 +583,7 @@ async def _spawn(
         f"{config.seed}:{index}",
         "--lock",
         config.lock,
+        *(("--limit", str(config.limit)) if config.limit else ()),
         "--out",
         str(out),
         cwd=cwd,
@@ -612,7 +670,7 @@ async def run(config: CheckerConfig, *, server: Any = None) -> Report:
                 if line
             ]
             sections.sort(key=lambda s: (s.enter, s.exit))
-            verdict = verify(sections)
+            verdict = verify(sections, limit=max(config.limit, 1))
             held, leaked = await _sweep(url, names, config.ttl)
         finally:
             for process, _, stderr in workers:
@@ -661,14 +719,14 @@ def _labelled(section: Section, config: CheckerConfig, index: int) -> Section:
 async def _sweep(url: str, names: Sequence[str], ttl: float) -> tuple[list[str], list[str]]:
     """Keys of the run held right at the end, and those still held after their ttl."""
     prefix = names[0].rsplit(":", 1)[0]
-    pattern = f"aiolock:{{{prefix}:*"
+    patterns = (f"aiolock:{{{prefix}:*", f"aiolock:sem:{{{prefix}:*")
     client = redis.asyncio.Redis.from_url(url)
     try:
-        held = await _held_keys(client, pattern)
+        held = [key for pattern in patterns for key in await _held_keys(client, pattern)]
         leaked = held
         if held:
             await asyncio.sleep(ttl + 1.0)  # a release that failed: the key expires by itself
-            leaked = await _held_keys(client, pattern)
+            leaked = [key for pattern in patterns for key in await _held_keys(client, pattern)]
         return held, leaked
     finally:
         await client.aclose()
@@ -698,6 +756,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--fault-every", type=float, default=5.0, help="seconds between faults")
     parser.add_argument("--lock", default=DEFAULT_LOCK, help="lock factory, module:attribute")
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=0,
+        help=f"check a semaphore of this limit ({DEFAULT_SEMAPHORE} unless --lock says)",
+    )
     parser.add_argument("--seed", default="0")
     parser.add_argument(
         "--old-processes",
@@ -741,6 +805,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.faults
         else (),
         lock=args.lock,
+        limit=args.limit,
         seed=int(args.seed),
         old_processes=args.old_processes,
         old_python=args.old_python,

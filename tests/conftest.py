@@ -23,13 +23,15 @@ import redis.asyncio
 from redis.asyncio.connection import Connection
 
 from aiolock import _backend
-from aiolock._scripts import ACQUIRE, INSPECT, RELEASE, RENEW
+from aiolock._scripts import ACQUIRE, INSPECT, RELEASE, RENEW, RESUME
+from aiolock._semaphore_scripts import SEM_ACQUIRE, SEM_RELEASE, SEM_SET_LIMIT
 
 from .servers import RedisServer, ServerBinary, find_binaries
 
 pytest_plugins = ["pytester"]
 
-SCRIPT_NAMES = {script.sha: script.name for script in (ACQUIRE, RELEASE, RENEW, INSPECT)}
+SCRIPTS = (ACQUIRE, RELEASE, RENEW, RESUME, INSPECT, SEM_ACQUIRE, SEM_RELEASE, SEM_SET_LIMIT)
+SCRIPT_NAMES = {script.sha: script.name for script in SCRIPTS}
 HANDSHAKE = {"HELLO", "CLIENT", "SELECT", "AUTH", "READONLY"}
 
 
@@ -48,7 +50,7 @@ class CommandLog:
             sha = args[1].decode() if isinstance(args[1], bytes) else str(args[1])
             name = f"{name} {SCRIPT_NAMES.get(sha, 'source')}"
             if name == "EVAL source":
-                for script in (ACQUIRE, RELEASE, RENEW, INSPECT):
+                for script in SCRIPTS:
                     if sha == script.source:
                         name = f"EVAL {script.name}"
         self.commands.append(name)

@@ -295,8 +295,22 @@ class RedisServer:
         self.start()
 
     def pause(self) -> None:
-        """SIGSTOP: the server is frozen; its keys expire by wall clock when it resumes."""
+        """SIGSTOP: the server is frozen; its keys expire by wall clock when it resumes.
+
+        Returns once the kernel reports the process stopped (a signal is delivered
+        asynchronously), or after a second if it cannot tell.
+        """
         os.kill(self.pid, signal.SIGSTOP)
+        stat = Path(f"/proc/{self.pid}/stat")
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            try:
+                state = stat.read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                return  # no /proc (not Linux), or the process is gone
+            if state in ("T", "t"):
+                return
+            time.sleep(0.001)
 
     def resume(self) -> None:
         if self._process is not None:

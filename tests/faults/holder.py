@@ -1,7 +1,8 @@
 """A lock holder in a process of its own, for the process-fault tests.
 
 Run as `python -m tests.faults.holder --url URL --name NAME --ttl 1 --mode hold` from the
-repository root (the tests use `sys.executable`). It talks to the test's own server and
+repository root (with `--limit N`, it holds a permit of a `Semaphore` of that limit instead
+of the lock) (the tests use `sys.executable`). It talks to the test's own server and
 prints one JSON object per line on stdout, each with `event` and `t` (`time.monotonic()`,
 comparable with the test's clock: same machine):
 
@@ -37,7 +38,7 @@ from typing import Any
 
 import redis.asyncio
 
-from aiolock import LeaseLostError, Lock
+from aiolock import LeaseLostError, Lock, Semaphore
 
 __all__ = ("FENCED_WRITE", "fenced_write")
 
@@ -70,9 +71,15 @@ def emit(event: str, **fields: Any) -> None:
     sys.stdout.flush()
 
 
+def primitive(client: redis.asyncio.Redis, args: argparse.Namespace) -> Lock | Semaphore:
+    if args.limit:
+        return Semaphore(client, args.name, limit=args.limit, ttl=args.ttl)
+    return Lock(client, args.name, ttl=args.ttl)
+
+
 async def hold(client: redis.asyncio.Redis, args: argparse.Namespace) -> None:
-    async with Lock(client, args.name, ttl=args.ttl) as lease:
-        emit("acquired", fencing_token=lease.fencing_token, pid=os.getpid())
+    async with primitive(client, args) as lease:
+        emit("acquired", fencing_token=lease.fencing_token, pid=os.getpid(), slot=lease.slot)
         await asyncio.sleep(args.hold)
 
 
@@ -80,7 +87,7 @@ async def block(client: redis.asyncio.Redis, args: argparse.Namespace) -> None:
     zombie: asyncio.Task[bool] | None = None
     token = 0
     try:
-        async with Lock(client, args.name, ttl=args.ttl) as lease:
+        async with primitive(client, args) as lease:
             token = lease.fencing_token
             accepted = await fenced_write(client, args.fence_key, token, "holder")
             emit("write", label="holder", fencing_token=token, accepted=accepted)
@@ -119,6 +126,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hold", type=float, default=60.0)
     parser.add_argument("--mode", choices=("hold", "block"), default="hold")
     parser.add_argument("--fence-key", default="")
+    parser.add_argument("--limit", type=int, default=0, help="a semaphore's (0: the lock)")
     return parser.parse_args(argv)
 
 

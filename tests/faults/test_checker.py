@@ -16,6 +16,8 @@ from typing import Self
 import pytest
 import redis.asyncio
 
+from aiolock import Semaphore
+
 from ..checker import (
     ROOT,
     SERVE_LAYOUT1,
@@ -36,9 +38,9 @@ pytestmark = pytest.mark.real_only
 
 # --------------------------------------------------------------------------- the verification
 def section(
-    enter: float, exit_: float, token: int, *, lost: bool = False, name: str = "n"
+    enter: float, exit_: float, token: int, *, lost: bool = False, name: str = "n", slot: int = -1
 ) -> Section:
-    return Section(name, token, enter, exit_, lost, worker=f"w{token}")
+    return Section(name, token, enter, exit_, lost, worker=f"w{token}", slot=slot)
 
 
 def test_disjoint_sections_in_token_order_pass() -> None:
@@ -82,6 +84,29 @@ def test_names_are_checked_separately() -> None:
     assert not verdict.violations
 
 
+def test_a_semaphores_sections_may_overlap_up_to_its_limit() -> None:
+    history = [section(0, 5, 10, slot=0), section(1, 5, 11, slot=1), section(2, 5, 12, slot=2)]
+    assert not verify(history, limit=3).violations
+    assert [v.kind for v in verify(history, limit=2).violations] == ["over the limit"]
+
+
+def test_a_semaphores_slot_is_held_once_at_a_time_in_token_order() -> None:
+    verdict = verify([section(0, 2, 10, slot=0), section(1, 3, 11, slot=0)], limit=3)
+    assert [v.kind for v in verdict.violations] == ["overlap"]
+    verdict = verify([section(0, 1, 12, slot=0), section(2, 3, 11, slot=0)], limit=3)
+    assert [v.kind for v in verdict.violations] == ["token order"]
+    verdict = verify([section(0, 1, 12, slot=0), section(2, 3, 11, slot=1)], limit=3)
+    assert not verdict.violations, "tokens of different slots need not be in order"
+    verdict = verify([section(0, 1, 12, slot=0), section(2, 3, 12, slot=1)], limit=3)
+    assert [v.kind for v in verdict.violations] == ["duplicate token"]
+
+
+def test_sections_over_a_semaphores_limit_are_excused_by_a_reported_loss() -> None:
+    history = [section(0, 5, 10, slot=0, lost=True), section(1, 5, 11, slot=0)]
+    verdict = verify(history, limit=1)
+    assert not verdict.violations
+
+
 # --------------------------------------------------------------------------- a run under faults
 async def test_a_short_run_under_faults_finds_no_violation(server: RedisServer) -> None:
     """3 processes x 4 tasks on 2 names for 8 s, the server paused for less than the ttl,
@@ -105,7 +130,69 @@ async def test_a_short_run_under_faults_finds_no_violation(server: RedisServer) 
     assert not report.held_at_end, summary
 
 
+def most_at_once(sections: list[Section]) -> int:
+    """The most sections of one name open at one instant."""
+    most = 0
+    for entered in sections:
+        at_once = sum(
+            1 for s in sections if s.name == entered.name and s.enter <= entered.enter < s.exit
+        )
+        most = max(most, at_once)
+    return most
+
+
+async def test_a_short_semaphore_run_under_faults_finds_no_violation(
+    server: RedisServer,
+) -> None:
+    """3 processes x 4 tasks on one semaphore of limit 3, the server paused and restarted:
+    never more than 3 bodies at once beyond the reported losses, each slot in token order;
+    and the limit was reached (the check is not vacuous)."""
+    config = CheckerConfig(
+        processes=3,
+        tasks=4,
+        names=1,
+        duration=6.0,
+        ttl=1.0,
+        hold=0.05,
+        limit=3,
+        faults=(Fault(1.5, "pause", 0.3), Fault(4.0, "restart")),
+        seed=20261123,
+    )
+    report = await run(config, server=server)
+    summary = report.summary()
+    assert report.ok, summary
+    assert "semaphore aiolock:Semaphore, limit 3" in summary
+    assert report.verdict.sections >= 100, summary
+    assert {s.slot for s in report.sections} == {0, 1, 2}, summary
+    assert most_at_once([s for s in report.sections if not s.lost]) == 3, summary
+
+
 # --------------------------------------------------------------------------- it can fail
+class LooseSemaphore:
+    """A broken semaphore for the checker's negative control: an aiolock Semaphore of one
+    more than the limit asked for."""
+
+    def __new__(  # type: ignore[misc]
+        cls, client: redis.asyncio.Redis, name: str, *, limit: int, **options: float
+    ) -> Semaphore:
+        return Semaphore(client, name, limit=limit + 1, **options)
+
+
+async def test_the_checker_reports_a_semaphore_over_its_limit(server: RedisServer) -> None:
+    config = CheckerConfig(
+        processes=2,
+        tasks=4,
+        names=1,
+        duration=2.0,
+        hold=0.02,
+        limit=2,
+        lock="tests.faults.test_checker:LooseSemaphore",
+    )
+    report = await run(config, server=server)
+    summary = report.summary()
+    assert not report.ok, summary
+    assert {v.kind for v in report.verdict.violations} == {"over the limit"}, summary
+
 class SetWithoutNxLock:
     """A broken lock for the checker's negative control: SET without NX, so it "acquires"
     whoever holds it, with a fencing token from INCR. Loaded by the worker processes as

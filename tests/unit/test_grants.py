@@ -35,7 +35,7 @@ def granted(queue: WaitQueue, registration: Registration, fence: int, sent_at: f
 async def test_a_grant_to_the_newest_registration_is_taken() -> None:
     queue, waiter = queue_with_waiter()
     registration = queue.register(1000, sent_at=10.0)
-    queue.settle(registration, acquired=False, in_redis=True)
+    queue.settle(registration, in_redis=True)
     granted(queue, registration, 7)
     assert waiter.take_wakeup(), "the head is woken to take it"
     grant = queue.pop_grant()
@@ -71,7 +71,7 @@ async def test_an_answered_attempt_settles_older_registrations_and_grants() -> N
     older = queue.register(1000, sent_at=1.0)
     granted(queue, older, 7)  # heard of while the next attempt was in flight
     newer = queue.register(1000, sent_at=2.0)
-    queue.settle(newer, acquired=False, in_redis=True)
+    queue.settle(newer, in_redis=True)
     assert queue.pop_grant() is None, "the attempt claimed any grant to the older one"
     assert queue.claim_tokens() == [newer.token]
 
@@ -81,16 +81,16 @@ async def test_a_grant_heard_of_before_its_attempts_answer_is_kept() -> None:
     queue, _ = queue_with_waiter()
     registration = queue.register(1000, sent_at=1.0)
     granted(queue, registration, 7)
-    queue.settle(registration, acquired=False, in_redis=True)
+    queue.settle(registration, in_redis=True)
     grant = queue.pop_grant()
     assert grant is not None and grant.fencing_token == 7
 
 
-async def test_an_attempt_that_acquired_drops_every_grant() -> None:
+async def test_an_answer_that_left_no_entry_in_redis_drops_every_grant() -> None:
     queue, _ = queue_with_waiter()
     registration = queue.register(1000, sent_at=1.0)
     granted(queue, registration, 7)
-    queue.settle(registration, acquired=True, in_redis=False)
+    queue.settle(registration, in_redis=False)
     assert queue.pop_grant() is None
     assert queue.claim_tokens() == []
 
@@ -151,3 +151,14 @@ async def test_waiting_with_a_pending_wakeup_can_be_told_to_sleep() -> None:
     waiter.nudge()
     assert await sleeping is False
     assert waiter.take_wakeup(), "the wake-up is still pending"
+
+
+async def test_a_grant_to_the_entry_an_attempt_left_in_redis_is_kept() -> None:
+    """A semaphore's acquire that took a permit may grant the next one to the entry it left
+    for the caller's other waiters, and its message may beat its reply."""
+    queue, _ = queue_with_waiter()
+    registration = queue.register(1000, sent_at=1.0)
+    granted(queue, registration, 7)
+    queue.settle(registration, in_redis=True)
+    grant = queue.pop_grant()
+    assert grant is not None and grant.fencing_token == 7

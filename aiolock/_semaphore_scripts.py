@@ -1,0 +1,461 @@
+"""The Lua scripts of a `Semaphore`: at most `limit` permits held at once.
+
+Same conventions as the lock's (`_scripts`): each script one atomic round trip, safe to
+apply twice, a late copy refused; the same ARGV order for what the engine sends (token,
+ttl, holder, the caller's wait queue, claims) and replies of the same shape. The keys
+(`SemaphoreKeys` in `_layout` documents the layout):
+
+KEYS[1] `PREFIX:sem:{NAME}`, the state hash: `limit` (the limit in force), `fence` (the last
+fencing token issued), `q` (the wait queue may have entries), `r` (the first 16 hex digits
+of the tokens most recently released or expired, newest first), `h` (the typical hold, ms),
+`a:<token>`/`ac` (aborted acquires, as a lock's), and one field per permit held,
+`p:<token>` = "<slot> <expires at, server ms> <fencing token> <acquired at, ms> <ttl ms>
+<host> <pid> <task>". The key lives at least as long as every permit in it.
+KEYS[2] `...:queue` and KEYS[3] `...:waiters`: the wait queue, as a lock's.
+KEYS[4] `...:holds`: recent holds, with `hold_stats=True` (release only).
+
+A permit that expired is removed by the next script that reads the state, and the permits
+that are free go to the processes queued first (granted to their queue entries' tokens, as
+a lock's release grants, and announced on `...:released`), before any other acquirer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ._scripts import COMMON, CONSTANTS, FORBID, Script
+
+__all__ = ("SEM_ACQUIRE", "SEM_RELEASE", "SEM_SET_LIMIT", "sem_acquire_args")
+
+RECENT_KEPT = 16
+"""Released or expired tokens whose first KEPT hex digits the state keeps (`r`): a late copy
+of an acquire or release with one of them is recognised."""
+
+# Read the whole state (one HGETALL: the permits are in it), then the helpers. Each script
+# sets `limit` after this; writes to the state are gathered and made by `flush()` in at most
+# three commands (HDEL, HSET, PEXPIRE).
+_STATE = (
+    f"local RECENT_KEPT = {RECENT_KEPT}\n"
+    + """
+local state, permits = {}, {}
+do
+  local fields = redis.call('HGETALL', KEYS[1])
+  for i = 1, #fields, 2 do
+    local name = fields[i]
+    state[name] = fields[i + 1]
+    if string.sub(name, 1, 2) == 'p:' then
+      permits[#permits + 1] = name
+    end
+  end
+end
+local mine = string.sub(ARGV[1], 1, KEPT)
+local last_fence, queued, limit = state.fence, state.q, nil
+"""
+)
+
+_PERMITS = """
+local live, used, latest = 0, {}, 0
+local soonest
+local writes, removed, recent = {}, {}, {}
+local fence_issued, grew = false, false
+-- `q`: when the wait queue's keys expire at the latest (server ms), while it may have
+-- entries: the state outlives them, so that a permit freed by expiry still finds the queue.
+local queue_until, requeued = tonumber(queued or '') or 0, false
+-- Count the live permits (their slots, the soonest and latest expiry); forget those that
+-- expired, and those named in `drop` (a set), remembering their tokens.
+local function scan(drop)
+  clock()
+  drop = drop or {}
+  for _, name in ipairs(permits) do
+    local slot, expires = string.match(state[name], '^(%d+) (%d+) ')
+    expires = tonumber(expires)
+    if drop[name] or expires <= now_ms then
+      removed[#removed + 1] = name
+      recent[#recent + 1] = string.sub(name, 3, 2 + KEPT)
+      state[name] = nil
+    else
+      live = live + 1
+      used[tonumber(slot)] = true
+      if not soonest or expires < soonest then
+        soonest = expires
+      end
+      if expires > latest then
+        latest = expires
+      end
+    end
+  end
+end
+-- Hold a permit for `token` in slot `slot` (default: the lowest free one) for `expires_in`
+-- ms; `ttl_ms`, `holder` ("<host> <pid> <task>") and when it was acquired (`acquired`,
+-- default now) are recorded. Returns the slot.
+local function hold(token, fence, expires_in, ttl_ms, holder, slot, acquired)
+  if not slot then
+    slot = 0
+    while used[slot] do
+      slot = slot + 1
+    end
+  end
+  used[slot] = true
+  live = live + 1
+  grew = true
+  local expires = now_ms + expires_in
+  if expires > latest then
+    latest = expires
+  end
+  writes[#writes + 1] = 'p:' .. token
+  writes[#writes + 1] = string.format('%d %.0f %.0f %.0f %d %s', slot, expires, fence,
+    acquired or now_ms, ttl_ms, holder)
+  return slot
+end
+-- A new fencing token (written by flush()).
+local function issue()
+  local fence = next_fence(last_fence)
+  last_fence, fence_issued = fence, true
+  return fence
+end
+-- Put queue `wid` in line (see enqueue), and keep the state as long as the queue.
+local function line_up(wid, until_ms, count, tail)
+  enqueue(wid, until_ms, count, tail)
+  queued, requeued = true, true
+  if until_ms + 1000 > queue_until then
+    queue_until = until_ms + 1000
+  end
+end
+-- Write what was gathered. `retain`: the state's lifetime if no permit is left ('' or nil:
+-- unchanged). The key always outlives its permits and its wait queue.
+local function flush(retain)
+  if #recent > 0 then
+    local kept = table.concat(recent, ' ')
+    if state.r then
+      kept = kept .. ' ' .. state.r
+    end
+    writes[#writes + 1] = 'r'
+    writes[#writes + 1] = string.sub(kept, 1, RECENT_KEPT * (KEPT + 1) - 1)
+  end
+  if fence_issued then
+    writes[#writes + 1] = 'fence'
+    writes[#writes + 1] = last_fence
+  end
+  if requeued then
+    writes[#writes + 1] = 'q'
+    writes[#writes + 1] = queue_until
+  end
+  if #removed > 0 then
+    redis.call('HDEL', KEYS[1], unpack(removed))
+  end
+  if #writes > 0 then
+    redis.call('HSET', KEYS[1], unpack(writes))
+  end
+  local until_ms = math.max(latest, queued and queue_until or 0)
+  if grew or requeued then
+    redis.call('PEXPIRE', KEYS[1], until_ms - now_ms)
+  elseif live == 0 and retain and retain ~= '' then
+    redis.call('PEXPIRE', KEYS[1], math.max(tonumber(retain), until_ms - now_ms))
+  end
+end
+-- Give a free permit to queue `wid`, whose entry ends with `tail`: held under the entry's
+-- token for the entry's ttl if `full`, else for at most RESERVATION ms. An entry without a
+-- token (its process was served and has not refreshed it yet) gets a reservation instead:
+-- a permit held for RESERVATION ms under "q<queue id>", which that queue's next acquire
+-- claims. Returns {queue id, granted fencing token ('' for a reservation), seq, expiry ms,
+-- slot, fencing token}.
+local function give(wid, tail, full)
+  local host, pid, seq, g_ms, g_ttl, token, task = string.match(tail,
+    '^(%S+) (%S+) (%d+) (%d+) (%d+) (%x+) (.*)$')
+  local fence = issue()
+  local fenced = string.format('%.0f', fence)
+  if not token then
+    local slot = hold('q' .. wid, fence, RESERVATION, RESERVATION, tail .. ' (reserved)')
+    return {wid, '', '', RESERVATION, slot, fenced}
+  end
+  local expiry = tonumber(g_ttl)
+  if not full then
+    expiry = math.min(tonumber(g_ms), RESERVATION)
+  end
+  local slot = hold(token, fence, expiry, tonumber(g_ttl), host .. ' ' .. pid .. ' ' .. task)
+  return {wid, fenced, seq, expiry, slot, fenced}
+end
+-- Give the free permits to the queued processes, first come first served, stopping at
+-- queue `stop` (the caller's own, which takes one itself). A process served goes to the
+-- back of the queue at once, with an entry without a token until its next acquire
+-- refreshes it (or its withdrawal takes it out, when it has no other waiter). Each grant is announced as "<fencing token> <queue id>
+-- <granted fencing token> <seq> <slot>" (a reservation as "<fencing token> <queue id>"),
+-- except to queue `quiet` (the caller's own, told by the reply). Returns the first grant
+-- and the grant to `quiet`, if any.
+local function serve(stop, quiet)
+  local first, own_grant
+  if not queued then
+    return first, own_grant
+  end
+  while live < limit do
+    local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+    if not head then
+      redis.call('HDEL', KEYS[1], 'q')
+      queued, requeued, queue_until = false, false, 0
+      break
+    end
+    if head == stop then
+      break
+    end
+    local entry = redis.call('HGET', KEYS[3], head) or '0'
+    dequeue(head)
+    local until_ms, count, tail = string.match(entry, '^(%d+) (%d+) (.*)$')
+    if until_ms and tonumber(until_ms) >= now_ms then
+      local grant = give(head, tail, false)
+      first = first or grant
+      -- To the back of the queue: if its process has no other waiter, it withdraws.
+      line_up(head, tonumber(until_ms), math.max(tonumber(count) - 1, 1),
+        string.match(tail, '^%S+ %S+'))
+      if head == quiet then
+        own_grant = grant
+      else
+        local message = grant[6] .. ' ' .. head
+        if grant[2] ~= '' then
+          message = message .. ' ' .. grant[2] .. ' ' .. grant[3] .. ' ' .. grant[5]
+        end
+        redis.call('PUBLISH', KEYS[1] .. ':released', message)
+      end
+    end
+  end
+  return first, own_grant
+end
+-- A release-style reply: {status, queue id, granted fencing token, seq, expiry ms, slot}.
+local function reply(status, grant)
+  if not grant then
+    return {status, '', '', '', 0, ''}
+  end
+  return {status, grant[1], grant[2], grant[3], grant[4], grant[5]}
+end
+"""
+
+SEM_ACQUIRE = Script(
+    "semaphore-acquire",
+    """
+-- KEYS[1] state, KEYS[2] waiter queue, KEYS[3] waiter entries (see `_semaphore_scripts`)
+-- ARGV[1] token, ARGV[2] ttl (ms), ARGV[3] the holder, "<host> <pid> <task>", ARGV[4] the
+-- caller's limit (stored if no limit is in force); only when the caller queues: ARGV[5]
+-- its wait queue's id, ARGV[6] waiters of that process queued behind the caller, ARGV[7]
+-- the rest of the queue entry (as ARGV[6] of ACQUIRE), ARGV[8..] tokens a permit may have
+-- been granted to under that queue (one is claimed, keeping its slot and fencing token)
+-- Returns {1, fencing token, slot, permits still free}: a permit (also when a retry finds
+--           it already ours: its expiry is reset to the ttl);
+--         {0, ms until the soonest permit expires, '', '', '', '', typical hold ms}: no
+--           permit is free, or the processes queued first take the free ones; the caller's
+--           queue entry is added (at the back) or refreshed;
+--         {-1, 0}: this token was aborted by its owner, or already used.
+"""
+    + CONSTANTS
+    + _STATE
+    + COMMON
+    + _PERMITS
+    + """
+limit = tonumber(state.limit or '')
+if not limit then
+  limit = tonumber(ARGV[4])
+  writes[1], writes[2] = 'limit', limit
+end
+local ttl = tonumber(ARGV[2])
+local ours = state['p:' .. ARGV[1]]
+if not ours and (state['a:' .. ARGV[1]] or (state.r and string.find(state.r, mine, 1, true))) then
+  return {-1, 0}
+end
+scan()
+local wid = ARGV[5] or ''
+local behind = tonumber(ARGV[6] or '0')
+ours = state['p:' .. ARGV[1]]
+if ours then
+  -- Already ours: a retry after a lost reply, or a caller's token (acquire-or-extend).
+  local slot, fence, at, _, holder = string.match(ours, '^(%d+) %d+ (%d+) (%d+) (%d+) (.*)$')
+  live = live - 1
+  used[tonumber(slot)] = nil
+  hold(ARGV[1], tonumber(fence), ttl, ttl, holder, tonumber(slot), tonumber(at))
+  flush()
+  return {1, tonumber(fence), tonumber(slot), math.max(limit - live, 0)}
+end
+local function taken(fence, slot)
+  if wid ~= '' then
+    dequeue(wid)
+    if behind > 0 then
+      -- More waiters in the caller's process: back of the queue, for a later permit.
+      line_up(wid, now_ms + ttl + GRACE, behind, ARGV[7])
+    end
+  end
+  -- Permits still free go to the next in line (the caller's own queue too, at the back).
+  serve()
+  flush()
+  return {1, fence, slot, math.max(limit - live, 0)}
+end
+if wid ~= '' then
+  -- A permit reserved for the caller's queue, or granted to one of its registrations:
+  -- taken under the caller's token, keeping its slot and fencing token.
+  local names = {'p:q' .. wid}
+  for i = 8, #ARGV do
+    names[#names + 1] = 'p:' .. ARGV[i]
+  end
+  for _, name in ipairs(names) do
+    local claimed = state[name]
+    if claimed then
+      local slot, fence = string.match(claimed, '^(%d+) %d+ (%d+) ')
+      removed[#removed + 1] = name
+      live = live - 1
+      used[tonumber(slot)] = nil
+      hold(ARGV[1], tonumber(fence), ttl, ttl, ARGV[3], tonumber(slot))
+      return taken(tonumber(fence), tonumber(slot))
+    end
+  end
+end
+-- The processes queued before the caller get the free permits first.
+serve(wid ~= '' and wid or nil)
+if live < limit then
+  local fence = issue()
+  return taken(fence, hold(ARGV[1], fence, ttl, ttl, ARGV[3]))
+end
+local wait = soonest and soonest - now_ms or -1
+if wid ~= '' then
+  line_up(wid, now_ms + math.max(wait, 0) + GRACE, behind + 1, ARGV[7])
+end
+flush()
+return {0, wait, '', '', '', '', state.h or ''}
+""",
+)
+
+SEM_RELEASE = Script(
+    "semaphore-release",
+    """
+-- KEYS[1] state, KEYS[2] waiter queue, KEYS[3] waiter entries, KEYS[4] recent holds (list)
+-- ARGV as RELEASE's: ARGV[1] token ('' when only withdrawing a queue), ARGV[2] mode ('' or
+-- 'abort'), ARGV[3] retention (ms) of the state once no permit is held ('': unchanged),
+-- ARGV[4] the hold (ms) to record ('' for none), ARGV[5] a queue to withdraw, ARGV[6] the
+-- releasing process's own queue, ARGV[7] its entry, ARGV[8] its waiter count, ARGV[9..]
+-- tokens a permit may have been granted to under the queue withdrawn or joining (its
+-- process forgets them: such permits are released too, and handed on)
+-- Returns {status, queue id, granted fencing token, seq, grant expiry ms, slot}: status as
+-- RELEASE's (1 released now, 2 already, 3 a queue withdrawn, 0 not the holder); the grant
+-- is the one to the releasing process's own queue if there is one, else the first made.
+-- Every free permit goes to the next queued process (each grant announced but one to the
+-- releasing process's own queue).
+"""
+    + CONSTANTS
+    + _STATE
+    + COMMON
+    + FORBID
+    + _PERMITS
+    + """
+limit = tonumber(state.limit or '') or 1
+local mode, retain, held = ARGV[2] or '', ARGV[3] or '', ARGV[4] or ''
+local own = ARGV[6] or ''
+local field = 'p:' .. ARGV[1]
+-- The permits granted under the tokens the caller's queue forgets (and, for a queue
+-- withdrawn, reserved for it), as a set.
+local function forgotten()
+  local names, any = {}, false
+  local withdrawn = ARGV[5] or ''
+  if withdrawn ~= '' and state['p:q' .. withdrawn] then
+    names['p:q' .. withdrawn], any = true, true
+  end
+  for i = 9, #ARGV do
+    if state['p:' .. ARGV[i]] then
+      names['p:' .. ARGV[i]], any = true, true
+    end
+  end
+  return names, any
+end
+if ARGV[1] ~= '' and state[field] then
+  local acquired = tonumber(string.match(state[field], '^%d+ %d+ %d+ (%d+) '))
+  local drop = forgotten()
+  drop[field] = true
+  scan(drop)
+  if mode == 'abort' then
+    forbid(ARGV[1], true)
+  elseif queued or own ~= '' then
+    -- A contended release: the typical hold, a moving average (1/8 each).
+    local typical, this = tonumber(state.h or ''), now_ms - acquired
+    writes[#writes + 1] = 'h'
+    writes[#writes + 1] = typical and math.floor((typical * 7 + this) / 8) or this
+  end
+  if held ~= '' and mode ~= 'abort' then
+    -- The list keeps 100 to 150 entries: trimmed (and its expiry renewed) every 50 holds.
+    local length = redis.call('LPUSH', KEYS[4], held)
+    if length == 1 or length > 150 then
+      redis.call('LTRIM', KEYS[4], 0, 99)
+      redis.call('PEXPIRE', KEYS[4], 86400000)
+    end
+  end
+  if own ~= '' then
+    local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+    if (not head or head == own) and live < limit then
+      -- Nobody is ahead of the releasing process's own waiters: straight to them.
+      if head then
+        dequeue(head)
+      end
+      local grant = give(own, ARGV[7], true)
+      flush(retain)
+      return reply(1, grant)
+    end
+    line_up(own, now_ms + RESERVATION + GRACE, tonumber(ARGV[8]), ARGV[7])
+  end
+  local first, own_grant = serve(nil, own)
+  flush(retain)
+  return reply(1, own_grant or first)
+end
+local withdraw = ARGV[5] or ''
+if withdraw ~= '' then
+  dequeue(withdraw)
+  local drop, granted = forgotten()
+  if granted then
+    scan(drop)
+    local first = serve()
+    flush()
+    return reply(3, first)
+  end
+  return reply(3)
+end
+if state.r and string.find(state.r, mine, 1, true) then
+  return reply(2)
+end
+if mode == 'abort' then
+  forbid(ARGV[1], false)
+end
+return reply(0)
+""",
+)
+
+SEM_SET_LIMIT = Script(
+    "semaphore-set-limit",
+    """
+-- KEYS[1] state, KEYS[2] waiter queue, KEYS[3] waiter entries
+-- ARGV[1] '' (no token), ARGV[2] the new limit, ARGV[3] how long (ms) the state lives if
+-- no permit is held
+-- Returns {previous limit or '', permits held, first grant's queue id, ...}: permits freed
+-- by a raised limit go to the queued processes at once (announced).
+"""
+    + CONSTANTS
+    + _STATE
+    + COMMON
+    + _PERMITS
+    + """
+local previous = state.limit or ''
+limit = tonumber(ARGV[2])
+writes[1], writes[2] = 'limit', limit
+scan()
+serve()
+flush(ARGV[3])
+return {previous, live}
+""",
+)
+
+
+def sem_acquire_args(
+    token: str,
+    ttl_ms: int,
+    holder: str,
+    limit: int,
+    *,
+    queue: tuple[str, int, str] | None = None,
+    claims: Sequence[str] = (),
+) -> list[str | int]:
+    """ARGV for SEM_ACQUIRE (see its header)."""
+    args: list[str | int] = [token, ttl_ms, holder, limit]
+    if queue is not None:
+        args += (*queue, *claims)
+    return args

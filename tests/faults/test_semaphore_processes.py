@@ -1,0 +1,218 @@
+"""`Semaphore` across real processes: permits of a killed holder come back, and waiters in
+three processes are served in queue order.
+
+The other processes are `tests/faults/holder.py` (`--limit`) and `tests/faults/permits.py`,
+run with `sys.executable` against the test's own server; only processes the test started
+are signalled, by PID.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from collections import deque
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Self
+
+import pytest
+import redis.asyncio
+
+from aiolock import Semaphore
+from aiolock._layout import LockKeys
+
+from ..conftest import make_client
+from ..servers import RedisServer
+from ..waits import eventually, within
+from .test_process_faults import Holder
+
+pytestmark = pytest.mark.real_only
+
+ROOT = Path(__file__).resolve().parents[2]
+LINE_TIMEOUT = 20.0
+"""Hang guard for one line of a worker (its start includes importing redis and aiolock)."""
+
+
+class Waiters:
+    """A `tests.faults.permits` process: waiters for one semaphore, driven line by line."""
+
+    def __init__(self, process: asyncio.subprocess.Process, index: int) -> None:
+        self.process = process
+        self.index = index
+        self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._reader = asyncio.create_task(self._read())
+
+    @classmethod
+    async def start(cls, url: str, name: str, limit: int, index: int) -> Self:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tests.faults.permits",
+            "--url",
+            url,
+            "--name",
+            name,
+            "--limit",
+            str(limit),
+            cwd=ROOT,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        started = cls(process, index)
+        assert (await started.next())["event"] == "ready"
+        return started
+
+    async def _read(self) -> None:
+        assert self.process.stdout is not None
+        while line := await self.process.stdout.readline():
+            event = json.loads(line)
+            event["process"] = self.index
+            await self.events.put(event)
+
+    async def next(self) -> dict[str, Any]:
+        event = await within(self.events.get(), what="a line of a waiter process",
+                             timeout=LINE_TIMEOUT)  # fmt: skip
+        assert event["event"] != "error", event
+        return event
+
+    def send(self, line: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(line.encode() + b"\n")
+
+    async def close(self) -> None:
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        await self.process.wait()
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+
+
+@pytest.fixture
+async def client(server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
+    client = make_client(server.url)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+async def processes() -> AsyncIterator[list[Any]]:
+    started: list[Any] = []
+    try:
+        yield started
+    finally:
+        for process in started:
+            await process.close()
+
+
+async def test_a_killed_holders_permit_returns_within_its_ttl(
+    server: RedisServer, client: redis.asyncio.Redis, name: str, processes: list[Any]
+) -> None:
+    loop = asyncio.get_running_loop()
+    ttl = 1.0
+    semaphore = Semaphore(client, name, limit=2, ttl=10)
+    mine = await semaphore.acquire()
+    holder = await Holder.start(server.url, name, "--ttl", str(ttl), "--limit", "2")
+    processes.append(holder)
+    acquired = await holder.wait_for("acquired")
+    assert acquired["slot"] == 1
+    waiter = asyncio.create_task(semaphore.acquire())
+    keys = LockKeys.build("aiolock", name, "sem:")
+
+    async def queued() -> bool:
+        return await client.zcard(keys.queue) == 1
+
+    await eventually(queued, what="the waiter queued in Redis", interval=0.001)
+    holder.kill()
+    killed_at = loop.time()
+    await holder.process.wait()
+    permit = await within(waiter, what="the killed holder's permit")
+    assert loop.time() <= killed_at + ttl + 0.5
+    assert permit.slot == 1 and permit.fencing_token > acquired["fencing_token"]
+    await permit.release()
+    await mine.release()
+
+
+def round_robin(arrivals: list[int]) -> list[int]:
+    """The order the waiters (numbered in order of arrival; `arrivals[n]` is waiter n's
+    process) are served in: the processes in the order they queued, one permit at a time
+    each, a process going to the back of the queue after each; within a process, its
+    waiters in the order they came."""
+    waiting: dict[int, deque[int]] = {}
+    for number, process in enumerate(arrivals):
+        waiting.setdefault(process, deque()).append(number)
+    turn = deque(waiting)
+    order = []
+    while turn:
+        process = turn.popleft()
+        order.append(waiting[process].popleft())
+        if waiting[process]:
+            turn.append(process)
+    return order
+
+
+async def test_waiters_in_three_processes_are_served_in_queue_order(
+    server: RedisServer, client: redis.asyncio.Redis, name: str, processes: list[Any]
+) -> None:
+    """20 waiters in 3 processes, arriving interleaved, each releasing as soon as it holds
+    its permit: they are served round the queue in Redis (each process in the order it
+    queued, to the back after each permit), each process's own in arrival order, and no
+    permit goes unused (each one-at-a-time hand-off is one release)."""
+    limit = 2
+    workers = [await Waiters.start(server.url, name, limit, index) for index in range(3)]
+    processes.extend(workers)
+    semaphore = Semaphore(client, name, limit=limit, ttl=10)
+    held = [await semaphore.acquire() for _ in range(limit)]
+    keys = LockKeys.build("aiolock", name, "sem:")
+    arrivals = [0, 1, 0, 2, 1, 1, 0, 2, 2, 0, 1, 2, 0, 0, 1, 2, 1, 0, 2, 1]
+    seen: set[int] = set()
+    for number, process in enumerate(arrivals):
+        worker = workers[process]
+        worker.send(f"wait {number}")
+        joined = await worker.next()
+        assert joined["event"] == "joined" and joined["waiter"] == str(number), joined
+        if process not in seen:
+            seen.add(process)
+
+            async def in_line(count: int = len(seen)) -> bool:
+                return await client.zcard(keys.queue) == count
+
+            await eventually(in_line, what=f"process {process} queued in Redis", interval=0.001)
+    expected = round_robin(arrivals)
+
+    # One permit stays held here: the waiters hand the other one down the line.
+    await held.pop().release()
+    served: list[tuple[int, int]] = []  # (fencing token, waiter)
+    merged: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    async def forward(worker: Waiters) -> None:
+        while True:
+            await merged.put(await worker.next())
+
+    forwarders = [asyncio.create_task(forward(worker)) for worker in workers]
+    try:
+        while len(served) < len(arrivals):
+            event = await within(merged.get(), what=f"waiter {len(served) + 1} served",
+                                 timeout=LINE_TIMEOUT)  # fmt: skip
+            if event["event"] == "acquired":
+                served.append((event["fencing_token"], int(event["waiter"])))
+                workers[event["process"]].send(f"release {event['waiter']}")
+    finally:
+        for forwarder in forwarders:
+            forwarder.cancel()
+    assert [number for _, number in sorted(served)] == expected
+    assert [number for _, number in served] == expected, "entered in token order"
+    for worker in workers:
+        worker.send("exit")
+    for worker in workers:
+        code = await within(worker.process.wait(), what="a waiter process to exit")
+        assert code == 0
+    await held.pop().release()
+    assert (await semaphore.info()).holders == ()
