@@ -26,6 +26,10 @@ from ._once import DoneMarker as DoneMarker
 from ._once import OnceResult as OnceResult
 from ._once import OnceStatus as OnceStatus
 from ._once import run_once as run_once
+from ._rwlock import ReadLock as ReadLock
+from ._rwlock import ReadWriteInfo as ReadWriteInfo
+from ._rwlock import ReadWriteLock as ReadWriteLock
+from ._rwlock import WriteLock as WriteLock
 from ._semaphore import Semaphore as Semaphore
 from ._semaphore import SemaphoreInfo as SemaphoreInfo
 from ._shutdown import ReleaseReport as ReleaseReport
@@ -58,9 +62,13 @@ __all__ = (
     "LossReason",
     "OnceResult",
     "OnceStatus",
+    "ReadLock",
+    "ReadWriteInfo",
+    "ReadWriteLock",
     "ReleaseReport",
     "Semaphore",
     "SemaphoreInfo",
+    "WriteLock",
     "__version__",
     "add_listener",
     "hold_stats",

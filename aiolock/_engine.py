@@ -31,7 +31,7 @@ import contextlib
 import secrets
 import time
 import weakref
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ClassVar, Final, final
@@ -160,7 +160,13 @@ class Primitive:
     _renew_kind: ClassVar[str] = ""
     """How `_key` holds a lease, for the batched renewal (see RENEW in `_scripts`)."""
     _exclusive: ClassVar[bool] = True
-    """One holder at a time: a task that holds it and waits for it again waits forever."""
+    """One holder at a time (else, once a waiter got in, the next may get in too)."""
+    _guard_reentry: ClassVar[bool] = True
+    """A task that holds it and waits for it again would wait forever: refused."""
+    _requeued_on_grant: ClassVar[bool] = False
+    """The scripts put a queue that was granted a lease back in line (a semaphore's)."""
+    _max_poll: ClassVar[float | None] = None
+    """Longest sleep of a waiting head between its tries (a waiting writer's refresh)."""
 
     _client: redis.asyncio.Redis
     _name: str
@@ -257,7 +263,8 @@ class Primitive:
         if token is not None:
             token = check_token(token)
         runtime = runtime_for(self._client)
-        if wait != 0 and self._exclusive and runtime.guarded_by(self._key, asyncio.current_task()):
+        task = asyncio.current_task()
+        if wait != 0 and self._guard_reentry and runtime.guarded_by(self._key, task):
             raise RuntimeError(
                 f"{self._what} {self._name!r} is already held by this task, in an 'async with' "
                 f"block: waiting for it here would wait forever (it is not reentrant)"
@@ -297,7 +304,7 @@ class Primitive:
                     # A lease under the caller's own token claims the grant by an acquire.
                     lease = None if token is not None else self._lease_from_grant(runtime, grant)
                     if lease is not None:
-                        queue.took(requeued=not self._exclusive)
+                        queue.took(requeued=self._requeued_on_grant)
                         # A grant takes the queue out of Redis: a next waiter puts it back.
                         acquired, more = True, not self._exclusive
                         try:
@@ -337,6 +344,8 @@ class Primitive:
                     # The backoff only paces checks of a key whose expiry is unknown.
                     fallback = unknown_pttl.next() if pttl_ms <= 0 else 0.0
                     poll = poll_delay(pttl_ms, fallback=fallback, rng=notifier.rng)
+                    if self._max_poll is not None:
+                        poll = min(poll, self._max_poll)
                     delay = poll if remaining is None else min(poll, remaining)
                 timed_out = await waiter.wait(delay)
                 waiter.check()
@@ -351,12 +360,14 @@ class Primitive:
                 # hand on a lock reserved or granted to it meanwhile (after an acquire, in
                 # the background: the caller has its lease).
                 budget = _cleanup_budget(time_left())
-                withdrawal = self._withdraw(runtime, leaving, timeout=budget)
                 if acquired:
-                    runtime.spawn(self._quietly(withdrawal))
+                    await self._withdraw_in_background(runtime, leaving, timeout=budget)
                 else:
                     with contextlib.suppress(BackendError, TimeoutError):
-                        await run_shielded(withdrawal, timeout=budget + 0.1)
+                        await run_shielded(
+                            self._withdraw(runtime, leaving, timeout=budget),
+                            timeout=budget + 0.1,
+                        )
 
     async def try_acquire(self) -> Lease | None:
         """Try once, without waiting: the `Lease`, or None if someone else holds it.
@@ -700,17 +711,43 @@ class Primitive:
                 timeout=timeout + 0.1,
             )
 
-    @staticmethod
-    async def _quietly(call: Coroutine[Any, Any, None]) -> None:
-        """Run a cleanup in the background; its errors are dropped (it bounds itself)."""
-        with contextlib.suppress(BackendError, TimeoutError):
-            await call
+    async def _withdraw_in_background(
+        self, runtime: Runtime, queue: WaitQueue, *, timeout: float
+    ) -> None:
+        """Withdraw `queue` in a task of its own (its errors dropped), waiting only until
+        the command is written (at most `timeout`): the caller has its lease and goes on,
+        and a process that exits right after still leaves no entry behind."""
+        loop = runtime.loop
+        written = loop.create_future()
 
-    async def _withdraw(self, runtime: Runtime, queue: WaitQueue, *, timeout: float) -> None:
+        def on_sent() -> None:
+            if not written.done():
+                written.set_result(None)
+
+        async def withdraw() -> None:
+            try:
+                with contextlib.suppress(BackendError, TimeoutError):
+                    await self._withdraw(runtime, queue, timeout=timeout, on_sent=on_sent)
+            finally:
+                on_sent()
+
+        runtime.spawn(withdraw())
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(written)
+
+    async def _withdraw(
+        self,
+        runtime: Runtime,
+        queue: WaitQueue,
+        *,
+        timeout: float,
+        on_sent: Callable[[], None] | None = None,
+    ) -> None:
         """Take this process's wait queue out of Redis; pass on a reservation or grant made
         for it."""
         call = self._release_call(withdraw=queue.wid, claims=queue.claim_tokens())
-        reply = await self._run_release(runtime, call, timeout=timeout)
+        reply = await self._run_release(runtime, call, timeout=timeout, on_sent=on_sent)
         runtime.notifier.local_release(
             self._channel,
             f"w{queue.wid}",
@@ -820,6 +857,7 @@ class Primitive:
         timeout: float,
         background: bool = False,
         fresh: bool = False,
+        on_sent: Callable[[], None] | None = None,
     ) -> Released:
         """One release call, and what it did."""
         script, keys, args = call
@@ -832,6 +870,7 @@ class Primitive:
             name=self._name,
             background=background,
             fresh=fresh,
+            on_sent=on_sent,
         )
         slot = text(reply[5]) if len(reply) > 5 else ""
         return Released(

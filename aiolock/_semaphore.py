@@ -92,6 +92,8 @@ class Semaphore(Primitive):
     _what = "semaphore"
     _renew_kind = "p"
     _exclusive = False
+    _guard_reentry = False  # a task may hold several permits
+    _requeued_on_grant = True
 
     def __init__(
         self,

@@ -23,136 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ._hash_scripts import LEASES, STATE
 from ._scripts import COMMON, CONSTANTS, FORBID, Script
 
 __all__ = ("SEM_ACQUIRE", "SEM_RELEASE", "SEM_SET_LIMIT", "sem_acquire_args")
 
-RECENT_KEPT = 16
-"""Released or expired tokens whose first KEPT hex digits the state keeps (`r`): a late copy
-of an acquire or release with one of them is recognised."""
-
-# Read the whole state (one HGETALL: the permits are in it), then the helpers. Each script
-# sets `limit` after this; writes to the state are gathered and made by `flush()` in at most
-# three commands (HDEL, HSET, PEXPIRE).
-_STATE = (
-    f"local RECENT_KEPT = {RECENT_KEPT}\n"
-    + """
-local state, permits = {}, {}
-do
-  local fields = redis.call('HGETALL', KEYS[1])
-  for i = 1, #fields, 2 do
-    local name = fields[i]
-    state[name] = fields[i + 1]
-    if string.sub(name, 1, 2) == 'p:' then
-      permits[#permits + 1] = name
-    end
-  end
-end
-local mine = string.sub(ARGV[1], 1, KEPT)
-local last_fence, queued, limit = state.fence, state.q, nil
-"""
-)
-
-_PERMITS = """
-local live, used, latest = 0, {}, 0
-local soonest
-local writes, removed, recent = {}, {}, {}
-local fence_issued, grew = false, false
--- `q`: when the wait queue's keys expire at the latest (server ms), while it may have
--- entries: the state outlives them, so that a permit freed by expiry still finds the queue.
-local queue_until, requeued = tonumber(queued or '') or 0, false
--- Count the live permits (their slots, the soonest and latest expiry); forget those that
--- expired, and those named in `drop` (a set), remembering their tokens.
-local function scan(drop)
-  clock()
-  drop = drop or {}
-  for _, name in ipairs(permits) do
-    local slot, expires = string.match(state[name], '^(%d+) (%d+) ')
-    expires = tonumber(expires)
-    if drop[name] or expires <= now_ms then
-      removed[#removed + 1] = name
-      recent[#recent + 1] = string.sub(name, 3, 2 + KEPT)
-      state[name] = nil
-    else
-      live = live + 1
-      used[tonumber(slot)] = true
-      if not soonest or expires < soonest then
-        soonest = expires
-      end
-      if expires > latest then
-        latest = expires
-      end
-    end
-  end
-end
--- Hold a permit for `token` in slot `slot` (default: the lowest free one) for `expires_in`
--- ms; `ttl_ms`, `holder` ("<host> <pid> <task>") and when it was acquired (`acquired`,
--- default now) are recorded. Returns the slot.
-local function hold(token, fence, expires_in, ttl_ms, holder, slot, acquired)
-  if not slot then
-    slot = 0
-    while used[slot] do
-      slot = slot + 1
-    end
-  end
-  used[slot] = true
-  live = live + 1
-  grew = true
-  local expires = now_ms + expires_in
-  if expires > latest then
-    latest = expires
-  end
-  writes[#writes + 1] = 'p:' .. token
-  writes[#writes + 1] = string.format('%d %.0f %.0f %.0f %d %s', slot, expires, fence,
-    acquired or now_ms, ttl_ms, holder)
-  return slot
-end
--- A new fencing token (written by flush()).
-local function issue()
-  local fence = next_fence(last_fence)
-  last_fence, fence_issued = fence, true
-  return fence
-end
--- Put queue `wid` in line (see enqueue), and keep the state as long as the queue.
-local function line_up(wid, until_ms, count, tail)
-  enqueue(wid, until_ms, count, tail)
-  queued, requeued = true, true
-  if until_ms + 1000 > queue_until then
-    queue_until = until_ms + 1000
-  end
-end
--- Write what was gathered. `retain`: the state's lifetime if no permit is left ('' or nil:
--- unchanged). The key always outlives its permits and its wait queue.
-local function flush(retain)
-  if #recent > 0 then
-    local kept = table.concat(recent, ' ')
-    if state.r then
-      kept = kept .. ' ' .. state.r
-    end
-    writes[#writes + 1] = 'r'
-    writes[#writes + 1] = string.sub(kept, 1, RECENT_KEPT * (KEPT + 1) - 1)
-  end
-  if fence_issued then
-    writes[#writes + 1] = 'fence'
-    writes[#writes + 1] = last_fence
-  end
-  if requeued then
-    writes[#writes + 1] = 'q'
-    writes[#writes + 1] = queue_until
-  end
-  if #removed > 0 then
-    redis.call('HDEL', KEYS[1], unpack(removed))
-  end
-  if #writes > 0 then
-    redis.call('HSET', KEYS[1], unpack(writes))
-  end
-  local until_ms = math.max(latest, queued and queue_until or 0)
-  if grew or requeued then
-    redis.call('PEXPIRE', KEYS[1], until_ms - now_ms)
-  elseif live == 0 and retain and retain ~= '' then
-    redis.call('PEXPIRE', KEYS[1], math.max(tonumber(retain), until_ms - now_ms))
-  end
-end
+_SERVE = """
 -- Give a free permit to queue `wid`, whose entry ends with `tail`: held under the entry's
 -- token for the entry's ttl if `full`, else for at most RESERVATION ms. An entry without a
 -- token (its process was served and has not refreshed it yet) gets a reservation instead:
@@ -219,13 +95,6 @@ local function serve(stop, quiet)
   end
   return first, own_grant
 end
--- A release-style reply: {status, queue id, granted fencing token, seq, expiry ms, slot}.
-local function reply(status, grant)
-  if not grant then
-    return {status, '', '', '', 0, ''}
-  end
-  return {status, grant[1], grant[2], grant[3], grant[4], grant[5]}
-end
 """
 
 SEM_ACQUIRE = Script(
@@ -245,9 +114,10 @@ SEM_ACQUIRE = Script(
 --         {-1, 0}: this token was aborted by its owner, or already used.
 """
     + CONSTANTS
-    + _STATE
+    + STATE
     + COMMON
-    + _PERMITS
+    + LEASES
+    + _SERVE
     + """
 limit = tonumber(state.limit or '')
 if not limit then
@@ -336,10 +206,11 @@ SEM_RELEASE = Script(
 -- releasing process's own queue).
 """
     + CONSTANTS
-    + _STATE
+    + STATE
     + COMMON
     + FORBID
-    + _PERMITS
+    + LEASES
+    + _SERVE
     + """
 limit = tonumber(state.limit or '') or 1
 local mode, retain, held = ARGV[2] or '', ARGV[3] or '', ARGV[4] or ''
@@ -430,9 +301,10 @@ SEM_SET_LIMIT = Script(
 -- by a raised limit go to the queued processes at once (announced).
 """
     + CONSTANTS
-    + _STATE
+    + STATE
     + COMMON
-    + _PERMITS
+    + LEASES
+    + _SERVE
     + """
 local previous = state.limit or ''
 limit = tonumber(ARGV[2])

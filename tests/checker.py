@@ -21,10 +21,12 @@ lost. What is verified, per name:
    was told), or the later one was reported lost and carries the lower token (a stale
    grant: its acquire ran before a restart wiped it, and its reply was read late). With
    `--limit N` (a `Semaphore` of that limit instead of a `Lock`): no more than N sections
-   at once, and no two at once in one permit slot, with the same exceptions.
+   at once, and no two at once in one permit slot, with the same exceptions. With `--rw`
+   (a `ReadWriteLock`, a quarter of the sections writing): no section overlaps a writer's.
 2. **Fencing order**: fencing tokens strictly increase in the order the sections were
-   entered (of a semaphore: per permit slot), with the same stale-grant exception; no
-   token is ever granted twice.
+   entered (of a semaphore: per permit slot; of a read-write lock: every section entered
+   before a writer's has a lower token, every one entered after it a higher one), with the
+   same stale-grant exception; no token is ever granted twice.
 3. **Nothing left held**: once every worker has exited, no lock key of the run still has a
    holder (found with `SCAN ... TYPE hash`, never `KEYS`) after its ttl has run out; keys
    still held right at the end are reported.
@@ -79,6 +81,9 @@ __all__ = (
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_LOCK = "aiolock:Lock"
 DEFAULT_SEMAPHORE = "aiolock:Semaphore"
+DEFAULT_RWLOCK = "aiolock:ReadWriteLock"
+WRITE_SHARE = 0.25
+"""With `--rw`, the share of sections that write."""
 SERVE_LAYOUT1 = "AIOLOCK_SERVE_LAYOUT1_WAITERS"
 
 LockFactory = Callable[..., AbstractAsyncContextManager[Any]]
@@ -100,7 +105,8 @@ class Section:
     worker: str = ""
     reason: str = ""
     slot: int = -1
-    """A semaphore permit's slot (-1 for a lock's section)."""
+    """A semaphore permit's slot, a read-write lock's side (0 read, 1 write); -1 for a
+    lock's section."""
 
     @property
     def side(self) -> str:
@@ -180,9 +186,11 @@ def _stale_grant(earlier: Section, later: Section) -> bool:
     return later.lost and later.token < earlier.token
 
 
-def verify(sections: Iterable[Section], *, limit: int = 1) -> Verdict:
+def verify(sections: Iterable[Section], *, limit: int = 1, rw: bool = False) -> Verdict:
     """Check a history of critical sections (checks 1 and 2 of the module docstring): of a
-    lock's, or of a semaphore's of that `limit`."""
+    lock's, of a semaphore's of that `limit`, or (`rw`) of a read-write lock's."""
+    if rw:
+        return _verify_rw(list(sections))
     verdict = Verdict()
     by_name: dict[str, list[Section]] = {}
     by_slot: dict[tuple[str, int], list[Section]] = {}
@@ -223,6 +231,47 @@ def verify(sections: Iterable[Section], *, limit: int = 1) -> Verdict:
     return verdict
 
 
+def _verify_rw(sections: list[Section]) -> Verdict:
+    """A read-write lock's history: readers (slot 0) may overlap each other, nothing may
+    overlap a writer (slot 1); a writer's token is above those entered before it and below
+    those entered after it; no token twice."""
+    verdict = Verdict()
+    by_name: dict[str, list[Section]] = {}
+    for section in sections:
+        by_name.setdefault(section.name, []).append(section)
+        verdict.sections += 1
+        verdict.lost += section.lost
+    for history in by_name.values():
+        history.sort(key=lambda s: (s.enter, s.exit))
+        open_sections: list[Section] = []
+        seen: dict[int, Section] = {}
+        for section in history:
+            open_sections = [s for s in open_sections if s.exit > section.enter]
+            for earlier in open_sections:
+                if earlier.slot == 0 and section.slot == 0:
+                    continue  # readers share
+                if earlier.lost or _stale_grant(earlier, section):
+                    verdict.excused_overlaps += 1
+                else:
+                    verdict.violations.append(Violation("overlap", earlier, section))
+            open_sections.append(section)
+            if section.token in seen:
+                verdict.violations.append(
+                    Violation("duplicate token", seen[section.token], section)
+                )
+            seen.setdefault(section.token, section)
+        writers = [s for s in history if s.slot == 1]
+        for writer in writers:
+            for other in history:
+                if other is writer or other.lost or writer.lost:
+                    continue
+                if other.enter < writer.enter and other.token > writer.token:
+                    verdict.violations.append(Violation("token order", other, writer))
+                elif other.enter > writer.enter and other.token < writer.token:
+                    verdict.violations.append(Violation("token order", writer, other))
+    return verdict
+
+
 def _check_limit(history: list[Section], limit: int, verdict: Verdict) -> None:
     """A semaphore's sections: no more than `limit` at once (lost ones excused, as stale
     grants are), and no token in two slots."""
@@ -231,9 +280,7 @@ def _check_limit(history: list[Section], limit: int, verdict: Verdict) -> None:
     seen: dict[int, Section] = {}
     for section in history:
         open_sections = [s for s in open_sections if s.exit > section.enter]
-        counted = [
-            s for s in open_sections if not (s.lost or _stale_grant(s, section))
-        ]
+        counted = [s for s in open_sections if not (s.lost or _stale_grant(s, section))]
         if len(counted) >= limit:
             verdict.violations.append(Violation("over the limit", counted[0], section))
         open_sections.append(section)
@@ -290,6 +337,9 @@ class CheckerConfig:
     limit: int = 0
     """A semaphore's limit: the factory (`lock`, by default then `aiolock:Semaphore`) is
     called with `limit=`; 0: a lock."""
+    rw: bool = False
+    """A read-write lock: the factory (by default then `aiolock:ReadWriteLock`) makes one,
+    and each section reads or (a quarter of them) writes."""
     seed: int = 0
     old_processes: int = 0
     """How many of the `processes` (the first ones) run an older version of aiolock."""
@@ -304,6 +354,8 @@ class CheckerConfig:
     def __post_init__(self) -> None:
         if self.limit and self.lock == DEFAULT_LOCK:
             object.__setattr__(self, "lock", DEFAULT_SEMAPHORE)
+        if self.rw and self.lock == DEFAULT_LOCK:
+            object.__setattr__(self, "lock", DEFAULT_RWLOCK)
         if not 0 <= self.old_processes <= self.processes:
             raise ValueError(f"old_processes must be 0 to {self.processes}")
         if any(n < 1 for n in self.task_mix):
@@ -362,7 +414,8 @@ class Report:
         lines = [
             (
                 f"checker: {c.processes} processes x {tasks} tasks x {c.duration:g}s on "
-                f"{c.names} names ({'semaphore' if c.limit else 'lock'} {c.lock}"
+                f"{c.names} names ({'semaphore' if c.limit else 'read-write lock' if c.rw else 'lock'} "
+                f"{c.lock}"
                 f"{f', limit {c.limit}' if c.limit else ''}, ttl {c.ttl:g}s, seed {c.seed}); "
                 f"{self.elapsed:.1f}s in all"
             ),
@@ -433,6 +486,7 @@ async def _contend(
     out: Any,
     counters: Counter[str],
     limit: int = 0,
+    rw: bool = False,
 ) -> None:
     """One task: take a random lock, hold it a little, record the section; until `end_at`."""
     extra = {"limit": limit} if limit else {}
@@ -446,10 +500,16 @@ async def _contend(
         reason = ""
         try:
             timeout = min(5.0, end_at - now)
-            async with factory(client, name, ttl=ttl, timeout=timeout, **extra) as lease:
+            made: Any = factory(client, name, ttl=ttl, timeout=timeout, **extra)
+            writing = rw and rng.random() < WRITE_SHARE
+            if rw:
+                made = made.write() if writing else made.read()
+            async with made as lease:
                 enter = time.monotonic()
                 token = int(lease.fencing_token)
                 slot = -1 if getattr(lease, "slot", None) is None else int(lease.slot)
+                if rw:
+                    slot = int(writing)
                 try:
                     await asyncio.sleep(rng.uniform(0, hold))
                 finally:
@@ -498,6 +558,7 @@ async def _worker(args: argparse.Namespace) -> None:
                             out=out,
                             counters=counters,
                             limit=int(getattr(args, "limit", 0) or 0),
+                            rw=bool(getattr(args, "rw", False)),
                         )
                     )
     finally:
@@ -584,6 +645,7 @@ async def _spawn(
         "--lock",
         config.lock,
         *(("--limit", str(config.limit)) if config.limit else ()),
+        *(("--rw",) if config.rw else ()),
         "--out",
         str(out),
         cwd=cwd,
@@ -670,7 +732,7 @@ async def run(config: CheckerConfig, *, server: Any = None) -> Report:
                 if line
             ]
             sections.sort(key=lambda s: (s.enter, s.exit))
-            verdict = verify(sections, limit=max(config.limit, 1))
+            verdict = verify(sections, limit=max(config.limit, 1), rw=config.rw)
             held, leaked = await _sweep(url, names, config.ttl)
         finally:
             for process, _, stderr in workers:
@@ -719,7 +781,7 @@ def _labelled(section: Section, config: CheckerConfig, index: int) -> Section:
 async def _sweep(url: str, names: Sequence[str], ttl: float) -> tuple[list[str], list[str]]:
     """Keys of the run held right at the end, and those still held after their ttl."""
     prefix = names[0].rsplit(":", 1)[0]
-    patterns = (f"aiolock:{{{prefix}:*", f"aiolock:sem:{{{prefix}:*")
+    patterns = tuple(f"aiolock:{kind}{{{prefix}:*" for kind in ("", "sem:", "rw:"))
     client = redis.asyncio.Redis.from_url(url)
     try:
         held = [key for pattern in patterns for key in await _held_keys(client, pattern)]
@@ -761,6 +823,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         type=int,
         default=0,
         help=f"check a semaphore of this limit ({DEFAULT_SEMAPHORE} unless --lock says)",
+    )
+    parser.add_argument(
+        "--rw",
+        action="store_true",
+        help=f"check a read-write lock ({DEFAULT_RWLOCK} unless --lock says)",
     )
     parser.add_argument("--seed", default="0")
     parser.add_argument(
@@ -806,6 +873,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else (),
         lock=args.lock,
         limit=args.limit,
+        rw=args.rw,
         seed=int(args.seed),
         old_processes=args.old_processes,
         old_python=args.old_python,

@@ -23,6 +23,7 @@ import redis.asyncio
 from redis.asyncio.connection import Connection
 
 from aiolock import _backend
+from aiolock._rwlock_scripts import RW_ACQUIRE, RW_RELEASE
 from aiolock._scripts import ACQUIRE, INSPECT, RELEASE, RENEW, RESUME
 from aiolock._semaphore_scripts import SEM_ACQUIRE, SEM_RELEASE, SEM_SET_LIMIT
 
@@ -30,7 +31,10 @@ from .servers import RedisServer, ServerBinary, find_binaries
 
 pytest_plugins = ["pytester"]
 
-SCRIPTS = (ACQUIRE, RELEASE, RENEW, RESUME, INSPECT, SEM_ACQUIRE, SEM_RELEASE, SEM_SET_LIMIT)
+SCRIPTS = (
+    *(ACQUIRE, RELEASE, RENEW, RESUME, INSPECT),
+    *(SEM_ACQUIRE, SEM_RELEASE, SEM_SET_LIMIT, *RW_ACQUIRE, *RW_RELEASE),
+)
 SCRIPT_NAMES = {script.sha: script.name for script in SCRIPTS}
 HANDSHAKE = {"HELLO", "CLIENT", "SELECT", "AUTH", "READONLY"}
 

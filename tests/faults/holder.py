@@ -2,7 +2,7 @@
 
 Run as `python -m tests.faults.holder --url URL --name NAME --ttl 1 --mode hold` from the
 repository root (with `--limit N`, it holds a permit of a `Semaphore` of that limit instead
-of the lock) (the tests use `sys.executable`). It talks to the test's own server and
+of the lock; with `--rw read|write`, that side of a `ReadWriteLock`) (the tests use `sys.executable`). It talks to the test's own server and
 prints one JSON object per line on stdout, each with `event` and `t` (`time.monotonic()`,
 comparable with the test's clock: same machine):
 
@@ -38,7 +38,7 @@ from typing import Any
 
 import redis.asyncio
 
-from aiolock import LeaseLostError, Lock, Semaphore
+from aiolock import LeaseLostError, Lock, ReadLock, ReadWriteLock, Semaphore, WriteLock
 
 __all__ = ("FENCED_WRITE", "fenced_write")
 
@@ -71,9 +71,14 @@ def emit(event: str, **fields: Any) -> None:
     sys.stdout.flush()
 
 
-def primitive(client: redis.asyncio.Redis, args: argparse.Namespace) -> Lock | Semaphore:
+def primitive(
+    client: redis.asyncio.Redis, args: argparse.Namespace
+) -> Lock | Semaphore | ReadLock | WriteLock:
     if args.limit:
         return Semaphore(client, args.name, limit=args.limit, ttl=args.ttl)
+    if args.rw:
+        rw = ReadWriteLock(client, args.name, ttl=args.ttl)
+        return rw.read() if args.rw == "read" else rw.write()
     return Lock(client, args.name, ttl=args.ttl)
 
 
@@ -127,6 +132,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--mode", choices=("hold", "block"), default="hold")
     parser.add_argument("--fence-key", default="")
     parser.add_argument("--limit", type=int, default=0, help="a semaphore's (0: the lock)")
+    parser.add_argument("--rw", choices=("read", "write"), help="a read-write lock's side")
     return parser.parse_args(argv)
 
 

@@ -16,7 +16,7 @@ from typing import Self
 import pytest
 import redis.asyncio
 
-from aiolock import Semaphore
+from aiolock import ReadLock, ReadWriteLock, Semaphore
 
 from ..checker import (
     ROOT,
@@ -167,15 +167,82 @@ async def test_a_short_semaphore_run_under_faults_finds_no_violation(
     assert most_at_once([s for s in report.sections if not s.lost]) == 3, summary
 
 
+def test_readers_may_overlap_but_nothing_overlaps_a_writer() -> None:
+    readers = [section(0, 5, 10, slot=0), section(1, 4, 11, slot=0)]
+    assert not verify(readers, rw=True).violations
+    verdict = verify([*readers, section(3, 6, 12, slot=1)], rw=True)
+    assert [v.kind for v in verdict.violations] == ["overlap", "overlap"]
+    verdict = verify([section(0, 1, 12, slot=1), section(2, 3, 11, slot=0)], rw=True)
+    assert [v.kind for v in verdict.violations] == ["token order"]
+
+
+async def test_a_short_read_write_run_under_faults_finds_no_violation(
+    server: RedisServer,
+) -> None:
+    """3 processes x 4 tasks on one read-write lock, a quarter of the sections writing, the
+    server paused and restarted: no section overlaps a writer's beyond the reported losses,
+    writers' tokens in order; readers did overlap."""
+    config = CheckerConfig(
+        processes=3,
+        tasks=4,
+        names=1,
+        duration=6.0,
+        ttl=1.0,
+        hold=0.05,
+        rw=True,
+        faults=(Fault(1.5, "pause", 0.3), Fault(4.0, "restart")),
+        seed=20261124,
+    )
+    report = await run(config, server=server)
+    summary = report.summary()
+    assert report.ok, summary
+    assert "read-write lock aiolock:ReadWriteLock" in summary
+    assert {s.slot for s in report.sections} == {0, 1}, summary
+    readers = [s for s in report.sections if s.slot == 0 and not s.lost]
+    assert most_at_once(readers) >= 2, summary
+
+
 # --------------------------------------------------------------------------- it can fail
+class SharedWriteLock:
+    """A broken read-write lock for the checker's negative control: its write side is a
+    read side (writers share with everyone)."""
+
+    def __init__(
+        self, client: redis.asyncio.Redis, name: str, *, ttl: float, timeout: float
+    ) -> None:
+        self.rw = ReadWriteLock(client, name, ttl=ttl, timeout=timeout)
+
+    def read(self) -> ReadLock:
+        return self.rw.read()
+
+    def write(self) -> ReadLock:
+        return self.rw.read()
+
+
+async def test_the_checker_reports_a_writer_that_shares(server: RedisServer) -> None:
+    config = CheckerConfig(
+        processes=2,
+        tasks=4,
+        names=1,
+        duration=2.0,
+        hold=0.02,
+        rw=True,
+        lock="tests.faults.test_checker:SharedWriteLock",
+    )
+    report = await run(config, server=server)
+    summary = report.summary()
+    assert not report.ok, summary
+    assert report.verdict.overlaps, summary
+
+
 class LooseSemaphore:
     """A broken semaphore for the checker's negative control: an aiolock Semaphore of one
     more than the limit asked for."""
 
     def __new__(  # type: ignore[misc]
-        cls, client: redis.asyncio.Redis, name: str, *, limit: int, **options: float
+        cls, client: redis.asyncio.Redis, name: str, *, limit: int, ttl: float, timeout: float
     ) -> Semaphore:
-        return Semaphore(client, name, limit=limit + 1, **options)
+        return Semaphore(client, name, limit=limit + 1, ttl=ttl, timeout=timeout)
 
 
 async def test_the_checker_reports_a_semaphore_over_its_limit(server: RedisServer) -> None:
@@ -192,6 +259,7 @@ async def test_the_checker_reports_a_semaphore_over_its_limit(server: RedisServe
     summary = report.summary()
     assert not report.ok, summary
     assert {v.kind for v in report.verdict.violations} == {"over the limit"}, summary
+
 
 class SetWithoutNxLock:
     """A broken lock for the checker's negative control: SET without NX, so it "acquires"

@@ -1,5 +1,6 @@
-"""`Semaphore` across real processes: permits of a killed holder come back, and waiters in
-three processes are served in queue order.
+"""`Semaphore` and `ReadWriteLock` across real processes: permits of a killed holder come
+back, waiters in three processes are served in queue order, and a dead waiting writer stops
+blocking readers.
 
 The other processes are `tests/faults/holder.py` (`--limit`) and `tests/faults/permits.py`,
 run with `sys.executable` against the test's own server; only processes the test started
@@ -20,8 +21,10 @@ from typing import Any, Self
 import pytest
 import redis.asyncio
 
-from aiolock import Semaphore
+from aiolock import ReadWriteLock, Semaphore
 from aiolock._layout import LockKeys
+from aiolock._rwlock import _RWKeys
+from aiolock._rwlock_scripts import WRITER_MARK_MS
 
 from ..conftest import make_client
 from ..servers import RedisServer
@@ -216,3 +219,34 @@ async def test_waiters_in_three_processes_are_served_in_queue_order(
         assert code == 0
     await held.pop().release()
     assert (await semaphore.info()).holders == ()
+
+
+async def test_a_waiting_writer_whose_process_died_stops_blocking_readers(
+    server: RedisServer, client: redis.asyncio.Redis, name: str, processes: list[Any]
+) -> None:
+    """A writer process waits behind a reader (new readers are refused meanwhile), then is
+    killed: within about WRITER_MARK_MS, readers get in again."""
+    loop = asyncio.get_running_loop()
+    rw = ReadWriteLock(client, name, ttl=10)
+    reading = await rw.read().acquire()
+    writer = await Holder.start(server.url, name, "--rw", "write", "--ttl", "10")
+    processes.append(writer)
+    queue = _RWKeys.build("aiolock", name).writers[0]
+
+    async def writer_waits() -> bool:
+        return await client.zcard(queue) == 1
+
+    await eventually(writer_waits, what="the writer process queued", interval=0.001)
+    assert await rw.read().try_acquire() is None, "a reader passed the waiting writer"
+    writer.kill()
+    killed_at = loop.time()
+    await writer.process.wait()
+    other_client = make_client(server.url)  # another process's reader
+    try:
+        lease = await ReadWriteLock(other_client, name, ttl=10).read().acquire(timeout=5)
+        waited = loop.time() - killed_at
+        assert waited <= WRITER_MARK_MS / 1000 + 0.5, f"readers blocked {waited:.3f}s"
+        await lease.release()
+    finally:
+        await other_client.aclose()
+    await reading.release()

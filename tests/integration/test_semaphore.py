@@ -420,8 +420,10 @@ async def test_one_release_wakes_one_waiting_process(server_url: str, name: str)
             await queued_in_redis(clients[0], name, index)
             # try, subscribe, try again (a release may have come in between), then silence
             await eventually(
-                lambda log=logs[index], mark=mark: log.since(mark)  # type: ignore[misc]
-                == Counter({"EVALSHA semaphore-acquire": 2, "SUBSCRIBE": 1}),
+                lambda log=logs[index], mark=mark: (
+                    log.since(mark)  # type: ignore[misc]
+                    == Counter({"EVALSHA semaphore-acquire": 2, "SUBSCRIBE": 1})
+                ),
                 what=f"process {index} subscribed and queued",
             )
             assert runtime_for(clients[index]).notifier.is_subscribed(channel)

@@ -1,0 +1,150 @@
+"""Lua shared by the primitives whose leases are fields of one hash (`Semaphore`,
+`ReadWriteLock`), in the conventions of `_scripts`.
+
+The state hash (KEYS[1]) holds the primitive's own fields (`fence`, `q`, `r`, `h`,
+`a:<token>`/`ac`, and what the primitive adds) and one field per lease held, `p:<token>` =
+"<slot> <expires at, server ms> <fencing token> <acquired at, ms> <ttl ms> <host> <pid>
+<task>": a semaphore's permit slot, or a read-write lock's side (0 read, 1 write). The key
+lives at least as long as every lease in it and its wait queue; RENEW (kind 'p') resets
+one lease's expiry. KEYS[2] and KEYS[3] are the caller's wait queue (as a lock's).
+
+A script is CONSTANTS, then `STATE` (one HGETALL reads everything), COMMON, FORBID if it
+releases, `LEASES`, and its own code, which sets `limit` (a semaphore's; nil otherwise).
+Writes are gathered and made by `flush()` in at most three commands (HDEL, HSET, PEXPIRE).
+"""
+
+from __future__ import annotations
+
+__all__ = ("LEASES", "RECENT_KEPT", "STATE")
+
+RECENT_KEPT = 16
+"""Released or expired tokens whose first KEPT hex digits the state keeps (`r`): a late copy
+of an acquire or release with one of them is recognised."""
+
+STATE = (
+    f"local RECENT_KEPT = {RECENT_KEPT}\n"
+    + """
+local state, permits = {}, {}
+do
+  local fields = redis.call('HGETALL', KEYS[1])
+  for i = 1, #fields, 2 do
+    local name = fields[i]
+    state[name] = fields[i + 1]
+    if string.sub(name, 1, 2) == 'p:' then
+      permits[#permits + 1] = name
+    end
+  end
+end
+local mine = string.sub(ARGV[1], 1, KEPT)
+local last_fence, queued, limit = state.fence, state.q, nil
+"""
+)
+
+LEASES = """
+local live, used, latest = 0, {}, 0
+local soonest
+local writes, removed, recent = {}, {}, {}
+local fence_issued, grew = false, false
+-- `q`: when the wait queue's keys expire at the latest (server ms), while it may have
+-- entries: the state outlives them, so that a permit freed by expiry still finds the queue.
+local queue_until, requeued = tonumber(queued or '') or 0, false
+-- Count the live permits (their slots, the soonest and latest expiry); forget those that
+-- expired, and those named in `drop` (a set), remembering their tokens.
+local function scan(drop)
+  clock()
+  drop = drop or {}
+  for _, name in ipairs(permits) do
+    local slot, expires = string.match(state[name], '^(%d+) (%d+) ')
+    expires = tonumber(expires)
+    if drop[name] or expires <= now_ms then
+      removed[#removed + 1] = name
+      recent[#recent + 1] = string.sub(name, 3, 2 + KEPT)
+      state[name] = nil
+    else
+      live = live + 1
+      used[tonumber(slot)] = true
+      if not soonest or expires < soonest then
+        soonest = expires
+      end
+      if expires > latest then
+        latest = expires
+      end
+    end
+  end
+end
+-- Hold a permit for `token` in slot `slot` (default: the lowest free one) for `expires_in`
+-- ms; `ttl_ms`, `holder` ("<host> <pid> <task>") and when it was acquired (`acquired`,
+-- default now) are recorded. Returns the slot.
+local function hold(token, fence, expires_in, ttl_ms, holder, slot, acquired)
+  if not slot then
+    slot = 0
+    while used[slot] do
+      slot = slot + 1
+    end
+  end
+  used[slot] = true
+  live = live + 1
+  grew = true
+  local expires = now_ms + expires_in
+  if expires > latest then
+    latest = expires
+  end
+  writes[#writes + 1] = 'p:' .. token
+  writes[#writes + 1] = string.format('%d %.0f %.0f %.0f %d %s', slot, expires, fence,
+    acquired or now_ms, ttl_ms, holder)
+  return slot
+end
+-- A new fencing token (written by flush()).
+local function issue()
+  local fence = next_fence(last_fence)
+  last_fence, fence_issued = fence, true
+  return fence
+end
+-- Put queue `wid` in line (see enqueue), and keep the state as long as the queue.
+local function line_up(wid, until_ms, count, tail)
+  enqueue(wid, until_ms, count, tail)
+  queued, requeued = true, true
+  if until_ms + 1000 > queue_until then
+    queue_until = until_ms + 1000
+  end
+end
+-- Write what was gathered. `retain`: the state's lifetime if no permit is left ('' or nil:
+-- unchanged). The key always outlives its permits and its wait queue.
+local function flush(retain)
+  if #recent > 0 then
+    local kept = table.concat(recent, ' ')
+    if state.r then
+      kept = kept .. ' ' .. state.r
+    end
+    writes[#writes + 1] = 'r'
+    writes[#writes + 1] = string.sub(kept, 1, RECENT_KEPT * (KEPT + 1) - 1)
+  end
+  if fence_issued then
+    writes[#writes + 1] = 'fence'
+    writes[#writes + 1] = last_fence
+  end
+  if requeued then
+    writes[#writes + 1] = 'q'
+    writes[#writes + 1] = queue_until
+  end
+  if #removed > 0 then
+    redis.call('HDEL', KEYS[1], unpack(removed))
+  end
+  if #writes > 0 then
+    redis.call('HSET', KEYS[1], unpack(writes))
+  end
+  local until_ms = math.max(latest, queued and queue_until or 0)
+  if grew or requeued then
+    redis.call('PEXPIRE', KEYS[1], until_ms - now_ms)
+  elseif live == 0 and retain and retain ~= '' then
+    redis.call('PEXPIRE', KEYS[1], math.max(tonumber(retain), until_ms - now_ms))
+  end
+end
+-- A release-style reply: {status, queue id, granted fencing token, seq, expiry ms, slot}.
+local function reply(status, grant)
+  if not grant then
+    return {status, '', '', '', 0, ''}
+  end
+  return {status, grant[1], grant[2], grant[3], grant[4], grant[5]}
+end
+"""

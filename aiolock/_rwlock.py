@@ -1,0 +1,295 @@
+"""`ReadWriteLock`: many readers or one writer, writers first. Its keys and scripts; the
+engine does the rest, for each side."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, final
+
+import redis.asyncio
+
+from ._backend import AsyncRedis, check_client, translate_errors
+from ._config import LockConfig, check_name
+from ._engine import Call, Primitive
+from ._info import HOST, PID, LockInfo, text
+from ._layout import RETAIN_DEFAULT
+from ._rwlock_scripts import RW_ACQUIRE, RW_RELEASE, WRITER_MARK_MS
+from ._scripts import RENEW, RESUME, acquire_args, release_args
+
+__all__ = ("ReadLock", "ReadWriteInfo", "ReadWriteLock", "WriteLock")
+
+_INSPECT_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class _RWKeys:
+    state: str
+    writers: tuple[str, str]  # the writers' wait queue (zset, hash)
+    readers: tuple[str, str]  # the readers' wait queue
+    holds: str
+    channels: tuple[str, str]  # where grants to readers [0] and writers [1] are announced
+
+    @classmethod
+    def build(cls, prefix: str, name: str) -> _RWKeys:
+        base = f"{prefix}:rw:{{{name}}}"
+        return cls(
+            state=base,
+            writers=(f"{base}:queue", f"{base}:waiters"),
+            readers=(f"{base}:rqueue", f"{base}:rwaiters"),
+            holds=f"{base}:holds",
+            channels=(f"{base}:rreleased", f"{base}:released"),
+        )
+
+    def of_side(self, side: int) -> tuple[str, ...]:
+        """KEYS of the scripts of `side`: its own wait queue first (see `_rwlock_scripts`)."""
+        own, other = (self.writers, self.readers) if side else (self.readers, self.writers)
+        return (self.state, *own, self.holds, *other)
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadWriteInfo:
+    """What Redis says about a read-write lock right now (never a secret token).
+
+    Added in 0.2.
+    """
+
+    name: str
+    readers: tuple[LockInfo, ...]
+    writer: LockInfo | None
+    writers_waiting: int
+    """Tasks waiting to write, summed over the queued processes whose entries are live."""
+    readers_waiting: int
+    last_fencing_token: int | None
+
+
+class _Side(Primitive):
+    """One side of a `ReadWriteLock`: a primitive whose leases are readers' or the writer's."""
+
+    __slots__ = ("_keys", "_rw", "_script_keys")
+
+    _side: ClassVar[int]
+    _renew_kind = "p"
+
+    def __init__(self, rw: ReadWriteLock) -> None:
+        self._rw = rw
+        self._client = rw._client
+        self._name = rw._name
+        self._config = rw._config
+        self._keys = rw._keys
+        self._script_keys = rw._keys.of_side(self._side)
+        self._key = rw._keys.state
+        self._channel = rw._keys.channels[self._side]
+        self._held = []
+
+    @property
+    def lock(self) -> ReadWriteLock:
+        """The read-write lock this is a side of."""
+        return self._rw
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} of {self._rw!r} held_here={len(self._held)}>"
+
+    def _acquire_call(
+        self, token: str, task: str, queue: tuple[str, int, str] | None, claims: Sequence[str]
+    ) -> Call:
+        holder = f"{HOST} {PID} {task}"
+        args = acquire_args(token, self._config.ttl_ms, holder, queue=queue, claims=claims)
+        return RW_ACQUIRE[self._side], self._script_keys, args
+
+    def _release_call(
+        self,
+        *,
+        token: str = "",
+        retain_ms: int | None = None,
+        held_ms: int | None = None,
+        abort: bool = False,
+        forced: bool = False,
+        look_at_queue: bool = False,
+        withdraw: str = "",
+        join: tuple[str, str, int] | None = None,
+        claims: Sequence[str] = (),
+    ) -> Call:
+        args = release_args(
+            token=token,
+            retain_ms=retain_ms,
+            held_ms=held_ms,
+            abort=abort,
+            withdraw=withdraw,
+            join=join,
+            claims=claims,
+        )
+        return RW_RELEASE[self._side], self._script_keys, args
+
+    def _renew_call(self, token: str, ttl_ms: int) -> Call:
+        return RENEW, (self._keys.state,), [token, ttl_ms, self._renew_kind]
+
+    def _resume_call(self, token: str, ttl_ms: int) -> Call:
+        return RESUME, (self._keys.state,), [token, ttl_ms, self._renew_kind]
+
+
+@final
+class ReadLock(_Side):
+    """The read side of a `ReadWriteLock` (`rw.read()`): its leases are shared with other
+    readers, never with the writer. Used like a `Lock`: `async with rw.read() as lease`,
+    `acquire()`, `try_acquire()`...
+
+    Added in 0.2.
+    """
+
+    __slots__ = ()
+    _side = 0
+    _what = "read lock"
+    _exclusive = False
+
+
+@final
+class WriteLock(_Side):
+    """The write side of a `ReadWriteLock` (`rw.write()`): one writer, and no reader
+    meanwhile. Used like a `Lock`. While it waits, the first waiting writer of the process
+    refreshes its place every third of a second (one command), which also stops new readers.
+
+    Added in 0.2.
+    """
+
+    __slots__ = ()
+    _side = 1
+    _what = "write lock"
+    _max_poll = WRITER_MARK_MS / 3000
+
+
+@final
+class ReadWriteLock:
+    """A named read-write lock in Redis: many readers at once, or one writer, across
+    processes. Writers come first: a waiting writer stops new readers, so a stream of
+    readers cannot keep writers out; it gets in once the readers inside have left.
+
+    ```python
+    catalog = ReadWriteLock(redis, "catalog", ttl=30)
+    async with catalog.read() as lease:      # shared
+        items = await load(...)
+    async with catalog.write() as lease:     # exclusive
+        await save(..., fence=lease.fencing_token)
+    ```
+
+    Every reader's and writer's lease is a `Lease`: renewed, expiring within the ttl if its
+    process dies, its body cancelled if it is lost. Fencing tokens come from one sequence
+    for both sides: storage that remembers the highest token a writer used rejects a writer
+    whose lease was lost.
+
+    A waiting writer whose process died stops blocking readers within about a second (its
+    place in the queue lapses unless refreshed). A task that holds either side and waits for
+    either side of the same lock again is refused (`RuntimeError`): with writers first,
+    a second read can wait forever behind a writer that waits for the first.
+
+    Args:
+        client, name, ttl, renew, renew_interval, timeout, max_hold, prefix, retain,
+            hold_stats: as for `Lock`, for each reader's and writer's lease.
+
+    Raises:
+        TypeError: a wrong type.
+        ConfigError: a value out of range; the message names the argument and the range.
+
+    Added in 0.2.
+    """
+
+    __slots__ = ("_client", "_config", "_keys", "_name", "_read", "_write")
+
+    def __init__(
+        self,
+        client: AsyncRedis,
+        name: str,
+        *,
+        ttl: float = 30.0,
+        renew: bool = True,
+        renew_interval: float | None = None,
+        timeout: float | None = None,
+        max_hold: float | None = None,
+        prefix: str = "aiolock",
+        retain: float = RETAIN_DEFAULT,
+        hold_stats: bool = False,
+    ) -> None:
+        self._client: redis.asyncio.Redis = check_client(client)
+        self._name = check_name(name)
+        self._config = LockConfig.cached(
+            ttl=ttl,
+            renew=renew,
+            renew_interval=renew_interval,
+            timeout=timeout,
+            max_hold=max_hold,
+            prefix=prefix,
+            retain=retain,
+            hold_stats=hold_stats,
+        )
+        self._keys = _RWKeys.build(self._config.prefix, self._name)
+        self._read = ReadLock(self)
+        self._write = WriteLock(self)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def key(self) -> str:
+        """The Redis key of the lock's state and leases."""
+        return self._keys.state
+
+    def read(self) -> ReadLock:
+        """The read side: shared leases (the same object each time)."""
+        return self._read
+
+    def write(self) -> WriteLock:
+        """The write side: the exclusive lease (the same object each time)."""
+        return self._write
+
+    def __repr__(self) -> str:
+        return f"<ReadWriteLock {self._name!r} ttl={self._config.ttl:g}s>"
+
+    async def info(self) -> ReadWriteInfo:
+        """The readers, the writer and who waits, read in one round trip.
+
+        Raises:
+            BackendError: Redis could not be reached or refused the command.
+        """
+        keys = self._keys
+        with translate_errors("inspect", self._name, _INSPECT_TIMEOUT):
+            async with asyncio.timeout(_INSPECT_TIMEOUT):
+                async with self._client.pipeline(transaction=True) as pipe:
+                    pipe.time()
+                    pipe.hgetall(keys.state)
+                    pipe.hgetall(keys.writers[1])
+                    pipe.hgetall(keys.readers[1])
+                    replies: list[Any] = await pipe.execute()
+        (seconds, micros), fields_raw, writers_raw, readers_raw = replies
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        fields = {text(k): text(v) for k, v in dict(fields_raw).items()}
+        leases = LockInfo.permits(self._name, fields, now_ms)
+        readers = tuple(
+            _without_slot(info) for info in leases if info.slot == 0
+        )  # fmt: skip
+        writer = next((_without_slot(info) for info in leases if info.slot == 1), None)
+        return ReadWriteInfo(
+            name=self._name,
+            readers=readers,
+            writer=writer,
+            writers_waiting=_waiting(writers_raw, now_ms),
+            readers_waiting=_waiting(readers_raw, now_ms),
+            last_fencing_token=int(fields["fence"]) if fields.get("fence", "").isdigit() else None,
+        )
+
+
+def _without_slot(info: LockInfo) -> LockInfo:
+    return dataclasses.replace(info, slot=None)  # the side, not a slot
+
+
+def _waiting(entries: Any, now_ms: int) -> int:
+    """Waiting tasks in a queue's entries ("<until ms> <count> ...") that have not lapsed."""
+    total = 0
+    for value in dict(entries).values():
+        until, count, *_ = (*text(value).split(" ", 2), "0", "0")
+        if until.isdigit() and int(until) >= now_ms and count.isdigit():
+            total += int(count)
+    return total
