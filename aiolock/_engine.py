@@ -304,7 +304,7 @@ class Primitive:
                     # A lease under the caller's own token claims the grant by an acquire.
                     lease = None if token is not None else self._lease_from_grant(runtime, grant)
                     if lease is not None:
-                        queue.took(requeued=self._requeued_on_grant)
+                        queue.took(grant, requeued=self._requeued_on_grant)
                         # A grant takes the queue out of Redis: a next waiter puts it back.
                         acquired, more = True, not self._exclusive
                         try:
@@ -789,8 +789,9 @@ class Primitive:
         if queue is not None and queue.waiters and not (queue.attempting or queue.joining):
             if not self._exclusive:
                 # Leases granted to the queue's earlier registrations (heard of or not) are
-                # given back by this call: the queue forgets those registrations.
-                claims = queue.claim_tokens()
+                # given back by this call: the queue forgets them now, so that its head
+                # cannot take one while the call is under way.
+                claims = queue.give_back()
             registration = queue.register(self._grant_ms, sent_at)
             entry = self._entry(registration, task_name(queue.waiters[0].task))
             join = (queue.wid, entry, len(queue.waiters))

@@ -11,7 +11,8 @@ lists its own wait queue first. KEYS, for a read-write lock named NAME under PRE
 4. `...:holds`: recent holds, with `hold_stats=True` (release only);
 5. and 6. the other side's wait queue.
 
-Grants to writers' queues are announced on `...:released`, to readers' on `...:rreleased`.
+Grants to writers' queues are announced on `...:released`, to readers' on `...:rreleased`,
+as "g<fencing token> <queue id> <fencing token> <seq>".
 
 The policy, writers first: a writer gets in when nobody holds and no writer queued before
 it; a reader when no writer holds and no writer waits. So a waiting writer stops new
@@ -76,7 +77,7 @@ local function grant(wid, entry, side, zkey, hkey, quiet)
   local given = {wid, string.format('%.0f', fence), seq, expiry, ''}
   if wid ~= quiet then
     local channel = KEYS[1] .. (side == 1 and ':released' or ':rreleased')
-    redis.call('PUBLISH', channel, given[2] .. ' ' .. wid .. ' ' .. given[2] .. ' ' .. seq)
+    redis.call('PUBLISH', channel, 'g' .. given[2] .. ' ' .. wid .. ' ' .. given[2] .. ' ' .. seq)
   end
   return given
 end

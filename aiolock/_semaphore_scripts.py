@@ -54,8 +54,10 @@ end
 -- Give the free permits to the queued processes, first come first served, stopping at
 -- queue `stop` (the caller's own, which takes one itself). A process served goes to the
 -- back of the queue at once, with an entry without a token until its next acquire
--- refreshes it (or its withdrawal takes it out, when it has no other waiter). Each grant is announced as "<fencing token> <queue id>
--- <granted fencing token> <seq> <slot>" (a reservation as "<fencing token> <queue id>"),
+-- refreshes it (or its withdrawal takes it out, when it has no other waiter). Each grant is
+-- announced as "g<fencing token> <queue id> <granted fencing token> <seq> <slot>", a
+-- reservation as "g<fencing token> <queue id>" (the "g" keeps it apart from a local
+-- release of the lease under that token, told by the fencing token alone),
 -- except to queue `quiet` (the caller's own, told by the reply). Returns the first grant
 -- and the grant to `quiet`, if any.
 local function serve(stop, quiet)
@@ -85,7 +87,7 @@ local function serve(stop, quiet)
       if head == quiet then
         own_grant = grant
       else
-        local message = grant[6] .. ' ' .. head
+        local message = 'g' .. grant[6] .. ' ' .. head
         if grant[2] ~= '' then
           message = message .. ' ' .. grant[2] .. ' ' .. grant[3] .. ' ' .. grant[5]
         end

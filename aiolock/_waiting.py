@@ -170,8 +170,10 @@ class WaitQueue:
     """The waiters of one lock name in this process, first come first served."""
 
     __slots__ = (
+        "_granted",
         "_recent",
         "_seq",
+        "_spent",
         "attempting",
         "channel",
         "grant",
@@ -194,6 +196,7 @@ class WaitQueue:
             maxlen=MAX_REGISTRATIONS
         )
         self._seq = itertools.count(1)
+        self._spent = 0  # the highest registration whose grant a waiter took
         self.grant: Grant | None = None  # heard of, not yet taken by the head
         # Put back in line by the grant the head took, under no registration (a semaphore's).
         self.requeued = False
@@ -208,6 +211,9 @@ class WaitQueue:
         self.requested = False  # SUBSCRIBE sent on the current connection
         self.refusal: Exception | None = None
         self._recent: collections.deque[str] = collections.deque(maxlen=8)
+        # Fencing tokens of the grants to this queue heard of: the channel and a release's
+        # reply may both tell of one.
+        self._granted: collections.deque[str] = collections.deque(maxlen=8)
 
     @property
     def registered(self) -> bool:
@@ -236,7 +242,9 @@ class WaitQueue:
         """
         self.registrations.clear()
         self.requeued = False
-        if in_redis:
+        if in_redis and registration.seq > self._spent:
+            # (a grant to it may already have been taken, if the command's answer came
+            # after the grant's news: it must not be claimed again)
             self.registrations.append(registration)
         grant = self.grant
         if grant is not None and grant.registration.seq < registration.seq:
@@ -246,6 +254,14 @@ class WaitQueue:
         """A command carrying `registration` was answered without putting it in Redis."""
         with contextlib.suppress(ValueError):
             self.registrations.remove(registration)
+
+    def give_back(self) -> list[str]:
+        """The tokens of every registration, forgotten here with any grant heard for them:
+        the command about to be sent gives back what was granted under them."""
+        tokens = self.claim_tokens()
+        self.registrations.clear()
+        self.grant = None
+        return tokens
 
     def claim_tokens(self) -> list[str]:
         """Tokens the lock may be granted under, for an acquire or withdrawal to claim."""
@@ -264,9 +280,10 @@ class WaitQueue:
             return None
         return grant if grant.registration is self.registrations[-1] else None
 
-    def took(self, *, requeued: bool = False) -> None:
-        """The head took the grant from `pop_grant` as its lease. The grant took the entry
+    def took(self, grant: Grant, *, requeued: bool = False) -> None:
+        """The head took `grant` (from `pop_grant`) as its lease. The grant took the entry
         out of the queue in Redis, or, if `requeued`, put it at the back."""
+        self._spent = max(self._spent, grant.registration.seq)
         self.registrations.clear()
         self.requeued = requeued
 
@@ -293,12 +310,17 @@ class WaitQueue:
 
         Each release is seen twice when its holder is in this process (the release's
         reply, then its echo on the channel, in either order): the first counts, the
-        second is recognised by the fencing token and ignored.
+        second is recognised by the fencing token and ignored. A grant to this queue may
+        also be told twice, under different fencing tokens (a semaphore's release that
+        did not put this queue in line, yet granted to it): the grant's own token tells.
         """
         if fence in self._recent or not self.waiters:
             return
         self._recent.append(fence)
-        if reserved_for == self.wid and granted:
+        if granted and reserved_for == self.wid:
+            if granted in self._granted:
+                return
+            self._granted.append(granted)
             for registration in self.registrations:
                 if str(registration.seq) == seq:
                     expiry = expiry_ms or min(registration.grant_ms, RESERVATION_MS)

@@ -153,7 +153,7 @@ async def test_a_short_semaphore_run_under_faults_finds_no_violation(
         names=1,
         duration=6.0,
         ttl=1.0,
-        hold=0.05,
+        hold=0.02,
         limit=3,
         faults=(Fault(1.5, "pause", 0.3), Fault(4.0, "restart")),
         seed=20261123,

@@ -82,7 +82,9 @@ async def test_readers_share_and_a_writer_is_alone(
                 inside["write"] -= 1
 
     tasks = [reader(clients[i % 4]) for i in range(8)] + [writer(clients[i]) for i in (0, 2)]
-    await within(asyncio.gather(*tasks), what="the readers and writers", timeout=30)
+    # Each release reaches the next in line: a grant left unheard would idle the lock
+    # until the waiters' fallback check (the ttl: 10 s).
+    await within(asyncio.gather(*tasks), what="the readers and writers, never idle", timeout=8)
     assert not violations, violations[:5]
     assert most_readers >= 2, "readers never overlapped"
     info = await ReadWriteLock(clients[0], name).info()
@@ -269,3 +271,58 @@ async def test_queued_writers_keep_their_places_while_another_writer_holds(
     finally:
         for client in clients:
             await client.aclose()
+
+
+@pytest.mark.parametrize("side", ["read", "write"])
+async def test_leases_handed_between_processes_are_never_left_idle(
+    clients: list[redis.asyncio.Redis], name: str, side: str
+) -> None:
+    """Two processes, three tasks each, taking turns (writers; or readers kept waiting by
+    a writer every other turn): each release reaches the next in line, so the run takes a
+    fraction of a second; a grant left unheard would idle the lock until the fallback check
+    (the ttl: 10 s)."""
+
+    async def worker(client: redis.asyncio.Redis, index: int) -> None:
+        rw = ReadWriteLock(client, name, ttl=10)
+        for turn in range(4):
+            writing = side == "write" or (turn + index) % 3 == 0
+            async with rw.write() if writing else rw.read():
+                await asyncio.sleep(0.01)
+
+    work = asyncio.gather(*(worker(clients[i % 2], i) for i in range(6)))
+    await within(work, what="24 turns without idling", timeout=5)
+
+
+@pytest.mark.real_only
+@pytest.mark.parametrize("side", [0, 1], ids=["read", "write"])
+async def test_a_grant_is_announced_apart_from_the_granted_leases_own_release(
+    clients: list[redis.asyncio.Redis], name: str, side: int
+) -> None:
+    """A process tells its own release of a lease (from the reply) from the channel's echo
+    by the released fencing token; the announcement of the grant that gave it that lease
+    must not look like such an echo, or the reply's news (a grant to the process's own
+    waiters) is dropped as already seen."""
+    keys = _RWKeys.build("aiolock", name)
+    rw = ReadWriteLock(clients[0], name, ttl=10)
+    blocker = await (rw.read() if side else rw.write()).acquire()
+    other = ReadWriteLock(clients[1], name, ttl=10)
+    waiting = asyncio.create_task((other.write() if side else other.read()).acquire())
+    queue = keys.writers[0] if side else keys.readers[0]
+
+    async def queued() -> bool:
+        return await clients[0].zcard(queue) == 1
+
+    await eventually(queued, what="the waiter queued", interval=0.001)
+    pubsub = clients[2].pubsub()
+    await pubsub.subscribe(keys.channels[side])
+    try:
+        await blocker.release()
+        lease = await within(waiting, what="the waiter granted")
+        message = None
+        while message is None or message["type"] != "message":
+            message = await within(pubsub.get_message(timeout=1.0), what="the grant's announcement")
+        first = message["data"].decode().split(" ")[0]
+        assert first != str(lease.fencing_token)
+        await lease.release()
+    finally:
+        await pubsub.aclose()  # type: ignore[no-untyped-call]

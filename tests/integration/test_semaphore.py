@@ -7,6 +7,7 @@ processes are in `tests/faults/test_semaphore_processes.py`.
 from __future__ import annotations
 
 import asyncio
+import random
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -443,3 +444,82 @@ async def test_one_release_wakes_one_waiting_process(server_url: str, name: str)
     finally:
         for client in clients:
             await client.aclose()
+
+
+async def test_permits_handed_between_processes_are_never_left_idle(
+    clients: list[redis.asyncio.Redis], name: str
+) -> None:
+    """Two processes, three workers each, passing two permits back and forth: every release
+    reaches the next waiter, so the whole run takes a fraction of a second; a grant left
+    unheard would idle a permit until the waiters' fallback check (the ttl: 10 s)."""
+    loop = asyncio.get_running_loop()
+    longest = 0.0
+
+    async def worker(client: redis.asyncio.Redis) -> None:
+        nonlocal longest
+        semaphore = Semaphore(client, name, limit=2, ttl=10)
+        for _ in range(4):
+            asked = loop.time()
+            async with semaphore:
+                longest = max(longest, loop.time() - asked)
+                await asyncio.sleep(0.01)
+
+    work = asyncio.gather(*(worker(clients[i % 2]) for i in range(6)))
+    await within(work, what="24 permits handed around without idling", timeout=5)
+    assert longest < 5, f"a waiter waited {longest:.3f}s"
+
+
+@pytest.mark.real_only
+async def test_a_grant_is_announced_apart_from_the_granted_permits_own_release(
+    clients: list[redis.asyncio.Redis], name: str
+) -> None:
+    """See the read-write lock's test of the same name."""
+    blocker = await Semaphore(clients[0], name, limit=1, ttl=10).acquire()
+    waiting = asyncio.create_task(Semaphore(clients[1], name, limit=1, ttl=10).acquire())
+    await queued_in_redis(clients[0], name, 1)
+    pubsub = clients[2].pubsub()
+    await pubsub.subscribe(keys_of(name).channel)
+    try:
+        await blocker.release()
+        permit = await within(waiting, what="the waiter granted")
+        message = None
+        while message is None or message["type"] != "message":
+            message = await within(pubsub.get_message(timeout=1.0), what="the grant's announcement")
+        assert message["data"].decode().split(" ")[0] != str(permit.fencing_token)
+        await permit.release()
+    finally:
+        await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+
+@pytest.mark.real_only
+async def test_no_permit_is_ever_held_twice_under_contention(
+    clients: list[redis.asyncio.Redis], name: str
+) -> None:
+    """Two processes, four tasks each, on three permits, for two seconds of short random
+    holds: grants, claims, releases that put a queue in line and grants told twice race
+    each other. At no moment do more than three tasks hold permits, nor two the same."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 2.0
+    holding: dict[int, int] = {}  # task -> fencing token
+    problems: list[str] = []
+    sections = 0
+
+    async def worker(client: redis.asyncio.Redis, index: int) -> None:
+        nonlocal sections
+        rng = random.Random(index)
+        semaphore = Semaphore(client, name, limit=3, ttl=1, timeout=5)
+        while loop.time() < end:
+            async with semaphore as permit:
+                if permit.fencing_token in holding.values():
+                    problems.append(f"token {permit.fencing_token} held twice")
+                holding[index] = permit.fencing_token
+                if len(holding) > 3:
+                    problems.append(f"{len(holding)} permits held at once")
+                await asyncio.sleep(rng.uniform(0, 0.02))
+                del holding[index]
+                sections += 1
+
+    work = asyncio.gather(*(worker(clients[i % 2], i) for i in range(8)))
+    await within(work, what="two seconds of contention", timeout=30)
+    assert not problems, problems[:5]
+    assert sections > 100

@@ -42,7 +42,7 @@ async def test_a_grant_to_the_newest_registration_is_taken() -> None:
     # Heard of on the channel: the expiry is the registration's, at most RESERVATION_MS.
     assert grant == Grant(registration, 7, 10.0, 1000)
     assert grant.valid_until(1.0, margin=0.02) == pytest.approx(10.98)
-    queue.took()
+    queue.took(grant)
     assert queue.claim_tokens() == []
     assert not queue.registered, "the grant took the queue's entry out of Redis"
 
@@ -162,3 +162,28 @@ async def test_a_grant_to_the_entry_an_attempt_left_in_redis_is_kept() -> None:
     queue.settle(registration, in_redis=True)
     grant = queue.pop_grant()
     assert grant is not None and grant.fencing_token == 7
+
+
+async def test_a_grant_taken_before_its_command_was_answered_is_never_claimed() -> None:
+    """A release put the queue in line (a semaphore's), another process granted to that
+    registration, and the grant was taken before the release's answer came: the answer
+    must not make the registration claimable again (a second waiter would hold the same
+    permit)."""
+    queue, _ = queue_with_waiter()
+    registration = queue.register(1000, sent_at=1.0)
+    granted(queue, registration, 7)
+    grant = queue.pop_grant()
+    assert grant is not None
+    queue.took(grant, requeued=True)
+    queue.settle(registration, in_redis=True)  # the release's answer, late
+    assert queue.claim_tokens() == []
+
+
+async def test_a_release_that_gives_back_grants_forgets_them_first() -> None:
+    queue, _ = queue_with_waiter()
+    registration = queue.register(1000, sent_at=1.0)
+    granted(queue, registration, 7)
+    assert queue.give_back() == [registration.token]
+    assert queue.pop_grant() is None and queue.claim_tokens() == []
+    granted(queue, registration, 8)  # told again while the release is under way
+    assert queue.pop_grant() is None
