@@ -28,7 +28,8 @@ older copy; one HSET writes the holder, PEXPIRE gives it its ttl (so a crashed h
 the lock); the release deletes the holder's fields in one HDEL and leaves the rest, which
 expires with the key.
 
-What stays after a release (about 100 bytes per name; `benchmarks/` measures it): `fence`,
+What stays after a release (about 190 bytes per name, key and fields; `benchmarks/`
+measures it): `fence`,
 `k` and, for locks that were waited for, `r`, `h` and `q`. It lives until the released
 lease's key would have expired (at most its ttl after its last renewal), or, for a lock
 whose ttl is shorter than its `retain` (default RETAIN_DEFAULT) or longer than RETAIN_CAP,
@@ -57,8 +58,14 @@ the channel, so each serves the other's waiters, except that a layout-2 release 
 state has no `q` (a layout-1 waiter queued while a layout-2 process held the lock) leaves
 layout-1 waiters to their own checks, at the holder's ttl at the latest.
 
+A semaphore's keys are the same under `PREFIX:sem:{NAME}`, a read-write lock's under
+`PREFIX:rw:{NAME}` (with a second wait queue, `:rqueue` and `:rwaiters`, and a second
+channel, `:rreleased`, for readers); their state hash holds every lease as a field
+`p:<token>` (see `_hash_scripts`, `_semaphore_scripts`, `_rwlock_scripts`).
+
 `{NAME}` is a Redis Cluster hash tag: every key of one lock is in one slot. Names may hold
-any text except a leading "}". Match every aiolock key with `SCAN MATCH PREFIX:{*`.
+any text except a leading "}". Match every aiolock lock's key with `SCAN MATCH PREFIX:{*`
+(semaphores: `PREFIX:sem:{*`, read-write locks: `PREFIX:rw:{*`).
 """
 
 from __future__ import annotations

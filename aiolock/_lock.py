@@ -51,7 +51,7 @@ class Lock(Primitive):
             (its lease is lost then, `LossReason.MAX_HOLD`) instead of forever.
         prefix: prefix of every Redis key of this lock (see ARCHITECTURE.md for the layout).
         retain: seconds (5 to 86400) the lock's state (its last fencing token and the
-            records that recognise late copies of commands, about 100 bytes) stays after
+            records that recognise late copies of commands, about 190 bytes) stays after
             a release, when the ttl is shorter than this or longer than an hour; otherwise
             it stays until the released lease would have expired. See `_layout`.
         hold_stats: record every hold's duration for `aiolock stats` and `hold_stats()`

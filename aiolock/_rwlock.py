@@ -186,8 +186,17 @@ class ReadWriteLock:
     a second read can wait forever behind a writer that waits for the first.
 
     Args:
-        client, name, ttl, renew, renew_interval, timeout, max_hold, prefix, retain,
-            hold_stats: as for `Lock`, for each reader's and writer's lease.
+        client: a `redis.asyncio.Redis` (fakeredis's async client works too).
+        name: the lock's name, as for `Lock` (its keys do not clash with a lock's).
+        ttl: seconds a reader's or writer's lease lives without renewal (as for `Lock`).
+        renew: renew each lease in the background while held.
+        renew_interval: seconds between renewals; default ttl/3.
+        timeout: seconds `async with` and `acquire()` wait, on either side; None waits
+            forever, 0 tries once.
+        max_hold: seconds (≥ ttl) after which a lease's renewal stops.
+        prefix: prefix of every Redis key of this lock.
+        retain: seconds (5 to 86400) the state stays after the last release (as for `Lock`).
+        hold_stats: record every hold's duration for `aiolock stats`.
 
     Raises:
         TypeError: a wrong type.

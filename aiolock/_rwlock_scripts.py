@@ -194,7 +194,10 @@ if wid ~= '' then
   end
 end
 serve(wid ~= '' and wid or nil)
-local writer, writer_entry = first_writer()
+local writer, writer_entry
+if queued then
+  writer, writer_entry = first_writer()  -- (nobody queued: no writer waits)
+end
 local admitted
 if SIDE == 1 then
   admitted = live == 0 and (not writer or writer == wid)

@@ -77,8 +77,14 @@ class Semaphore(Primitive):
         client: a `redis.asyncio.Redis` (fakeredis's async client works too).
         name: the semaphore's name, as for `Lock` (its keys do not clash with a lock's).
         limit: permits held at once at most (1 to 10,000), if no other limit is stored.
-        ttl, renew, renew_interval, timeout, max_hold, prefix, retain, hold_stats: as for
-            `Lock`, for each permit.
+        ttl: seconds a permit lives without renewal (as for `Lock`).
+        renew: renew each permit in the background while held.
+        renew_interval: seconds between renewals; default ttl/3.
+        timeout: seconds `async with` and `acquire()` wait; None waits forever, 0 tries once.
+        max_hold: seconds (≥ ttl) after which a permit's renewal stops.
+        prefix: prefix of every Redis key of this semaphore.
+        retain: seconds (5 to 86400) the state stays after the last release (as for `Lock`).
+        hold_stats: record every hold's duration for `aiolock stats`.
 
     Raises:
         TypeError: a wrong type.

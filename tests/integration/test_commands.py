@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import redis.asyncio
 
-from aiolock import Lock
+from aiolock import Lock, ReadLock, ReadWriteLock, Semaphore, WriteLock
 from aiolock._runtime import runtime_for
 
 from ..conftest import CommandLog, make_client
@@ -204,3 +204,36 @@ async def test_one_release_wakes_one_of_many_local_waiters(
         assert lease.fencing_token > previous.fencing_token
         assert commands.since(mark) == Counter({"EVALSHA release": 1})
     await lease.release()
+
+
+@pytest.mark.parametrize("kind", ["semaphore", "read", "write"])
+async def test_an_uncontended_cycle_of_a_semaphore_or_read_write_lock_costs_ten_commands(
+    server: RedisServer, name: str, kind: str
+) -> None:
+    """The two script calls, and inside them: HGETALL (the state and every lease in it),
+    TIME, HSET (the lease), PEXPIRE (the key outlives it) to acquire; HGETALL, TIME, HDEL
+    (the lease), HSET (the released token, for late copies) to release."""
+    client = make_client(server.url)
+    try:
+
+        def primitive(lock_name: str) -> Semaphore | ReadLock | WriteLock:
+            if kind == "semaphore":
+                return Semaphore(client, lock_name, limit=3, ttl=30)
+            rw = ReadWriteLock(client, lock_name, ttl=30)
+            return rw.read() if kind == "read" else rw.write()
+
+        await warm_up(client, name)
+        async with primitive(f"{name}:warm-up"):
+            pass
+        for lock_name in (name, f"{name}:2", name):  # fresh, fresh, used before
+            before = commandstats(await client.info("commandstats"))
+            async with primitive(lock_name):
+                pass
+            after = commandstats(await client.info("commandstats"))
+            spent = after - before
+            spent.pop("info", None)
+            assert spent == Counter(
+                {"evalsha": 2, "hgetall": 2, "time": 2, "hset": 2, "pexpire": 1, "hdel": 1}
+            ), lock_name
+    finally:
+        await client.aclose()
