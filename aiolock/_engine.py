@@ -47,7 +47,7 @@ from ._layout import RESERVATION_MS
 from ._lease import Lease
 from ._retry import Backoff, poll_delay
 from ._runtime import Runtime, runtime_for
-from ._scripts import Script
+from ._scripts import RENEW, RESUME, Script, release_args
 from ._waiting import Grant, Registration, WaitQueue
 from ._watchdog import RenewalEntry
 from .errors import AcquireTimeoutError, BackendError, LeaseLostError, LossReason
@@ -149,16 +149,19 @@ class Primitive:
     """A named primitive on one Redis server whose holders get `Lease`s.
 
     Subclasses set `_client`, `_name`, `_config`, `_key` (the key a lease's token lives in,
-    which its renewals extend) and `_channel` (where releases are announced), and supply
-    `_acquire_call`, `_release_call`, `_renew_call` and `_resume_call`.
+    which its renewals extend), `_channel` (where grants to this primitive's waiters are
+    announced) and `_release_keys` (KEYS of their release script, as RELEASE's), set the
+    class attributes below, and supply `_acquire_call`.
     """
 
-    __slots__ = ("_channel", "_client", "_config", "_held", "_key", "_name")
+    __slots__ = ("_channel", "_client", "_config", "_held", "_key", "_name", "_release_keys")
 
     _what: ClassVar[str] = "lock"
     """What the primitive is called in messages."""
+    _release_script: ClassVar[Script]
+    """The release script: RELEASE's ARGV and replies (see `_scripts`)."""
     _renew_kind: ClassVar[str] = ""
-    """How `_key` holds a lease, for the batched renewal (see RENEW in `_scripts`)."""
+    """How `_key` holds a lease, for RENEW and RESUME (see `_scripts`)."""
     _exclusive: ClassVar[bool] = True
     """One holder at a time (else, once a waiter got in, the next may get in too)."""
     _guard_reentry: ClassVar[bool] = True
@@ -173,6 +176,7 @@ class Primitive:
     _config: LockConfig
     _key: str
     _channel: str
+    _release_keys: Sequence[str]
     _held: list[tuple[asyncio.Task[Any], Lease]]
 
     # ----------------------------------------------------------------- what a primitive supplies
@@ -196,16 +200,27 @@ class Primitive:
         claims: Sequence[str] = (),
     ) -> Call:
         """The release script call (see RELEASE's ARGV conventions)."""
-        raise NotImplementedError  # pragma: no cover - every primitive defines it
+        args = release_args(
+            token=token,
+            retain_ms=retain_ms,
+            held_ms=held_ms,
+            abort=abort,
+            forced=forced,
+            look_at_queue=look_at_queue,
+            withdraw=withdraw,
+            join=join,
+            claims=claims,
+        )
+        return self._release_script, self._release_keys, args
 
     def _renew_call(self, token: str, ttl_ms: int) -> Call:
         """The call that resets the expiry of the lease under `token` to `ttl_ms`."""
-        raise NotImplementedError  # pragma: no cover - every primitive defines it
+        return RENEW, (self._key,), [token, ttl_ms, self._renew_kind]
 
     def _resume_call(self, token: str, ttl_ms: int) -> Call:
-        """The call answering {1, fencing token} if a lease is held under `token` (its
-        expiry then reset to `ttl_ms`), else {0}."""
-        raise NotImplementedError  # pragma: no cover - every primitive defines it
+        """The call answering {1, fencing token[, slot]} if a lease is held under `token`
+        (its expiry then reset to `ttl_ms`), else {0}."""
+        return RESUME, (self._key,), [token, ttl_ms, self._renew_kind]
 
     # ----------------------------------------------------------------- properties
     @property

@@ -8,14 +8,14 @@ The state hash (KEYS[1]) holds the primitive's own fields (`fence`, `q`, `r`, `h
 lives at least as long as every lease in it and its wait queue; RENEW (kind 'p') resets
 one lease's expiry. KEYS[2] and KEYS[3] are the caller's wait queue (as a lock's).
 
-A script is CONSTANTS, then `STATE` (one HGETALL reads everything), COMMON, FORBID if it
-releases, `LEASES`, and its own code, which sets `limit` (a semaphore's; nil otherwise).
+A script is CONSTANTS, then `STATE` (one HGETALL reads everything), COMMON, FORBID and
+HOLDS if it releases, `LEASES` (and `END_LEASE` if it releases), and its own code, which sets `limit` (a semaphore's; nil otherwise).
 Writes are gathered and made by `flush()` in at most three commands (HDEL, HSET, PEXPIRE).
 """
 
 from __future__ import annotations
 
-__all__ = ("LEASES", "RECENT_KEPT", "STATE")
+__all__ = ("END_LEASE", "LEASES", "RECENT_KEPT", "STATE")
 
 RECENT_KEPT = 16
 """Released or expired tokens whose first KEPT hex digits the state keeps (`r`): a late copy
@@ -140,11 +140,73 @@ local function flush(retain)
     redis.call('PEXPIRE', KEYS[1], math.max(tonumber(retain), until_ms - now_ms))
   end
 end
+-- Whether the caller's token must be refused (not held under it now, and aborted by its
+-- owner or used already).
+local function refused()
+  if state['p:' .. ARGV[1]] then
+    return false
+  end
+  return state['a:' .. ARGV[1]] ~= nil or (state.r ~= nil and string.find(state.r, mine, 1, true) ~= nil)
+end
+-- After scan(): the lease already held under the caller's token (a retry after a lost
+-- reply, or acquire-or-extend), its expiry reset to `ttl`, keeping its slot, fencing token
+-- and acquisition time. Returns its fencing token and slot, or nil.
+local function keep_ours(ttl)
+  local ours = state['p:' .. ARGV[1]]
+  if not ours then
+    return nil
+  end
+  local slot, fence, at, _, holder = string.match(ours, '^(%d+) %d+ (%d+) (%d+) (%d+) (.*)$')
+  live = live - 1
+  used[tonumber(slot)] = nil
+  hold(ARGV[1], tonumber(fence), ttl, ttl, holder, tonumber(slot), tonumber(at))
+  return tonumber(fence), tonumber(slot)
+end
+-- A release: the leases granted under the tokens ARGV[first..] (registrations the
+-- caller's queue forgets), and `also` if held, as a set of field names; and whether any.
+local function forgotten(first, also)
+  local names, any = {}, false
+  if also and state[also] then
+    names[also], any = true, true
+  end
+  for i = first, #ARGV do
+    if state['p:' .. ARGV[i]] then
+      names['p:' .. ARGV[i]], any = true, true
+    end
+  end
+  return names, any
+end
 -- A release-style reply: {status, queue id, granted fencing token, seq, expiry ms, slot}.
 local function reply(status, grant)
   if not grant then
     return {status, '', '', '', 0, ''}
   end
   return {status, grant[1], grant[2], grant[3], grant[4], grant[5]}
+end
+"""
+
+# Shared by the release scripts, after LEASES (with FORBID and HOLDS): ARGV as RELEASE's.
+END_LEASE = """
+local mode, retain, held = ARGV[2] or '', ARGV[3] or '', ARGV[4] or ''
+local own = ARGV[6] or ''
+-- Release the lease in field `field` (held now) and those in `drop`: forgotten (its token
+-- remembered); forbidden too if aborted; else its hold recorded (the typical hold `h`, a
+-- moving average over contended releases, 1/8 each; the holds list if asked).
+local function end_lease(field, drop)
+  local acquired = tonumber(string.match(state[field], '^%d+ %d+ %d+ (%d+) '))
+  drop[field] = true
+  scan(drop)
+  if mode == 'abort' then
+    forbid(ARGV[1], true)
+    return
+  end
+  if queued or own ~= '' then
+    local typical, this = tonumber(state.h or ''), now_ms - acquired
+    writes[#writes + 1] = 'h'
+    writes[#writes + 1] = typical and math.floor((typical * 7 + this) / 8) or this
+  end
+  if held ~= '' then
+    record_hold(held)
+  end
 end
 """

@@ -11,7 +11,7 @@ from ._engine import Call, Primitive
 from ._info import HOST, PID, LockInfo, text
 from ._layout import RETAIN_DEFAULT, LockKeys
 from ._runtime import runtime_for
-from ._scripts import ACQUIRE, INSPECT, RELEASE, RENEW, RESUME, acquire_args, release_args
+from ._scripts import ACQUIRE, INSPECT, RELEASE, acquire_args
 
 __all__ = ("Lock", "LockInfo")
 
@@ -64,6 +64,8 @@ class Lock(Primitive):
 
     __slots__ = ("_keys",)
 
+    _release_script = RELEASE
+
     def __init__(
         self,
         client: AsyncRedis,
@@ -93,6 +95,7 @@ class Lock(Primitive):
         keys = self._keys = LockKeys.build(self._config.prefix, self._name)
         self._key = keys.lock
         self._channel = keys.channel
+        self._release_keys = keys.scripts
         self._held = []  # (task, lease) of each `async with` block in progress
 
     @property
@@ -112,38 +115,6 @@ class Lock(Primitive):
         args = acquire_args(token, self._config.ttl_ms, holder, queue=queue, claims=claims)
         # An attempt that does not queue touches the state alone: one key (cheaper to pass).
         return ACQUIRE, self._keys.scripts if queue is not None else self._keys.state, args
-
-    def _release_call(
-        self,
-        *,
-        token: str = "",
-        retain_ms: int | None = None,
-        held_ms: int | None = None,
-        abort: bool = False,
-        forced: bool = False,
-        look_at_queue: bool = False,
-        withdraw: str = "",
-        join: tuple[str, str, int] | None = None,
-        claims: Sequence[str] = (),
-    ) -> Call:
-        args = release_args(
-            token=token,
-            retain_ms=retain_ms,
-            held_ms=held_ms,
-            abort=abort,
-            forced=forced,
-            look_at_queue=look_at_queue,
-            withdraw=withdraw,
-            join=join,
-            claims=claims,
-        )
-        return RELEASE, self._keys.scripts, args
-
-    def _renew_call(self, token: str, ttl_ms: int) -> Call:
-        return RENEW, self._keys.state, [token, ttl_ms, ""]
-
-    def _resume_call(self, token: str, ttl_ms: int) -> Call:
-        return RESUME, self._keys.state, [token, ttl_ms]
 
     # ----------------------------------------------------------------- inspection
     async def locked(self) -> bool:

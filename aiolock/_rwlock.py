@@ -17,7 +17,7 @@ from ._engine import Call, Primitive
 from ._info import HOST, PID, LockInfo, text
 from ._layout import RETAIN_DEFAULT
 from ._rwlock_scripts import RW_ACQUIRE, RW_RELEASE, WRITER_MARK_MS
-from ._scripts import RENEW, RESUME, acquire_args, release_args
+from ._scripts import acquire_args
 
 __all__ = ("ReadLock", "ReadWriteInfo", "ReadWriteLock", "WriteLock")
 
@@ -80,7 +80,7 @@ class _Side(Primitive):
         self._name = rw._name
         self._config = rw._config
         self._keys = rw._keys
-        self._script_keys = rw._keys.of_side(self._side)
+        self._script_keys = self._release_keys = rw._keys.of_side(self._side)
         self._key = rw._keys.state
         self._channel = rw._keys.channels[self._side]
         self._held = []
@@ -100,36 +100,6 @@ class _Side(Primitive):
         args = acquire_args(token, self._config.ttl_ms, holder, queue=queue, claims=claims)
         return RW_ACQUIRE[self._side], self._script_keys, args
 
-    def _release_call(
-        self,
-        *,
-        token: str = "",
-        retain_ms: int | None = None,
-        held_ms: int | None = None,
-        abort: bool = False,
-        forced: bool = False,
-        look_at_queue: bool = False,
-        withdraw: str = "",
-        join: tuple[str, str, int] | None = None,
-        claims: Sequence[str] = (),
-    ) -> Call:
-        args = release_args(
-            token=token,
-            retain_ms=retain_ms,
-            held_ms=held_ms,
-            abort=abort,
-            withdraw=withdraw,
-            join=join,
-            claims=claims,
-        )
-        return RW_RELEASE[self._side], self._script_keys, args
-
-    def _renew_call(self, token: str, ttl_ms: int) -> Call:
-        return RENEW, (self._keys.state,), [token, ttl_ms, self._renew_kind]
-
-    def _resume_call(self, token: str, ttl_ms: int) -> Call:
-        return RESUME, (self._keys.state,), [token, ttl_ms, self._renew_kind]
-
 
 @final
 class ReadLock(_Side):
@@ -143,6 +113,7 @@ class ReadLock(_Side):
     __slots__ = ()
     _side = 0
     _what = "read lock"
+    _release_script = RW_RELEASE[0]
     _exclusive = False
 
 
@@ -158,6 +129,7 @@ class WriteLock(_Side):
     __slots__ = ()
     _side = 1
     _what = "write lock"
+    _release_script = RW_RELEASE[1]
     _max_poll = WRITER_MARK_MS / 3000
 
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from ._hash_scripts import LEASES, STATE
-from ._scripts import COMMON, CONSTANTS, FORBID, Script
+from ._hash_scripts import END_LEASE, LEASES, STATE
+from ._scripts import COMMON, CONSTANTS, FORBID, HOLDS, Script
 
 __all__ = ("RW_ACQUIRE", "RW_RELEASE", "WRITER_MARK_MS")
 
@@ -152,21 +152,16 @@ def _acquire(side: int) -> Script:
         + _POLICY
         + """
 local ttl = tonumber(ARGV[2])
-local ours = state['p:' .. ARGV[1]]
-if not ours and (state['a:' .. ARGV[1]] or (state.r and string.find(state.r, mine, 1, true))) then
+if refused() then
   return {-1, 0}
 end
 scan()
 local wid = ARGV[4] or ''
 local behind = tonumber(ARGV[5] or '0')
-ours = state['p:' .. ARGV[1]]
-if ours then
-  -- Already ours: a retry after a lost reply, or a caller's token (acquire-or-extend).
-  local fence, at, _, holder = string.match(ours, '^%d+ %d+ (%d+) (%d+) (%d+) (.*)$')
-  live = live - 1
-  hold(ARGV[1], tonumber(fence), ttl, ttl, holder, SIDE, tonumber(at))
+local kept = keep_ours(ttl)
+if kept then
   flush()
-  return {1, tonumber(fence)}
+  return {1, kept}
 end
 local function taken(fence)
   if wid ~= '' then
@@ -250,41 +245,14 @@ def _release(side: int) -> Script:
         + STATE
         + COMMON
         + FORBID
+        + HOLDS
         + LEASES
+        + END_LEASE
         + _POLICY
         + """
-local mode, retain, held = ARGV[2] or '', ARGV[3] or '', ARGV[4] or ''
-local own = ARGV[6] or ''
 local field = 'p:' .. ARGV[1]
--- The leases granted under the tokens the caller's queue forgets, as a set.
-local function forgotten()
-  local names = {}
-  for i = 9, #ARGV do
-    if state['p:' .. ARGV[i]] then
-      names['p:' .. ARGV[i]] = true
-    end
-  end
-  return names
-end
 if ARGV[1] ~= '' and state[field] then
-  local acquired = tonumber(string.match(state[field], '^%d+ %d+ %d+ (%d+) '))
-  local drop = forgotten()
-  drop[field] = true
-  scan(drop)
-  if mode == 'abort' then
-    forbid(ARGV[1], true)
-  elseif queued or own ~= '' then
-    local typical, this = tonumber(state.h or ''), now_ms - acquired
-    writes[#writes + 1] = 'h'
-    writes[#writes + 1] = typical and math.floor((typical * 7 + this) / 8) or this
-  end
-  if held ~= '' and mode ~= 'abort' then
-    local length = redis.call('LPUSH', KEYS[4], held)
-    if length == 1 or length > 150 then
-      redis.call('LTRIM', KEYS[4], 0, 99)
-      redis.call('PEXPIRE', KEYS[4], 86400000)
-    end
-  end
+  end_lease(field, (forgotten(9)))
   if own ~= '' then
     line_up(own, now_ms + RESERVATION + GRACE, tonumber(ARGV[8]), ARGV[7])
   end
@@ -297,7 +265,7 @@ if withdraw ~= '' then
   -- The queue left: what was granted to it is handed on, and a writer that stopped waiting
   -- may let readers in.
   dequeue(withdraw)
-  scan(forgotten())
+  scan((forgotten(9)))
   local first = serve()
   flush()
   return reply(3, first)

@@ -119,6 +119,19 @@ local function enqueue(wid, until_ms, count, tail)
 end
 """
 
+# Shared by the release scripts: KEYS[4] is the holds list.
+HOLDS = """
+-- Record a hold of `held` ms in the holds list (KEYS[4]): it keeps 100 to 150 entries,
+-- trimmed (and its expiry renewed) every 50 holds.
+local function record_hold(held)
+  local length = redis.call('LPUSH', KEYS[4], held)
+  if length == 1 or length > 150 then
+    redis.call('LTRIM', KEYS[4], 0, 99)
+    redis.call('PEXPIRE', KEYS[4], 86400000)
+  end
+end
+"""
+
 # Shared by the release scripts: KEYS[1] is the state hash.
 FORBID = """
 -- Remember that an acquire with `token` must never be granted (its caller aborted it): one
@@ -299,6 +312,7 @@ local mine = string.sub(ARGV[1], 1, KEPT)
 """
     + COMMON
     + FORBID
+    + HOLDS
     + """
 -- Remove the holder's fields (and those of a holder written by layout 1).
 local function unhold(...)
@@ -405,12 +419,7 @@ if ARGV[1] ~= '' and s[1] == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], retain)
   end
   if held ~= '' and mode ~= 'abort' then
-    -- The list keeps 100 to 150 entries: trimmed (and its expiry renewed) every 50 holds.
-    local length = redis.call('LPUSH', KEYS[4], held)
-    if length == 1 or length > 150 then
-      redis.call('LTRIM', KEYS[4], 0, 99)
-      redis.call('PEXPIRE', KEYS[4], 86400000)
-    end
+    record_hold(held)
   end
   if own ~= '' then
     clock()

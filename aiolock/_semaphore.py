@@ -13,7 +13,6 @@ from ._info import HOST, PID, LockInfo
 from ._inspect import read_locks
 from ._layout import RETAIN_DEFAULT, LockKeys
 from ._runtime import runtime_for
-from ._scripts import RENEW, RESUME, release_args
 from ._semaphore_scripts import SEM_ACQUIRE, SEM_RELEASE, SEM_SET_LIMIT, sem_acquire_args
 
 __all__ = ("Semaphore", "SemaphoreInfo")
@@ -96,6 +95,7 @@ class Semaphore(Primitive):
     __slots__ = ("_keys", "_limit")
 
     _what = "semaphore"
+    _release_script = SEM_RELEASE
     _renew_kind = "p"
     _exclusive = False
     _guard_reentry = False  # a task may hold several permits
@@ -132,6 +132,7 @@ class Semaphore(Primitive):
         keys = self._keys = LockKeys.build(self._config.prefix, self._name, "sem:")
         self._key = keys.lock
         self._channel = keys.channel
+        self._release_keys = keys.scripts
         self._held = []
 
     @property
@@ -162,37 +163,6 @@ class Semaphore(Primitive):
         )
         # Every acquire may serve the queue (a permit that expired goes to its head first).
         return SEM_ACQUIRE, self._keys.scripts[:3], args
-
-    def _release_call(
-        self,
-        *,
-        token: str = "",
-        retain_ms: int | None = None,
-        held_ms: int | None = None,
-        abort: bool = False,
-        forced: bool = False,
-        look_at_queue: bool = False,
-        withdraw: str = "",
-        join: tuple[str, str, int] | None = None,
-        claims: Sequence[str] = (),
-    ) -> Call:
-        # A semaphore has no layout-1 waiters to look for, and no forced eviction.
-        args = release_args(
-            token=token,
-            retain_ms=retain_ms,
-            held_ms=held_ms,
-            abort=abort,
-            withdraw=withdraw,
-            join=join,
-            claims=claims,
-        )
-        return SEM_RELEASE, self._keys.scripts, args
-
-    def _renew_call(self, token: str, ttl_ms: int) -> Call:
-        return RENEW, self._keys.state, [token, ttl_ms, self._renew_kind]
-
-    def _resume_call(self, token: str, ttl_ms: int) -> Call:
-        return RESUME, self._keys.state, [token, ttl_ms, self._renew_kind]
 
     # ----------------------------------------------------------------- limit, inspection
     async def set_limit(self, limit: int) -> int | None:

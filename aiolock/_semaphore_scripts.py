@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ._hash_scripts import LEASES, STATE
-from ._scripts import COMMON, CONSTANTS, FORBID, Script
+from ._hash_scripts import END_LEASE, LEASES, STATE
+from ._scripts import COMMON, CONSTANTS, FORBID, HOLDS, Script
 
 __all__ = ("SEM_ACQUIRE", "SEM_RELEASE", "SEM_SET_LIMIT", "sem_acquire_args")
 
@@ -127,22 +127,16 @@ if not limit then
   writes[1], writes[2] = 'limit', limit
 end
 local ttl = tonumber(ARGV[2])
-local ours = state['p:' .. ARGV[1]]
-if not ours and (state['a:' .. ARGV[1]] or (state.r and string.find(state.r, mine, 1, true))) then
+if refused() then
   return {-1, 0}
 end
 scan()
 local wid = ARGV[5] or ''
 local behind = tonumber(ARGV[6] or '0')
-ours = state['p:' .. ARGV[1]]
-if ours then
-  -- Already ours: a retry after a lost reply, or a caller's token (acquire-or-extend).
-  local slot, fence, at, _, holder = string.match(ours, '^(%d+) %d+ (%d+) (%d+) (%d+) (.*)$')
-  live = live - 1
-  used[tonumber(slot)] = nil
-  hold(ARGV[1], tonumber(fence), ttl, ttl, holder, tonumber(slot), tonumber(at))
+local kept, kept_slot = keep_ours(ttl)
+if kept then
   flush()
-  return {1, tonumber(fence), tonumber(slot), math.max(limit - live, 0)}
+  return {1, kept, kept_slot, math.max(limit - live, 0)}
 end
 local function taken(fence, slot)
   if wid ~= '' then
@@ -211,49 +205,19 @@ SEM_RELEASE = Script(
     + STATE
     + COMMON
     + FORBID
+    + HOLDS
     + LEASES
+    + END_LEASE
     + _SERVE
     + """
 limit = tonumber(state.limit or '') or 1
-local mode, retain, held = ARGV[2] or '', ARGV[3] or '', ARGV[4] or ''
-local own = ARGV[6] or ''
 local field = 'p:' .. ARGV[1]
--- The permits granted under the tokens the caller's queue forgets (and, for a queue
--- withdrawn, reserved for it), as a set.
-local function forgotten()
-  local names, any = {}, false
-  local withdrawn = ARGV[5] or ''
-  if withdrawn ~= '' and state['p:q' .. withdrawn] then
-    names['p:q' .. withdrawn], any = true, true
-  end
-  for i = 9, #ARGV do
-    if state['p:' .. ARGV[i]] then
-      names['p:' .. ARGV[i]], any = true, true
-    end
-  end
-  return names, any
-end
+-- A withdrawn queue gives back the permits granted under its registrations, and the one
+-- reserved for it.
+local withdraw = ARGV[5] or ''
+local reserved = withdraw ~= '' and 'p:q' .. withdraw or nil
 if ARGV[1] ~= '' and state[field] then
-  local acquired = tonumber(string.match(state[field], '^%d+ %d+ %d+ (%d+) '))
-  local drop = forgotten()
-  drop[field] = true
-  scan(drop)
-  if mode == 'abort' then
-    forbid(ARGV[1], true)
-  elseif queued or own ~= '' then
-    -- A contended release: the typical hold, a moving average (1/8 each).
-    local typical, this = tonumber(state.h or ''), now_ms - acquired
-    writes[#writes + 1] = 'h'
-    writes[#writes + 1] = typical and math.floor((typical * 7 + this) / 8) or this
-  end
-  if held ~= '' and mode ~= 'abort' then
-    -- The list keeps 100 to 150 entries: trimmed (and its expiry renewed) every 50 holds.
-    local length = redis.call('LPUSH', KEYS[4], held)
-    if length == 1 or length > 150 then
-      redis.call('LTRIM', KEYS[4], 0, 99)
-      redis.call('PEXPIRE', KEYS[4], 86400000)
-    end
-  end
+  end_lease(field, (forgotten(9, reserved)))
   if own ~= '' then
     local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
     if (not head or head == own) and live < limit then
@@ -271,10 +235,9 @@ if ARGV[1] ~= '' and state[field] then
   flush(retain)
   return reply(1, own_grant or first)
 end
-local withdraw = ARGV[5] or ''
 if withdraw ~= '' then
   dequeue(withdraw)
-  local drop, granted = forgotten()
+  local drop, granted = forgotten(9, reserved)
   if granted then
     scan(drop)
     local first = serve()

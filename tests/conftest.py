@@ -242,6 +242,29 @@ async def client(
 
 
 @pytest.fixture
+async def clients(
+    backend_kind: str, client: redis.asyncio.Redis, request: pytest.FixtureRequest
+) -> AsyncIterator[list[redis.asyncio.Redis]]:
+    """Six clients on one server (the first is `client`), as six processes would have: each
+    has its own notifier and wait queues (fakeredis's share one server)."""
+    if backend_kind == "real":
+        url = request.getfixturevalue("server_url")
+        others = [make_client(url) for _ in range(5)]
+    else:
+        import fakeredis
+
+        others = [
+            fakeredis.FakeAsyncRedis(connection_pool=client.connection_pool) for _ in range(5)
+        ]
+    try:
+        yield [client, *others]
+    finally:
+        for other in others:
+            if other.connection_pool is not client.connection_pool:
+                await other.aclose()
+
+
+@pytest.fixture
 def name(request: pytest.FixtureRequest) -> str:
     """A lock name no other test (or earlier run against REDIS_URL) uses."""
     return f"test:{request.node.name}:{uuid.uuid4().hex[:8]}"

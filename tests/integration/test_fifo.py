@@ -22,28 +22,6 @@ from ..waits import eventually, within
 
 
 @pytest.fixture
-async def clients(
-    backend_kind: str, client: redis.asyncio.Redis, request: pytest.FixtureRequest
-) -> AsyncIterator[list[redis.asyncio.Redis]]:
-    """Four clients on one server, as four processes would have."""
-    if backend_kind == "real":
-        url = request.getfixturevalue("server_url")
-        others = [make_client(url) for _ in range(3)]
-    else:
-        import fakeredis
-
-        others = [
-            fakeredis.FakeAsyncRedis(connection_pool=client.connection_pool) for _ in range(3)
-        ]
-    try:
-        yield [client, *others]
-    finally:
-        for other in others:
-            if other.connection_pool is not client.connection_pool:
-                await other.aclose()
-
-
-@pytest.fixture
 async def logged_pair(
     server_url: str, name: str
 ) -> AsyncIterator[tuple[redis.asyncio.Redis, redis.asyncio.Redis, list[CommandLog]]]:

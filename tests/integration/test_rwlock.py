@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio
@@ -19,28 +18,6 @@ from aiolock._rwlock_scripts import WRITER_MARK_MS
 
 from ..conftest import CommandLog, make_client
 from ..waits import eventually, until_cancelled, within
-
-
-@pytest.fixture
-async def clients(
-    backend_kind: str, client: redis.asyncio.Redis, request: pytest.FixtureRequest
-) -> AsyncIterator[list[redis.asyncio.Redis]]:
-    """Four clients on one server, as four processes would have."""
-    if backend_kind == "real":
-        url = request.getfixturevalue("server_url")
-        others = [make_client(url) for _ in range(3)]
-    else:
-        import fakeredis
-
-        others = [
-            fakeredis.FakeAsyncRedis(connection_pool=client.connection_pool) for _ in range(3)
-        ]
-    try:
-        yield [client, *others]
-    finally:
-        for other in others:
-            if other.connection_pool is not client.connection_pool:
-                await other.aclose()
 
 
 async def writers_queued(client: redis.asyncio.Redis, name: str, count: int) -> None:

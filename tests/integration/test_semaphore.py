@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio
@@ -26,28 +25,6 @@ KEYS = "sem:"
 
 def keys_of(name: str) -> LockKeys:
     return LockKeys.build("aiolock", name, KEYS)
-
-
-@pytest.fixture
-async def clients(
-    backend_kind: str, client: redis.asyncio.Redis, request: pytest.FixtureRequest
-) -> AsyncIterator[list[redis.asyncio.Redis]]:
-    """Six clients on one server, as six processes would have."""
-    if backend_kind == "real":
-        url = request.getfixturevalue("server_url")
-        others = [make_client(url) for _ in range(5)]
-    else:
-        import fakeredis
-
-        others = [
-            fakeredis.FakeAsyncRedis(connection_pool=client.connection_pool) for _ in range(5)
-        ]
-    try:
-        yield [client, *others]
-    finally:
-        for other in others:
-            if other.connection_pool is not client.connection_pool:
-                await other.aclose()
 
 
 async def queued_in_redis(client: redis.asyncio.Redis, name: str, count: int) -> None:
