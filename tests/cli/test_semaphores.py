@@ -55,6 +55,24 @@ async def server_ms(client: redis.asyncio.Redis) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
+async def queue_up(
+    client: redis.asyncio.Redis, semaphores: list[Semaphore]
+) -> list[asyncio.Task[Lease]]:
+    """One waiter in each of `semaphores` (of distinct clients), queued in Redis in that
+    order. One waiter per process: a process's entry counts the waiters it had when its
+    first waiter last sent it, which later waiters of that process do not update."""
+    waiters = []
+    for semaphore in semaphores:
+        waiters.append(asyncio.create_task(semaphore.acquire()))
+        count = len(waiters)
+
+        async def queued(count: int = count, key: str = sem_keys(semaphore.name).queue) -> bool:
+            return bool(await client.zcard(key) == count)
+
+        await eventually(queued, what=f"{count} process(es) queued in Redis")
+    return waiters
+
+
 async def release_all(leases: list[Lease], waiters: list[asyncio.Task[Lease]]) -> None:
     for lease in leases:
         await lease.release()
@@ -65,14 +83,14 @@ async def release_all(leases: list[Lease], waiters: list[asyncio.Task[Lease]]) -
 async def test_ls_lists_semaphores_beside_locks(
     server_url: str, tag: str, clients: list[redis.asyncio.Redis], arun: AsyncRunCli
 ) -> None:
-    """Permits held by three clients, two tasks of a fourth queued, and a lock."""
+    """Permits held by three clients, waiters in two, and a lock."""
     name = f"{tag}:partner-api"
     semaphores = [Semaphore(client, name, limit=3, ttl=20) for client in clients]
     first = await acquire_as(semaphores[0], "sync-0")
     await asyncio.sleep(0.25)  # the oldest permit is older than the others by this much
     leases = [first]
     leases += [await acquire_as(semaphores[i], f"sync-{i}") for i in (1, 2)]
-    waiters = [asyncio.create_task(semaphores[3].acquire()) for _ in range(2)]
+    waiters = await queue_up(clients[0], [semaphores[3], semaphores[0]])
     lock = await Lock(clients[0], f"{tag}:orders", ttl=10).acquire()
     leases.append(lock)
 
@@ -155,10 +173,7 @@ async def test_show_tells_everything_about_a_semaphore(
     await leases.pop(0).release()
     leases.append(await within(handed, what="the permit handed over"))
     await eventually(lambda: queued_processes(0), what="the served process out of the queue")
-    # Now two processes queued: one task in one, two in the other.
-    waiters = [asyncio.create_task(semaphores[0].acquire())]
-    await eventually(lambda: queued_processes(1), what="the first process queued")
-    waiters += [asyncio.create_task(semaphores[1].acquire()) for _ in range(2)]
+    waiters = await queue_up(clients[0], [semaphores[0], semaphores[1]])
 
     async def shown() -> dict[str, Any]:
         result = await arun("--url", server_url, "show", name, "--json")
@@ -166,10 +181,10 @@ async def test_show_tells_everything_about_a_semaphore(
         return dict(result.json())
 
     async def queued() -> bool:
-        return bool((await shown())["semaphore"]["waiters"] == 3)
+        return bool((await shown())["semaphore"]["waiters"] == 2)
 
     try:
-        await eventually(queued, what="show lists the three waiters")
+        await eventually(queued, what="show lists the two waiters")
         everything = await shown()
         assert everything["name"] == name and everything["lock"] is None
         sem = everything["semaphore"]
@@ -188,7 +203,7 @@ async def test_show_tells_everything_about_a_semaphore(
         for permit in sem["holders"]:
             assert permit["pid"] == os.getpid() and permit["ttl"] == 15.0
             assert 0 < permit["expires_in"] <= 15 and 0 <= permit["age"] < 15
-        assert [e["count"] for e in sem["queue"]] == [1, 2]
+        assert [e["count"] for e in sem["queue"]] == [1, 1]
         assert [e["position"] for e in sem["queue"]] == [1, 2]
         assert all(not e["expired"] and e["expires_in"] > 0 for e in sem["queue"])
         assert sem["typical_hold"] is not None and 0 <= sem["typical_hold"] < 15
@@ -203,7 +218,7 @@ async def test_show_tells_everything_about_a_semaphore(
             "limit          3 (in force",
             "permits        3 held, 0 free",
             "permits: 3 of 3 held",
-            "queue: 2 process(es), 3 waiter(s)",
+            "queue: 2 process(es), 2 waiter(s)",
             f"fence counter  {max(tokens.values())} (last token issued)",
             "recent holds: 5,",
         ):
@@ -436,10 +451,10 @@ async def test_a_permit_in_transit_to_a_queued_process(
     )
     await client.pexpire(keys.lock, 10_000)
     await client.zadd(keys.queue, {queue: 1})
-    await client.hset(keys.waiters, mapping={queue: f"{now + 5000} 1 web-2 77"})
+    await client.hset(keys.waiters, mapping={queue: f"{now + 5000} 2 web-2 77"})
     try:
         (row,) = (await arun("--url", server_url, "ls", f"{tag}:*", "--json")).json()
-        assert (row["held"], row["limit"], row["waiters"]) == (2, 4, 1)
+        assert (row["held"], row["limit"], row["waiters"]) == (2, 4, 2)
         assert [(p["slot"], p["reserved_for"]) for p in row["holders"]] == [(0, None), (1, queue)]
         assert 1.9 <= row["age"] < 5  # the oldest live permit's (not the expired one's)
         assert 0 < row["expires_in"] <= 0.9  # the soonest: the reservation
@@ -453,6 +468,7 @@ async def test_a_permit_in_transit_to_a_queued_process(
         table = (await arun("--url", server_url, "show", name)).out
         assert f"(handed over to queue {queue})" in table
         assert "1 of them handed over to a queued process" in table
+        assert "queue: 1 process(es), 2 waiter(s)" in table
         assert "web-3" not in table and "job-2" not in table
 
         # Only the reservation left: no holder, the permit on its way.
