@@ -250,7 +250,7 @@ def _connection_options(parser: argparse.ArgumentParser, default: Any) -> None:
         "--json",
         action="store_true",
         default=argparse.SUPPRESS if default is argparse.SUPPRESS else False,
-        help="print JSON instead of tables",
+        help="print JSON instead of tables (its keys: the aiolock.cli module's docstring)",
     )
 
 
@@ -481,16 +481,31 @@ def _locks_table(states: Sequence[LockState], *, title: str | None = None) -> Ta
     table.add_column("NAME", no_wrap=True, min_width=min(longest, 60), overflow="fold")
     table.add_column("KIND", no_wrap=True)
     table.add_column("HELD", justify="right", no_wrap=True)
-    table.add_column("HOLDER", no_wrap=True)
-    table.add_column("TASK", overflow="ellipsis", no_wrap=True)
+    # In a narrow terminal the holder and the task give way first (cut short, one line).
+    table.add_column("HOLDER", overflow="ellipsis")
+    table.add_column("TASK", overflow="ellipsis")
     for column in ("AGE", "TTL LEFT", "FENCING TOKEN"):
         table.add_column(column, no_wrap=True)
     table.add_column("WAITERS", justify="right", no_wrap=True)
     for state in states:
-        limit = _limit(state)
-        held = f"{_held_count(state)}/{'?' if limit is None else limit}"
-        table.add_row(state.name, state.kind, held, *_holder_cells(state), str(state.waiters))
+        holder, task, *rest = _holder_cells(state)
+        table.add_row(
+            state.name, state.kind, _held_cell(state), _one_line(holder), _one_line(task), *rest,
+            str(state.waiters),
+        )  # fmt: skip
     return table
+
+
+def _held_cell(state: LockState) -> str:
+    """ "held/limit": "1/1" for a held lock, "3/5" for a semaphore."""
+    limit = _limit(state)
+    return f"{_held_count(state)}/{'?' if limit is None else limit}"
+
+
+def _one_line(cell: str | Text) -> Text:
+    text = Text(cell) if isinstance(cell, str) else cell.copy()
+    text.no_wrap, text.overflow = True, "ellipsis"
+    return text
 
 
 def _holder_cells(state: LockState) -> tuple[str | Text, ...]:

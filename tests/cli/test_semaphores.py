@@ -495,3 +495,38 @@ async def test_a_lowered_limit_below_the_permits_held(
     finally:
         for lease in leases:
             await lease.release()
+
+
+async def test_waiters_behind_permits_that_expired_are_listed(
+    server_url: str, tag: str, clients: list[redis.asyncio.Redis], arun: AsyncRunCli
+) -> None:
+    """Written by hand: every permit expired (no script has run since), a process waits."""
+    name = f"{tag}:stalled"
+    keys = sem_keys(name)
+    client = clients[0]
+    queue = "0c1d2e3f4a5b6c7d"
+    now = await server_ms(client)
+    await client.hset(
+        keys.lock,
+        mapping={
+            "limit": "1",
+            "fence": "5",
+            "q": str(now + 9000),
+            "p:" + "c" * 32: f"0 {now - 5} 5 {now - 1000} 995 web-1 66 job-1",
+        },
+    )
+    await client.pexpire(keys.lock, 10_000)
+    await client.zadd(keys.queue, {queue: 1})
+    await client.hset(keys.waiters, mapping={queue: f"{now + 5000} 3 web-2 77"})
+    try:
+        (row,) = (await arun("--url", server_url, "ls", f"{tag}:*", "--json")).json()
+        assert (row["state"], row["held"], row["limit"], row["waiters"]) == ("free", 0, 1, 3)
+        assert row["holders"] == [] and row["age"] is None and row["expires_in"] is None
+        (line,) = [ln for ln in (await arun("--url", server_url, "ls", f"{tag}:*")).out.splitlines()
+                   if name in ln]  # fmt: skip
+        assert "0/1" in line and "(none)" in line and line.split()[-1] == "3"
+        table = (await arun("--url", server_url, "show", name)).out
+        assert "permits        0 held, 1 free" in table
+        assert "queue: 1 process(es), 3 waiter(s)" in table and "web-1" not in table
+    finally:
+        await client.delete(keys.lock, keys.queue, keys.waiters)
