@@ -522,8 +522,8 @@ async def test_waiters_behind_permits_that_expired_are_listed(
         (row,) = (await arun("--url", server_url, "ls", f"{tag}:*", "--json")).json()
         assert (row["state"], row["held"], row["limit"], row["waiters"]) == ("free", 0, 1, 3)
         assert row["holders"] == [] and row["age"] is None and row["expires_in"] is None
-        (line,) = [ln for ln in (await arun("--url", server_url, "ls", f"{tag}:*")).out.splitlines()
-                   if name in ln]  # fmt: skip
+        listed = (await arun("--url", server_url, "ls", f"{tag}:*")).out
+        (line,) = [ln for ln in listed.splitlines() if name in ln]
         assert "0/1" in line and "(none)" in line and line.split()[-1] == "3"
         table = (await arun("--url", server_url, "show", name)).out
         assert "permits        0 held, 1 free" in table
