@@ -1,9 +1,14 @@
 """Reading the data layout back: which locks exist, their state, and what their holds say.
 
-Shared by the `aiolock` command line and the public `hold_stats()`. Everything here reads
-(SCAN, one MULTI/EXEC snapshot per batch of locks), except `force_release`, which runs the
-ordinary token-guarded RELEASE script with the holder's token. The hold-time maths are
-pure functions of the recorded durations, tested as units.
+Shared by the `aiolock` command line, `Semaphore.info()` and the public `hold_stats()`.
+Everything here reads (SCAN, one MULTI/EXEC snapshot per batch of names), except
+`force_release`, which runs the ordinary token-guarded RELEASE script with the holder's
+token. The hold-time maths are pure functions of the recorded durations, tested as units.
+
+Every primitive keeps the same set of keys, named with an infix of its own (`KINDS`: ""
+for a lock, "sem:" for a semaphore); what differs is how its state hash names its holders.
+A new primitive is read back by adding a `Kind` (its label, its infix, and how to find its
+holders in the state) to `KINDS` and its label to `LockState.kind`.
 
 Hold durations come from the `holds` list of the layout, kept for locks created with
 `hold_stats=True`: the release script records each normal release (as the holder measured
@@ -18,9 +23,9 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, Final, Literal, final
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, TypeAlias, final
 
 from ._backend import AsyncRedis, check_client, translate_errors
 from ._config import check_name, check_prefix
@@ -30,13 +35,21 @@ from ._runtime import runtime_for
 from ._scripts import RELEASE, release_args
 
 __all__ = (
+    "KINDS",
+    "LOCK",
+    "RESERVED_TASK",
+    "SEMAPHORE",
     "ForceRelease",
     "HoldStats",
+    "Holders",
+    "Kind",
+    "KindLabel",
     "LockState",
     "QueueEntry",
     "Reservation",
     "force_release",
     "hold_stats",
+    "kind_named",
     "nearest_rank",
     "read_locks",
     "recommend_ttl_ms",
@@ -166,20 +179,92 @@ class Reservation:
     expires_in: float
 
 
+KindLabel: TypeAlias = Literal["lock", "semaphore"]
+"""What the command line calls each kind of primitive (`Kind.label`)."""
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Holders:
+    """The holders a state hash names, as one kind of primitive writes them."""
+
+    holder: LockInfo | None = None
+    """A lock's holder (None for the kinds held by several at once)."""
+    holders: tuple[LockInfo, ...] = ()
+    """Every holder, by slot where there are slots."""
+    reserved_slots: Mapping[int, str] = field(default_factory=dict)
+    """Slots kept for a queued process (a release handed them over): slot -> queue id."""
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Kind:
+    """One kind of primitive whose keys the layout names with an infix of its own."""
+
+    label: KindLabel
+    infix: str
+    """Between the prefix and the name in its keys: `LockKeys.build(prefix, name, infix)`."""
+    shared: bool
+    """Held by several holders at once (a lock: one)."""
+    holders: Callable[[str, Mapping[str, str], int, int], Holders]
+    """The holders in a state hash's fields: (name, fields, the key's PTTL, server ms)."""
+
+
+def _lock_holders(name: str, fields: Mapping[str, str], pttl: int, now_ms: int) -> Holders:
+    holder = LockInfo.from_fields(name, fields, pttl)
+    return Holders(holder=holder, holders=(holder,) if holder is not None else ())
+
+
+RESERVED_TASK: Final = "(reserved)"
+"""The task of a semaphore's permit kept for a queued process, in field "p:q<queue id>"."""
+
+
+def _permit_holders(name: str, fields: Mapping[str, str], pttl: int, now_ms: int) -> Holders:
+    holders = LockInfo.permits(name, fields, now_ms)
+    reserved: dict[int, str] = {}
+    for key, value in fields.items():
+        if key.startswith("p:q") and value.endswith(" " + RESERVED_TASK):
+            slot, _, rest = value.partition(" ")
+            expires = rest.partition(" ")[0]
+            if slot.isdigit() and _int(expires) > now_ms:
+                reserved[int(slot)] = key[3:]
+    return Holders(holders=holders, reserved_slots=reserved)
+
+
+LOCK: Final = Kind(label="lock", infix="", shared=False, holders=_lock_holders)
+SEMAPHORE: Final = Kind(label="semaphore", infix="sem:", shared=True, holders=_permit_holders)
+KINDS: Final[tuple[Kind, ...]] = (LOCK, SEMAPHORE)
+"""Every kind of primitive the command line shows, in the order it lists them."""
+
+
+def kind_named(name: str) -> Kind:
+    """The kind whose label or key infix is `name` ("lock" or "", "semaphore" or "sem:")."""
+    for kind in KINDS:
+        if name in (kind.label, kind.infix):
+            return kind
+    raise ValueError(f"unknown kind {name!r}: one of {', '.join(k.label for k in KINDS)}")
+
+
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LockState:
-    """Everything the data layout says about one lock, read in one snapshot."""
+    """Everything the data layout says about one lock (or other primitive), read in one
+    snapshot."""
 
     name: str
     holder: LockInfo | None
     age: float | None
-    """Seconds since the holder acquired the lock (server clock)."""
-    kind: Literal["lock", "semaphore"] = "lock"
+    """Seconds since the holder acquired the lock (server clock); for a semaphore, since
+    the oldest permit held was acquired."""
+    kind: KindLabel = "lock"
     holders: tuple[LockInfo, ...] = ()
     """Every holder: a lock's one holder, a semaphore's permits by slot."""
     limit: int | None = None
     """A semaphore's limit in force (None: none stored, or a lock)."""
+    reserved_slots: Mapping[int, str] = field(default_factory=dict)
+    """A semaphore's permits kept for a queued process (a release handed them over, and
+    that process has not claimed them yet): slot -> queue id. They are among `holders`,
+    with the task "(reserved)"."""
     reservation: Reservation | None
     last_fencing_token: int | None
     """The last fencing token issued (None: no state kept, see the retention)."""
@@ -198,6 +283,12 @@ class LockState:
         return "reserved" if self.reservation is not None else "free"
 
     @property
+    def free(self) -> int | None:
+        """A semaphore's permits free now (0 while a lowered limit is still exceeded; None:
+        no limit stored, or a lock)."""
+        return None if self.limit is None else max(self.limit - len(self.holders), 0)
+
+    @property
     def waiters(self) -> int:
         """Waiting tasks, summed over the queue entries that have not expired."""
         return sum(entry.count for entry in self.queue if not entry.expired)
@@ -213,8 +304,16 @@ class LockState:
         )
 
     def hold_stats(self, *, ttl: float | None = None) -> HoldStats:
-        """Stats of the recorded holds, judged against the holder's ttl if held, else `ttl`."""
+        """Stats of the recorded holds, judged against the holder's ttl if held (a
+        semaphore's: the longest of its permits'), else `ttl`."""
         in_use = self.holder.ttl if self.holder is not None else ttl
+        if self.holder is None:
+            ttls = [
+                info.ttl
+                for info in self.holders
+                if info.slot not in self.reserved_slots and info.ttl > 0
+            ]
+            in_use = max(ttls) if ttls else ttl
         return summarize_holds(self.name, self.holds_ms, ttl=in_use)
 
 
@@ -241,20 +340,24 @@ async def scan_lock_names(
     prefix: str = "aiolock",
     pattern: str = "*",
     with_holds: bool = False,
+    kind: str = "",
 ) -> list[str]:
-    """Names of the locks whose holder hash exists (held or reserved), sorted.
+    """Names of the locks whose state hash exists (held, reserved, or its state retained
+    after a release), sorted; of the semaphores with `kind="sem:"` (a `Kind.infix`).
 
-    Uses `SCAN MATCH "<prefix>:{<pattern>}" TYPE hash`, never KEYS. With `with_holds`,
-    also the names that only have recorded holds (`... :holds`, TYPE list).
+    Uses `SCAN MATCH "<prefix>:<kind>{<pattern>}" TYPE hash`, never KEYS. With
+    `with_holds`, also the names that only have recorded holds (`... :holds`, TYPE list).
 
     Raises:
         BackendError: Redis could not be reached or refused the command.
+        ValueError: an empty pattern, or an unknown kind.
     """
     client = check_client(client)
     prefix = check_prefix(prefix)
     pattern = _check_pattern(pattern)
-    base = f"{_glob_escape(prefix)}:{{{pattern}}}"
-    head = len(prefix) + 2
+    infix = kind_named(kind).infix
+    base = f"{_glob_escape(prefix)}:{_glob_escape(infix)}{{{pattern}}}"
+    head = len(prefix) + 1 + len(infix) + 1
     names = await _scan(client, base, "hash", lambda key: key[head:-1])
     if with_holds:
         suffix = "}:holds"
@@ -282,17 +385,19 @@ async def read_locks(
     client: AsyncRedis, names: Sequence[str], *, prefix: str = "aiolock", kind: str = ""
 ) -> list[LockState]:
     """A snapshot of each named lock (one MULTI/EXEC round trip per 200 locks), in order;
-    of semaphores with `kind="sem:"`.
+    of semaphores with `kind="sem:"` (a `Kind.infix`, or its label).
 
     Raises:
         BackendError: Redis could not be reached or refused the command.
+        ValueError: an unknown kind.
     """
     client = check_client(client)
     prefix = check_prefix(prefix)
     names = [check_name(name) for name in names]
+    of_kind = kind_named(kind)
     states: list[LockState] = []
     for start in range(0, len(names), _BATCH):
-        states.extend(await _read_batch(client, names[start : start + _BATCH], prefix, kind))
+        states.extend(await _read_batch(client, names[start : start + _BATCH], prefix, of_kind))
     return states
 
 
@@ -301,14 +406,14 @@ _PER_LOCK: Final = 5
 
 
 async def _read_batch(
-    client: AsyncRedis, names: Sequence[str], prefix: str, kind: str
+    client: AsyncRedis, names: Sequence[str], prefix: str, kind: Kind
 ) -> list[LockState]:
     with translate_errors("inspect", names[0] if len(names) == 1 else None, READ_TIMEOUT):
         async with asyncio.timeout(READ_TIMEOUT):
             async with client.pipeline(transaction=True) as pipe:
                 pipe.time()
                 for name in names:
-                    keys = LockKeys.build(prefix, name, kind)
+                    keys = LockKeys.build(prefix, name, kind.infix)
                     pipe.pttl(keys.lock)
                     pipe.hgetall(keys.lock)
                     pipe.zrange(keys.queue, 0, -1)
@@ -323,20 +428,17 @@ async def _read_batch(
     ]
 
 
-def _parse(name: str, now_ms: int, replies: Sequence[Any], kind: str = "") -> LockState:
+def _parse(name: str, now_ms: int, replies: Sequence[Any], kind: Kind = LOCK) -> LockState:
     pttl_raw, holder_raw, queue_raw, waiters_raw, holds_raw = replies
     pttl = int(pttl_raw)
     holder_fields = {text(k): text(v) for k, v in dict(holder_raw).items()}
-    holder = LockInfo.from_fields(name, holder_fields, pttl) if not kind else None
-    holders = LockInfo.permits(name, holder_fields, now_ms) if kind == "sem:" else ()
-    if holder is not None:
-        holders = (holder,)
+    found = kind.holders(name, holder_fields, pttl, now_ms)
+    holder = found.holder
     reservation: Reservation | None = None
-    age: float | None = None
-    if holder is not None:
-        acquired_ms = round(holder.acquired_at * 1000)
-        age = max(now_ms - acquired_ms, 0) / 1000 if acquired_ms else None
-    elif "reserved" in holder_fields and pttl != -2:
+    # The oldest holder's age (a holder from before layout 2 may not say when it came).
+    ages = [now_ms - round(info.acquired_at * 1000) for info in found.holders if info.acquired_at]
+    age = max(*ages, 0) / 1000 if ages else None
+    if holder is None and "reserved" in holder_fields and pttl != -2:
         reservation = Reservation(
             queue_id=holder_fields["reserved"], expires_in=max(pttl, 0) / 1000
         )
@@ -351,9 +453,10 @@ def _parse(name: str, now_ms: int, replies: Sequence[Any], kind: str = "") -> Lo
         name=name,
         holder=holder,
         age=age,
-        kind="semaphore" if kind == "sem:" else "lock",
-        holders=holders,
+        kind=kind.label,
+        holders=found.holders,
         limit=_int(holder_fields["limit"]) if "limit" in holder_fields and pttl != -2 else None,
+        reserved_slots=found.reserved_slots,
         reservation=reservation,
         last_fencing_token=_int(holder_fields["fence"]) if "fence" in holder_fields else None,
         typical_hold=_int(holder_fields["h"]) / 1000 if holder_fields.get("h") else None,

@@ -1,24 +1,55 @@
-"""`aiolock`: see the locks in a Redis server, evict a stuck holder, run the demo.
+"""`aiolock`: see the locks and semaphores in a Redis server, evict a stuck holder, run the demo.
 
 ```
-aiolock ls [PATTERN]              held locks: holder, age, ttl left, fencing token, waiters
-aiolock show NAME                 everything known about one lock
-aiolock release NAME --force      evict the holder (token-guarded, asks first)
-aiolock watch [PATTERN]           a live table, until Ctrl-C
-aiolock stats [PATTERN]           hold times per lock, and the ttl they suggest
+aiolock ls [PATTERN]              in use: holder(s), age, ttl left, fencing token, waiters
+aiolock show NAME                 everything known about one lock or semaphore
+aiolock release NAME --force      evict the holder of a lock (token-guarded, asks first)
+aiolock watch [PATTERN]           a live `ls` table, until Ctrl-C
+aiolock stats [PATTERN]           hold times per lock and semaphore, and the ttl they suggest
 aiolock doctor                    what in the server's setup can break locks
 aiolock demo                      a flash sale on a throwaway server, checked
 ```
 
 Options before or after the command: `--url` (default `$REDIS_URL`, else
 `redis://localhost:6379/0`), `--prefix` (default `aiolock`) and `--json` (machine-readable
-output instead of tables, on every command).
+output instead of tables, on every command). `ls`, `show`, `watch` and `stats` take
+`--kind lock|semaphore` (default: both). A lock and a semaphore may share a name: their
+keys differ (`PREFIX:{NAME}`, `PREFIX:sem:{NAME}`), and `show` shows both, labelled.
 
-Exit codes: 0 ok; 1 the operation failed (the demo's invariant, nothing released, no such
-lock, a problem found by `doctor`); 2 usage or connection error (unreachable server, not a
-Redis server); 130 interrupted (Ctrl-C, also the normal end of `watch` without `--count`).
+JSON output (`--json`); every key is always present, null where it does not apply.
+Durations are seconds, times Unix seconds on the server's clock.
 
-Needs the `cli` extra (`pip install "aiolock[cli]"`) for `rich`. Added in 0.1.
+- `ls` (and each line of `watch`): a list of rows, by name, locks before semaphores:
+  `name`, `kind` ("lock" or "semaphore"), `state` ("held", or "reserved": a lock handed
+  over to a queued process that has not claimed it yet), `held` (permits taken, those
+  handed over included; a lock: 1), `limit` (a lock: 1; a semaphore: the limit in force),
+  `host`, `pid`, `task`, `fencing_token`, `ttl` (a lock's holder; null for a semaphore),
+  `age` (the holder's, a semaphore's oldest permit's), `expires_in` (the holder's or the
+  reservation's; a semaphore's soonest permit's), `reserved_for` (a lock's reservation:
+  the queue id), `waiters` (tasks waiting, in queue entries that have not expired),
+  `holders` (a list: each holder, a semaphore's permits by slot, as in `show`).
+- `show`: `{"name": NAME, "lock": {...} or null, "semaphore": {...} or null}`; null when
+  Redis knows nothing of that kind under NAME (or `--kind` left it out). Each object:
+  `name`, `kind`, `key` (its state hash), `state` ("held", "reserved" or "free"), `limit`,
+  `held`, `free` (permits free now; null for a lock), `holder` (a lock's holder: `name`,
+  `fencing_token`, `host`, `pid`, `task`, `acquired_at`, `ttl`, `expires_in`, `slot`; null
+  for a semaphore), `holders` (each: `slot` (null for a lock), `fencing_token`, `host`,
+  `pid`, `task`, `acquired_at`, `age`, `ttl`, `expires_in`, `reserved_for` (the queue id
+  of a permit handed over and not claimed yet, else null)), `age`, `reservation` (a lock's:
+  `queue_id`, `expires_in`), `last_fencing_token`, `typical_hold`, `waiters`, `queue` (each
+  process queued, in order: `queue_id`, `position`, `host`, `pid`, `count`, `expires_in`,
+  `expired`), `recent_holds_ms` (newest first), `hold_stats` (as in `stats`),
+  `server_time`.
+- `stats`: a list, by name, locks before semaphores: `name`, `kind`, `count`, `p50`, `p99`,
+  `max`, `ttl`, `recommended_ttl`, `near_ttl`.
+
+Exit codes: 0 ok; 1 the operation failed (the demo's invariant, nothing released, nothing
+known under the name given to `show`, a problem found by `doctor`); 2 usage or connection
+error (unreachable server, not a Redis server); 130 interrupted (Ctrl-C, also the normal end
+of `watch` without `--count`).
+
+Needs the `cli` extra (`pip install "aiolock[cli]"`) for `rich`. Added in 0.1; semaphores
+and `--kind` in 0.2.
 """
 
 from __future__ import annotations
@@ -43,10 +74,13 @@ from ._demo import DemoConfig, DemoError, DemoSummary, demo_server, run_demo
 from ._doctor import Diagnosis, diagnose
 from ._info import LockInfo
 from ._inspect import (
+    KINDS,
     ForceRelease,
     HoldStats,
+    Kind,
     LockState,
     force_release,
+    kind_named,
     read_locks,
     scan_lock_names,
 )
@@ -59,6 +93,7 @@ try:
     from rich.live import Live
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.prompt import Confirm
+    from rich.rule import Rule
     from rich.table import Table
     from rich.text import Text
 except ImportError:  # pragma: no cover - depends on the installed extras
@@ -137,7 +172,7 @@ def _parser() -> argparse.ArgumentParser:
     _connection_options(common, argparse.SUPPRESS)
     parser = argparse.ArgumentParser(
         prog="aiolock",
-        description="See and manage aiolock locks in a Redis server.",
+        description="See and manage aiolock locks and semaphores in a Redis server.",
         epilog="exit codes: 0 ok, 1 operation failed, 2 usage or connection error, 130 interrupted",
     )
     parser.add_argument("--version", action="version", version=f"aiolock {__version__}")
@@ -147,27 +182,31 @@ def _parser() -> argparse.ArgumentParser:
     def command(name: str, help_: str) -> argparse.ArgumentParser:
         return commands.add_parser(name, help=help_, description=help_, parents=[common])
 
-    ls = command("ls", "list the held locks")
-    ls.add_argument("pattern", nargs="?", default="*", help="glob on lock names (default *)")
+    ls = command("ls", "list the locks and semaphores in use")
+    ls.add_argument("pattern", nargs="?", default="*", help="glob on names (default *)")
+    _kind_option(ls)
 
-    show = command("show", "show everything known about one lock")
-    show.add_argument("name", help="the lock's name")
+    show = command("show", "show everything known about one lock or semaphore")
+    show.add_argument("name", help="the lock's or semaphore's name")
+    _kind_option(show)
 
     release = command("release", "evict the holder of a lock (token-guarded)")
     release.add_argument("name", help="the lock's name")
     release.add_argument("--force", action="store_true", help="required: yes, evict the holder")
     release.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
 
-    watch = command("watch", "a live table of the held locks, until Ctrl-C")
-    watch.add_argument("pattern", nargs="?", default="*", help="glob on lock names (default *)")
+    watch = command("watch", "a live table of the locks and semaphores in use, until Ctrl-C")
+    watch.add_argument("pattern", nargs="?", default="*", help="glob on names (default *)")
+    _kind_option(watch)
     watch.add_argument("--interval", type=_seconds, default=1.0, help="seconds between refreshes")
     watch.add_argument("--count", type=_positive_int, default=None, help="refresh N times, exit")
 
-    stats = command("stats", "hold times per lock, and the ttl they suggest")
-    stats.add_argument("pattern", nargs="?", default="*", help="glob on lock names (default *)")
+    stats = command("stats", "hold times per lock and semaphore, and the ttl they suggest")
+    stats.add_argument("pattern", nargs="?", default="*", help="glob on names (default *)")
     stats.add_argument(
-        "--ttl", type=_seconds, default=None, help="ttl your code uses, for locks not held now"
+        "--ttl", type=_seconds, default=None, help="ttl your code uses, for names not held now"
     )
+    _kind_option(stats)
 
     doctor = command("doctor", "check a server for what can break locks, and say what to change")
     doctor.add_argument(
@@ -211,8 +250,23 @@ def _connection_options(parser: argparse.ArgumentParser, default: Any) -> None:
         "--json",
         action="store_true",
         default=argparse.SUPPRESS if default is argparse.SUPPRESS else False,
-        help="print JSON instead of tables",
+        help="print JSON instead of tables (its keys: the aiolock.cli module's docstring)",
     )
+
+
+def _kind_option(parser: argparse.ArgumentParser) -> None:
+    labels = [kind.label for kind in KINDS]
+    parser.add_argument(
+        "--kind",
+        choices=labels,
+        default=None,
+        help=f"only this kind (default: {' and '.join(labels)})",
+    )
+
+
+def _kinds(args: argparse.Namespace) -> tuple[Kind, ...]:
+    """The kinds a command looks at: `--kind`, else all of them."""
+    return KINDS if args.kind is None else (kind_named(args.kind),)
 
 
 def _seconds(text: str) -> float:
@@ -312,31 +366,107 @@ def _stats_dict(stats: HoldStats) -> dict[str, Any]:
     return dataclasses.asdict(stats)
 
 
-def _lock_row(state: LockState) -> dict[str, Any]:
+def _label(state: LockState) -> str:
+    return f"{state.kind} {state.name!r}"
+
+
+def _live(state: LockState) -> list[LockInfo]:
+    """The holders that hold (a semaphore's permits handed over and not claimed excluded)."""
+    return [info for info in state.holders if info.slot not in state.reserved_slots]
+
+
+def _held_count(state: LockState) -> int:
+    """Permits taken: holders, and what was handed over to a queued process."""
+    return len(state.holders) + (1 if state.reservation is not None else 0)
+
+
+def _limit(state: LockState) -> int | None:
+    """Holders allowed at once: 1 for a lock, a semaphore's limit in force (None: unknown)."""
+    return state.limit if kind_named(state.kind).shared else 1
+
+
+def _holder_dict(state: LockState, info: LockInfo) -> dict[str, Any]:
+    acquired_ms = round(info.acquired_at * 1000)
+    age = max(round(state.server_time * 1000) - acquired_ms, 0) / 1000 if acquired_ms else None
+    return {
+        "slot": info.slot,
+        "fencing_token": info.fencing_token,
+        "host": info.host,
+        "pid": info.pid,
+        "task": info.task,
+        "acquired_at": info.acquired_at,
+        "age": age,
+        "ttl": info.ttl,
+        "expires_in": info.expires_in,
+        "reserved_for": state.reserved_slots.get(info.slot) if info.slot is not None else None,
+    }
+
+
+def _soonest(state: LockState) -> LockInfo | None:
+    """The holder whose lease expires first."""
+    return min(state.holders, key=lambda info: info.expires_in, default=None)
+
+
+def _row(state: LockState) -> dict[str, Any]:
+    """One row of `ls --json` (the keys are documented in the module docstring)."""
     holder = state.holder
+    soonest = _soonest(state)
+    expires_in = soonest.expires_in if soonest is not None else None
+    if expires_in is None and state.reservation is not None:
+        expires_in = state.reservation.expires_in
     return {
         "name": state.name,
+        "kind": state.kind,
         "state": state.state,
+        "held": _held_count(state),
+        "limit": _limit(state),
         "host": holder.host if holder else None,
         "pid": holder.pid if holder else None,
         "task": holder.task if holder else None,
         "fencing_token": holder.fencing_token if holder else None,
         "age": state.age,
         "ttl": holder.ttl if holder else None,
-        "expires_in": (
-            holder.expires_in
-            if holder
-            else (state.reservation.expires_in if state.reservation else None)
-        ),
+        "expires_in": expires_in,
         "reserved_for": state.reservation.queue_id if state.reservation else None,
         "waiters": state.waiters,
+        "holders": [_holder_dict(state, info) for info in state.holders],
     }
 
 
-async def _held(client: redis.asyncio.Redis, prefix: str, pattern: str) -> list[LockState]:
-    names = await scan_lock_names(client, prefix=prefix, pattern=pattern)
-    states = await read_locks(client, names, prefix=prefix)
-    return [state for state in states if state.state != "free"]
+def _in_use(state: LockState) -> bool:
+    """Held, handed over, or waited for (the holder's lease expired, the waiters have not
+    found out yet)."""
+    return state.state != "free" or state.waiters > 0
+
+
+async def _scan_states(
+    client: redis.asyncio.Redis,
+    prefix: str,
+    pattern: str,
+    kinds: Sequence[Kind],
+    *,
+    with_holds: bool = False,
+) -> list[LockState]:
+    """A snapshot of every name of `kinds` matching `pattern`, by name, then kind."""
+    states: list[LockState] = []
+    for kind in kinds:
+        names = await scan_lock_names(
+            client, prefix=prefix, pattern=pattern, with_holds=with_holds, kind=kind.infix
+        )
+        states.extend(await read_locks(client, names, prefix=prefix, kind=kind.infix))
+    order = {kind.label: i for i, kind in enumerate(KINDS)}
+    return sorted(states, key=lambda state: (state.name, order[state.kind]))
+
+
+async def _held(
+    client: redis.asyncio.Redis, prefix: str, pattern: str, kinds: Sequence[Kind] = KINDS
+) -> list[LockState]:
+    return [state for state in await _scan_states(client, prefix, pattern, kinds) if _in_use(state)]
+
+
+def _what(kinds: Sequence[Kind]) -> str:
+    """ "locks or semaphores", "locks", ... for messages."""
+    return " or ".join(f"{kind.label}s" for kind in kinds)
 
 
 def _locks_table(states: Sequence[LockState], *, title: str | None = None) -> Table:
@@ -348,50 +478,83 @@ def _locks_table(states: Sequence[LockState], *, title: str | None = None) -> Ta
         collapse_padding=True,
     )
     longest = max((len(state.name) for state in states), default=4)
-    table.add_column("LOCK", no_wrap=True, min_width=min(longest, 60), overflow="fold")
-    table.add_column("HOLDER", no_wrap=True)
-    table.add_column("TASK", overflow="ellipsis", no_wrap=True)
+    table.add_column("NAME", no_wrap=True, min_width=min(longest, 60), overflow="fold")
+    table.add_column("KIND", no_wrap=True)
+    table.add_column("HELD", justify="right", no_wrap=True)
+    # In a narrow terminal the holder and the task give way first (cut short, one line).
+    table.add_column("HOLDER", overflow="ellipsis")
+    table.add_column("TASK", overflow="ellipsis")
     for column in ("AGE", "TTL LEFT", "FENCING TOKEN"):
         table.add_column(column, no_wrap=True)
     table.add_column("WAITERS", justify="right", no_wrap=True)
     for state in states:
-        holder = state.holder
-        if holder is not None:
-            table.add_row(
-                state.name,
-                f"{holder.host}:{holder.pid}",
-                holder.task,
-                _duration(state.age),
-                f"{_duration(holder.expires_in)} of {_duration(holder.ttl)}",
-                str(holder.fencing_token),
-                str(state.waiters),
-            )
-        elif state.reservation is not None:
-            table.add_row(
-                state.name,
-                Text("(handed over)", style="italic"),
-                f"queue {state.reservation.queue_id}",
-                "-",
-                _duration(state.reservation.expires_in),
-                "-",
-                str(state.waiters),
-            )
+        holder, task, *rest = _holder_cells(state)
+        table.add_row(
+            state.name, state.kind, _held_cell(state), _one_line(holder), _one_line(task), *rest,
+            str(state.waiters),
+        )  # fmt: skip
     return table
+
+
+def _held_cell(state: LockState) -> str:
+    """ "held/limit": "1/1" for a held lock, "3/5" for a semaphore."""
+    limit = _limit(state)
+    return f"{_held_count(state)}/{'?' if limit is None else limit}"
+
+
+def _one_line(cell: str | Text) -> Text:
+    text = Text(cell) if isinstance(cell, str) else cell.copy()
+    text.no_wrap, text.overflow = True, "ellipsis"
+    return text
+
+
+def _holder_cells(state: LockState) -> tuple[str | Text, ...]:
+    """HOLDER, TASK, AGE, TTL LEFT and FENCING TOKEN of one `ls` row."""
+    if state.reservation is not None:  # a lock handed over, not claimed yet
+        return (
+            Text("(handed over)", style="italic"),
+            f"queue {state.reservation.queue_id}",
+            "-",
+            _duration(state.reservation.expires_in),
+            "-",
+        )
+    live = _live(state)
+    processes = sorted({(info.host, info.pid) for info in live})
+    if len(processes) == 1:
+        holder: str | Text = f"{processes[0][0]}:{processes[0][1]}"
+    elif processes:
+        holder = f"{len(processes)} processes"
+    elif state.holders:  # every permit held is on its way to a queued process
+        holder = Text("(handed over)", style="italic")
+    else:
+        holder = Text("(none)", style="italic")
+    one = live[0] if len(live) == 1 else None
+    soonest = _soonest(state)
+    return (
+        holder,
+        one.task if one else ("-" if not live else f"{len(live)} tasks"),
+        _duration(state.age),
+        f"{_duration(soonest.expires_in)} of {_duration(soonest.ttl)}" if soonest else "-",
+        str(one.fencing_token) if one else "-",
+    )
 
 
 # --------------------------------------------------------------------------- ls
 async def _ls(args: argparse.Namespace, url: str | None) -> int:
+    kinds = _kinds(args)
     client = _connect(url)
     try:
-        states = await _held(client, args.prefix, args.pattern)
+        states = await _held(client, args.prefix, args.pattern, kinds)
     finally:
         await client.aclose()
     if args.json:
-        _print_json([_lock_row(state) for state in states])
+        _print_json([_row(state) for state in states])
         return EXIT_OK
     console = _console()
     if not states:
-        console.print(f"no locks held (prefix {args.prefix!r}, pattern {args.pattern!r})")
+        console.print(
+            f"no {_what(kinds)} in use (prefix {args.prefix!r}, pattern {args.pattern!r})"
+        )
         return EXIT_OK
     console.print(_locks_table(states))
     return EXIT_OK
@@ -399,49 +562,99 @@ async def _ls(args: argparse.Namespace, url: str | None) -> int:
 
 # --------------------------------------------------------------------------- show
 async def _show(args: argparse.Namespace, url: str | None) -> int:
+    kinds = _kinds(args)
     client = _connect(url)
     try:
-        (state,) = await read_locks(client, [args.name], prefix=args.prefix)
+        states = {
+            kind.label: (
+                await read_locks(client, [args.name], prefix=args.prefix, kind=kind.infix)
+            )[0]
+            for kind in kinds
+        }
     finally:
         await client.aclose()
-    stats = state.hold_stats()
+    known = [state for state in states.values() if state.known]
     if args.json:
-        _print_json(
-            {
-                "name": state.name,
-                "key": LockKeys.build(args.prefix, state.name).lock,
-                "state": state.state,
-                "known": state.known,
-                "holder": _info_dict(state.holder),
-                "age": state.age,
-                "reservation": (
-                    dataclasses.asdict(state.reservation) if state.reservation else None
-                ),
-                "last_fencing_token": state.last_fencing_token,
-                "waiters": state.waiters,
-                "queue": [
-                    {**dataclasses.asdict(entry), "expired": entry.expired} for entry in state.queue
-                ],
-                "recent_holds_ms": list(state.holds_ms),
-                "hold_stats": _stats_dict(stats),
-                "server_time": state.server_time,
-            }
-        )
-        return EXIT_OK if state.known else EXIT_FAILED
+        shown: dict[str, Any] = {"name": args.name}
+        for kind in KINDS:
+            state = states.get(kind.label)
+            shown[kind.label] = (
+                _show_dict(state, args.prefix, kind) if state is not None and state.known else None
+            )
+        _print_json(shown)
+        return EXIT_OK if known else EXIT_FAILED
     console = _console()
-    if not state.known:
-        console.print(f"nothing known about lock {state.name!r} (prefix {args.prefix!r})")
+    if not known:
+        console.print(
+            f"nothing known about {' or '.join(k.label for k in kinds)} {args.name!r} "
+            f"(prefix {args.prefix!r})"
+        )
         return EXIT_FAILED
-    console.print(_show_renderable(state, stats, args.prefix))
+    if len(known) == 1:
+        console.print(_show_renderable(known[0], args.prefix))
+        return EXIT_OK
+    console.print(
+        f"{args.name!r} is both a {' and a '.join(state.kind for state in known)} (separate "
+        "keys, unrelated); --kind shows one"
+    )
+    for state in known:
+        console.print(Rule(_label(state), align="left"))
+        console.print(_show_renderable(state, args.prefix))
     return EXIT_OK
 
 
-def _show_renderable(state: LockState, stats: HoldStats, prefix: str) -> Group:
+def _show_dict(state: LockState, prefix: str, kind: Kind) -> dict[str, Any]:
+    """One kind's object in `show --json` (the keys are documented in the module docstring)."""
+    return {
+        "name": state.name,
+        "kind": state.kind,
+        "key": LockKeys.build(prefix, state.name, kind.infix).lock,
+        "state": state.state,
+        "limit": _limit(state),
+        "held": _held_count(state),
+        "free": state.free if kind.shared else None,
+        "holder": _info_dict(state.holder),
+        "holders": [_holder_dict(state, info) for info in state.holders],
+        "age": state.age,
+        "reservation": dataclasses.asdict(state.reservation) if state.reservation else None,
+        "last_fencing_token": state.last_fencing_token,
+        "typical_hold": state.typical_hold,
+        "waiters": state.waiters,
+        "queue": [{**dataclasses.asdict(entry), "expired": entry.expired} for entry in state.queue],
+        "recent_holds_ms": list(state.holds_ms),
+        "hold_stats": _stats_dict(state.hold_stats()),
+        "server_time": state.server_time,
+    }
+
+
+def _show_renderable(state: LockState, prefix: str) -> Group:
     facts = Table.grid(padding=(0, 2))
     facts.add_column(style="bold")
     facts.add_column()
-    facts.add_row("lock", f"{state.name!r} (key {LockKeys.build(prefix, state.name).lock})")
+    key = LockKeys.build(prefix, state.name, kind_named(state.kind).infix).lock
+    facts.add_row(state.kind, f"{state.name!r} (key {key})")
     facts.add_row("state", state.state)
+    parts: list[Any] = [facts]
+    if kind_named(state.kind).shared:
+        _permit_facts(facts, state)
+    else:
+        _holder_facts(facts, state)
+    last = state.last_fencing_token
+    facts.add_row("fence counter", "-" if last is None else f"{last} (last token issued)")
+    facts.add_row(
+        "typical hold",
+        "-"
+        if state.typical_hold is None
+        else f"{_duration(state.typical_hold)} (moving average over the releases that handed on)",
+    )
+    if kind_named(state.kind).shared and state.holders:
+        parts.append(_permits_table(state))
+    parts.append(_queue_renderable(state))
+    parts.append(Text(f"recent holds: {_stats_line(state.hold_stats())}"))
+    return Group(*parts)
+
+
+def _holder_facts(facts: Table, state: LockState) -> None:
     holder = state.holder
     if holder is not None:
         facts.add_row("holder", f"host {holder.host}, pid {holder.pid}, task {holder.task!r}")
@@ -457,10 +670,55 @@ def _show_renderable(state: LockState, stats: HoldStats, prefix: str) -> Group:
             f"queue {state.reservation.queue_id}, for "
             f"{_duration(state.reservation.expires_in)} more (a release handed it over)",
         )
-    last = state.last_fencing_token
-    facts.add_row("fence counter", "-" if last is None else f"{last} (last token issued)")
-    parts: list[Any] = [facts]
 
+
+def _permit_facts(facts: Table, state: LockState) -> None:
+    if state.limit is None:
+        facts.add_row("limit", "- (none stored: the semaphore is not in use)")
+    else:
+        facts.add_row("limit", f"{state.limit} (in force, stored in Redis)")
+    held = len(state.holders)
+    permits = f"{held} held"
+    if state.free is not None:
+        permits += f", {state.free} free"
+        if state.limit is not None and held > state.limit:
+            permits += f" ({held - state.limit} over a lowered limit)"
+    if state.reserved_slots:
+        permits += f"; {len(state.reserved_slots)} of them handed over to a queued process"
+    facts.add_row("permits", permits)
+    if state.age is not None:
+        facts.add_row("oldest permit", f"acquired {_duration(state.age)} ago")
+
+
+def _permits_table(state: LockState) -> Table:
+    limit = "?" if state.limit is None else str(state.limit)
+    table = Table(
+        title=f"permits: {len(state.holders)} of {limit} held",
+        box=box.SIMPLE_HEAD,
+        title_justify="left",
+        pad_edge=False,
+    )
+    for column in ("SLOT", "HOST", "PID", "TASK", "FENCING TOKEN", "AGE", "TTL", "EXPIRES IN"):
+        table.add_column(column, justify="right" if column in {"SLOT", "PID"} else "left")
+    for info in state.holders:
+        holder = _holder_dict(state, info)
+        queue = holder["reserved_for"]
+        table.add_row(
+            str(info.slot),
+            info.host,
+            str(info.pid),
+            Text(f"(handed over to queue {queue})", style="italic") if queue else info.task,
+            str(info.fencing_token),
+            _duration(holder["age"]),
+            _duration(info.ttl),
+            _duration(info.expires_in),
+        )
+    return table
+
+
+def _queue_renderable(state: LockState) -> Table | Text:
+    if not state.queue:
+        return Text("queue: empty")
     live = [entry for entry in state.queue if not entry.expired]
     queue = Table(
         title=f"queue: {len(live)} process(es), {state.waiters} waiter(s)",
@@ -480,9 +738,7 @@ def _show_renderable(state: LockState, stats: HoldStats, prefix: str) -> Group:
             "expired" if entry.expired else _duration(entry.expires_in),
             style="dim" if entry.expired else None,
         )
-    parts.append(queue if state.queue else Text("queue: empty"))
-    parts.append(Text(f"recent holds: {_stats_line(stats)}"))
-    return Group(*parts)
+    return queue
 
 
 def _stats_line(stats: HoldStats) -> str:
@@ -575,24 +831,28 @@ def _release_message(result: ForceRelease, name: str) -> str:
 
 # --------------------------------------------------------------------------- watch
 async def _watch(args: argparse.Namespace, url: str | None) -> int:
+    kinds = _kinds(args)
     client = _connect(url)
     where = _redact(url or DEFAULT_URL)
     try:
         if args.json:
             for last in _refreshes(args.count):
-                states = await _held(client, args.prefix, args.pattern)
-                _print_json([_lock_row(state) for state in states], indent=None)
+                states = await _held(client, args.prefix, args.pattern, kinds)
+                _print_json([_row(state) for state in states], indent=None)
                 if not last:
                     await asyncio.sleep(args.interval)
             return EXIT_OK
         console = _console()
         with Live(console=console, auto_refresh=False, transient=False) as live:
             for last in _refreshes(args.count):
-                states = await _held(client, args.prefix, args.pattern)
+                states = await _held(client, args.prefix, args.pattern, kinds)
                 now = datetime.datetime.now().astimezone().strftime("%H:%M:%S")
-                title = (
-                    f"{len(states)} lock(s) held at {now} on {where}, every "
-                    f"{_duration(args.interval)}" + ("" if args.count else " (Ctrl-C to stop)")
+                counts = ", ".join(
+                    f"{sum(state.kind == kind.label for state in states)} {kind.label}(s)"
+                    for kind in kinds
+                )
+                title = f"{counts} in use at {now} on {where}, every {_duration(args.interval)}" + (
+                    "" if args.count else " (Ctrl-C to stop)"
                 )
                 live.update(_locks_table(states, title=title), refresh=True)
                 if not last:
@@ -612,31 +872,31 @@ def _refreshes(count: int | None) -> Iterator[bool]:
 
 # --------------------------------------------------------------------------- stats
 async def _stats(args: argparse.Namespace, url: str | None) -> int:
+    kinds = _kinds(args)
     client = _connect(url)
     try:
-        names = await scan_lock_names(
-            client, prefix=args.prefix, pattern=args.pattern, with_holds=True
-        )
-        states = await read_locks(client, names, prefix=args.prefix)
+        states = await _scan_states(client, args.prefix, args.pattern, kinds, with_holds=True)
     finally:
         await client.aclose()
-    all_stats = [state.hold_stats(ttl=args.ttl) for state in states]
+    all_stats = [(state.kind, state.hold_stats(ttl=args.ttl)) for state in states]
     if args.json:
-        _print_json([_stats_dict(stats) for stats in all_stats])
+        _print_json([{"kind": kind, **_stats_dict(stats)} for kind, stats in all_stats])
         return EXIT_OK
     console = _console()
     if not all_stats:
-        console.print(f"no locks with recorded holds (pattern {args.pattern!r})")
+        console.print(f"no {_what(kinds)} with recorded holds (pattern {args.pattern!r})")
         return EXIT_OK
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    longest = max(len(stats.name) for stats in all_stats)
-    table.add_column("LOCK", no_wrap=True, min_width=min(longest, 60), overflow="fold")
+    longest = max(len(stats.name) for _, stats in all_stats)
+    table.add_column("NAME", no_wrap=True, min_width=min(longest, 60), overflow="fold")
+    table.add_column("KIND", no_wrap=True)
     for column in ("HOLDS", "P50", "P99", "MAX", "TTL", "RECOMMENDED"):
         table.add_column(column, justify="right", no_wrap=True)
     table.add_column("NOTE", no_wrap=True)
-    for stats in all_stats:
+    for kind, stats in all_stats:
         table.add_row(
             stats.name,
+            kind,
             str(stats.count),
             _duration(stats.p50),
             _duration(stats.p99),

@@ -69,7 +69,7 @@ def test_ls_with_nothing_held(server_url: str, tag: str, run: RunCli) -> None:
     assert run("--url", server_url, "ls", f"{tag}:*", "--json").json() == []
     result = run("--url", server_url, "ls", f"{tag}:*")
     assert result.code == 0
-    assert "no locks held" in result.out
+    assert "no locks or semaphores in use" in result.out
 
 
 async def test_show_tells_everything_about_one_lock(
@@ -85,14 +85,17 @@ async def test_show_tells_everything_about_one_lock(
     waiter = asyncio.create_task(Lock(client, name).acquire())
 
     async def queued() -> bool:
-        return bool((await arun("--url", server_url, "show", name, "--json")).json()["queue"])
+        shown = (await arun("--url", server_url, "show", name, "--json")).json()
+        return bool(shown["lock"]["queue"])
 
     try:
         await eventually(queued, what="show lists the queue")
         result = await arun("--url", server_url, "show", name, "--json")
         assert result.code == 0, result.err
-        shown = result.json()
+        assert result.json()["semaphore"] is None  # no semaphore of that name
+        shown = result.json()["lock"]
         assert shown["name"] == name
+        assert (shown["kind"], shown["limit"], shown["held"], shown["free"]) == ("lock", 1, 1, None)
         assert shown["key"] == f"aiolock:{{{name}}}"
         assert shown["state"] == "held"
         assert shown["holder"]["fencing_token"] == lease.fencing_token
@@ -151,7 +154,7 @@ def test_show_an_unknown_lock_fails(server_url: str, tag: str, run: RunCli) -> N
     assert "nothing known" in result.out
     shown = run("--url", server_url, "show", f"{tag}:nothing", "--json")
     assert shown.code == 1
-    assert shown.json()["known"] is False
+    assert shown.json() == {"name": f"{tag}:nothing", "lock": None, "semaphore": None}
 
 
 async def test_stats_per_lock_with_recommendation(
@@ -252,7 +255,7 @@ def test_watch_refreshes_count_times(server_url: str, tag: str, run: RunCli) -> 
     assert result.out.splitlines() == ["[]", "[]", "[]"]
     table = run("--url", server_url, "watch", f"{tag}:*", "--count", "2", "--interval", "0.01")
     assert table.code == 0
-    assert "0 lock(s) held" in table.out
+    assert "0 lock(s), 0 semaphore(s) in use" in table.out
 
 
 async def test_watch_shows_a_held_lock(server_url: str, tag: str, arun: AsyncRunCli) -> None:

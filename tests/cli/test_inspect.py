@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio
 
 import aiolock
-from aiolock import LeaseLostError, Lock, LockInfo, LossReason
+from aiolock import LeaseLostError, Lock, LockInfo, LossReason, Semaphore
 from aiolock._inspect import force_release, read_locks, scan_lock_names
 from aiolock._layout import LockKeys
 
@@ -251,3 +251,50 @@ async def test_snapshot_parses_a_reservation_and_odd_queue_entries(
         assert (await force_release(client, name)).outcome == "not_held"
     finally:
         await client.delete(keys.lock, keys.queue, keys.waiters, keys.holds)
+
+
+async def test_scan_and_snapshot_of_semaphores_apart_from_locks(
+    client: redis.asyncio.Redis, tag: str
+) -> None:
+    both, only, gone = f"{tag}:both", f"{tag}:sem-only", f"{tag}:sem-gone"
+    lock = await Lock(client, both, ttl=5).acquire()
+    permits = [
+        await Semaphore(client, both, limit=2, ttl=7).acquire(),
+        await Semaphore(client, only, limit=3, ttl=5).acquire(),
+    ]
+    # Holds recorded, state gone: found only when asked for.
+    async with Semaphore(client, gone, limit=2, ttl=5, hold_stats=True):
+        pass
+    await client.delete(LockKeys.build("aiolock", gone, "sem:").lock)
+    try:
+        assert await scan_lock_names(client, pattern=f"{tag}:*") == [both]
+        assert await scan_lock_names(client, pattern=f"{tag}:*", kind="sem:") == [both, only]
+        assert await scan_lock_names(
+            client, pattern=f"{tag}:*", kind="semaphore", with_holds=True
+        ) == [both, gone, only]
+        with pytest.raises(ValueError, match="unknown kind"):
+            await scan_lock_names(client, pattern=f"{tag}:*", kind="bogus:")
+
+        (state,) = await read_locks(client, [both], kind="sem:")
+        (same,) = await read_locks(client, [both], kind="semaphore")  # by its label
+        assert same.holders == tuple(
+            dataclasses.replace(info, expires_in=held.expires_in)
+            for info, held in zip(state.holders, same.holders, strict=True)
+        )
+        assert (state.kind, state.state, state.limit, state.free) == ("semaphore", "held", 2, 1)
+        assert state.holder is None and state.reservation is None
+        (permit,) = state.holders
+        assert (permit.slot, permit.fencing_token, permit.ttl) == (0, permits[0].fencing_token, 7)
+        assert permit.pid == os.getpid()
+        assert state.age is not None and 0 <= state.age < 5
+        assert state.hold_stats().ttl == 7.0  # its permits' ttl
+        (as_lock,) = await read_locks(client, [both])
+        assert (as_lock.kind, as_lock.limit, as_lock.free) == ("lock", None, None)
+        assert as_lock.holder is not None and as_lock.holder.fencing_token == lock.fencing_token
+        assert as_lock.holders == (as_lock.holder,)
+        (recorded,) = await read_locks(client, [gone], kind="sem:")
+        assert (recorded.state, recorded.limit, len(recorded.holds_ms)) == ("free", None, 1)
+    finally:
+        await lock.release()
+        for lease in permits:
+            await lease.release()

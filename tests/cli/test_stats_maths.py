@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from aiolock import HoldStats, LockInfo
 from aiolock._inspect import (
+    SEMAPHORE,
     LockState,
     QueueEntry,
     nearest_rank,
@@ -163,3 +166,41 @@ def test_waiters_count_only_live_queue_entries() -> None:
     assert [e.expired for e in state.queue] == [False, True, False]
     assert state.state == "held"
     assert state.known
+
+
+def test_a_semaphores_holds_are_judged_against_its_permits_ttl() -> None:
+    def permit(slot: int, ttl: float) -> LockInfo:
+        return LockInfo(
+            name="n", fencing_token=slot, host="h", pid=1, task="t", acquired_at=1.0,
+            ttl=ttl, expires_in=0.5, slot=slot,
+        )  # fmt: skip
+
+    state = dataclasses.replace(
+        _state(holder_ttl=None),
+        kind="semaphore",
+        holders=(permit(0, 0.5), permit(1, 0.6), permit(2, 1.0)),
+        reserved_slots={2: "q1"},  # a permit handed over: the reservation's ttl, not a lease's
+        limit=2,
+    )
+    assert state.hold_stats(ttl=60.0).ttl == 0.6
+    assert state.hold_stats().near_ttl  # 400 ms of 600
+    assert state.free == 0  # three permits held, the limit lowered to 2
+    assert dataclasses.replace(state, limit=5).free == 2
+    assert dataclasses.replace(state, limit=None).free is None
+    idle = dataclasses.replace(state, holders=(), reserved_slots={})
+    assert idle.hold_stats(ttl=60.0).ttl == 60.0
+    assert idle.hold_stats().ttl is None
+
+
+def test_permits_handed_over_are_told_apart_from_held_ones() -> None:
+    now = 1_000_000
+    fields = {
+        "limit": "3",
+        "p:q" + "7" * 16: f"1 {now + 500} 12 {now} 1000 web 9 (reserved)",
+        "p:q" + "8" * 16: f"2 {now - 1} 11 {now - 900} 1000 web 8 (reserved)",  # lapsed
+        "p:q" + "a" * 31: f"0 {now + 9000} 10 {now - 10} 9000 web 7 job",  # a token
+    }
+    found = SEMAPHORE.holders("n", fields, 9000, now)
+    assert found.holder is None
+    assert [(info.slot, info.task) for info in found.holders] == [(0, "job"), (1, "(reserved)")]
+    assert dict(found.reserved_slots) == {1: "7" * 16}
