@@ -12,6 +12,7 @@ import pytest
 
 from aiolock import LeaseLostError, Lock, LossReason
 from aiolock._layout import LockKeys
+from aiolock._runtime import runtime_for
 
 from ..conftest import make_client
 from ..waits import within
@@ -30,6 +31,14 @@ async def test_ls_lists_held_locks_with_holder_fence_and_waiters(
     lease = await Lock(client, f"{tag}:orders:42", ttl=30).acquire()
     other = await Lock(client, f"{tag}:reports", ttl=10).acquire()
     waiters = [asyncio.create_task(Lock(client, f"{tag}:orders:42").acquire()) for _ in range(3)]
+    # The process's entry in Redis counts its waiters at its first waiter's last attempt:
+    # once all three are queued here, that waiter tries again (as a release would make it).
+    notifier = runtime_for(client).notifier
+    channel = LockKeys.build("aiolock", f"{tag}:orders:42").channel
+    await eventually(lambda: notifier.queue_length(channel) == 3, what="three local waiters")
+    queue = notifier.queue_for(channel)
+    assert queue is not None
+    queue.wake_head()
 
     async def queued() -> bool:
         rows = (await arun("--url", server_url, "ls", f"{tag}:orders:*", "--json")).json()
