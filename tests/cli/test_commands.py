@@ -35,7 +35,10 @@ async def test_ls_lists_held_locks_with_holder_fence_and_waiters(
     # once all three are queued here, that waiter tries again (as a release would make it).
     notifier = runtime_for(client).notifier
     channel = LockKeys.build("aiolock", f"{tag}:orders:42").channel
-    await eventually(lambda: notifier.queue_length(channel) == 3, what="three local waiters")
+    def three_here() -> bool:
+        return notifier.queue_length(channel) == 3
+
+    await eventually(three_here, what="three local waiters")
     queue = notifier.queue_for(channel)
     assert queue is not None
     queue.wake_head()
