@@ -35,7 +35,7 @@ async def test_ls_lists_held_locks_with_holder_fence_and_waiters(
     # once all three are queued here, that waiter tries again (as a release would make it).
     notifier = runtime_for(client).notifier
     channel = LockKeys.build("aiolock", f"{tag}:orders:42").channel
-    def three_here() -> bool:
+    async def three_here() -> bool:
         return notifier.queue_length(channel) == 3
 
     await eventually(three_here, what="three local waiters")
