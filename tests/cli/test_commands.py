@@ -35,6 +35,7 @@ async def test_ls_lists_held_locks_with_holder_fence_and_waiters(
     # once all three are queued here, that waiter tries again (as a release would make it).
     notifier = runtime_for(client).notifier
     channel = LockKeys.build("aiolock", f"{tag}:orders:42").channel
+
     async def three_here() -> bool:
         return notifier.queue_length(channel) == 3
 
