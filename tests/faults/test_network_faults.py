@@ -430,7 +430,8 @@ async def test_the_proxy_forwards_delays_and_resets(server: RedisServer) -> None
         proxy.delay_replies(0.3)
         started = loop.time()
         assert await client.ping()
-        assert loop.time() - started >= 0.3
+        # uvloop keeps its timers to the millisecond and may fire one a fraction early.
+        assert loop.time() - started >= 0.29
         proxy.delay_replies(0.0)
         assert proxy.reset_all() == 1
         await until(lambda: proxy.open_connections == 0, "the reset link is gone", timeout=5)
