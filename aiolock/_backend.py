@@ -7,12 +7,20 @@ aiolock opens for itself: background work (renewals, the pub/sub subscription) m
 for a free connection in the user's pool, and must not inherit the user's retry policy
 (redis-py's default retries a command for up to ~10 s, longer than many leases live). What
 runs on those connections (the renewal scheduler, the notifier) is `_runtime`'s.
+
+A client of `redis.asyncio.sentinel.Sentinel(...).master_for(...)` gets Sentinel-managed
+connections of its own too, in pools of their own that find the master for themselves.
+Before each of aiolock's calls, on the user's pool or its own, the Sentinels are asked
+where the master is (one more round trip, to a Sentinel), and a pooled connection to a
+former master (one the Sentinels no longer name, which may still take writes until they
+demote it) is closed and opened again to the new one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import weakref
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -23,6 +31,7 @@ import redis.asyncio
 import redis.exceptions
 from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.backoff import NoBackoff
 
 try:
@@ -33,6 +42,8 @@ except ImportError:  # pragma: no cover - hiredis is a dependency, but may be mi
 from ._scripts import Script
 from ._settle import after_arrivals
 from .errors import BackendError
+
+logger = logging.getLogger("aiolock")
 
 __all__ = (
     "AsyncRedis",
@@ -191,6 +202,57 @@ async def _send_direct(client: redis.asyncio.Redis, command: _Command, on_sent: 
         await pool.release(connection)
 
 
+_DISCOVERY_BOUND: Final = 0.25
+"""Longest wait for the Sentinels to name the master before a call; past it, the call goes
+on the pooled connection as it is."""
+
+
+async def _master_address(pool: SentinelConnectionPool) -> tuple[str, int] | None:
+    """Where the Sentinels say the master of `pool`'s service is now (redis-py then drops
+    the pool's idle connections to a former master); None if no Sentinel answered within
+    `_DISCOVERY_BOUND`."""
+    try:
+        async with asyncio.timeout(_DISCOVERY_BOUND):
+            address: tuple[str, int] = await pool.get_master_address()  # type: ignore[no-untyped-call]
+    except (redis.exceptions.RedisError, OSError, TimeoutError) as exc:
+        logger.debug("aiolock: no Sentinel named the master, using the connection: %s", exc)
+        return None
+    return address
+
+
+async def _send_to_master(client: redis.asyncio.Redis, command: _Command, on_sent: _Sent) -> Any:
+    """One command on a connection of a Sentinel-managed pool (the user's, or aiolock's
+    own), which must reach the master the Sentinels name now.
+
+    A pooled connection stays open to the server it was opened to; after a failover that
+    is a former master, which keeps its role (and takes writes) until the Sentinels demote
+    it, about ten seconds later. Such a connection is closed and opened again, to the new
+    master. When no Sentinel answers, the connection is used as it is (as redis-py would).
+    A former master that was demoted already refuses writes with READONLY: redis-py's
+    connection then closes itself and raises `ConnectionError`, and `_call` sends again.
+    """
+    pool = client.connection_pool
+    assert isinstance(pool, SentinelConnectionPool)
+    address = await _master_address(pool)
+    if _NAME_CONNECTIONS:  # pragma: no cover - redis-py < 5.3
+        connection = await pool.get_connection(command[0])  # type: ignore[no-untyped-call]
+    else:
+        connection = await pool.get_connection()  # type: ignore[no-untyped-call]
+    try:
+        if address is not None and (connection.host, connection.port) != tuple(address):
+            await connection.disconnect()  # connects again on the send, to the new master
+        if on_sent is not None:
+            on_sent()
+        await connection.send_command(*command)
+        return await client.parse_response(connection, str(command[0]))
+    except (RuntimeError, AttributeError, TypeError) as exc:
+        if not _closed_transport(exc):
+            raise
+        raise redis.exceptions.ConnectionError(f"the connection was closed: {exc!r}") from exc
+    finally:
+        await pool.release(connection)
+
+
 async def _execute(client: redis.asyncio.Redis, command: _Command, on_sent: _Sent) -> Any:
     if on_sent is not None:
         on_sent()
@@ -248,6 +310,7 @@ class Backend:
         "_connection_kwargs",
         "_renew_client",
         "_send",
+        "_sentinel",
         "loop",
     )
 
@@ -259,10 +322,22 @@ class Backend:
         self._connection_class = pool.connection_class
         self._connection_kwargs = dict(pool.connection_kwargs)
         self._connection_kwargs["retry"] = Retry(NoBackoff(), 0)
+        # A Sentinel-managed pool's connections find the master through the pool that made
+        # them: aiolock's own pools are Sentinel-managed pools of the same service.
+        self._sentinel: SentinelConnectionPool | None = None
+        if isinstance(pool, SentinelConnectionPool):
+            self._sentinel = pool
+            self._connection_kwargs.pop("connection_pool", None)
         self.loop = asyncio.get_running_loop()
         self._renew_client: redis.asyncio.Redis | None = None
-        # aiolock's own connections are of the same class, with the same encoding.
-        self._send: _Send = _send_direct if _sends_directly(client) else _execute
+        # aiolock's own connections are of the same class, with the same encoding. With
+        # Sentinel, every call (on the user's pool and on aiolock's own) must reach the
+        # master the Sentinels name now.
+        self._send: _Send
+        if self._sentinel is not None and self._sentinel.is_master:
+            self._send = _send_to_master
+        else:
+            self._send = _send_direct if _sends_directly(client) else _execute
 
     @property
     def client(self) -> redis.asyncio.Redis:
@@ -270,6 +345,23 @@ class Backend:
         if client is None:  # pragma: no cover - locks keep their client alive
             raise RuntimeError("the redis client of this lock was garbage-collected")
         return client
+
+    @property
+    def sentinel(self) -> bool:
+        """Whether the client is a Sentinel-managed one (`Sentinel.master_for`)."""
+        return self._sentinel is not None
+
+    async def master_moved(self, pubsub: PubSub) -> bool:
+        """Whether `pubsub`'s connection is open to a server that the Sentinels no longer
+        name as the master (False for a client without Sentinel, or if no Sentinel answered
+        in time)."""
+        # redis-py types `PubSub.connection` as always None.
+        connection: redis.asyncio.Connection | None = getattr(pubsub, "connection", None)
+        pool = pubsub.connection_pool
+        if connection is None or not isinstance(pool, SentinelConnectionPool) or not pool.is_master:
+            return False
+        address = await _master_address(pool)
+        return address is not None and (connection.host, connection.port) != tuple(address)
 
     @property
     def health_interval(self) -> float:
@@ -430,7 +522,19 @@ class Backend:
         return not outcome_unknown(error)
 
     def _connection_pool(self) -> redis.asyncio.ConnectionPool:
-        """A new pool with the user's connection settings and no retries of its own."""
+        """A new pool with the user's connection settings and no retries of its own; for a
+        Sentinel-managed client, a Sentinel-managed pool of the same service and Sentinels,
+        which finds the master for itself."""
+        sentinel = self._sentinel
+        if sentinel is not None:
+            return SentinelConnectionPool(  # type: ignore[no-untyped-call]
+                sentinel.service_name,
+                sentinel.sentinel_manager,
+                is_master=sentinel.is_master,
+                check_connection=sentinel.check_connection,
+                connection_class=self._connection_class,
+                **self._connection_kwargs,
+            )
         return redis.asyncio.ConnectionPool(
             connection_class=self._connection_class, **self._connection_kwargs
         )

@@ -183,6 +183,10 @@ class RedisServer:
     that process ends (SIGKILL included): on Linux by the parent-death signal when started
     from the main thread, otherwise through a small watcher process.
 
+    `config` is the text of a configuration file, written into the server's directory and
+    named first on its command line (a Sentinel, started with `extra_args=("--sentinel",)`,
+    needs a file it can rewrite).
+
     Usable as a context manager: `with RedisServer(binary) as server: ...`.
     """
 
@@ -193,9 +197,11 @@ class RedisServer:
         extra_args: tuple[str, ...] = (),
         tls: TLSFiles | None = None,
         start_timeout: float = START_TIMEOUT,
+        config: str | None = None,
     ) -> None:
         self.binary = binary
         self.extra_args = extra_args
+        self.config = config
         self.tls = tls
         self.start_timeout = start_timeout
         self.port = 0
@@ -327,8 +333,14 @@ class RedisServer:
                 "--tls-cert-file", str(self.tls.cert), "--tls-key-file", str(self.tls.key),
                 "--tls-ca-cert-file", str(self.tls.ca), "--tls-auth-clients", "no",
             ]  # fmt: skip
+        config: list[str] = []
+        if self.config is not None:
+            path = Path(self._dir, "server.conf")
+            path.write_text(self.config)
+            config.append(str(path))
         return [
             self.binary.path,
+            *config,
             *listen,
             "--bind", "127.0.0.1",
             "--save", "",
