@@ -187,7 +187,7 @@ async def _sell(
         ttl=config.ttl,
         timeout=_ACQUIRE_TIMEOUT,
         prefix=config.prefix,
-        hold_stats=True,  # the summary shows the hold times and the ttl they suggest
+        hold_stats=True,  # the summary shows the hold times and the ttl advice
     )
     while True:
         try:

@@ -270,7 +270,7 @@ def check_replication(facts: ServerFacts) -> Finding | None:
             severity="warning",
             message=f"primary with {replicas} replica(s): replication is asynchronous, so "
             "a failover can promote a replica that never saw a lock, and grant it twice. "
-            "aiolock supports a single node for now (replicas, Sentinel: not yet supported)",
+            "With Sentinel, give aiolock a Sentinel(...).master_for(...) client",
             fix="do not fail over while locks are held, or rely on fencing tokens for "
             "safety (they stay increasing on a replica whose clock is not behind)",
         )
@@ -286,7 +286,7 @@ def check_cluster(facts: ServerFacts) -> Finding | None:
             check="cluster",
             severity="problem",
             message="this is a Sentinel, not a data node",
-            fix="connect aiolock to the primary that Sentinel names",
+            fix="give aiolock a Sentinel(...).master_for(...) client, which finds the primary",
         )
     if str(facts.info.get("cluster_enabled", "0")) in {"1", "yes"} or mode == "cluster":
         return Finding(

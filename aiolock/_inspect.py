@@ -1,43 +1,51 @@
 """Reading the data layout back: which locks exist, their state, and what their holds say.
 
-Shared by the `aiolock` command line, `Semaphore.info()` and the public `hold_stats()`.
+Shared by the `aiolock` command line, `Semaphore.info()`, `ReadWriteLock.info()` and the
+public `hold_stats()`.
 Everything here reads (SCAN, one MULTI/EXEC snapshot per batch of names), except
 `force_release`, which runs the ordinary token-guarded RELEASE script with the holder's
 token. The hold-time maths are pure functions of the recorded durations, tested as units.
 
 Every primitive keeps the same set of keys, named with an infix of its own (`KINDS`: ""
-for a lock, "sem:" for a semaphore); what differs is how its state hash names its holders.
-A new primitive is read back by adding a `Kind` (its label, its infix, and how to find its
+for a lock, "sem:" for a semaphore, "rw:" for a read-write lock); what differs is how its
+state hash names its holders, and a read-write lock's second wait queue (its readers'). A
+new primitive is read back by adding a `Kind` (its label, its infix, and how to find its
 holders in the state) to `KINDS` and its label to `LockState.kind`.
 
 Hold durations come from the `holds` list of the layout, kept for locks created with
 `hold_stats=True`: the release script records each normal release (as the holder measured
-it, ms). Holds that ended by expiry or were aborted are not recorded, so a ttl that is far
-too short hides the longest holds: a `near_ttl` flag is the signal to look. Every lock that
-is waited for also keeps a typical hold (a moving average over releases that handed it on)
-in its state.
+it, ms, marked when the lease was not renewed). The ttl advice depends on that mark: a
+renewed lease may be held for hours under a short ttl by design (its ttl only bounds how
+long a crashed holder blocks the others), while a lease that is not renewed must finish
+within its ttl. Holds that ended by expiry or were aborted are not recorded, so a ttl that
+is far too short hides the longest holds: a `near_ttl` flag is the signal to look. Every
+lock that is waited for also keeps a typical hold (a moving average over releases that
+handed it on) in its state.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import math
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal, TypeAlias, final
 
 from ._backend import AsyncRedis, check_client, translate_errors
 from ._config import check_name, check_prefix
 from ._info import LockInfo, text
-from ._layout import LockKeys
+from ._layout import HOLD_FIXED, LockKeys
 from ._runtime import runtime_for
 from ._scripts import RELEASE, release_args
 
 __all__ = (
     "KINDS",
     "LOCK",
+    "READER_QUEUE",
     "RESERVED_TASK",
+    "RWLOCK",
     "SEMAPHORE",
     "ForceRelease",
     "HoldStats",
@@ -80,6 +88,11 @@ class HoldStats:
     seconds, from the grant to the release as each holder measured them (the server's
     measure for an evicted holder); they are None when no hold was recorded.
 
+    The ttl advice looks only at the holds of leases that were not renewed (`renew=False`):
+    their ttl must cover the whole hold. A renewed lease's holds may outlive its ttl by
+    design; its ttl bounds how long the others wait for a holder that crashed, and how long
+    the event loop may stall before the lease is lost, whatever the holds' lengths.
+
     Added in 0.1.
     """
 
@@ -92,11 +105,36 @@ class HoldStats:
     max: float | None
     ttl: float | None
     """The ttl the holds were judged against (None: unknown)."""
+    fixed: int = 0
+    """How many of the holds were of leases that were not renewed (`renew=False`)."""
+    fixed_p99: float | None = None
+    """The 99th percentile of those (None: there were none)."""
     recommended_ttl: float | None
-    """3 times p99, rounded up to 1, 1.5, 2, 2.5, 3, 4, 5, 6 or 8 times a power of ten, at least
-    1 s: room for a renewal or two to fail before the lease ends."""
+    """For leases that are not renewed: 3 times `fixed_p99`, rounded up to 1, 1.5, 2, 2.5,
+    3, 4, 5, 6 or 8 times a power of ten, at least 1 s (room for a slow hold). None when
+    every recorded hold was renewed: their lengths say nothing about the ttl."""
     near_ttl: bool
-    """True when p99 > 50 % of `ttl`: the holds approach the ttl and live on renewals."""
+    """True when `fixed_p99` > 50 % of `ttl`: leases that are not renewed come close to
+    expiring before their holder is done. Renewed holds never set it."""
+    over_ttl: int = 0
+    """Renewed holds that outlived the ttl: kept alive by renewals, as designed."""
+
+    @property
+    def advice(self) -> str:
+        """One sentence on the ttl, from the holds."""
+        if self.count == 0:
+            return "no holds recorded"
+        if self.fixed == 0:
+            return (
+                "renewed leases: long holds are by design; the ttl only bounds how long a "
+                "crashed holder blocks the others"
+            )
+        if self.near_ttl:
+            return (
+                "holds without renewal approach the ttl: raise it (see recommended_ttl) or "
+                "let the lease renew"
+            )
+        return "holds without renewal end well within the ttl"
 
 
 def nearest_rank(sorted_values: Sequence[int], percent: float) -> int:
@@ -121,31 +159,47 @@ def recommend_ttl_ms(p99_ms: int) -> int:
     return next(step * scale for step in _NICE_STEPS if step * scale >= wanted)
 
 
-def summarize_holds(name: str, holds_ms: Iterable[int], *, ttl: float | None) -> HoldStats:
-    """Percentiles, the recommended ttl and the near-ttl flag of recorded holds (ms)."""
+def summarize_holds(
+    name: str, holds_ms: Iterable[int], *, ttl: float | None, fixed_ms: Iterable[int] = ()
+) -> HoldStats:
+    """Percentiles, the recommended ttl and the near-ttl flag of recorded holds (ms).
+
+    `holds_ms` are every hold; `fixed_ms` those among them of leases that were not renewed.
+    """
     values = sorted(holds_ms)
-    if not values:
-        return HoldStats(
-            name=name,
-            count=0,
-            p50=None,
-            p99=None,
-            max=None,
-            ttl=ttl,
-            recommended_ttl=None,
-            near_ttl=False,
-        )
-    p99_ms = nearest_rank(values, 99)
+    fixed = sorted(fixed_ms)
+    fixed_p99_ms = nearest_rank(fixed, 99) if fixed else None
     return HoldStats(
         name=name,
         count=len(values),
-        p50=nearest_rank(values, 50) / 1000,
-        p99=p99_ms / 1000,
-        max=values[-1] / 1000,
+        p50=nearest_rank(values, 50) / 1000 if values else None,
+        p99=nearest_rank(values, 99) / 1000 if values else None,
+        max=values[-1] / 1000 if values else None,
         ttl=ttl,
-        recommended_ttl=recommend_ttl_ms(p99_ms) / 1000,
-        near_ttl=ttl is not None and p99_ms > _NEAR_TTL_SHARE * ttl * 1000,
+        fixed=len(fixed),
+        fixed_p99=None if fixed_p99_ms is None else fixed_p99_ms / 1000,
+        recommended_ttl=None if fixed_p99_ms is None else recommend_ttl_ms(fixed_p99_ms) / 1000,
+        near_ttl=(
+            ttl is not None
+            and fixed_p99_ms is not None
+            and fixed_p99_ms > _NEAR_TTL_SHARE * ttl * 1000
+        ),
+        over_ttl=0 if ttl is None else _longer(values, ttl) - _longer(fixed, ttl),
     )
+
+
+def _longer(sorted_ms: Sequence[int], ttl: float) -> int:
+    """How many of `sorted_ms` (ascending) are longer than `ttl` seconds."""
+    return len(sorted_ms) - bisect.bisect_right(sorted_ms, ttl * 1000)
+
+
+def parse_hold(value: str) -> tuple[int, bool]:
+    """A recorded hold: (ms, whether its lease was renewed); (0, True) if unreadable."""
+    fixed = value.endswith(HOLD_FIXED)
+    try:
+        return int(value[: -len(HOLD_FIXED)] if fixed else value), not fixed
+    except ValueError:
+        return 0, True
 
 
 # --------------------------------------------------------------------------- snapshots
@@ -179,7 +233,7 @@ class Reservation:
     expires_in: float
 
 
-KindLabel: TypeAlias = Literal["lock", "semaphore"]
+KindLabel: TypeAlias = Literal["lock", "semaphore", "rwlock"]
 """What the command line calls each kind of primitive (`Kind.label`)."""
 
 
@@ -189,9 +243,12 @@ class Holders:
     """The holders a state hash names, as one kind of primitive writes them."""
 
     holder: LockInfo | None = None
-    """A lock's holder (None for the kinds held by several at once)."""
+    """A lock's holder, a read-write lock's writer (None for a semaphore)."""
     holders: tuple[LockInfo, ...] = ()
-    """Every holder, by slot where there are slots."""
+    """Every holder, by slot where there are slots (a read-write lock: the writer, then the
+    readers)."""
+    readers: tuple[LockInfo, ...] = ()
+    """A read-write lock's readers, by fencing token (the order they came in)."""
     reserved_slots: Mapping[int, str] = field(default_factory=dict)
     """Slots kept for a queued process (a release handed them over): slot -> queue id."""
 
@@ -208,6 +265,9 @@ class Kind:
     """Held by several holders at once (a lock: one)."""
     holders: Callable[[str, Mapping[str, str], int, int], Holders]
     """The holders in a state hash's fields: (name, fields, the key's PTTL, server ms)."""
+    sides: bool = False
+    """A read side and a write side (a read-write lock): its `holder` is the writer, and its
+    readers wait in a queue of their own (`READER_QUEUE`); its `queue` is the writers'."""
 
 
 def _lock_holders(name: str, fields: Mapping[str, str], pttl: int, now_ms: int) -> Holders:
@@ -231,14 +291,37 @@ def _permit_holders(name: str, fields: Mapping[str, str], pttl: int, now_ms: int
     return Holders(holders=holders, reserved_slots=reserved)
 
 
+def _rw_holders(name: str, fields: Mapping[str, str], pttl: int, now_ms: int) -> Holders:
+    # Its leases are written as a semaphore's permits, with the side (0 read, 1 write) in
+    # place of the slot.
+    leases = LockInfo.permits(name, fields, now_ms)
+    writer = next((replace(info, slot=None) for info in leases if info.slot == 1), None)
+    readers = tuple(
+        sorted(
+            (replace(info, slot=None) for info in leases if info.slot == 0),
+            key=lambda info: info.fencing_token,
+        )
+    )
+    return Holders(
+        holder=writer,
+        holders=(writer, *readers) if writer is not None else readers,
+        readers=readers,
+    )
+
+
+READER_QUEUE: Final = (":rqueue", ":rwaiters")
+"""Suffixes of a read-write lock's readers' wait queue (zset, hash) after its state key."""
+
 LOCK: Final = Kind(label="lock", infix="", shared=False, holders=_lock_holders)
 SEMAPHORE: Final = Kind(label="semaphore", infix="sem:", shared=True, holders=_permit_holders)
-KINDS: Final[tuple[Kind, ...]] = (LOCK, SEMAPHORE)
+RWLOCK: Final = Kind(label="rwlock", infix="rw:", shared=True, holders=_rw_holders, sides=True)
+KINDS: Final[tuple[Kind, ...]] = (LOCK, SEMAPHORE, RWLOCK)
 """Every kind of primitive the command line shows, in the order it lists them."""
 
 
 def kind_named(name: str) -> Kind:
-    """The kind whose label or key infix is `name` ("lock" or "", "semaphore" or "sem:")."""
+    """The kind whose label or key infix is `name` ("lock" or "", "semaphore" or "sem:",
+    "rwlock" or "rw:")."""
     for kind in KINDS:
         if name in (kind.label, kind.infix):
             return kind
@@ -253,12 +336,16 @@ class LockState:
 
     name: str
     holder: LockInfo | None
+    """A lock's holder, a read-write lock's writer (None for a semaphore)."""
     age: float | None
-    """Seconds since the holder acquired the lock (server clock); for a semaphore, since
-    the oldest permit held was acquired."""
+    """Seconds since the holder acquired the lock (server clock); for a semaphore or a
+    read-write lock, since the oldest permit or lease held was acquired."""
     kind: KindLabel = "lock"
     holders: tuple[LockInfo, ...] = ()
-    """Every holder: a lock's one holder, a semaphore's permits by slot."""
+    """Every holder: a lock's one holder, a semaphore's permits by slot, a read-write
+    lock's writer or its readers."""
+    readers: tuple[LockInfo, ...] = ()
+    """A read-write lock's readers, by fencing token (among `holders`)."""
     limit: int | None = None
     """A semaphore's limit in force (None: none stored, or a lock)."""
     reserved_slots: Mapping[int, str] = field(default_factory=dict)
@@ -271,8 +358,13 @@ class LockState:
     typical_hold: float | None
     """Seconds: a moving average over the releases that handed the lock on (None: none)."""
     queue: tuple[QueueEntry, ...]
+    """The wait queue, in order (a read-write lock's writers')."""
+    reader_queue: tuple[QueueEntry, ...] = ()
+    """A read-write lock's readers' wait queue, in order (empty for the other kinds)."""
     holds_ms: tuple[int, ...]
     """Recent hold durations in ms, newest first."""
+    fixed_holds_ms: tuple[int, ...] = ()
+    """Those of them whose lease was not renewed (`renew=False`), newest first."""
     server_time: float
     """Unix seconds, the server's clock at the snapshot."""
 
@@ -290,8 +382,19 @@ class LockState:
 
     @property
     def waiters(self) -> int:
-        """Waiting tasks, summed over the queue entries that have not expired."""
-        return sum(entry.count for entry in self.queue if not entry.expired)
+        """Waiting tasks, summed over the queue entries that have not expired (a read-write
+        lock's writers and readers)."""
+        return self.writers_waiting + self.readers_waiting
+
+    @property
+    def writers_waiting(self) -> int:
+        """Tasks waiting in `queue` (for a lock or a semaphore: every waiter)."""
+        return _waiting(self.queue)
+
+    @property
+    def readers_waiting(self) -> int:
+        """Tasks waiting in a read-write lock's `reader_queue` (0 for the other kinds)."""
+        return _waiting(self.reader_queue)
 
     @property
     def known(self) -> bool:
@@ -300,12 +403,14 @@ class LockState:
             self.state != "free"
             or self.last_fencing_token is not None
             or bool(self.queue)
+            or bool(self.reader_queue)
             or bool(self.holds_ms)
         )
 
     def hold_stats(self, *, ttl: float | None = None) -> HoldStats:
         """Stats of the recorded holds, judged against the holder's ttl if held (a
-        semaphore's: the longest of its permits'), else `ttl`."""
+        semaphore's or a read-write lock's readers': the longest of their leases'), else
+        `ttl`."""
         in_use = self.holder.ttl if self.holder is not None else ttl
         if self.holder is None:
             ttls = [
@@ -314,7 +419,11 @@ class LockState:
                 if info.slot not in self.reserved_slots and info.ttl > 0
             ]
             in_use = max(ttls) if ttls else ttl
-        return summarize_holds(self.name, self.holds_ms, ttl=in_use)
+        return summarize_holds(self.name, self.holds_ms, ttl=in_use, fixed_ms=self.fixed_holds_ms)
+
+
+def _waiting(queue: Iterable[QueueEntry]) -> int:
+    return sum(entry.count for entry in queue if not entry.expired)
 
 
 def _int(value: object, default: int = 0) -> int:
@@ -343,7 +452,8 @@ async def scan_lock_names(
     kind: str = "",
 ) -> list[str]:
     """Names of the locks whose state hash exists (held, reserved, or its state retained
-    after a release), sorted; of the semaphores with `kind="sem:"` (a `Kind.infix`).
+    after a release), sorted; of the semaphores with `kind="sem:"`, of the read-write locks
+    with `kind="rw:"` (a `Kind.infix`, or its label).
 
     Uses `SCAN MATCH "<prefix>:<kind>{<pattern>}" TYPE hash`, never KEYS. With
     `with_holds`, also the names that only have recorded holds (`... :holds`, TYPE list).
@@ -385,7 +495,8 @@ async def read_locks(
     client: AsyncRedis, names: Sequence[str], *, prefix: str = "aiolock", kind: str = ""
 ) -> list[LockState]:
     """A snapshot of each named lock (one MULTI/EXEC round trip per 200 locks), in order;
-    of semaphores with `kind="sem:"` (a `Kind.infix`, or its label).
+    of semaphores with `kind="sem:"`, of read-write locks with `kind="rw:"` (a
+    `Kind.infix`, or its label).
 
     Raises:
         BackendError: Redis could not be reached or refused the command.
@@ -402,7 +513,7 @@ async def read_locks(
 
 
 _PER_LOCK: Final = 5
-"""Commands per lock in a snapshot."""
+"""Commands per lock in a snapshot (two more for a read-write lock's readers' queue)."""
 
 
 async def _read_batch(
@@ -419,17 +530,22 @@ async def _read_batch(
                     pipe.zrange(keys.queue, 0, -1)
                     pipe.hgetall(keys.waiters)
                     pipe.lrange(keys.holds, 0, 99)
+                    if kind.sides:
+                        pipe.zrange(keys.lock + READER_QUEUE[0], 0, -1)
+                        pipe.hgetall(keys.lock + READER_QUEUE[1])
                 replies: list[Any] = await pipe.execute()
     seconds, micros = replies[0]
     now_ms = int(seconds) * 1000 + int(micros) // 1000
+    per = _PER_LOCK + (2 if kind.sides else 0)
     return [
-        _parse(name, now_ms, replies[1 + i * _PER_LOCK : 1 + (i + 1) * _PER_LOCK], kind)
+        _parse(name, now_ms, replies[1 + i * per : 1 + (i + 1) * per], kind)
         for i, name in enumerate(names)
     ]
 
 
 def _parse(name: str, now_ms: int, replies: Sequence[Any], kind: Kind = LOCK) -> LockState:
-    pttl_raw, holder_raw, queue_raw, waiters_raw, holds_raw = replies
+    pttl_raw, holder_raw, queue_raw, waiters_raw, holds_raw, *readers_raw = replies
+    holds = [parse_hold(text(value)) for value in holds_raw]
     pttl = int(pttl_raw)
     holder_fields = {text(k): text(v) for k, v in dict(holder_raw).items()}
     found = kind.holders(name, holder_fields, pttl, now_ms)
@@ -442,27 +558,34 @@ def _parse(name: str, now_ms: int, replies: Sequence[Any], kind: Kind = LOCK) ->
         reservation = Reservation(
             queue_id=holder_fields["reserved"], expires_in=max(pttl, 0) / 1000
         )
-    entries = {text(k): text(v) for k, v in dict(waiters_raw).items()}
-    order = [text(member) for member in queue_raw]
-    order += sorted(set(entries) - set(order))  # an entry outside the zset: shown last
-    queue = tuple(
-        _queue_entry(queue_id, position, entries.get(queue_id), now_ms)
-        for position, queue_id in enumerate(order, start=1)
-    )
     return LockState(
         name=name,
         holder=holder,
         age=age,
         kind=kind.label,
         holders=found.holders,
+        readers=found.readers,
         limit=_int(holder_fields["limit"]) if "limit" in holder_fields and pttl != -2 else None,
         reserved_slots=found.reserved_slots,
         reservation=reservation,
         last_fencing_token=_int(holder_fields["fence"]) if "fence" in holder_fields else None,
         typical_hold=_int(holder_fields["h"]) / 1000 if holder_fields.get("h") else None,
-        queue=queue,
-        holds_ms=tuple(_int(value) for value in holds_raw),
+        queue=_queue(queue_raw, waiters_raw, now_ms),
+        reader_queue=_queue(readers_raw[0], readers_raw[1], now_ms) if readers_raw else (),
+        holds_ms=tuple(ms for ms, _ in holds),
+        fixed_holds_ms=tuple(ms for ms, renewed in holds if not renewed),
         server_time=now_ms / 1000,
+    )
+
+
+def _queue(queue_raw: Any, waiters_raw: Any, now_ms: int) -> tuple[QueueEntry, ...]:
+    """A wait queue from its zset's members and its hash of entries, in order."""
+    entries = {text(k): text(v) for k, v in dict(waiters_raw).items()}
+    order = [text(member) for member in queue_raw]
+    order += sorted(set(entries) - set(order))  # an entry outside the zset: shown last
+    return tuple(
+        _queue_entry(queue_id, position, entries.get(queue_id), now_ms)
+        for position, queue_id in enumerate(order, start=1)
     )
 
 
@@ -530,7 +653,7 @@ async def hold_stats(
     """
     (state,) = await read_locks(client, [name], prefix=prefix)
     if ttl is not None:
-        return summarize_holds(state.name, state.holds_ms, ttl=ttl)
+        return summarize_holds(state.name, state.holds_ms, ttl=ttl, fixed_ms=state.fixed_holds_ms)
     return state.hold_stats()
 
 

@@ -7,7 +7,7 @@ Format version 2. For a lock named NAME under PREFIX (default "aiolock"):
 | `PREFIX:{NAME}`          | hash    | the state: the holder while held, and what outlives a hold (see below); TTL = the lease's ttl while held, then the retention |
 | `PREFIX:{NAME}:queue`    | zset    | waiting processes, first come first served (member: queue id, score: arrival µs) |
 | `PREFIX:{NAME}:waiters`  | hash    | queue id -> "<expires at, Unix ms> <waiters> <host> <pid> <seq> <grant ms> <ttl ms> <grant token> <task>" |
-| `PREFIX:{NAME}:holds`    | list    | only for locks with `hold_stats=True`: recent hold durations in ms, newest first, 100 to 150 of them (trimmed to 100 every 50 holds, when its 1-day TTL is renewed) |
+| `PREFIX:{NAME}:holds`    | list    | only for locks with `hold_stats=True`: recent hold durations in ms, newest first, followed by "f" for a lease that was not renewed (`renew=False`), 100 to 150 of them (trimmed to 100 every 50 holds, when its 1-day TTL is renewed) |
 | `PREFIX:{NAME}:released` | channel | one message per release that hands the lock to another process's queue: "<fencing token> <queue id> <granted fencing token> <seq>" |
 
 The state hash. While held: `token` (128-bit hex secret), `fence` (the holder's fencing
@@ -106,6 +106,10 @@ ABORT_RETAIN_MS = 600_000
 
 KEPT_PREFIX = 16
 """Hex digits of a token the state keeps after its lease (64 bits)."""
+
+HOLD_FIXED = "f"
+"""Written after a recorded hold (ms) of a lease that was not renewed: its ttl had to cover
+the whole hold, where a renewed lease's holds may outlive its ttl by design."""
 
 RETAIN_DEFAULT = 10.0
 """Default retention of a released lock's state, seconds (see the module docstring)."""

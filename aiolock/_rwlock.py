@@ -3,25 +3,22 @@ engine does the rest, for each side."""
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, final
+from typing import ClassVar, final
 
 import redis.asyncio
 
-from ._backend import AsyncRedis, check_client, translate_errors
+from ._backend import AsyncRedis, check_client
 from ._config import LockConfig, check_name
 from ._engine import Call, Primitive
-from ._info import HOST, PID, LockInfo, text
+from ._info import HOST, PID, LockInfo
+from ._inspect import READER_QUEUE, read_locks
 from ._layout import RETAIN_DEFAULT
 from ._rwlock_scripts import RW_ACQUIRE, RW_RELEASE, WRITER_MARK_MS
 from ._scripts import acquire_args
 
 __all__ = ("ReadLock", "ReadWriteInfo", "ReadWriteLock", "WriteLock")
-
-_INSPECT_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +35,7 @@ class _RWKeys:
         return cls(
             state=base,
             writers=(f"{base}:queue", f"{base}:waiters"),
-            readers=(f"{base}:rqueue", f"{base}:rwaiters"),
+            readers=(base + READER_QUEUE[0], base + READER_QUEUE[1]),
             holds=f"{base}:holds",
             channels=(f"{base}:rreleased", f"{base}:released"),
         )
@@ -59,6 +56,7 @@ class ReadWriteInfo:
 
     name: str
     readers: tuple[LockInfo, ...]
+    """The readers, by fencing token (the order they came in)."""
     writer: LockInfo | None
     writers_waiting: int
     """Tasks waiting to write, summed over the queued processes whose entries are live."""
@@ -76,14 +74,16 @@ class _Side(Primitive):
 
     def __init__(self, rw: ReadWriteLock) -> None:
         self._rw = rw
-        self._client = rw._client
-        self._name = rw._name
-        self._config = rw._config
         self._keys = rw._keys
-        self._script_keys = self._release_keys = rw._keys.of_side(self._side)
-        self._key = rw._keys.state
-        self._channel = rw._keys.channels[self._side]
-        self._held = []
+        self._script_keys = rw._keys.of_side(self._side)
+        super().__init__(
+            rw._client,
+            rw._name,
+            rw._config,
+            key=rw._keys.state,
+            channel=rw._keys.channels[self._side],
+            release_keys=self._script_keys,
+        )
 
     @property
     def lock(self) -> ReadWriteLock:
@@ -235,42 +235,14 @@ class ReadWriteLock:
         Raises:
             BackendError: Redis could not be reached or refused the command.
         """
-        keys = self._keys
-        with translate_errors("inspect", self._name, _INSPECT_TIMEOUT):
-            async with asyncio.timeout(_INSPECT_TIMEOUT):
-                async with self._client.pipeline(transaction=True) as pipe:
-                    pipe.time()
-                    pipe.hgetall(keys.state)
-                    pipe.hgetall(keys.writers[1])
-                    pipe.hgetall(keys.readers[1])
-                    replies: list[Any] = await pipe.execute()
-        (seconds, micros), fields_raw, writers_raw, readers_raw = replies
-        now_ms = int(seconds) * 1000 + int(micros) // 1000
-        fields = {text(k): text(v) for k, v in dict(fields_raw).items()}
-        leases = LockInfo.permits(self._name, fields, now_ms)
-        readers = tuple(
-            _without_slot(info) for info in leases if info.slot == 0
-        )  # fmt: skip
-        writer = next((_without_slot(info) for info in leases if info.slot == 1), None)
+        (state,) = await read_locks(
+            self._client, [self._name], prefix=self._config.prefix, kind="rw:"
+        )
         return ReadWriteInfo(
             name=self._name,
-            readers=readers,
-            writer=writer,
-            writers_waiting=_waiting(writers_raw, now_ms),
-            readers_waiting=_waiting(readers_raw, now_ms),
-            last_fencing_token=int(fields["fence"]) if fields.get("fence", "").isdigit() else None,
+            readers=state.readers,
+            writer=state.holder,
+            writers_waiting=state.writers_waiting,
+            readers_waiting=state.readers_waiting,
+            last_fencing_token=state.last_fencing_token,
         )
-
-
-def _without_slot(info: LockInfo) -> LockInfo:
-    return dataclasses.replace(info, slot=None)  # the side, not a slot
-
-
-def _waiting(entries: Any, now_ms: int) -> int:
-    """Waiting tasks in a queue's entries ("<until ms> <count> ...") that have not lapsed."""
-    total = 0
-    for value in dict(entries).values():
-        until, count, *_ = (*text(value).split(" ", 2), "0", "0")
-        if until.isdigit() and int(until) >= now_ms and count.isdigit():
-            total += int(count)
-    return total

@@ -1,11 +1,12 @@
-"""`aiolock`: see the locks and semaphores in a Redis server, evict a stuck holder, run the demo.
+"""`aiolock`: see the locks, semaphores and read-write locks in a Redis server, evict a stuck
+holder, run the demo.
 
 ```
 aiolock ls [PATTERN]              in use: holder(s), age, ttl left, fencing token, waiters
-aiolock show NAME                 everything known about one lock or semaphore
+aiolock show NAME                 everything known about one lock, semaphore or rwlock
 aiolock release NAME --force      evict the holder of a lock (token-guarded, asks first)
 aiolock watch [PATTERN]           a live `ls` table, until Ctrl-C
-aiolock stats [PATTERN]           hold times per lock and semaphore, and the ttl they suggest
+aiolock stats [PATTERN]           hold times per lock, semaphore and rwlock, and the ttl they suggest
 aiolock doctor                    what in the server's setup can break locks
 aiolock demo                      a flash sale on a throwaway server, checked
 ```
@@ -13,43 +14,54 @@ aiolock demo                      a flash sale on a throwaway server, checked
 Options before or after the command: `--url` (default `$REDIS_URL`, else
 `redis://localhost:6379/0`), `--prefix` (default `aiolock`) and `--json` (machine-readable
 output instead of tables, on every command). `ls`, `show`, `watch` and `stats` take
-`--kind lock|semaphore` (default: both). A lock and a semaphore may share a name: their
-keys differ (`PREFIX:{NAME}`, `PREFIX:sem:{NAME}`), and `show` shows both, labelled.
+`--kind lock|semaphore|rwlock` (default: all three; rwlock: a read-write lock). A lock, a
+semaphore and a read-write lock may share a name: their keys differ (`PREFIX:{NAME}`,
+`PREFIX:sem:{NAME}`, `PREFIX:rw:{NAME}`), and `show` shows each, labelled.
 
 JSON output (`--json`); every key is always present, null where it does not apply.
 Durations are seconds, times Unix seconds on the server's clock.
 
-- `ls` (and each line of `watch`): a list of rows, by name, locks before semaphores:
-  `name`, `kind` ("lock" or "semaphore"), `state` ("held", or "reserved": a lock handed
-  over to a queued process that has not claimed it yet), `held` (permits taken, those
-  handed over included; a lock: 1), `limit` (a lock: 1; a semaphore: the limit in force),
-  `host`, `pid`, `task`, `fencing_token`, `ttl` (a lock's holder; null for a semaphore),
-  `age` (the holder's, a semaphore's oldest permit's), `expires_in` (the holder's or the
-  reservation's; a semaphore's soonest permit's), `reserved_for` (a lock's reservation:
-  the queue id), `waiters` (tasks waiting, in queue entries that have not expired),
-  `holders` (a list: each holder, a semaphore's permits by slot, as in `show`).
-- `show`: `{"name": NAME, "lock": {...} or null, "semaphore": {...} or null}`; null when
-  Redis knows nothing of that kind under NAME (or `--kind` left it out). Each object:
-  `name`, `kind`, `key` (its state hash), `state` ("held", "reserved" or "free"), `limit`,
-  `held`, `free` (permits free now; null for a lock), `holder` (a lock's holder: `name`,
+- `ls` (and each line of `watch`): a list of rows, by name, locks before semaphores before
+  read-write locks: `name`, `kind` ("lock", "semaphore" or "rwlock"), `state` ("held",
+  "free", or "reserved": a lock handed over to a queued process that has not claimed it
+  yet), `held` (permits taken, those handed over included; a lock: 1; a read-write lock:
+  its writer or its readers), `limit` (a lock: 1; a semaphore: the limit in force; null
+  for a read-write lock), `host`, `pid`, `task`, `fencing_token`, `ttl` (a lock's holder,
+  a read-write lock's writer; null for a semaphore or without one), `age` (the holder's, a
+  semaphore's oldest permit's, a read-write lock's oldest lease's), `expires_in` (the
+  holder's or the reservation's; a semaphore's soonest permit's, a read-write lock's
+  soonest lease's), `reserved_for` (a lock's reservation: the queue id), `waiters` (tasks
+  waiting, in queue entries that have not expired; a read-write lock's writers and readers),
+  `writers_waiting` and `readers_waiting` (a read-write lock's; null for the other kinds),
+  `holders` (a list: each holder, a semaphore's permits by slot, a read-write lock's writer
+  or readers, as in `show`).
+- `show`: `{"name": NAME, "lock": {...} or null, "semaphore": {...} or null, "rwlock":
+  {...} or null}`; null when Redis knows nothing of that kind under NAME (or `--kind` left
+  it out). Each object: `name`, `kind`, `key` (its state hash), `state` ("held",
+  "reserved" or "free"), `limit`, `held`, `free` (permits free now; null for a lock or a
+  read-write lock), `holder` (a lock's holder, a read-write lock's writer: `name`,
   `fencing_token`, `host`, `pid`, `task`, `acquired_at`, `ttl`, `expires_in`, `slot`; null
-  for a semaphore), `holders` (each: `slot` (null for a lock), `fencing_token`, `host`,
-  `pid`, `task`, `acquired_at`, `age`, `ttl`, `expires_in`, `reserved_for` (the queue id
-  of a permit handed over and not claimed yet, else null)), `age`, `reservation` (a lock's:
-  `queue_id`, `expires_in`), `last_fencing_token`, `typical_hold`, `waiters`, `queue` (each
-  process queued, in order: `queue_id`, `position`, `host`, `pid`, `count`, `expires_in`,
-  `expired`), `recent_holds_ms` (newest first), `hold_stats` (as in `stats`),
+  for a semaphore), `holders` (each: `slot` (null but for a semaphore), `side` ("write" or
+  "read" for a read-write lock, else null), `fencing_token`, `host`, `pid`, `task`,
+  `acquired_at`, `age`, `ttl`, `expires_in`, `reserved_for` (the queue id of a permit
+  handed over and not claimed yet, else null)), `age`, `reservation` (a lock's:
+  `queue_id`, `expires_in`), `last_fencing_token`, `typical_hold`, `waiters`,
+  `writers_waiting`, `readers_waiting` (as in `ls`), `queue` (each process queued, in
+  order: `queue_id`, `position`, `host`, `pid`, `count`, `expires_in`, `expired`; a
+  read-write lock's writers), `reader_queue` (a read-write lock's readers, as `queue`; null
+  for the other kinds), `recent_holds_ms` (newest first), `hold_stats` (as in `stats`),
   `server_time`.
-- `stats`: a list, by name, locks before semaphores: `name`, `kind`, `count`, `p50`, `p99`,
-  `max`, `ttl`, `recommended_ttl`, `near_ttl`.
+- `stats`: a list, by name, locks before semaphores before read-write locks: `name`,
+  `kind`, `count`, `p50`, `p99`, `max`, `ttl`, `fixed`, `fixed_p99`, `recommended_ttl`,
+  `near_ttl`, `over_ttl`, `advice`.
 
 Exit codes: 0 ok; 1 the operation failed (the demo's invariant, nothing released, nothing
 known under the name given to `show`, a problem found by `doctor`); 2 usage or connection
 error (unreachable server, not a Redis server); 130 interrupted (Ctrl-C, also the normal end
 of `watch` without `--count`).
 
-Needs the `cli` extra (`pip install "aiolock[cli]"`) for `rich`. Added in 0.1; semaphores
-and `--kind` in 0.2.
+Needs the `cli` extra (`pip install "aiolock[cli]"`) for `rich`. Added in 0.1; semaphores,
+read-write locks and `--kind` in 0.2.
 """
 
 from __future__ import annotations
@@ -79,6 +91,7 @@ from ._inspect import (
     HoldStats,
     Kind,
     LockState,
+    QueueEntry,
     force_release,
     kind_named,
     read_locks,
@@ -172,7 +185,8 @@ def _parser() -> argparse.ArgumentParser:
     _connection_options(common, argparse.SUPPRESS)
     parser = argparse.ArgumentParser(
         prog="aiolock",
-        description="See and manage aiolock locks and semaphores in a Redis server.",
+        description="See and manage aiolock locks, semaphores and read-write locks in a Redis "
+        "server.",
         epilog="exit codes: 0 ok, 1 operation failed, 2 usage or connection error, 130 interrupted",
     )
     parser.add_argument("--version", action="version", version=f"aiolock {__version__}")
@@ -182,12 +196,12 @@ def _parser() -> argparse.ArgumentParser:
     def command(name: str, help_: str) -> argparse.ArgumentParser:
         return commands.add_parser(name, help=help_, description=help_, parents=[common])
 
-    ls = command("ls", "list the locks and semaphores in use")
+    ls = command("ls", "list the locks, semaphores and read-write locks in use")
     ls.add_argument("pattern", nargs="?", default="*", help="glob on names (default *)")
     _kind_option(ls)
 
-    show = command("show", "show everything known about one lock or semaphore")
-    show.add_argument("name", help="the lock's or semaphore's name")
+    show = command("show", "show everything known about one lock, semaphore or read-write lock")
+    show.add_argument("name", help="the lock's, semaphore's or read-write lock's name")
     _kind_option(show)
 
     release = command("release", "evict the holder of a lock (token-guarded)")
@@ -195,13 +209,17 @@ def _parser() -> argparse.ArgumentParser:
     release.add_argument("--force", action="store_true", help="required: yes, evict the holder")
     release.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
 
-    watch = command("watch", "a live table of the locks and semaphores in use, until Ctrl-C")
+    watch = command(
+        "watch", "a live table of the locks, semaphores and read-write locks in use, until Ctrl-C"
+    )
     watch.add_argument("pattern", nargs="?", default="*", help="glob on names (default *)")
     _kind_option(watch)
     watch.add_argument("--interval", type=_seconds, default=1.0, help="seconds between refreshes")
     watch.add_argument("--count", type=_positive_int, default=None, help="refresh N times, exit")
 
-    stats = command("stats", "hold times per lock and semaphore, and the ttl they suggest")
+    stats = command(
+        "stats", "hold times per lock, semaphore and read-write lock, and the ttl they suggest"
+    )
     stats.add_argument("pattern", nargs="?", default="*", help="glob on names (default *)")
     stats.add_argument(
         "--ttl", type=_seconds, default=None, help="ttl your code uses, for names not held now"
@@ -260,13 +278,18 @@ def _kind_option(parser: argparse.ArgumentParser) -> None:
         "--kind",
         choices=labels,
         default=None,
-        help=f"only this kind (default: {' and '.join(labels)})",
+        help=f"only this kind (default: {_and(labels)}; rwlock: a read-write lock)",
     )
 
 
 def _kinds(args: argparse.Namespace) -> tuple[Kind, ...]:
     """The kinds a command looks at: `--kind`, else all of them."""
     return KINDS if args.kind is None else (kind_named(args.kind),)
+
+
+def _and(words: Sequence[str], last: str = "and") -> str:
+    """ "a", "a and b", "a, b and c"."""
+    return f" {last} ".join(filter(None, (", ".join(words[:-1]), words[-1]))) if words else ""
 
 
 def _seconds(text: str) -> float:
@@ -363,11 +386,23 @@ def _info_dict(info: LockInfo | None) -> dict[str, Any] | None:
 
 
 def _stats_dict(stats: HoldStats) -> dict[str, Any]:
-    return dataclasses.asdict(stats)
+    return {**dataclasses.asdict(stats), "advice": stats.advice}
 
 
 def _label(state: LockState) -> str:
     return f"{state.kind} {state.name!r}"
+
+
+def _sides(state: LockState) -> bool:
+    """Whether `state` is a read-write lock's (a writer and readers, two queues)."""
+    return kind_named(state.kind).sides
+
+
+def _side(state: LockState, info: LockInfo) -> str | None:
+    """A read-write lock's lease's side, "write" or "read" (None for the other kinds)."""
+    if not _sides(state):
+        return None
+    return "write" if info == state.holder else "read"
 
 
 def _live(state: LockState) -> list[LockInfo]:
@@ -390,6 +425,7 @@ def _holder_dict(state: LockState, info: LockInfo) -> dict[str, Any]:
     age = max(round(state.server_time * 1000) - acquired_ms, 0) / 1000 if acquired_ms else None
     return {
         "slot": info.slot,
+        "side": _side(state, info),
         "fencing_token": info.fencing_token,
         "host": info.host,
         "pid": info.pid,
@@ -429,7 +465,17 @@ def _row(state: LockState) -> dict[str, Any]:
         "expires_in": expires_in,
         "reserved_for": state.reservation.queue_id if state.reservation else None,
         "waiters": state.waiters,
+        **_sides_waiting(state),
         "holders": [_holder_dict(state, info) for info in state.holders],
+    }
+
+
+def _sides_waiting(state: LockState) -> dict[str, int | None]:
+    """`writers_waiting` and `readers_waiting`: a read-write lock's, else null."""
+    sides = _sides(state)
+    return {
+        "writers_waiting": state.writers_waiting if sides else None,
+        "readers_waiting": state.readers_waiting if sides else None,
     }
 
 
@@ -465,8 +511,8 @@ async def _held(
 
 
 def _what(kinds: Sequence[Kind]) -> str:
-    """ "locks or semaphores", "locks", ... for messages."""
-    return " or ".join(f"{kind.label}s" for kind in kinds)
+    """ "locks, semaphores or rwlocks", "locks", ... for messages."""
+    return _and([f"{kind.label}s" for kind in kinds], "or")
 
 
 def _locks_table(states: Sequence[LockState], *, title: str | None = None) -> Table:
@@ -491,15 +537,31 @@ def _locks_table(states: Sequence[LockState], *, title: str | None = None) -> Ta
         holder, task, *rest = _holder_cells(state)
         table.add_row(
             state.name, state.kind, _held_cell(state), _one_line(holder), _one_line(task), *rest,
-            str(state.waiters),
+            _waiters_cell(state),
         )  # fmt: skip
     return table
 
 
+def _waiters_cell(state: LockState) -> str:
+    """The tasks waiting; a read-write lock's writers and readers apart ("1w 2r")."""
+    if _sides(state):
+        return f"{state.writers_waiting}w {state.readers_waiting}r"
+    return str(state.waiters)
+
+
 def _held_cell(state: LockState) -> str:
-    """ "held/limit": "1/1" for a held lock, "3/5" for a semaphore."""
+    """ "held/limit": "1/1" for a held lock, "3/5" for a semaphore; a read-write lock's
+    "writer", "3 readers" or "free"."""
+    if _sides(state):
+        if state.holder is not None:
+            return "writer"
+        return _readers(len(state.readers)) if state.readers else "free"
     limit = _limit(state)
     return f"{_held_count(state)}/{'?' if limit is None else limit}"
+
+
+def _readers(count: int) -> str:
+    return f"{count} reader{'' if count == 1 else 's'}"
 
 
 def _one_line(cell: str | Text) -> Text:
@@ -586,7 +648,7 @@ async def _show(args: argparse.Namespace, url: str | None) -> int:
     console = _console()
     if not known:
         console.print(
-            f"nothing known about {' or '.join(k.label for k in kinds)} {args.name!r} "
+            f"nothing known about {_and([k.label for k in kinds], 'or')} {args.name!r} "
             f"(prefix {args.prefix!r})"
         )
         return EXIT_FAILED
@@ -594,13 +656,19 @@ async def _show(args: argparse.Namespace, url: str | None) -> int:
         console.print(_show_renderable(known[0], args.prefix))
         return EXIT_OK
     console.print(
-        f"{args.name!r} is both a {' and a '.join(state.kind for state in known)} (separate "
-        "keys, unrelated); --kind shows one"
+        f"{args.name!r} is {'both ' if len(known) == 2 else ''}"
+        f"{_and([f'{_a(state.kind)} {state.kind}' for state in known])} (separate keys, "
+        "unrelated); --kind shows one"
     )
     for state in known:
         console.print(Rule(_label(state), align="left"))
         console.print(_show_renderable(state, args.prefix))
     return EXIT_OK
+
+
+def _a(label: str) -> str:
+    """The article before a kind's label: "a lock", "an rwlock"."""
+    return "an" if label[0] in "aeiour" else "a"
 
 
 def _show_dict(state: LockState, prefix: str, kind: Kind) -> dict[str, Any]:
@@ -620,11 +688,17 @@ def _show_dict(state: LockState, prefix: str, kind: Kind) -> dict[str, Any]:
         "last_fencing_token": state.last_fencing_token,
         "typical_hold": state.typical_hold,
         "waiters": state.waiters,
-        "queue": [{**dataclasses.asdict(entry), "expired": entry.expired} for entry in state.queue],
+        **_sides_waiting(state),
+        "queue": _queue_list(state.queue),
+        "reader_queue": _queue_list(state.reader_queue) if kind.sides else None,
         "recent_holds_ms": list(state.holds_ms),
         "hold_stats": _stats_dict(state.hold_stats()),
         "server_time": state.server_time,
     }
+
+
+def _queue_list(queue: Sequence[QueueEntry]) -> list[dict[str, Any]]:
+    return [{**dataclasses.asdict(entry), "expired": entry.expired} for entry in queue]
 
 
 def _show_renderable(state: LockState, prefix: str) -> Group:
@@ -635,7 +709,9 @@ def _show_renderable(state: LockState, prefix: str) -> Group:
     facts.add_row(state.kind, f"{state.name!r} (key {key})")
     facts.add_row("state", state.state)
     parts: list[Any] = [facts]
-    if kind_named(state.kind).shared:
+    if _sides(state):
+        _rw_facts(facts, state)
+    elif kind_named(state.kind).shared:
         _permit_facts(facts, state)
     else:
         _holder_facts(facts, state)
@@ -649,17 +725,22 @@ def _show_renderable(state: LockState, prefix: str) -> Group:
     )
     if kind_named(state.kind).shared and state.holders:
         parts.append(_permits_table(state))
-    parts.append(_queue_renderable(state))
+    if _sides(state):
+        parts.append(_queue_renderable(state.queue, "writers' queue"))
+        parts.append(_queue_renderable(state.reader_queue, "readers' queue"))
+    else:
+        parts.append(_queue_renderable(state.queue, "queue"))
     parts.append(Text(f"recent holds: {_stats_line(state.hold_stats())}"))
     return Group(*parts)
 
 
-def _holder_facts(facts: Table, state: LockState) -> None:
+def _holder_facts(facts: Table, state: LockState, label: str = "holder") -> None:
     holder = state.holder
     if holder is not None:
-        facts.add_row("holder", f"host {holder.host}, pid {holder.pid}, task {holder.task!r}")
+        age = _holder_dict(state, holder)["age"]
+        facts.add_row(label, f"host {holder.host}, pid {holder.pid}, task {holder.task!r}")
         facts.add_row("fencing token", str(holder.fencing_token))
-        facts.add_row("acquired", f"{_utc(holder.acquired_at)} ({_duration(state.age)} ago)")
+        facts.add_row("acquired", f"{_utc(holder.acquired_at)} ({_duration(age)} ago)")
         facts.add_row(
             "ttl",
             f"{_duration(holder.ttl)}, expires in {_duration(holder.expires_in)} unless renewed",
@@ -670,6 +751,21 @@ def _holder_facts(facts: Table, state: LockState) -> None:
             f"queue {state.reservation.queue_id}, for "
             f"{_duration(state.reservation.expires_in)} more (a release handed it over)",
         )
+
+
+def _rw_facts(facts: Table, state: LockState) -> None:
+    if state.holder is not None:
+        facts.add_row("held by", "the writer")
+    else:
+        facts.add_row("held by", _readers(len(state.readers)) if state.readers else "nobody")
+    _holder_facts(facts, state, "writer")
+    if state.readers:
+        oldest = max(_holder_dict(state, info)["age"] or 0 for info in state.readers)
+        facts.add_row("oldest reader", f"acquired {_duration(oldest)} ago")
+    facts.add_row(
+        "waiting",
+        f"{state.writers_waiting} writer(s), {state.readers_waiting} reader(s)",
+    )
 
 
 def _permit_facts(facts: Table, state: LockState) -> None:
@@ -691,20 +787,21 @@ def _permit_facts(facts: Table, state: LockState) -> None:
 
 
 def _permits_table(state: LockState) -> Table:
-    limit = "?" if state.limit is None else str(state.limit)
-    table = Table(
-        title=f"permits: {len(state.holders)} of {limit} held",
-        box=box.SIMPLE_HEAD,
-        title_justify="left",
-        pad_edge=False,
-    )
-    for column in ("SLOT", "HOST", "PID", "TASK", "FENCING TOKEN", "AGE", "TTL", "EXPIRES IN"):
+    """A semaphore's permits by slot, a read-write lock's writer or readers."""
+    if _sides(state):
+        title = "leases: the writer" if state.holder else f"leases: {_readers(len(state.readers))}"
+        first = "SIDE"
+    else:
+        limit = "?" if state.limit is None else str(state.limit)
+        title, first = f"permits: {len(state.holders)} of {limit} held", "SLOT"
+    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    for column in (first, "HOST", "PID", "TASK", "FENCING TOKEN", "AGE", "TTL", "EXPIRES IN"):
         table.add_column(column, justify="right" if column in {"SLOT", "PID"} else "left")
     for info in state.holders:
         holder = _holder_dict(state, info)
         queue = holder["reserved_for"]
         table.add_row(
-            str(info.slot),
+            holder["side"] or str(info.slot),
             info.host,
             str(info.pid),
             Text(f"(handed over to queue {queue})", style="italic") if queue else info.task,
@@ -716,19 +813,19 @@ def _permits_table(state: LockState) -> Table:
     return table
 
 
-def _queue_renderable(state: LockState) -> Table | Text:
-    if not state.queue:
-        return Text("queue: empty")
-    live = [entry for entry in state.queue if not entry.expired]
+def _queue_renderable(entries: Sequence[QueueEntry], label: str) -> Table | Text:
+    if not entries:
+        return Text(f"{label}: empty")
+    live = [entry for entry in entries if not entry.expired]
     queue = Table(
-        title=f"queue: {len(live)} process(es), {state.waiters} waiter(s)",
+        title=f"{label}: {len(live)} process(es), {sum(e.count for e in live)} waiter(s)",
         box=box.SIMPLE_HEAD,
         title_justify="left",
         pad_edge=False,
     )
     for column in ("#", "QUEUE ID", "HOST", "PID", "WAITERS", "EXPIRES IN"):
         queue.add_column(column, justify="right" if column in {"#", "PID", "WAITERS"} else "left")
-    for entry in state.queue:
+    for entry in entries:
         queue.add_row(
             str(entry.position),
             entry.queue_id,
@@ -746,12 +843,24 @@ def _stats_line(stats: HoldStats) -> str:
         return "none recorded"
     line = (
         f"{stats.count}, p50 {_duration(stats.p50)}, p99 {_duration(stats.p99)}, "
-        f"max {_duration(stats.max)}; ttl {_duration(stats.ttl) if stats.ttl else 'unknown'}, "
-        f"recommended {_duration(stats.recommended_ttl)}"
+        f"max {_duration(stats.max)}; ttl {_duration(stats.ttl) if stats.ttl else 'unknown'}"
     )
+    if stats.fixed:
+        line += (
+            f"; {stats.fixed} not renewed, p99 {_duration(stats.fixed_p99)}, "
+            f"recommended ttl {_duration(stats.recommended_ttl)}"
+        )
+    return f"{line} ({stats.advice})"
+
+
+def _stats_note(stats: HoldStats) -> Text | str:
+    """The NOTE column of `stats`: a warning, or what the ttl of renewed leases is for."""
     if stats.near_ttl:
-        line += " (holds approach the ttl)"
-    return line
+        return Text("unrenewed holds near the ttl", style="bold yellow")
+    if stats.count and not stats.fixed:
+        past = f" ({stats.over_ttl} past the ttl)" if stats.over_ttl else ""
+        return Text(f"renewed{past}: fine", style="dim")
+    return ""
 
 
 # --------------------------------------------------------------------------- release
@@ -890,7 +999,7 @@ async def _stats(args: argparse.Namespace, url: str | None) -> int:
     longest = max(len(stats.name) for _, stats in all_stats)
     table.add_column("NAME", no_wrap=True, min_width=min(longest, 60), overflow="fold")
     table.add_column("KIND", no_wrap=True)
-    for column in ("HOLDS", "P50", "P99", "MAX", "TTL", "RECOMMENDED"):
+    for column in ("HOLDS", "P50", "P99", "MAX", "TTL", "UNRENEWED", "RECOMMENDED"):
         table.add_column(column, justify="right", no_wrap=True)
     table.add_column("NOTE", no_wrap=True)
     for kind, stats in all_stats:
@@ -902,8 +1011,9 @@ async def _stats(args: argparse.Namespace, url: str | None) -> int:
             _duration(stats.p99),
             _duration(stats.max),
             _duration(stats.ttl) if stats.ttl is not None else "unknown",
+            str(stats.fixed),
             _duration(stats.recommended_ttl),
-            Text("holds approach the ttl", style="bold yellow") if stats.near_ttl else "",
+            _stats_note(stats),
         )
     console.print(table)
     return EXIT_OK

@@ -75,7 +75,7 @@ def test_replication_cluster_and_sentinel() -> None:
     assert replica.fix is not None and "10.0.0.1" in replica.fix
     primary = check_replication(facts({"connected_slaves": 2}))
     assert primary is not None and primary.severity == "warning"
-    assert "not yet supported" in primary.message
+    assert "master_for" in primary.message
     alone = check_replication(facts())
     assert alone is not None and alone.severity == "ok"
     cluster = check_cluster(facts({"cluster_enabled": 1, "redis_mode": "cluster"}))

@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio
 
 import aiolock
-from aiolock import LeaseLostError, Lock, LockInfo, LossReason, Semaphore
+from aiolock import LeaseLostError, Lock, LockInfo, LossReason, ReadWriteLock, Semaphore
 from aiolock._inspect import force_release, read_locks, scan_lock_names
 from aiolock._layout import LockKeys
 
@@ -177,22 +177,38 @@ async def test_hold_stats_api(client: redis.asyncio.Redis, tag: str) -> None:
     assert stats.ttl is None  # not held, and no ttl given
     assert stats.p50 is not None and stats.p99 is not None and stats.max is not None
     assert 0 <= stats.p50 <= stats.p99 <= stats.max < 5
-    assert stats.recommended_ttl == 1.0
-    assert not stats.near_ttl
+    assert stats.recommended_ttl is None  # renewed leases: their holds do not set the ttl
+    assert not stats.near_ttl and stats.fixed == 0
     async with lock:
         assert (await aiolock.hold_stats(client, name)).ttl == 5.0  # the holder's
         assert (await aiolock.hold_stats(client, name, ttl=7)).ttl == 7  # the caller's wins
 
 
-async def test_holds_approaching_the_ttl_are_flagged(client: redis.asyncio.Redis, tag: str) -> None:
+async def test_holds_without_renewal_approaching_the_ttl_are_flagged(
+    client: redis.asyncio.Redis, tag: str
+) -> None:
     name = f"{tag}:slow"
+    lock = Lock(client, name, ttl=0.5, renew=False, hold_stats=True)
+    async with lock as lease:
+        await asyncio.sleep(0.3)
+    assert lease.released
+    stats = await aiolock.hold_stats(client, name, ttl=0.5)
+    assert stats.count == 1 and stats.fixed == 1 and stats.near_ttl
+    assert stats.fixed_p99 is not None and stats.fixed_p99 >= 0.3
+    assert stats.recommended_ttl == 1.0
+
+
+async def test_renewed_holds_outliving_the_ttl_are_not_flagged(
+    client: redis.asyncio.Redis, tag: str
+) -> None:
+    name = f"{tag}:renewed"
     async with Lock(client, name, ttl=0.1, hold_stats=True) as lease:  # kept by the watchdog
         await asyncio.sleep(0.15)
     assert lease.released
     stats = await aiolock.hold_stats(client, name, ttl=0.1)
-    assert stats.count == 1 and stats.near_ttl
+    assert (stats.count, stats.fixed, stats.over_ttl) == (1, 0, 1)
     assert stats.p99 is not None and stats.p99 >= 0.15
-    assert stats.recommended_ttl == 1.0
+    assert not stats.near_ttl and stats.recommended_ttl is None
 
 
 async def test_the_evicted_holders_own_release_reports_the_loss(
@@ -298,3 +314,64 @@ async def test_scan_and_snapshot_of_semaphores_apart_from_locks(
         await lock.release()
         for lease in permits:
             await lease.release()
+
+
+async def test_scan_and_snapshot_of_rwlocks_apart_from_locks_and_semaphores(
+    clients: list[redis.asyncio.Redis], tag: str
+) -> None:
+    """A writer with a writer and a reader waiting (each in a process of its own), and a
+    read-write lock held by two readers, beside a lock and a semaphore of the same name."""
+    written, read = f"{tag}:written", f"{tag}:read"
+    client = clients[0]
+    lock = await Lock(client, written, ttl=5).acquire()
+    permit = await Semaphore(client, written, limit=2, ttl=5).acquire()
+    writer = await ReadWriteLock(client, written, ttl=6).write().acquire()
+    readers = [await ReadWriteLock(c, read, ttl=7).read().acquire() for c in clients[:2]]
+    waiting = [
+        asyncio.create_task(ReadWriteLock(clients[1], written).write().acquire()),
+        asyncio.create_task(ReadWriteLock(clients[2], written).read().acquire()),
+    ]
+
+    async def queued() -> bool:
+        (state,) = await read_locks(client, [written], kind="rw:")
+        return (state.writers_waiting, state.readers_waiting) == (1, 1)
+
+    try:
+        await eventually(queued, what="a writer and a reader queued")
+        assert await scan_lock_names(client, pattern=f"{tag}:*") == [written]
+        assert await scan_lock_names(client, pattern=f"{tag}:*", kind="sem:") == [written]
+        assert await scan_lock_names(client, pattern=f"{tag}:*", kind="rwlock") == [read, written]
+
+        state, readers_state = await read_locks(client, [written, read], kind="rw:")
+        assert (state.kind, state.state, state.limit, state.free) == ("rwlock", "held", None, None)
+        assert state.holder is not None and state.holder.fencing_token == writer.fencing_token
+        assert (state.holder.ttl, state.holder.slot, state.holder.pid) == (6, None, os.getpid())
+        assert state.holders == (state.holder,) and state.readers == ()
+        assert [len(state.queue), len(state.reader_queue), state.waiters] == [1, 1, 2]
+        assert state.last_fencing_token == writer.fencing_token
+        assert state.hold_stats().ttl == 6.0
+
+        assert readers_state.holder is None
+        assert [info.fencing_token for info in readers_state.readers] == [
+            lease.fencing_token for lease in readers
+        ]
+        assert readers_state.holders == readers_state.readers
+        assert (readers_state.waiters, readers_state.hold_stats().ttl) == (0, 7.0)
+
+        # ReadWriteLock.info() reads the same snapshot.
+        info = await ReadWriteLock(client, written).info()
+        assert info.writer is not None
+        assert info.writer == dataclasses.replace(state.holder, expires_in=info.writer.expires_in)
+        assert (info.writers_waiting, info.readers_waiting, info.readers) == (1, 1, ())
+        info = await ReadWriteLock(client, read).info()
+        assert info.writer is None
+        assert [r.fencing_token for r in info.readers] == [r.fencing_token for r in readers]
+
+        (as_lock,) = await read_locks(client, [written])
+        assert as_lock.holder is not None and as_lock.holder.fencing_token == lock.fencing_token
+        assert as_lock.reader_queue == () and as_lock.waiters == 0
+    finally:
+        for lease in (lock, permit, writer, *readers):
+            await lease.release()
+        for task in asyncio.as_completed(waiting):  # the writer, then the reader
+            await (await within(task, what="a waiter to get in")).release()

@@ -394,6 +394,9 @@ async def test_stats_include_semaphores_recorded_holds(
     slow = Semaphore(client, f"{tag}:slow", limit=2, ttl=0.1, hold_stats=True)
     async with slow:
         await asyncio.sleep(0.15)  # kept past its ttl by the watchdog
+    fixed = Semaphore(client, f"{tag}:fixed", limit=2, ttl=0.5, renew=False, hold_stats=True)
+    async with fixed:
+        await asyncio.sleep(0.08)  # more than half of the 0.1 s judged against below
     fast = Semaphore(client, f"{tag}:fast", limit=5, ttl=5, hold_stats=True)
     for _ in range(3):
         async with fast:
@@ -407,13 +410,19 @@ async def test_stats_include_semaphores_recorded_holds(
         rows = result.json()
         assert [(row["name"], row["kind"]) for row in rows] == [
             (f"{tag}:fast", "semaphore"),
+            (f"{tag}:fixed", "semaphore"),
             (f"{tag}:held", "semaphore"),
             (f"{tag}:lock", "lock"),
             (f"{tag}:slow", "semaphore"),
         ]
         stats = {row["name"]: row for row in rows}
-        assert stats[f"{tag}:slow"]["count"] == 1 and stats[f"{tag}:slow"]["near_ttl"] is True
-        assert stats[f"{tag}:slow"]["recommended_ttl"] == 1.0
+        slow_row = stats[f"{tag}:slow"]
+        assert (slow_row["count"], slow_row["over_ttl"], slow_row["near_ttl"]) == (1, 1, False)
+        assert slow_row["recommended_ttl"] is None  # renewed: its holds do not set the ttl
+        fixed_row = stats[f"{tag}:fixed"]
+        assert (fixed_row["fixed"], fixed_row["near_ttl"], fixed_row["recommended_ttl"]) == (
+            1, True, 1.0,
+        )  # fmt: skip
         fast_row = stats[f"{tag}:fast"]
         assert fast_row["count"] == 3 and fast_row["p50"] <= fast_row["p99"] <= fast_row["max"]
         assert stats[f"{tag}:held"]["ttl"] == 8.0  # held: judged against its permits' ttl
@@ -424,7 +433,9 @@ async def test_stats_include_semaphores_recorded_holds(
 
         table = await arun("--url", server_url, "stats", f"{tag}:*", "--ttl", "0.1")
         (line,) = [ln for ln in table.out.splitlines() if f"{tag}:slow" in ln]
-        assert "semaphore" in line and "holds approach the ttl" in line
+        assert "semaphore" in line and "renewed (1 past the ttl): fine" in line
+        (line,) = [ln for ln in table.out.splitlines() if f"{tag}:fixed" in ln]
+        assert "semaphore" in line and "unrenewed holds near the ttl" in line
     finally:
         await held.release()
 

@@ -10,10 +10,12 @@ from hypothesis import strategies as st
 
 from aiolock import HoldStats, LockInfo
 from aiolock._inspect import (
+    RWLOCK,
     SEMAPHORE,
     LockState,
     QueueEntry,
     nearest_rank,
+    parse_hold,
     recommend_ttl_ms,
     summarize_holds,
 )
@@ -91,22 +93,48 @@ def test_summary_of_no_holds() -> None:
 
 def test_summary_percentiles_in_seconds() -> None:
     holds = [900] + [100] * 99  # newest first, as stored: order does not matter
-    stats = summarize_holds("n", holds, ttl=1.0)
+    stats = summarize_holds("n", holds, ttl=1.0, fixed_ms=holds)
     assert (stats.count, stats.p50, stats.p99, stats.max) == (100, 0.1, 0.1, 0.9)
+    assert (stats.fixed, stats.fixed_p99) == (100, 0.1)
     assert stats.recommended_ttl == 1.0
     assert not stats.near_ttl
     two_slow = [900, 800] + [100] * 98
     assert summarize_holds("n", two_slow, ttl=1.0).p99 == 0.8
 
 
-def test_near_ttl_flag_when_p99_exceeds_half_the_ttl() -> None:
+def test_near_ttl_flag_when_p99_of_holds_without_renewal_exceeds_half_the_ttl() -> None:
     holds = [500] * 10
-    assert not summarize_holds("n", holds, ttl=1.0).near_ttl  # exactly half: not flagged
-    assert summarize_holds("n", holds, ttl=0.999).near_ttl
-    assert summarize_holds("n", holds, ttl=0.2).near_ttl  # holds outlive the ttl
-    unknown = summarize_holds("n", holds, ttl=None)
+    assert not summarize_holds("n", holds, ttl=1.0, fixed_ms=holds).near_ttl  # exactly half
+    assert summarize_holds("n", holds, ttl=0.999, fixed_ms=holds).near_ttl
+    assert summarize_holds("n", holds, ttl=0.2, fixed_ms=holds).near_ttl  # outlive the ttl
+    unknown = summarize_holds("n", holds, ttl=None, fixed_ms=holds)
     assert not unknown.near_ttl
     assert unknown.recommended_ttl == 1.5
+
+
+def test_renewed_holds_are_long_by_design() -> None:
+    renewed = summarize_holds("n", [500] * 10, ttl=0.2)
+    assert not renewed.near_ttl and renewed.recommended_ttl is None
+    assert (renewed.fixed, renewed.fixed_p99, renewed.over_ttl) == (0, None, 10)
+    assert "crashed holder" in renewed.advice
+    # Only the holds without renewal count for the flag and the recommendation.
+    mixed = summarize_holds("n", [5000, 90, 80], ttl=1.0, fixed_ms=[90, 80])
+    assert (mixed.p99, mixed.fixed, mixed.fixed_p99, mixed.over_ttl) == (5.0, 2, 0.09, 1)
+    assert not mixed.near_ttl and mixed.recommended_ttl == 1.0
+    assert mixed.advice == "holds without renewal end well within the ttl"
+    slow = summarize_holds("n", [5000, 900], ttl=1.0, fixed_ms=[900])
+    assert slow.near_ttl and slow.recommended_ttl == 3.0 and "raise it" in slow.advice
+    assert summarize_holds("n", [], ttl=1.0).advice == "no holds recorded"
+
+
+@pytest.mark.parametrize(
+    ("stored", "parsed"),
+    [("120", (120, True)), ("120f", (120, False)), ("0f", (0, False)), ("junk", (0, True))],
+)
+def test_a_recorded_hold_says_whether_its_lease_was_renewed(
+    stored: str, parsed: tuple[int, bool]
+) -> None:
+    assert parse_hold(stored) == parsed
 
 
 def test_hold_stats_is_frozen() -> None:
@@ -139,6 +167,7 @@ def _state(*, holder_ttl: float | None, queue: tuple[QueueEntry, ...] = ()) -> L
         typical_hold=None,
         queue=queue,
         holds_ms=(400, 400),
+        fixed_holds_ms=(400, 400),
         server_time=0.0,
     )
 
@@ -204,3 +233,44 @@ def test_permits_handed_over_are_told_apart_from_held_ones() -> None:
     assert found.holder is None
     assert [(info.slot, info.task) for info in found.holders] == [(0, "job"), (1, "(reserved)")]
     assert dict(found.reserved_slots) == {1: "7" * 16}
+
+
+def test_a_rwlocks_writer_and_readers_are_told_apart() -> None:
+    now = 1_000_000
+    fields = {
+        "fence": "14",
+        "p:" + "a" * 32: f"0 {now + 500} 13 {now - 20} 1000 web 9 r-late",
+        "p:" + "b" * 32: f"0 {now + 900} 11 {now - 90} 1000 web 8 r-early",
+        "p:" + "c" * 32: f"1 {now + 700} 14 {now - 5} 2000 web 7 w",
+        "p:" + "d" * 32: f"0 {now - 1} 12 {now - 900} 1000 web 6 lapsed",  # expired
+    }
+    found = RWLOCK.holders("n", fields, 9000, now)
+    assert found.holder is not None
+    assert (found.holder.task, found.holder.fencing_token, found.holder.slot) == ("w", 14, None)
+    assert [(info.task, info.slot) for info in found.readers] == [
+        ("r-early", None),  # by fencing token: the order they came in
+        ("r-late", None),
+    ]
+    assert found.holders == (found.holder, *found.readers)
+    readers_only = RWLOCK.holders("n", {k: v for k, v in fields.items() if k[2] != "c"}, 9, now)
+    assert readers_only.holder is None and readers_only.holders == readers_only.readers
+
+
+def test_a_rwlocks_writers_and_readers_waiting_are_counted_apart() -> None:
+    def entry(position: int, count: int, expires_in: float) -> QueueEntry:
+        return QueueEntry(
+            queue_id=f"q{position}", position=position, host="h", pid=position, count=count,
+            expires_in=expires_in,
+        )  # fmt: skip
+
+    state = dataclasses.replace(
+        _state(holder_ttl=None),
+        kind="rwlock",
+        queue=(entry(1, 2, 0.5), entry(2, 7, -0.1)),
+        reader_queue=(entry(1, 3, 2.0), entry(2, 4, 1.0)),
+    )
+    assert (state.writers_waiting, state.readers_waiting, state.waiters) == (2, 7, 9)
+    assert state.state == "free"
+    idle = dataclasses.replace(state, queue=(), holds_ms=(), last_fencing_token=None)
+    assert idle.known  # readers waiting
+    assert not dataclasses.replace(idle, reader_queue=()).known
