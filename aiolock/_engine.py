@@ -26,6 +26,7 @@ of `_scripts`; the meaning of the replies is shared (see ACQUIRE and RELEASE the
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import secrets
@@ -93,6 +94,7 @@ class Released:
     seq: str  # the registration it was granted to, or ''
     expiry_ms: int  # the grant's expiry, or 0
     slot: str = ""  # the slot of a permit granted, or ''
+    after: int = -1  # a semaphore's grant to the caller's queue: permits left free, -1 requeued
 
 
 @final
@@ -145,12 +147,10 @@ def _busy_hint(name: str, busy: Sequence[Any]) -> tuple[LockInfo | None, float |
     return info, hint
 
 
-class Primitive:
+class Primitive(abc.ABC):
     """A named primitive on one Redis server whose holders get `Lease`s.
 
-    Subclasses set `_client`, `_name`, `_config`, `_key` (the key a lease's token lives in,
-    which its renewals extend), `_channel` (where grants to this primitive's waiters are
-    announced) and `_release_keys` (KEYS of their release script, as RELEASE's), set the
+    Subclasses call `__init__` with their client, name, configuration and keys, set the
     class attributes below, and supply `_acquire_call`.
     """
 
@@ -179,12 +179,33 @@ class Primitive:
     _release_keys: Sequence[str]
     _held: list[tuple[asyncio.Task[Any], Lease]]
 
+    def __init__(
+        self,
+        client: redis.asyncio.Redis,
+        name: str,
+        config: LockConfig,
+        *,
+        key: str,
+        channel: str,
+        release_keys: Sequence[str],
+    ) -> None:
+        """`key`: the key a lease's token lives in, which its renewals extend; `channel`:
+        where grants to this primitive's waiters are announced; `release_keys`: KEYS of its
+        release script (as RELEASE's). The client and the name are checked already."""
+        self._client = client
+        self._name = name
+        self._config = config
+        self._key = key
+        self._channel = channel
+        self._release_keys = release_keys
+        self._held = []  # (task, lease) of each `async with` block in progress
+
     # ----------------------------------------------------------------- what a primitive supplies
+    @abc.abstractmethod
     def _acquire_call(
         self, token: str, task: str, queue: tuple[str, int, str] | None, claims: Sequence[str]
     ) -> Call:
         """The acquire script call for `token` (see ACQUIRE's ARGV conventions)."""
-        raise NotImplementedError  # pragma: no cover - every primitive defines it
 
     def _release_call(
         self,
@@ -192,6 +213,7 @@ class Primitive:
         token: str = "",
         retain_ms: int | None = None,
         held_ms: int | None = None,
+        renewed: bool = True,
         abort: bool = False,
         forced: bool = False,
         look_at_queue: bool = False,
@@ -204,6 +226,7 @@ class Primitive:
             token=token,
             retain_ms=retain_ms,
             held_ms=held_ms,
+            renewed=renewed,
             abort=abort,
             forced=forced,
             look_at_queue=look_at_queue,
@@ -319,9 +342,10 @@ class Primitive:
                     # A lease under the caller's own token claims the grant by an acquire.
                     lease = None if token is not None else self._lease_from_grant(runtime, grant)
                     if lease is not None:
-                        queue.took(grant, requeued=self._requeued_on_grant)
-                        # A grant takes the queue out of Redis: a next waiter puts it back.
-                        acquired, more = True, not self._exclusive
+                        queue.took(grant, requeued=self._requeued_on_grant and grant.requeued)
+                        # A grant takes the queue out of Redis: a next waiter puts it back
+                        # (woken now if more may be free, else by the next release).
+                        acquired, more = True, not self._exclusive and grant.more
                         try:
                             await self._renew_granted(runtime, lease)
                         except asyncio.CancelledError:
@@ -771,6 +795,7 @@ class Primitive:
             seq=reply.seq,
             expiry_ms=reply.expiry_ms,
             slot=reply.slot,
+            after=reply.after,
         )
 
     async def _release_token(
@@ -818,6 +843,7 @@ class Primitive:
                 token=token,
                 retain_ms=None if abort else config.retain_ms,
                 held_ms=held_ms if config.hold_stats else None,
+                renewed=config.renew_interval is not None,
                 abort=abort,
                 look_at_queue=config.serve_layout1,
                 join=join,
@@ -860,6 +886,7 @@ class Primitive:
                     sent_at=sent_at,
                     expiry_ms=reply.expiry_ms,
                     slot=reply.slot,
+                    after=reply.after,
                 )
             else:  # released earlier (the answer was lost) or not ours: it may be free
                 notifier.local_release(channel, str(fencing_token), "")
@@ -889,8 +916,15 @@ class Primitive:
             on_sent=on_sent,
         )
         slot = text(reply[5]) if len(reply) > 5 else ""
+        after = int(reply[6]) if len(reply) > 6 else -1
         return Released(
-            int(reply[0]), text(reply[1]), text(reply[2]), text(reply[3]), int(reply[4]), slot
+            int(reply[0]),
+            text(reply[1]),
+            text(reply[2]),
+            text(reply[3]),
+            int(reply[4]),
+            slot,
+            after,
         )
 
     def _granted(self, lease: Lease, waited: float, attempts: int) -> Lease:

@@ -176,12 +176,14 @@ local function forgotten(first, also)
   end
   return names, any
 end
--- A release-style reply: {status, queue id, granted fencing token, seq, expiry ms, slot}.
-local function reply(status, grant)
+-- A release-style reply: {status, queue id, granted fencing token, seq, expiry ms, slot[,
+-- after]}; `after` (a semaphore's grant to the releasing process's own queue): the permits
+-- left free, or -1 if that queue was put back in line.
+local function reply(status, grant, after)
   if not grant then
     return {status, '', '', '', 0, ''}
   end
-  return {status, grant[1], grant[2], grant[3], grant[4], grant[5]}
+  return {status, grant[1], grant[2], grant[3], grant[4], grant[5], after}
 end
 """
 

@@ -80,9 +80,8 @@ class Lock(Primitive):
         retain: float = RETAIN_DEFAULT,
         hold_stats: bool = False,
     ) -> None:
-        self._client = check_client(client)
-        self._name = check_name(name)
-        self._config = LockConfig.cached(
+        checked_client, checked_name = check_client(client), check_name(name)
+        config = LockConfig.cached(
             ttl=ttl,
             renew=renew,
             renew_interval=renew_interval,
@@ -92,11 +91,15 @@ class Lock(Primitive):
             retain=retain,
             hold_stats=hold_stats,
         )
-        keys = self._keys = LockKeys.build(self._config.prefix, self._name)
-        self._key = keys.lock
-        self._channel = keys.channel
-        self._release_keys = keys.scripts
-        self._held = []  # (task, lease) of each `async with` block in progress
+        keys = self._keys = LockKeys.build(config.prefix, checked_name)
+        super().__init__(
+            checked_client,
+            checked_name,
+            config,
+            key=keys.lock,
+            channel=keys.channel,
+            release_keys=keys.scripts,
+        )
 
     @property
     def key(self) -> str:

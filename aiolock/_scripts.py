@@ -24,7 +24,14 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ._layout import ABORT_RETAIN_MS, ABORTS_KEPT, GRACE_MS, KEPT_PREFIX, RESERVATION_MS
+from ._layout import (
+    ABORT_RETAIN_MS,
+    ABORTS_KEPT,
+    GRACE_MS,
+    HOLD_FIXED,
+    KEPT_PREFIX,
+    RESERVATION_MS,
+)
 
 __all__ = (
     "ACQUIRE",
@@ -272,8 +279,8 @@ RELEASE = Script(
 -- queue even if the state says nobody queued (layout-1 waiters do not say it),
 -- ARGV[3] retention (ms): what stays of the state after this release lives that long
 -- ('': until the released lease's own expiry),
--- ARGV[4] how long (ms) the lease was held, as its holder measured it: recorded in the
--- hold list ('' records nothing),
+-- ARGV[4] how long (ms) the lease was held, as its holder measured it, followed by "f" if
+-- the lease was not renewed (renew=False): recorded in the hold list ('' records nothing),
 -- ARGV[5] id of a wait queue to withdraw ('' for none): its process stopped waiting,
 -- ARGV[6] the releasing process's wait queue for this lock ('' if none waits there): it
 -- joins the waiter queue (or keeps its place) before the lock is handed on,
@@ -462,6 +469,7 @@ def release_args(
     token: str = "",
     retain_ms: int | None = None,
     held_ms: int | None = None,
+    renewed: bool = True,
     abort: bool = False,
     withdraw: str = "",
     forced: bool = False,
@@ -475,14 +483,16 @@ def release_args(
     nobody queued (layout-1 waiters do not say it).
 
     `retain_ms` is how long the state stays after the release (None: until the released
-    lease's own expiry); `held_ms` how long the lease was held (None: not recorded); `join`
+    lease's own expiry); `held_ms` how long the lease was held (None: not recorded), and
+    `renewed` whether the watchdog renewed it (a hold of a lease that was not is recorded
+    with an "f" after the number, see HOLD_FIXED); `join`
     is (queue id, entry, waiter count) of the releasing process's own wait queue; `claims`
     the tokens a withdrawn queue may have been granted the lock under. Arguments left at
     their defaults at the end are not sent.
     """
     mode = "abort" if abort else "force" if forced else "queue" if look_at_queue else ""
     retain: str | int = "" if retain_ms is None else retain_ms
-    held: str | int = "" if held_ms is None else held_ms
+    held: str | int = "" if held_ms is None else held_ms if renewed else f"{held_ms}{HOLD_FIXED}"
     args: list[str | int] = [token, mode, retain, held, withdraw]
     if join is not None:
         args += join

@@ -116,10 +116,9 @@ class Semaphore(Primitive):
         retain: float = RETAIN_DEFAULT,
         hold_stats: bool = False,
     ) -> None:
-        self._client = check_client(client)
-        self._name = check_name(name)
+        checked_client, checked_name = check_client(client), check_name(name)
         self._limit = check_limit(limit)
-        self._config = LockConfig.cached(
+        config = LockConfig.cached(
             ttl=ttl,
             renew=renew,
             renew_interval=renew_interval,
@@ -129,11 +128,15 @@ class Semaphore(Primitive):
             retain=retain,
             hold_stats=hold_stats,
         )
-        keys = self._keys = LockKeys.build(self._config.prefix, self._name, "sem:")
-        self._key = keys.lock
-        self._channel = keys.channel
-        self._release_keys = keys.scripts
-        self._held = []
+        keys = self._keys = LockKeys.build(config.prefix, checked_name, "sem:")
+        super().__init__(
+            checked_client,
+            checked_name,
+            config,
+            key=keys.lock,
+            channel=keys.channel,
+            release_keys=keys.scripts,
+        )
 
     @property
     def limit(self) -> int:

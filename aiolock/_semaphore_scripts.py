@@ -54,7 +54,9 @@ end
 -- Give the free permits to the queued processes, first come first served, stopping at
 -- queue `stop` (the caller's own, which takes one itself). A process served goes to the
 -- back of the queue at once, with an entry without a token until its next acquire
--- refreshes it (or its withdrawal takes it out, when it has no other waiter). Each grant is
+-- refreshes it (or its withdrawal takes it out, when it has no other waiter). Met again in
+-- the same call, it gets a reservation if it has other waiters and none yet (one
+-- reservation field per queue), else it keeps its place and the next one is served. Each grant is
 -- announced as "g<fencing token> <queue id> <granted fencing token> <seq> <slot>", a
 -- reservation as "g<fencing token> <queue id>" (the "g" keeps it apart from a local
 -- release of the lease under that token, told by the fencing token alone),
@@ -65,21 +67,36 @@ local function serve(stop, quiet)
   if not queued then
     return first, own_grant
   end
+  -- `left`: the waiters of each process served in this call that are still to be served;
+  -- `reserving`: the queues given a reservation in this call.
+  local index, left, reserving = 0, {}, {}
   while live < limit do
-    local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+    local head = redis.call('ZRANGE', KEYS[2], index, index)[1]
     if not head then
-      redis.call('HDEL', KEYS[1], 'q')
-      queued, requeued, queue_until = false, false, 0
+      if index == 0 then
+        redis.call('HDEL', KEYS[1], 'q')
+        queued, requeued, queue_until = false, false, 0
+      end
       break
     end
     if head == stop then
       break
     end
     local entry = redis.call('HGET', KEYS[3], head) or '0'
-    dequeue(head)
     local until_ms, count, tail = string.match(entry, '^(%d+) (%d+) (.*)$')
-    if until_ms and tonumber(until_ms) >= now_ms then
+    local tokenless = tail and not string.match(tail, '^%S+ %S+ %d+ %d+ %d+ %x+ ')
+    if until_ms and tonumber(until_ms) >= now_ms
+        and (left[head] == 0 or (tokenless and (state['p:q' .. head] or reserving[head]))) then
+      index = index + 1  -- nothing more for it now: it keeps its place
+    elseif not (until_ms and tonumber(until_ms) >= now_ms) then
+      dequeue(head)
+    else
+      dequeue(head)
+      left[head] = left[head] and 0 or tonumber(count) - 1
       local grant = give(head, tail, false)
+      if grant[2] == '' then
+        reserving[head] = true  -- one reservation per queue
+      end
       first = first or grant
       -- To the back of the queue: if its process has no other waiter, it withdraws.
       line_up(head, tonumber(until_ms), math.max(tonumber(count) - 1, 1),
@@ -195,9 +212,11 @@ SEM_RELEASE = Script(
 -- releasing process's own queue, ARGV[7] its entry, ARGV[8] its waiter count, ARGV[9..]
 -- tokens a permit may have been granted to under the queue withdrawn or joining (its
 -- process forgets them: such permits are released too, and handed on)
--- Returns {status, queue id, granted fencing token, seq, grant expiry ms, slot}: status as
--- RELEASE's (1 released now, 2 already, 3 a queue withdrawn, 0 not the holder); the grant
--- is the one to the releasing process's own queue if there is one, else the first made.
+-- Returns {status, queue id, granted fencing token, seq, grant expiry ms, slot[, free]}:
+-- status as RELEASE's (1 released now, 2 already, 3 a queue withdrawn, 0 not the holder);
+-- the grant is the one to the releasing process's own queue if there is one, else the
+-- first made; `free`, after a grant straight to the releasing process's own queue (taken
+-- out of the queue, not put back in line), is the permits still free.
 -- Every free permit goes to the next queued process (each grant announced but one to the
 -- releasing process's own queue).
 """
@@ -227,7 +246,7 @@ if ARGV[1] ~= '' and state[field] then
       end
       local grant = give(own, ARGV[7], true)
       flush(retain)
-      return reply(1, grant)
+      return reply(1, grant, math.max(limit - live, 0))
     end
     line_up(own, now_ms + RESERVATION + GRACE, tonumber(ARGV[8]), ARGV[7])
   end

@@ -19,6 +19,12 @@ replaced, every subscription made again, and every head woken to try (which puts
 process back in the lock's queue in Redis). A dead subscription is so found within twice
 `health_interval` (4 s by default).
 
+A client of Sentinel (`Sentinel.master_for`) gets a Sentinel-managed pub/sub connection,
+which finds the master when it connects. After a failover the former master may keep its
+role, and this connection, for seconds before the Sentinels demote it, while releases are
+published on the new master: so every `health_interval` the listener asks the Sentinels
+where the master is, and if it moved, replaces the connection (as a silent one).
+
 A release from this same process wakes the local head directly, before the notification
 comes back from Redis; the notification that follows is recognised by its fencing token
 and ignored, so one release wakes one waiter.
@@ -72,6 +78,10 @@ class _Silent(Exception):
     """The pub/sub connection did not answer a PING in time: taken for dead."""
 
 
+class _Moved(Exception):
+    """The pub/sub connection is open to a server the Sentinels no longer name as master."""
+
+
 def _connected(pubsub: PubSub) -> bool:
     """Whether the pub/sub session has its connection (it opens on the first command)."""
     return getattr(pubsub, "connection", None) is not None
@@ -102,6 +112,11 @@ class Grant:
     sent_at: float  # latest local time known to precede the grant
     expiry_ms: int  # the expiry the grant set on the key
     slot: int | None = None  # the slot of a semaphore's permit
+    # What the grant left (a semaphore's, told by its release's reply): whether the queue
+    # was put back in line without a token, and whether more may be free for the next
+    # waiter. Unknown (a grant heard on the channel): both.
+    requeued: bool = True
+    more: bool = True
 
     def valid_until(self, validity: float, margin: float) -> float:
         return self.sent_at + validity - margin
@@ -297,11 +312,14 @@ class WaitQueue:
         sent_at: float = 0.0,
         expiry_ms: int = 0,
         slot: str = "",
+        after: int = -1,
     ) -> None:
         """A release was seen, from this process's own release or from the channel.
 
         `expiry_ms` is the grant's expiry as the release reported it (0: not reported, as
-        on the channel, where it is at most RESERVATION_MS).
+        on the channel, where it is at most RESERVATION_MS); `after` what a semaphore's
+        grant to this queue left: -1 the queue put back in line (or not reported), else
+        the permits still free.
 
         If the lock was granted to this queue, the grant is kept for the head to take. If
         it was reserved for this queue or handed to nobody, the head is woken to try. If it
@@ -330,6 +348,8 @@ class WaitQueue:
                         max(sent_at, registration.sent_at),
                         expiry,
                         int(slot) if slot.isdigit() else None,
+                        requeued=after < 0,
+                        more=after != 0,
                     )
             self.wake_head()
         elif reserved_for in ("", self.wid):
@@ -457,6 +477,7 @@ class Notifier:
         sent_at: float = 0.0,
         expiry_ms: int = 0,
         slot: str = "",
+        after: int = -1,
     ) -> None:
         """A lease of this process was released: act on it without waiting for the echo.
 
@@ -473,6 +494,7 @@ class Notifier:
                 sent_at=sent_at,
                 expiry_ms=expiry_ms,
                 slot=slot,
+                after=after,
             )
 
     # ----------------------------------------------------------------- the listener
@@ -503,6 +525,7 @@ class Notifier:
         heard = loop.time()  # when Redis last said anything on this connection
         pinged: float | None = None  # when the PING now unanswered was sent
         ping_refused = False
+        checked = loop.time()  # when the Sentinels were last asked where the master is
         try:
             while self._queues or self._subscribed:
                 pubsub = self._pubsub
@@ -519,10 +542,22 @@ class Notifier:
                     if pinged is None and now - heard >= every:
                         await pubsub.ping()
                         pinged = now
+                    if self._backend.sentinel and now - checked >= every:
+                        checked = now
+                        if await self._backend.master_moved(pubsub):
+                            raise _Moved("the Sentinels name another master")
                     wait = (pinged if pinged is not None else heard) + every - now
+                    if self._backend.sentinel:
+                        wait = min(wait, checked + every - now)
                     message = await pubsub.get_message(timeout=max(min(LINGER, wait), 0.001))
                     if message is not None:
                         heard, pinged = loop.time(), None
+                except _Moved as exc:
+                    logger.warning("aiolock: pub/sub connection to a former master: %s", exc)
+                    await self._reset_pubsub(replace=True)
+                    for queue in self._queues.values():
+                        queue.wake_head()  # a release may have been missed
+                    continue
                 except _Silent as exc:
                     self.silent_connections += 1
                     logger.warning(

@@ -377,6 +377,81 @@ async def test_nothing_is_left_but_the_state_after_the_last_release(
 
 
 @pytest.mark.real_only
+async def test_a_hand_off_within_one_process_costs_its_release_only(
+    server_url: str, name: str
+) -> None:
+    """`limit=1` and local waiters: each release grants the permit straight to the next
+    waiter, which holds it without an acquire of its own (as a lock's hand-off)."""
+    log = CommandLog()
+    client = make_client(server_url, log)
+    try:
+        semaphore = Semaphore(client, name, limit=1, ttl=10)
+        holder = await semaphore.acquire()
+        order: list[int] = []
+
+        async def waiter(index: int) -> None:
+            async with semaphore:
+                order.append(index)
+
+        tasks = []
+        for index in range(4):
+            tasks.append(asyncio.create_task(waiter(index)))
+            await eventually(
+                lambda count=index + 1: (  # type: ignore[misc]
+                    runtime_for(client).notifier.queue_length(keys_of(name).channel) == count
+                ),
+                what=f"{index + 1} local waiter(s)",
+            )
+        await queued_in_redis(client, name, 1)
+        mark = log.mark()
+        await holder.release()
+        await within(asyncio.gather(*tasks), what="every waiter served")
+        assert order == [0, 1, 2, 3]
+        spent = log.since(mark)
+        # Five releases, each a hand-off but the last; the last waiter's queue, now empty,
+        # is withdrawn by that release's own call. No acquire after the first release.
+        assert spent["EVALSHA semaphore-acquire"] == 0, spent
+        assert spent["EVALSHA semaphore-release"] == 5, spent
+    finally:
+        await client.aclose()
+
+
+async def test_a_queued_process_met_again_gets_no_second_grant_in_one_call(
+    clients: list[redis.asyncio.Redis], name: str
+) -> None:
+    """A raised limit frees four permits while one process with one waiter is queued: it
+    is granted one, and the other three stay free for whoever comes next (no reservation
+    for a process with nobody left to take it, no permit counted twice)."""
+    semaphore = Semaphore(clients[0], name, limit=1, ttl=10)
+    holder = await semaphore.acquire()
+    channel = keys_of(name).channel
+    listener = clients[2].pubsub()
+    await listener.subscribe(channel)
+    try:
+        waiter = asyncio.create_task(Semaphore(clients[1], name, limit=1).acquire())
+        await queued_in_redis(clients[0], name, 1)
+        assert await semaphore.set_limit(5) == 1
+        permit = await within(waiter, what="the queued waiter served by set_limit")
+        await clients[2].publish(channel, "end")
+        messages: list[str] = []
+
+        async def read() -> None:
+            while not messages or messages[-1] != "end":
+                message = await listener.get_message(ignore_subscribe_messages=True, timeout=1)
+                if message is not None:
+                    messages.append(message["data"].decode())
+
+        await within(read(), what="the channel's messages up to the marker")
+        grants = [message for message in messages if message.startswith("g")]
+        assert len(grants) == 1, messages
+        others = [await semaphore.acquire() for _ in range(3)]  # three left free, at once
+        assert len({lease.slot for lease in (holder, permit, *others)}) == 5
+        for lease in (holder, permit, *others):
+            await lease.release()
+    finally:
+        await listener.aclose()  # type: ignore[no-untyped-call]
+
+
 async def test_one_release_wakes_one_waiting_process(server_url: str, name: str) -> None:
     """Three processes wait (each silent meanwhile); a release grants the permit to the
     first: it holds it without an acquire (its first renewal, and the withdrawal of its
