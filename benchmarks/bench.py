@@ -9,6 +9,12 @@ Libraries (each behind the same small adapter):
     aiolock, redispy (redis-py's asyncio Lock, sleep=0.1), redispy-fast (sleep=0.001),
     pottery (AIORedlock on one master), aioredlock, python-redis-lock (sync, in threads),
     redis-lock-py (asyncio, pub/sub).
+
+At most N holders (the contended scenario; it reports the most holders seen at once):
+    aiolock-sem1, aiolock-sem4, aiolock-sem16 (aiolock.Semaphore, limit 1, 4, 16), and
+    nlocks4, nlocks16: the workaround without a semaphore, N aiolock.Locks named
+    NAME:slot0 .. NAME:slotN-1 tried with try_acquire() in a random order, and when all are
+    busy a sleep of NLOCKS_POLL (5 ms) before the next round.
 """
 
 from __future__ import annotations
@@ -17,9 +23,11 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import itertools
 import json
 import os
+import random
 import resource
 import sys
 import time
@@ -39,6 +47,7 @@ class Adapter:
 
     ttl = 10.0
     renewing = False  # the leases scenario: keep every lock alive by the library's renewal
+    limit = 1  # holders allowed at once
 
     async def open(self, url: str) -> None:
         self.url = url
@@ -157,6 +166,70 @@ class RedisLockPyAdapter(Adapter):
             await lock.release()
 
 
+class AiolockSemaphoreAdapter(Adapter):
+    """`aiolock.Semaphore(limit=N)`, used as the lock adapters are."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+
+    async def open(self, url: str) -> None:
+        await super().open(url)
+        from aiolock import Semaphore
+
+        self.semaphore_class = Semaphore
+
+    def hold(self, name: str) -> contextlib.AbstractAsyncContextManager[Any]:
+        return self.semaphore_class(self.client, name, limit=self.limit, ttl=self.ttl)
+
+    async def take(self, name: str) -> tuple[Callable[[], bool], Callable[[], Any]]:
+        semaphore = self.semaphore_class(self.client, name, limit=self.limit, ttl=self.ttl)
+        lease = await semaphore.acquire()
+        return (lambda: lease.lost), lease.release
+
+
+NLOCKS_POLL = 0.005  # seconds the N-locks workaround sleeps when it found every lock busy
+
+
+class NLocksAdapter(Adapter):
+    """What users write without a semaphore: N `aiolock.Lock`s, NAME:slot0 to slotN-1, each
+    tried once (`try_acquire()`, one round trip) in a new random order; if all are busy,
+    sleep NLOCKS_POLL and try them all again. The Lock objects are made once per name."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.slots: dict[str, list[Any]] = {}
+
+    async def open(self, url: str) -> None:
+        await super().open(url)
+        from aiolock import Lock
+
+        self.lock_class = Lock
+
+    @contextlib.asynccontextmanager
+    async def hold(self, name: str) -> AsyncIterator[None]:
+        locks = self.slots.get(name)
+        if locks is None:
+            locks = self.slots[name] = [
+                self.lock_class(self.client, f"{name}:slot{i}", ttl=self.ttl)
+                for i in range(self.limit)
+            ]
+        order = list(range(self.limit))
+        while True:
+            random.shuffle(order)
+            for i in order:
+                lease = await locks[i].try_acquire()
+                if lease is not None:
+                    break
+            else:
+                await asyncio.sleep(NLOCKS_POLL)
+                continue
+            break
+        try:
+            yield
+        finally:
+            await lease.release()
+
+
 ADAPTERS: dict[str, Callable[[], Adapter]] = {
     "aiolock": AiolockAdapter,
     "redispy": lambda: RedisPyAdapter(0.1),
@@ -165,7 +238,14 @@ ADAPTERS: dict[str, Callable[[], Adapter]] = {
     "aioredlock": AioredlockAdapter,
     "python-redis-lock": PythonRedisLockAdapter,
     "redis-lock-py": RedisLockPyAdapter,
+    **{f"aiolock-sem{n}": functools.partial(AiolockSemaphoreAdapter, n) for n in (1, 4, 16)},
+    **{f"nlocks{n}": functools.partial(NLocksAdapter, n) for n in (4, 16)},
 }
+
+
+def limit_of(lib: str) -> int:
+    """Holders allowed at once by the library `lib`."""
+    return ADAPTERS[lib]().limit
 
 
 # --------------------------------------------------------------------------- helpers
@@ -322,33 +402,65 @@ async def distinct(adapter: Adapter, args: argparse.Namespace) -> dict[str, Any]
 async def contended(adapter: Adapter, args: argparse.Namespace) -> dict[str, Any]:
     """N tasks on one key: a 1 ms critical section, a 5 ms pause between holds.
 
-    With --processes > 1 this is one of several worker processes started together; the
-    orchestrator merges their records (monotonic clocks are shared by the machine).
+    run.py starts one or several worker processes of it on one --key, with --start-at stdin
+    so that they start together, and merges their records (the monotonic clock is the
+    machine's, shared by the processes).
     """
     name = args.key or unique("contended")
-    start_at = args.start_at or time.monotonic() + 0.5
+    if args.start_at == "stdin":  # started by run.py with other workers: wait for the word
+        print("ready", file=sys.stderr, flush=True)
+        start_at = float(await asyncio.to_thread(sys.stdin.readline))
+    else:
+        start_at = float(args.start_at) if args.start_at else time.monotonic() + 0.5
     await asyncio.sleep(max(0.0, start_at - time.monotonic()))
     stop = start_at + args.seconds
     records: list[tuple[float, float, int]] = []  # (acquired, released, task)
+    holders = most = 0  # holders in this process now, and the most seen at once
 
     async def task(i: int) -> None:
+        nonlocal holders, most
         while time.monotonic() < stop:
             async with adapter.hold(name):
+                holders += 1
+                most = max(most, holders)
                 acquired = time.monotonic()
                 await asyncio.sleep(0.001)
                 released = time.monotonic()
+                holders -= 1
             records.append((acquired, released, i))
             await asyncio.sleep(0.005)
 
     cpu = cpu_seconds()
     await asyncio.gather(*(task(i) for i in range(args.tasks)))
-    return {"records": records, "cpu_s": cpu_seconds() - cpu, "pid": os.getpid()}
+    out = {"records": records, "cpu_s": cpu_seconds() - cpu, "pid": os.getpid()}
+    out |= {"limit": adapter.limit, "max_holders_here": most}
+    if most > adapter.limit:
+        out["LIMIT_EXCEEDED"] = f"{most} holders at once in this process, limit {adapter.limit}"
+        print(f"LIMIT EXCEEDED: {out['LIMIT_EXCEEDED']}", file=sys.stderr)
+    return out
 
 
-def summarize_contended(records: list[tuple[float, float, str]], seconds: float) -> dict[str, Any]:
+def max_holders(records: list[tuple[float, float, str]], limit: int) -> tuple[int, int]:
+    """The most records held at once (across processes: the monotonic clock is the
+    machine's), and how many acquisitions found `limit` or more already held. A release
+    and an acquisition at the same instant do not overlap."""
+    events = sorted([(a, 1) for a, _, _ in records] + [(r, -1) for _, r, _ in records])
+    held = most = violations = 0
+    for _, step in events:
+        held += step
+        most = max(most, held)
+        if step > 0 and held > limit:
+            violations += 1
+    return most, violations
+
+
+def summarize_contended(
+    records: list[tuple[float, float, str]], seconds: float, limit: int = 1
+) -> dict[str, Any]:
     records.sort()
     gaps = [b[0] - a[1] for a, b in itertools.pairwise(records)]
     overlaps = sum(1 for gap in gaps if gap < 0)
+    most, violations = max_holders(records, limit)
     per_task: dict[str, int] = {}
     for _, _, task in records:
         per_task[task] = per_task.get(task, 0) + 1
@@ -361,6 +473,9 @@ def summarize_contended(records: list[tuple[float, float, str]], seconds: float)
         "per_task_min": min(counts) if counts else 0,
         "jain_fairness": jain(counts),
         "overlaps": overlaps,
+        "limit": limit,
+        "max_holders": most,
+        "limit_violations": violations,
         "critical_sections": len(records),
     }
 
@@ -466,7 +581,12 @@ async def main() -> None:
     parser.add_argument("--leases", type=int, default=1000)
     parser.add_argument("--ttl", type=float, default=10.0)
     parser.add_argument("--key", default="")
-    parser.add_argument("--start-at", type=float, default=0.0)
+    parser.add_argument(
+        "--start-at",
+        default="",
+        help="time.monotonic() at which the contended tasks start; 'stdin': say 'ready' on "
+        "stderr, then read it from stdin",
+    )
     args = parser.parse_args()
     adapter = ADAPTERS[args.lib]()
     adapter.ttl = args.ttl

