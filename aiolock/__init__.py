@@ -43,6 +43,7 @@ from .errors import ConfigError as ConfigError
 from .errors import LeaseLostError as LeaseLostError
 from .errors import LockError as LockError
 from .errors import LossReason as LossReason
+from .errors import ReplicationError as ReplicationError
 
 __all__ = (
     "AcquireTimeoutError",
@@ -66,6 +67,7 @@ __all__ = (
     "ReadWriteInfo",
     "ReadWriteLock",
     "ReleaseReport",
+    "ReplicationError",
     "Semaphore",
     "SemaphoreInfo",
     "WriteLock",

@@ -177,8 +177,23 @@ async def _write(connection: redis.asyncio.connection.AbstractConnection, packed
         raise
 
 
-async def _send_direct(client: redis.asyncio.Redis, command: _Command, on_sent: _Sent) -> Any:
+async def _read_pair(read: Callable[[], Awaitable[Any]]) -> tuple[Any, Any]:
+    """The replies to a command and the `WAIT` sent right after it on one connection. The
+    second is read even when the first is an error reply, so that no reply is left unread
+    on a connection that goes back to its pool."""
+    try:
+        first = await read()
+    except redis.exceptions.ResponseError as exc:
+        await read()
+        raise exc from None
+    return first, await read()
+
+
+async def _send_direct(
+    client: redis.asyncio.Redis, command: _Command, on_sent: _Sent, then: _Command | None = None
+) -> Any:
     """One command on a connection of `client`'s pool: packed by hiredis, sent, answered.
+    With `then` (a `WAIT`), both are written at once and both replies returned.
 
     On any error or cancellation while sending or reading, redis-py's connection closes
     itself, so a half-read reply never goes back to the pool.
@@ -190,9 +205,13 @@ async def _send_direct(client: redis.asyncio.Redis, command: _Command, on_sent: 
         connection = await pool.get_connection()  # type: ignore[no-untyped-call]
     try:
         packed: bytes = hiredis.pack_command(command)  # type: ignore[arg-type]
+        if then is not None:
+            packed += hiredis.pack_command(then)  # type: ignore[arg-type]
         await _write(connection, packed)
         if on_sent is not None:
             on_sent()
+        if then is not None:
+            return await _read_pair(connection.read_response)
         return await connection.read_response()
     except (RuntimeError, AttributeError, TypeError) as exc:
         if not _closed_transport(exc):
@@ -220,7 +239,9 @@ async def _master_address(pool: SentinelConnectionPool) -> tuple[str, int] | Non
     return address
 
 
-async def _send_to_master(client: redis.asyncio.Redis, command: _Command, on_sent: _Sent) -> Any:
+async def _send_to_master(
+    client: redis.asyncio.Redis, command: _Command, on_sent: _Sent, then: _Command | None = None
+) -> Any:
     """One command on a connection of a Sentinel-managed pool (the user's, or aiolock's
     own), which must reach the master the Sentinels name now.
 
@@ -243,6 +264,11 @@ async def _send_to_master(client: redis.asyncio.Redis, command: _Command, on_sen
             await connection.disconnect()  # connects again on the send, to the new master
         if on_sent is not None:
             on_sent()
+        if then is not None:
+            await connection.send_packed_command(
+                [*connection.pack_command(*command), *connection.pack_command(*then)]
+            )
+            return await _read_pair(connection.read_response)
         await connection.send_command(*command)
         return await client.parse_response(connection, str(command[0]))
     except (RuntimeError, AttributeError, TypeError) as exc:
@@ -253,10 +279,23 @@ async def _send_to_master(client: redis.asyncio.Redis, command: _Command, on_sen
         await pool.release(connection)
 
 
-async def _execute(client: redis.asyncio.Redis, command: _Command, on_sent: _Sent) -> Any:
+async def _execute(
+    client: redis.asyncio.Redis, command: _Command, on_sent: _Sent, then: _Command | None = None
+) -> Any:
     if on_sent is not None:
         on_sent()
     try:
+        if then is not None:
+            # Both on one connection, in one round trip (not a transaction: WAIT may not run
+            # in one).
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.execute_command(*command)
+                pipe.execute_command(*then)
+                first, acked = await pipe.execute(raise_on_error=False)
+            for reply in (first, acked):
+                if isinstance(reply, Exception):
+                    raise reply
+            return first, acked
         return await client.execute_command(*command)  # type: ignore[no-untyped-call]
     except (RuntimeError, AttributeError, TypeError) as exc:
         if not _closed_transport(exc):
@@ -278,7 +317,7 @@ def _closed_transport(error: Exception) -> bool:
     return tb is not None and tb.tb_frame.f_globals.get("__name__") == "asyncio.selector_events"
 
 
-_Send = Callable[[redis.asyncio.Redis, _Command, _Sent], Awaitable[Any]]
+_Send = Callable[[redis.asyncio.Redis, _Command, _Sent, _Command | None], Awaitable[Any]]
 
 
 class Backend:
@@ -380,6 +419,7 @@ class Backend:
         background: bool = False,
         fresh: bool = False,
         on_sent: _Sent = None,
+        wait: tuple[int, int] | None = None,
     ) -> Any:
         """Run one script in one round trip (two the first time a server sees it).
 
@@ -389,8 +429,18 @@ class Backend:
         may belong to another event loop). The whole call, retries included, is bounded
         by `timeout`. `on_sent` is called when the command has been written (possibly
         twice, if it is sent again).
+
+        `wait=(replicas, ms)` sends `WAIT replicas ms` right after the script, on the same
+        connection and in the same round trip (WAIT cannot run inside a script), and
+        returns `(the script's reply, how many replicas acknowledged its writes)`. `ms`
+        must be at least 1 (`WAIT` with 0 would block for ever) and well within `timeout`.
         """
         command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        then: _Command | None = None
+        if wait is not None:
+            replicas, wait_ms = wait
+            assert wait_ms >= 1, "WAIT 0 blocks for ever"
+            then = ("WAIT", replicas, wait_ms)
         if fresh:
             client = redis.asyncio.Redis(connection_pool=self._connection_pool())
             try:
@@ -402,11 +452,12 @@ class Backend:
                     operation=operation,
                     name=name,
                     on_sent=on_sent,
+                    then=then,
                 )
             finally:
                 await client.connection_pool.disconnect()
         client = self._background_client() if background else self.client
-        return await self._call(
+        reply = await self._call(
             client,
             command,
             script=script,
@@ -414,7 +465,11 @@ class Backend:
             operation=operation,
             name=name,
             on_sent=on_sent,
+            then=then,
         )
+        if then is not None:
+            return reply[0], int(reply[1])
+        return reply
 
     async def exists(self, key: str, *, timeout: float, name: str) -> bool:
         reply = await self._call(
@@ -437,9 +492,11 @@ class Backend:
         operation: str,
         name: str | None,
         on_sent: _Sent = None,
+        then: _Command | None = None,
     ) -> Any:
         """Send `command` (an EVALSHA of `script`, sent by EVAL if the server does not know
-        it), bounded by `timeout`, with its errors translated.
+        it), and `then` right after it if given, bounded by `timeout`, with its errors
+        translated.
 
         When the timeout falls due, the event loop first reads whatever has arrived (the
         loop may have been blocked while the reply came): a reply already there is used.
@@ -470,9 +527,9 @@ class Backend:
         timer = self.loop.call_later(timeout, after_arrivals, self.loop, give_up)
         try:
             try:
-                result = await self._send_once(client, command, script, on_sent)
+                result = await self._send_once(client, command, script, on_sent, then)
             except redis.exceptions.ConnectionError:
-                result = await self._send_once(client, command, script, on_sent)
+                result = await self._send_once(client, command, script, on_sent, then)
             answered = True
         except asyncio.CancelledError as exc:
             if expired and task.uncancel() <= cancelling:
@@ -497,12 +554,17 @@ class Backend:
         return result
 
     async def _send_once(
-        self, client: redis.asyncio.Redis, command: _Command, script: Script | None, on_sent: _Sent
+        self,
+        client: redis.asyncio.Redis,
+        command: _Command,
+        script: Script | None,
+        on_sent: _Sent,
+        then: _Command | None,
     ) -> Any:
-        """Send `command`; an EVALSHA the server does not know (flushed, or lost in a
-        restart) is sent again as EVAL, which also caches the script."""
+        """Send `command` (and `then`); an EVALSHA the server does not know (flushed, or
+        lost in a restart) is sent again as EVAL, which also caches the script."""
         try:
-            return await self._send(client, command, on_sent)
+            return await self._send(client, command, on_sent, then)
         except redis.exceptions.NoScriptError as exc:
             if script is None:
                 raise
@@ -513,7 +575,7 @@ class Backend:
             source = script.source
         # Sent once the error is no longer being handled: a client that keeps the exception
         # being handled (fakeredis's Lua bridge does on Python 3.12+) would keep it forever.
-        return await self._send(client, ("EVAL", source, *command[2:]), on_sent)
+        return await self._send(client, ("EVAL", source, *command[2:]), on_sent, then)
 
     @staticmethod
     def refused(error: BaseException) -> bool:

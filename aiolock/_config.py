@@ -23,8 +23,10 @@ __all__ = (
     "check_limit",
     "check_name",
     "check_prefix",
+    "check_replicas",
     "check_timeout",
     "check_token",
+    "replica_wait_ms",
     "safety_margin",
 )
 
@@ -100,6 +102,39 @@ def check_token(token: object) -> str:
             value=token,
         )
     return token
+
+
+MAX_REPLICAS = 100
+"""Most replicas an acquire may wait for (`replicas=`)."""
+
+REPLICA_TIMEOUT_CAP = 1.0
+"""Longest default wait for the replicas' acknowledgement, in seconds."""
+
+
+WAIT_LATENESS = 0.12
+"""Seconds by which a server may answer a `WAIT` after its timeout: Redis checks blocked
+clients' timeouts once per event-loop turn, which sleeps up to 1/hz (100 ms by default)."""
+
+
+def replica_wait_ms(replica_timeout: float, bound: float) -> int:
+    """The `WAIT` timeout, in ms, for a call bounded by `bound` seconds: the
+    `replica_timeout`, but at most half the bound and WAIT_LATENESS short of it, so that
+    WAIT's own answer (how many acknowledged) comes before the call is given up; never 0,
+    which waits for ever."""
+    return max(1, math.floor(min(replica_timeout, bound / 2, bound - WAIT_LATENESS) * 1000))
+
+
+def check_replicas(value: object) -> int:
+    """How many replicas must acknowledge: an int from 0 (none: the default) to MAX_REPLICAS."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"replicas must be an int, got {type(value).__name__}")
+    if not 0 <= value <= MAX_REPLICAS:
+        raise ConfigError(
+            f"replicas must be an int from 0 to {MAX_REPLICAS}, got {value!r}",
+            argument="replicas",
+            value=value,
+        )
+    return value
 
 
 MAX_LIMIT = 10_000
@@ -190,6 +225,10 @@ class LockConfig:
     retain: float = RETAIN_DEFAULT
     hold_stats: bool = False
     serve_layout1: bool = SERVE_LAYOUT1_WAITERS
+    replicas: int = 0
+    """Replicas that must acknowledge each acquire and renewal (`WAIT`) before it counts."""
+    replica_timeout: float = 0.0
+    """Longest wait for that acknowledgement, in seconds (0 when `replicas` is 0)."""
     ttl_ms: int = field(init=False)
     """The ttl sent to Redis, rounded up so the server never expires before we think."""
     margin: float = field(init=False)
@@ -202,6 +241,13 @@ class LockConfig:
         object.__setattr__(self, "margin", safety_margin(self.ttl))
         own_expiry = self.retain <= self.ttl <= RETAIN_CAP
         object.__setattr__(self, "retain_ms", None if own_expiry else math.ceil(self.retain * 1000))
+
+    def wait_args(self, bound: float) -> tuple[int, int] | None:
+        """WAIT's arguments for a call bounded by `bound` seconds: (replicas, ms), or None
+        without `replicas`. See `replica_wait`."""
+        if not self.replicas:
+            return None
+        return self.replicas, replica_wait_ms(self.replica_timeout, bound)
 
     @staticmethod
     def cached(**arguments: object) -> LockConfig:
@@ -226,6 +272,8 @@ class LockConfig:
         prefix: object,
         retain: object = RETAIN_DEFAULT,
         hold_stats: object = False,
+        replicas: object = 0,
+        replica_timeout: object = None,
     ) -> LockConfig:
         ttl_s = check_seconds("ttl", ttl, minimum=MIN_TTL)
         if not isinstance(renew, bool):
@@ -254,6 +302,19 @@ class LockConfig:
         hold = None if max_hold is None else check_seconds("max_hold", max_hold, minimum=ttl_s)
         if not isinstance(hold_stats, bool):
             raise TypeError(f"hold_stats must be a bool, got {type(hold_stats).__name__}")
+        needed = check_replicas(replicas)
+        if replica_timeout is None:
+            wait = min(ttl_s / 4, REPLICA_TIMEOUT_CAP) if needed else 0.0
+        elif not needed:
+            raise ConfigError(
+                "replica_timeout cannot be set when replicas=0",
+                argument="replica_timeout",
+                value=replica_timeout,
+            )
+        else:
+            wait = check_seconds(
+                "replica_timeout", replica_timeout, minimum=0.001, maximum=ttl_s / 2
+            )
         return cls(
             ttl=ttl_s,
             renew_interval=interval,
@@ -262,6 +323,8 @@ class LockConfig:
             prefix=check_prefix(prefix),
             retain=check_seconds("retain", retain, minimum=RETAIN_MIN, maximum=86400.0),
             hold_stats=hold_stats,
+            replicas=needed,
+            replica_timeout=wait,
         )
 
 

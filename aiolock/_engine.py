@@ -51,7 +51,13 @@ from ._runtime import Runtime, runtime_for
 from ._scripts import RENEW, RESUME, Script, release_args
 from ._waiting import Grant, Registration, WaitQueue
 from ._watchdog import RenewalEntry
-from .errors import AcquireTimeoutError, BackendError, LeaseLostError, LossReason
+from .errors import (
+    AcquireTimeoutError,
+    BackendError,
+    LeaseLostError,
+    LossReason,
+    ReplicationError,
+)
 
 __all__ = ("UNSET", "Busy", "Call", "Primitive", "Released", "Unset")
 
@@ -346,11 +352,14 @@ class Primitive(abc.ABC):
                         # A grant takes the queue out of Redis: a next waiter puts it back
                         # (woken now if more may be free, else by the next release).
                         acquired, more = True, not self._exclusive and grant.more
-                        try:
-                            await self._renew_granted(runtime, lease)
-                        except asyncio.CancelledError:
-                            await lease._cleanup_after_loss()  # it never reached its caller
-                            raise
+                        if self._config.replicas:
+                            await self._confirm_granted(runtime, lease)
+                        else:
+                            try:
+                                await self._renew_granted(runtime, lease)
+                            except asyncio.CancelledError:
+                                await lease._cleanup_after_loss()  # never reached its caller
+                                raise
                         return self._granted(lease, loop.time() - started, attempts)
                     must_try = True  # heard of too late to count on: claim it by an acquire
                 if waiter.is_head and queue.joining:
@@ -462,10 +471,15 @@ class Primitive(abc.ABC):
         config = self._config
         script, keys, args = self._resume_call(token, config.ttl_ms)
         sent_at = runtime.loop.time()
+        bound = config.ttl - config.margin
+        wait = config.wait_args(bound)
         reply = await runtime.backend.run(
-            script, keys, args, timeout=config.ttl - config.margin, operation="resume",
-            name=self._name,
-        )  # fmt: skip
+            script, keys, args, timeout=bound, operation="resume", name=self._name, wait=wait
+        )
+        if wait is not None:
+            reply, acked = reply
+            if int(reply[0]) == 1:
+                self._check_replicated("resume", acked)
         if int(reply[0]) != 1:
             raise LeaseLostError(
                 f"{self._what} {self._name!r} is not held under the token given",
@@ -541,9 +555,10 @@ class Primitive(abc.ABC):
             queued = (queue.wid, behind, self._entry(registration, task))
             queue.attempting = True
         script, keys, args = self._acquire_call(token, task, queued, claims)
+        wait = config.wait_args(bound)
         try:
             reply = await runtime.backend.run(
-                script, keys, args, timeout=bound, operation="acquire", name=self._name
+                script, keys, args, timeout=bound, operation="acquire", name=self._name, wait=wait
             )
         except BaseException as exc:
             if chosen:
@@ -559,6 +574,9 @@ class Primitive(abc.ABC):
         finally:
             if queue is not None:
                 queue.attempting = False
+        acked = config.replicas
+        if wait is not None:
+            reply, acked = reply
         status, value = int(reply[0]), int(reply[1])
         if queue is not None and registration is not None and status != -1:
             queue.settle(registration, in_redis=status == 0 or behind > 0)
@@ -575,6 +593,12 @@ class Primitive(abc.ABC):
             # The reply came too late to be of use (this process was paused): give it back.
             await self._abort(runtime, token, timeout=ABORT_TIMEOUT)
             return _Attempt(None, -1)
+        if acked < config.replicas:
+            # Taken on the primary, not on enough replicas: a failover could lose it. Give
+            # it back (a caller's own token is kept for its retry, which waits again).
+            if not chosen:
+                await self._abort(runtime, token, timeout=ABORT_TIMEOUT)
+            self._check_replicated("acquire", acked)
         interval = config.renew_interval
         first_due = None if interval is None else sent_at + interval
         slot = int(reply[2]) if len(reply) > 2 else None
@@ -706,6 +730,58 @@ class Primitive(abc.ABC):
             async with asyncio.timeout(max(lease.deadline - loop.time(), 0) / 2):
                 await written
 
+    async def _confirm_granted(self, runtime: Runtime, lease: Lease) -> None:
+        """With `replicas=N`, a lease taken from a grant (written by a release, of this
+        process or another) counts only once N replicas have it: its renewal to the full
+        ttl is sent with a `WAIT`, and both answers are awaited before the body runs (one
+        round trip). A grant that cannot be confirmed is released, and this raises.
+
+        Cancellation:
+            The lease never reaches the caller: it is released under a shield first.
+        """
+        config = self._config
+        sent_at = runtime.loop.time()
+        bound = max(lease.deadline - sent_at, 0.001)
+        script, keys, args = self._renew_call(lease.token, config.ttl_ms)
+        lease._renewal_sent(sent_at, config.ttl)
+        try:
+            reply, acked = await runtime.backend.run(
+                script,
+                keys,
+                args,
+                timeout=bound,
+                operation="acquire",
+                name=self._name,
+                wait=config.wait_args(bound),
+            )
+        except BaseException:
+            lease._renewal_answered(sent_at)
+            await lease._cleanup_after_loss()
+            raise
+        lease._renewal_answered(sent_at)
+        if int(reply[0]) != 1:
+            lease._not_owner()
+            raise lease.loss_error()
+        if acked < config.replicas:
+            await lease._cleanup_after_loss()
+            self._check_replicated("acquire", acked)
+        lease._renewed(sent_at, config.ttl)
+        if lease._entry is not None and config.renew_interval is not None:
+            runtime.scheduler.postpone(lease._entry, sent_at + config.renew_interval)
+
+    def _check_replicated(self, operation: str, acked: int) -> None:
+        """Raise `ReplicationError` if fewer than `replicas` replicas acknowledged."""
+        config = self._config
+        if acked < config.replicas:
+            raise ReplicationError(
+                f"{operation} of {self._what} {self._name!r}: {acked} of the {config.replicas} "
+                f"replicas required acknowledged within {config.replica_timeout:g}s",
+                operation=operation,
+                name=self._name,
+                replicas=config.replicas,
+                acknowledged=acked,
+            )
+
     def _renewal_entry(
         self,
         ref: weakref.ref[Lease],
@@ -736,6 +812,8 @@ class Primitive(abc.ABC):
             due=due,
             stop_at=None if config.max_hold is None else sent_at + config.max_hold,
             rng=runtime.scheduler.rng,
+            replicas=config.replicas,
+            replica_timeout=config.replica_timeout,
         )
 
     # ----------------------------------------------------------------- compensations, release
@@ -967,9 +1045,14 @@ class Primitive(abc.ABC):
     # ----------------------------------------------------------------- the LeaseIssuer side
     async def _extend_lease(self, lease: Lease, *, timeout: float, ttl_ms: int) -> bool:
         script, keys, args = self._renew_call(lease.token, ttl_ms)
+        wait = self._config.wait_args(timeout)
         reply = await runtime_for(self._client).backend.run(
-            script, keys, args, timeout=timeout, operation="extend", name=self._name
+            script, keys, args, timeout=timeout, operation="extend", name=self._name, wait=wait
         )
+        if wait is not None:
+            reply, acked = reply
+            if int(reply[0]) == 1:
+                self._check_replicated("extend", acked)
         return int(reply[0]) == 1
 
     def _guarding(self, lease: Lease, task: asyncio.Task[Any], *, entered: bool) -> None:

@@ -56,6 +56,14 @@ class Lock(Primitive):
             it stays until the released lease would have expired. See `_layout`.
         hold_stats: record every hold's duration for `aiolock stats` and `hold_stats()`
             (one more command per release).
+        replicas: replicas (0 to 100) that must have each acquire and each renewal
+            before it counts: a `WAIT` follows the script on the same connection, in the
+            same round trip. An acquire not confirmed in time is given back and raises
+            `ReplicationError`; a renewal not confirmed is retried, and the lease is lost
+            at its deadline if none is. A failover to a replica that acknowledged cannot
+            lose the key (see the README's "Deployments"). 0 (the default) waits for none.
+        replica_timeout: seconds (0.001 to ttl/2) to wait for those acknowledgements;
+            default a quarter of the ttl, at most 1 s. Only with `replicas`.
 
     Raises:
         TypeError: a wrong type (a `bytes` name, a synchronous client, ...).
@@ -79,6 +87,8 @@ class Lock(Primitive):
         prefix: str = "aiolock",
         retain: float = RETAIN_DEFAULT,
         hold_stats: bool = False,
+        replicas: int = 0,
+        replica_timeout: float | None = None,
     ) -> None:
         checked_client, checked_name = check_client(client), check_name(name)
         config = LockConfig.cached(
@@ -90,6 +100,8 @@ class Lock(Primitive):
             prefix=prefix,
             retain=retain,
             hold_stats=hold_stats,
+            replicas=replicas,
+            replica_timeout=replica_timeout,
         )
         keys = self._keys = LockKeys.build(config.prefix, checked_name)
         super().__init__(

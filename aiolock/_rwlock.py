@@ -169,6 +169,8 @@ class ReadWriteLock:
         prefix: prefix of every Redis key of this lock.
         retain: seconds (5 to 86400) the state stays after the last release (as for `Lock`).
         hold_stats: record every hold's duration for `aiolock stats`.
+        replicas, replica_timeout: replicas that must acknowledge each acquire and
+            renewal, as for `Lock`.
 
     Raises:
         TypeError: a wrong type.
@@ -192,6 +194,8 @@ class ReadWriteLock:
         prefix: str = "aiolock",
         retain: float = RETAIN_DEFAULT,
         hold_stats: bool = False,
+        replicas: int = 0,
+        replica_timeout: float | None = None,
     ) -> None:
         self._client: redis.asyncio.Redis = check_client(client)
         self._name = check_name(name)
@@ -204,6 +208,8 @@ class ReadWriteLock:
             prefix=prefix,
             retain=retain,
             hold_stats=hold_stats,
+            replicas=replicas,
+            replica_timeout=replica_timeout,
         )
         self._keys = _RWKeys.build(self._config.prefix, self._name)
         self._read = ReadLock(self)

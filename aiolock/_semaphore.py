@@ -84,6 +84,8 @@ class Semaphore(Primitive):
         prefix: prefix of every Redis key of this semaphore.
         retain: seconds (5 to 86400) the state stays after the last release (as for `Lock`).
         hold_stats: record every hold's duration for `aiolock stats`.
+        replicas, replica_timeout: replicas that must acknowledge each acquire and
+            renewal, as for `Lock`.
 
     Raises:
         TypeError: a wrong type.
@@ -115,6 +117,8 @@ class Semaphore(Primitive):
         prefix: str = "aiolock",
         retain: float = RETAIN_DEFAULT,
         hold_stats: bool = False,
+        replicas: int = 0,
+        replica_timeout: float | None = None,
     ) -> None:
         checked_client, checked_name = check_client(client), check_name(name)
         self._limit = check_limit(limit)
@@ -127,6 +131,8 @@ class Semaphore(Primitive):
             prefix=prefix,
             retain=retain,
             hold_stats=hold_stats,
+            replicas=replicas,
+            replica_timeout=replica_timeout,
         )
         keys = self._keys = LockKeys.build(config.prefix, checked_name, "sem:")
         super().__init__(

@@ -35,9 +35,10 @@ import random
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from ._config import replica_wait_ms
 from ._retry import Backoff
 from ._scripts import RENEW
-from .errors import BackendError
+from .errors import BackendError, ReplicationError
 
 if TYPE_CHECKING:
     from ._backend import Backend
@@ -97,6 +98,8 @@ class RenewalEntry:
         "kind",
         "lease_ref",
         "release",
+        "replica_timeout",
+        "replicas",
         "stop_at",
         "token",
         "ttl_ms",
@@ -115,6 +118,8 @@ class RenewalEntry:
         rng: random.Random,
         release: Callable[[], Awaitable[object]],
         kind: str = "",
+        replicas: int = 0,
+        replica_timeout: float = 0.0,
     ) -> None:
         self.lease_ref = lease_ref
         self.key = key
@@ -127,6 +132,8 @@ class RenewalEntry:
         self.stop_at = stop_at
         self.active = True
         self.backoff: Backoff | None = None  # made at the first failure
+        self.replicas = replicas  # replicas that must acknowledge a renewal (WAIT)
+        self.replica_timeout = replica_timeout
 
     def ttl_ms_at(self, now: float) -> int:
         """The expiry to set now: the ttl, or less once `stop_at` is nearer (0: stop)."""
@@ -332,10 +339,27 @@ class RenewalScheduler:
             args += (entry.token, ttl_ms, entry.kind)
             lease._renewal_sent(sent_at, ttl_ms / 1000)
         self.batches_sent += 1
+        # With leases that need replicas (`replicas=N`), a WAIT for the most any of them
+        # needs follows the batch; each is confirmed if enough replicas acknowledged.
+        needed = max(entry.replicas for entry, _, _ in live)
+        wait = None
+        if needed:
+            patience = min(e.replica_timeout for e, _, _ in live if e.replicas)
+            wait = (needed, replica_wait_ms(patience, timeout))
+        acked = 0
         try:
             replies = await self._backend.run(
-                RENEW, keys, args, timeout=timeout, operation="renew", name=None, background=True
+                RENEW,
+                keys,
+                args,
+                timeout=timeout,
+                operation="renew",
+                name=None,
+                background=True,
+                wait=wait,
             )
+            if wait is not None:
+                replies, acked = replies
         except BackendError as exc:
             self._failed(live, exc, sent_at)
             return
@@ -348,7 +372,11 @@ class RenewalScheduler:
             error = BackendError(f"renew failed: {exc!r}", operation="renew", name=None)
             self._failed(live, error, sent_at)
             return
+        short: list[tuple[RenewalEntry, Renewable, int]] = []
         for (entry, lease, ttl_ms), reply in zip(live, replies, strict=True):
+            if int(reply) == 1 and acked < entry.replicas:
+                short.append((entry, lease, ttl_ms))  # applied, but not confirmed: retried
+                continue
             lease._renewal_answered(sent_at)
             if not entry.active:
                 continue  # released while the batch was in flight
@@ -364,6 +392,15 @@ class RenewalScheduler:
             else:
                 self.remove(entry)
                 lease._not_owner()
+        if short:
+            error = ReplicationError(
+                f"renew: {acked} replicas acknowledged within the wait, "
+                f"{max(entry.replicas for entry, _, _ in short)} required",
+                operation="renew",
+                replicas=needed,
+                acknowledged=acked,
+            )
+            self._failed(short, error, sent_at)
 
     def _failed(
         self, live: list[tuple[RenewalEntry, Renewable, int]], exc: BackendError, sent_at: float

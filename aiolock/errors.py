@@ -9,6 +9,7 @@ AiolockError
 │   └── LeaseLostError                           .reason, .fencing_token, .stalled_for,
 │                                                .body_completed
 └── BackendError                                 .operation, .name; __cause__ = the redis error
+    └── ReplicationError                         .replicas, .acknowledged
 ```
 
 "Busy" and "broken" never share a class: a lock held by someone else for longer than you
@@ -36,6 +37,7 @@ __all__ = (
     "LeaseLostError",
     "LockError",
     "LossReason",
+    "ReplicationError",
 )
 
 
@@ -111,7 +113,9 @@ class LossReason(enum.Enum):
 
     DEADLINE = "deadline"
     """No renewal was confirmed before the local deadline: Redis was unreachable, too slow,
-    or this process did not run (paused, event loop blocked) until after the deadline."""
+    or this process did not run (paused, event loop blocked) until after the deadline; or,
+    with `replicas=N`, fewer than N replicas acknowledged the renewals (the cause is then a
+    `ReplicationError`)."""
 
     MAX_HOLD = "max_hold"
     """Renewal stopped because the lease was held for longer than the lock's `max_hold`."""
@@ -172,3 +176,27 @@ class BackendError(AiolockError):
         super().__init__(message)
         self.operation = operation
         self.name = name
+
+
+class ReplicationError(BackendError):
+    """Fewer replicas than asked for (`replicas=N`) acknowledged a write in time.
+
+    Raised by an acquire whose lock was taken on the primary but not confirmed by
+    `replicas` replicas within the `replica_timeout`: the lock has been given back (a
+    token-guarded release, as for an acquire whose reply was lost), and nothing runs under
+    it. As the cause of a lease's loss, it says that its renewals could not be confirmed
+    before its deadline. `acknowledged` is how many replicas did confirm.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        operation: str,
+        name: str | None = None,
+        replicas: int,
+        acknowledged: int,
+    ) -> None:
+        super().__init__(message, operation=operation, name=name)
+        self.replicas = replicas
+        self.acknowledged = acknowledged

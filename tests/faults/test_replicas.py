@@ -1,0 +1,313 @@
+"""`replicas=N`: an acquire, a hand-off and every renewal count only once N replicas have
+them (`WAIT`, sent right after the script on the same connection).
+
+Each test owns its servers: a primary with one replica (`--replicaof`), which it may pause
+(SIGSTOP, by PID) so that the primary's writes stop being acknowledged, or a Sentinel
+deployment (see `sentinel.py`) whose replica replicates through a fault proxy, so that a
+write can be kept from it until the failover that promotes it. What they show is listed in
+the README's "Deployments".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import redis.asyncio
+
+from aiolock import (
+    AcquireTimeoutError,
+    BackendError,
+    EventKind,
+    LeaseLostError,
+    Lock,
+    LockEvent,
+    LossReason,
+    ReplicationError,
+    Semaphore,
+    add_listener,
+)
+from aiolock._layout import LockKeys
+from aiolock._runtime import runtime_for
+
+from ..servers import RedisServer, ServerBinary
+from ..waits import eventually, within
+from .proxy import FaultProxy
+from .sentinel import SentinelGroup, _ask, closing
+
+pytestmark = pytest.mark.real_only
+
+
+class Pair:
+    """A primary and one replica, in sync."""
+
+    def __init__(self, binary: ServerBinary) -> None:
+        args = ("--repl-diskless-sync-delay", "0")
+        self.primary = RedisServer(binary, extra_args=args).start()
+        try:
+            self.replica = RedisServer(
+                binary, extra_args=(*args, "--replicaof", "127.0.0.1", str(self.primary.port))
+            ).start()
+        except BaseException:
+            self.primary.stop()
+            raise
+
+    def stop(self) -> None:
+        self.replica.resume()
+        self.replica.stop()
+        self.primary.stop()
+
+    async def in_sync(self) -> None:
+        async def up() -> bool:
+            info = await _ask(self.replica.port, "INFO", "replication")
+            return bool(info.get("master_link_status") == "up")
+
+        await eventually(up, what="the replica in sync with the primary", timeout=20.0)
+        # After a full sync the primary counts the replica only from its first
+        # acknowledgement, up to a second later.
+        acked = await _ask(self.primary.port, "WAIT", 1, 10_000)
+        assert int(acked) == 1, "the replica did not acknowledge within 10s"
+
+    async def on_replica(self, name: str) -> int | None:
+        """The fencing token of the lease the replica knows holds lock `name` (None: free)."""
+        return await holder_on(self.replica.port, name)
+
+    async def on_primary(self, name: str) -> int | None:
+        return await holder_on(self.primary.port, name)
+
+
+async def holder_on(port: int, name: str) -> int | None:
+    """The fencing token of the holder of lock `name` on the server at `port`, or None."""
+    client = redis.asyncio.Redis(port=port)
+    try:
+        holder = await Lock(client, name).info()
+    finally:
+        await client.aclose()
+    return None if holder is None else holder.fencing_token
+
+
+@pytest.fixture
+async def pair(binaries: list[ServerBinary]) -> AsyncIterator[Pair]:
+    pair = Pair(binaries[0])
+    try:
+        await pair.in_sync()
+        yield pair
+    finally:
+        pair.stop()
+
+
+@contextlib.contextmanager
+def events(kind: EventKind) -> Iterator[list[LockEvent]]:
+    seen: list[LockEvent] = []
+
+    def listener(event: LockEvent) -> None:
+        if event.kind is kind:
+            seen.append(event)
+
+    remove = add_listener(listener)
+    try:
+        yield seen
+    finally:
+        remove()
+
+
+def client_of(port: int) -> redis.asyncio.Redis:
+    return redis.asyncio.Redis(port=port)
+
+
+async def queued(client: redis.asyncio.Redis, keys: LockKeys) -> None:
+    """Wait until a waiter of another client is in the lock's queue in Redis."""
+
+    async def in_queue() -> bool:
+        return int(await client.zcard(keys.queue)) == 1
+
+    await eventually(in_queue, what="the waiter queued in Redis", timeout=5.0)
+
+
+# ------------------------------------------------------------------- no replica at all
+async def test_an_acquire_no_replica_acknowledges_is_given_back_and_raises(
+    server: RedisServer, name: str
+) -> None:
+    """On a server without replicas, `replicas=1` can never be met: every way of acquiring
+    raises `ReplicationError` (a `BackendError`: broken, not busy) within the
+    replica_timeout, and leaves the lock free for the next acquirer."""
+    client = client_of(server.port)
+    lock = Lock(client, name, ttl=5, replicas=1, replica_timeout=0.05)
+    try:
+        for attempt in (lock.acquire, lock.try_acquire, lambda: lock.acquire(timeout=0)):
+            with pytest.raises(ReplicationError) as info:
+                await within(attempt(), what="the unconfirmed acquire", timeout=5.0)
+            assert (info.value.replicas, info.value.acknowledged) == (1, 0)
+            assert info.value.operation == "acquire" and info.value.name == name
+            assert "0 of the 1 replicas" in str(info.value)
+        lease = await Lock(client, name, ttl=5).acquire(timeout=0)  # nothing left held
+        await lease.release()
+        with pytest.raises(ReplicationError):
+            async with Semaphore(client, name, limit=2, replicas=1, replica_timeout=0.05):
+                pytest.fail("the body ran without the replica's acknowledgement")
+    finally:
+        await client.aclose()
+
+
+# ------------------------------------------------------------------- primary + replica
+async def test_an_acquire_returns_once_the_replica_has_it_in_one_round_trip(
+    pair: Pair, name: str
+) -> None:
+    """The WAIT travels with the acquire script (one request on the wire), the replica has
+    the key when `acquire()` returns, and renewals are confirmed by it as they go."""
+    proxy = await FaultProxy(pair.primary.port).start()
+    client = redis.asyncio.Redis(port=proxy.port)
+    keys = LockKeys.build("aiolock", name)
+    try:
+        await client.ping()
+        loop = asyncio.get_running_loop()
+        since = loop.time()
+        with events(EventKind.RENEWED) as renewed:
+            lease = await Lock(client, name, ttl=0.6, replicas=1).acquire()
+            assert await pair.on_replica(name) == lease.fencing_token
+            chunks = [at for at, data in proxy.arrivals if at >= since and b"WAIT" in data]
+            assert len(chunks) >= 1
+            first = next(data for at, data in proxy.arrivals if at >= since and b"WAIT" in data)
+            assert b"EVALSHA" in first, "the WAIT was not sent with the acquire"
+            await eventually(
+                lambda: len([e for e in renewed if e.name == name]) >= 3,
+                what="three renewals confirmed by the replica",
+                timeout=5.0,
+            )
+        await lease.release()
+    finally:
+        await client.aclose()
+        await proxy.aclose()
+
+
+async def test_a_paused_replica_refuses_acquires_and_lets_replicated_leases_lapse(
+    pair: Pair, name: str
+) -> None:
+    """While the replica does not acknowledge (SIGSTOP): a `replicas=1` acquire raises and
+    leaves nothing held; a `replicas=1` lease is lost at its deadline (its renewals land on
+    the primary but are not confirmed), the cause a `ReplicationError`; a lease of the same
+    client without `replicas` keeps renewing. Once the replica is back, acquires work."""
+    client = client_of(pair.primary.port)
+    stack = contextlib.ExitStack()
+    try:
+        replicated = await Lock(client, name, ttl=1.0, replicas=1).acquire()
+        plain = await Lock(client, name + ":plain", ttl=1.0).acquire()
+        failures = stack.enter_context(events(EventKind.RENEWAL_FAILED))
+        pair.replica.pause()
+        with pytest.raises(ReplicationError):
+            await Lock(client, name + ":new", ttl=5, replicas=1).acquire(timeout=0)
+        assert await pair.on_primary(name + ":new") is None, "the refused acquire stayed held"
+        await within(replicated.wait_lost(), what="the unconfirmed lease's loss", timeout=5.0)
+        assert replicated.loss_reason is LossReason.DEADLINE
+        with pytest.raises(LeaseLostError) as info:
+            await replicated.release()
+        assert isinstance(info.value.__cause__, BackendError), repr(info.value.__cause__)
+        # Its renewals were applied and answered, but not confirmed by the replica (the
+        # last ones, with little time left, may also run out of time for WAIT's answer).
+        causes = [e.error for e in failures if e.fencing_token == replicated.fencing_token]
+        assert any(isinstance(error, ReplicationError) for error in causes), causes
+        assert not plain.lost, "a lease without replicas= was lost with the other"
+        await plain.release()
+        pair.replica.resume()
+        lease = await Lock(client, name + ":new", ttl=5, replicas=1).acquire(timeout=5)
+        await lease.release()
+    finally:
+        stack.close()
+        pair.replica.resume()
+        await client.aclose()
+
+
+async def test_a_hand_off_counts_only_once_the_replica_has_it(pair: Pair, name: str) -> None:
+    """A lease handed to a waiter (another client: another process's queue) by a release
+    is confirmed by the waiter (renewal + WAIT) before its body may run. With the replica
+    acknowledging, the waiter gets it and the replica has its key; with the replica
+    paused, the waiter's acquire raises and the lock is left free, not held by a lease
+    nobody uses."""
+    holder, waiter = client_of(pair.primary.port), client_of(pair.primary.port)
+    keys = LockKeys.build("aiolock", name)
+    try:
+        for paused in (False, True):
+            lease = await Lock(holder, name, ttl=5, replicas=1).acquire()
+            waiting = asyncio.ensure_future(
+                Lock(waiter, name, ttl=5, replicas=1, replica_timeout=0.1).acquire(timeout=10)
+            )
+            await queued(holder, keys)
+            if paused:
+                pair.replica.pause()
+            await lease.release()
+            if not paused:
+                handed = await within(waiting, what="the hand-off", timeout=5.0)
+                assert await pair.on_replica(name) == handed.fencing_token
+                await handed.release()
+                continue
+            with pytest.raises(ReplicationError):
+                await within(waiting, what="the unconfirmed hand-off", timeout=5.0)
+            assert await pair.on_primary(name) is None, "the unconfirmed grant stayed held"
+            pair.replica.resume()
+    finally:
+        pair.replica.resume()
+        await holder.aclose()
+        await waiter.aclose()
+
+
+# ------------------------------------------------------------------- through a failover
+@pytest.fixture
+async def proxied_group(binaries: list[ServerBinary]) -> AsyncIterator[tuple[SentinelGroup, Any]]:
+    """A Sentinel group whose replica replicates through a fault proxy."""
+    with SentinelGroup(binaries[0]) as group:
+        assert group.replica is not None
+        proxy = await FaultProxy(group.master.port).start()
+        try:
+            await _ask(group.replica.port, "REPLICAOF", "127.0.0.1", proxy.port)
+            await group.ready()
+            yield group, proxy
+        finally:
+            await proxy.aclose()
+
+
+async def test_a_failover_loses_an_unreplicated_lock_but_not_one_taken_with_replicas(
+    proxied_group: tuple[SentinelGroup, FaultProxy], name: str
+) -> None:
+    """The replica's link is held up (a lagging replica), then the Sentinels promote it.
+    Without `replicas`, the acquire was granted on the master alone: after the failover a
+    second client gets the same lock at once. With `replicas=1`, the acquire was refused
+    (`ReplicationError`), so nothing ran under a lock the new master does not know."""
+    group, proxy = proxied_group
+    holder, other = group.master_client(), group.master_client()
+    async with closing(holder, other):
+        await group.replicated()
+        proxy.blackhole()
+        plain = await Lock(holder, name, ttl=10).acquire(timeout=0)
+        with pytest.raises(ReplicationError):
+            await Lock(holder, name + ":r", ttl=10, replicas=1, replica_timeout=0.2).acquire(
+                timeout=0
+            )
+        await group.failover()
+        second = await Lock(other, name, ttl=10).acquire(timeout=0)  # the loss, shown
+        assert second.fencing_token != plain.fencing_token
+        with contextlib.suppress(LeaseLostError):
+            await plain.release()
+        await second.release()
+        await proxy.restore()
+
+
+async def test_a_lock_taken_with_replicas_survives_an_immediate_failover(
+    binaries: list[ServerBinary], name: str
+) -> None:
+    """`replicas=1`, then `SENTINEL FAILOVER` at once (no wait for replication): the new
+    master has the key, so a second client finds the lock busy."""
+    with SentinelGroup(binaries[0]) as group:
+        await group.ready()
+        holder, other = group.master_client(), group.master_client()
+        async with closing(holder, other):
+            lease = await Lock(holder, name, ttl=10, replicas=1).acquire(timeout=0)
+            new = await group.failover()
+            assert await holder_on(new.port, name) == lease.fencing_token
+            with pytest.raises(AcquireTimeoutError):
+                await Lock(other, name, ttl=10).acquire(timeout=0)
+            assert not lease.lost
+            await lease.release()
+            assert runtime_for(holder).backend.sentinel
