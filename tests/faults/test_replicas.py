@@ -160,7 +160,6 @@ async def test_an_acquire_returns_once_the_replica_has_it_in_one_round_trip(
     the key when `acquire()` returns, and renewals are confirmed by it as they go."""
     proxy = await FaultProxy(pair.primary.port).start()
     client = redis.asyncio.Redis(port=proxy.port)
-    keys = LockKeys.build("aiolock", name)
     try:
         await client.ping()
         loop = asyncio.get_running_loop()
