@@ -252,10 +252,21 @@ class SentinelGroup:
         return new
 
     async def replicated(self, timeout: float = 5.0) -> None:
-        """Wait until the current master's writes so far reached its replica (`WAIT 1`)."""
-        port = await self.master_port()
-        acked = await _ask(port, "WAIT", 1, int(timeout * 1000))
-        assert int(acked) >= 1, f"the replica did not acknowledge within {timeout:g}s"
+        """Wait until the current master's writes so far reached its replica."""
+        await replicated(await self.master_port(), timeout)
+
+
+async def replicated(port: int, timeout: float = 5.0) -> None:
+    """Wait until the writes so far of the server on `port` reached a replica: a write, then
+    `WAIT 1` on the same connection. (`WAIT` on a connection that wrote nothing counts every
+    replica online, even one that has acknowledged nothing yet, as after a full sync.)"""
+    client = redis.asyncio.Redis(port=port, socket_timeout=timeout + 2.0)
+    try:
+        await client.set("aiolock-test:replicated", 1)
+        acked = await client.execute_command("WAIT", 1, int(timeout * 1000))  # type: ignore[no-untyped-call]
+    finally:
+        await client.aclose()
+    assert int(acked) >= 1, f"the replica did not acknowledge within {timeout:g}s"
 
 
 @contextlib.asynccontextmanager
