@@ -6,9 +6,10 @@ import binascii
 import math
 
 import pytest
+import redis.asyncio
 from redis.crc import key_slot
 
-from aiolock import ConfigError
+from aiolock import ConfigError, Lock, ReadWriteLock, Semaphore
 from aiolock._config import (
     MAX_NAME_LENGTH,
     MAX_SECONDS,
@@ -17,6 +18,7 @@ from aiolock._config import (
     check_name,
     check_prefix,
     check_timeout,
+    replica_wait_ms,
     safety_margin,
 )
 from aiolock._layout import LockKeys
@@ -249,3 +251,65 @@ def test_a_leading_closing_brace_would_split_the_slots() -> None:
     assert len(slots) > 1
     with pytest.raises(ConfigError):
         check_name("}orders")
+
+
+# --------------------------------------------------------------------------- replicas=
+def test_replicas_default_to_none_and_their_wait_to_a_quarter_ttl_at_most_a_second() -> None:
+    assert (build().replicas, build().replica_timeout) == (0, 0.0)
+    assert build().wait_args(10.0) is None
+    one = LockConfig.build(
+        ttl=2.0, renew=True, renew_interval=None, timeout=None, max_hold=None,
+        prefix="aiolock", replicas=1,
+    )  # fmt: skip
+    assert (one.replicas, one.replica_timeout) == (1, 0.5)
+    long = LockConfig.build(
+        ttl=30.0, renew=True, renew_interval=None, timeout=None, max_hold=None,
+        prefix="aiolock", replicas=2,
+    )  # fmt: skip
+    assert long.replica_timeout == 1.0
+    assert long.wait_args(10.0) == (2, 1000)
+
+
+@pytest.mark.parametrize(
+    ("replica_timeout", "bound", "ms"),
+    [
+        (1.0, 10.0, 1000),  # the configured wait
+        (1.0, 1.0, 500),  # at most half the call's bound
+        (1.0, 0.2, 80),  # and the server's lateness short of it
+        (1.0, 0.1, 1),  # never 0: WAIT 0 blocks for ever
+        (0.001, 5.0, 1),
+    ],
+)
+def test_the_wait_leaves_room_for_its_answer_within_the_call(
+    replica_timeout: float, bound: float, ms: int
+) -> None:
+    assert replica_wait_ms(replica_timeout, bound) == ms
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error", "argument", "words"),
+    [
+        ({"replicas": -1}, ConfigError, "replicas", "from 0 to 100"),
+        ({"replicas": 101}, ConfigError, "replicas", "from 0 to 100"),
+        ({"replicas": True}, TypeError, None, "replicas must be an int"),
+        ({"replicas": 1.0}, TypeError, None, "replicas must be an int"),
+        ({"replica_timeout": 0.1}, ConfigError, "replica_timeout", "replicas=0"),
+        ({"replicas": 1, "replica_timeout": 0}, ConfigError, "replica_timeout", "0.001 to 5"),
+        ({"replicas": 1, "replica_timeout": 5.01}, ConfigError, "replica_timeout", "0.001 to 5"),
+        ({"replicas": 1, "replica_timeout": "1"}, TypeError, None, "replica_timeout must be"),
+    ],
+)
+def test_bad_replicas_arguments_are_refused_by_the_constructor(
+    arguments: dict[str, object], error: type[Exception], argument: str | None, words: str
+) -> None:
+    client = redis.asyncio.Redis()  # never connects: nothing is sent
+    for make in (
+        lambda: Lock(client, "n", ttl=10, **arguments),  # type: ignore[arg-type]
+        lambda: Semaphore(client, "n", limit=2, ttl=10, **arguments),  # type: ignore[arg-type]
+        lambda: ReadWriteLock(client, "n", ttl=10, **arguments),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(error) as info:
+            make()
+        assert words in str(info.value)
+        if argument is not None:
+            assert isinstance(info.value, ConfigError) and info.value.argument == argument
