@@ -169,8 +169,9 @@ class ReadWriteLock:
         prefix: prefix of every Redis key of this lock.
         retain: seconds (5 to 86400) the state stays after the last release (as for `Lock`).
         hold_stats: record every hold's duration for `aiolock stats`.
-        replicas, replica_timeout: replicas that must acknowledge each acquire and
-            renewal, as for `Lock`.
+        replicas: replicas that must acknowledge each acquire and renewal, as for
+            `Lock`.
+        replica_timeout: how long to wait for them, as for `Lock`.
 
     Raises:
         TypeError: a wrong type.
