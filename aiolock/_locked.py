@@ -47,6 +47,8 @@ def locked(
     renew_interval: float | None = ...,
     max_hold: float | None = ...,
     prefix: str = ...,
+    replicas: int = ...,
+    replica_timeout: float | None = ...,
 ) -> _LockedOrSkipped: ...
 
 
@@ -62,6 +64,8 @@ def locked(
     renew_interval: float | None = ...,
     max_hold: float | None = ...,
     prefix: str = ...,
+    replicas: int = ...,
+    replica_timeout: float | None = ...,
 ) -> _Locked: ...
 
 
@@ -76,6 +80,8 @@ def locked(
     renew_interval: float | None = None,
     max_hold: float | None = None,
     prefix: str = "aiolock",
+    replicas: int = 0,
+    replica_timeout: float | None = None,
 ) -> _Locked | _LockedOrSkipped:
     """Decorate an async function so each call runs holding a lock named from its arguments.
 
@@ -110,6 +116,8 @@ def locked(
         renew_interval: as for `Lock`.
         max_hold: as for `Lock`.
         prefix: as for `Lock`.
+        replicas: as for `Lock` (0: wait for no replica).
+        replica_timeout: as for `Lock`.
 
     Raises:
         TypeError: at decoration, a function that is not `async def`, a positional-only
@@ -133,6 +141,8 @@ def locked(
         timeout=timeout,
         max_hold=max_hold,
         prefix=prefix,
+        replicas=replicas,
+        replica_timeout=replica_timeout,
     )
     if on_busy is None:
         if timeout is not None:
@@ -182,6 +192,8 @@ def locked(
                 timeout=timeout,
                 max_hold=max_hold,
                 prefix=prefix,
+                replicas=replicas,
+                replica_timeout=replica_timeout,
             )
             try:
                 lease = await lock.acquire()

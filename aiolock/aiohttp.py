@@ -114,6 +114,8 @@ def locked_handler(
     renew_interval: float | None = None,
     max_hold: float | None = None,
     prefix: str = "aiolock",
+    replicas: int = 0,
+    replica_timeout: float | None = None,
 ) -> _Decorator:
     """Decorate an aiohttp handler so it runs holding a lock named from the request.
 
@@ -131,6 +133,8 @@ def locked_handler(
         renew_interval: as for `Lock`.
         max_hold: as for `Lock`.
         prefix: as for `Lock`.
+        replicas: as for `Lock` (0: wait for no replica).
+        replica_timeout: as for `Lock`.
 
     Raises:
         TypeError, ConfigError: bad arguments, or a handler that is not `async def` or
@@ -152,6 +156,8 @@ def locked_handler(
         timeout=timeout,
         max_hold=max_hold,
         prefix=prefix,
+        replicas=replicas,
+        replica_timeout=replica_timeout,
     )
     if isinstance(client, web.AppKey):
         app_key: web.AppKey[redis.asyncio.Redis] = client
@@ -202,6 +208,8 @@ def locked_handler(
                 timeout=timeout,
                 max_hold=max_hold,
                 prefix=prefix,
+                replicas=replicas,
+                replica_timeout=replica_timeout,
             )
             try:
                 lease = await lock.acquire()

@@ -75,6 +75,8 @@ def locked_request(
     renew_interval: float | None = None,
     max_hold: float | None = None,
     prefix: str = "aiolock",
+    replicas: int = 0,
+    replica_timeout: float | None = None,
 ) -> Any:
     """A FastAPI dependency that holds a lock while the handler runs; its value is the `Lease`.
 
@@ -96,6 +98,8 @@ def locked_request(
         renew_interval: as for `Lock`.
         max_hold: as for `Lock`.
         prefix: as for `Lock`.
+        replicas: as for `Lock` (0: wait for no replica).
+        replica_timeout: as for `Lock`.
 
     Returns:
         A `fastapi.params.Depends` with `scope="function"`.
@@ -119,6 +123,8 @@ def locked_request(
         timeout=timeout,
         max_hold=max_hold,
         prefix=prefix,
+        replicas=replicas,
+        replica_timeout=replica_timeout,
     )
     template: NameTemplate | None = None
     parameters: list[inspect.Parameter] = []
@@ -163,6 +169,8 @@ def locked_request(
             timeout=timeout,
             max_hold=max_hold,
             prefix=prefix,
+            replicas=replicas,
+            replica_timeout=replica_timeout,
         )
         try:
             lease = await lock.acquire()

@@ -26,9 +26,11 @@ from aiolock import (
     Lock,
     LockEvent,
     LossReason,
+    ReadWriteLock,
     ReplicationError,
     Semaphore,
     add_listener,
+    locked,
 )
 from aiolock._layout import LockKeys
 from aiolock._runtime import runtime_for
@@ -145,6 +147,16 @@ async def test_an_acquire_no_replica_acknowledges_is_given_back_and_raises(
         with pytest.raises(ReplicationError):
             async with Semaphore(client, name, limit=2, replicas=1, replica_timeout=0.05):
                 pytest.fail("the body ran without the replica's acknowledgement")
+        with pytest.raises(ReplicationError):
+            async with ReadWriteLock(client, name, replicas=1, replica_timeout=0.05).read():
+                pytest.fail("the body ran without the replica's acknowledgement")
+
+        @locked(name, client=client, replicas=1, replica_timeout=0.05)
+        async def job() -> None:
+            pytest.fail("the function ran without the replica's acknowledgement")
+
+        with pytest.raises(ReplicationError):
+            await job()
     finally:
         await client.aclose()
 

@@ -149,6 +149,9 @@ def test_bad_declarations_fail_at_decoration(client: redis.asyncio.Redis) -> Non
     with pytest.raises(ConfigError) as info:
         locked_handler("x:{}", client=client)
     assert info.value.argument == "name"
+    with pytest.raises(ConfigError) as info:
+        locked_handler("x", client=client, replicas=101)
+    assert info.value.argument == "replicas"
 
     def not_async(request: web.Request) -> web.Response:
         return web.Response()

@@ -232,6 +232,9 @@ def test_bad_declarations_fail_when_the_route_is_declared(client: redis.asyncio.
     with pytest.raises(ConfigError) as info:
         locked_request("orders:{id}", client=client, ttl=0)
     assert info.value.argument == "ttl"
+    with pytest.raises(ConfigError) as info:
+        locked_request("orders:{id}", client=client, replica_timeout=1)
+    assert info.value.argument == "replica_timeout"
     with pytest.raises(TypeError):
         locked_request(42, client=client)  # type: ignore[arg-type]
     with pytest.raises(TypeError):

@@ -88,6 +88,9 @@ def test_bad_decorations_fail_before_any_call(client: redis.asyncio.Redis) -> No
     with pytest.raises(ConfigError) as info:
         locked("jobs", client=client, ttl=0)
     assert info.value.argument == "ttl"
+    with pytest.raises(ConfigError) as info:
+        locked("jobs", client=client, replicas=-1)
+    assert info.value.argument == "replicas"
 
 
 def test_on_busy_must_be_chosen_when_a_call_can_be_busy(client: redis.asyncio.Redis) -> None:
