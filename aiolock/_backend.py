@@ -19,20 +19,24 @@ demote it) is closed and opened again to the new one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
+import random
 import weakref
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import redis
 import redis.asyncio
 import redis.exceptions
 from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.backoff import NoBackoff
+from redis.crc import key_slot
 
 try:
     import hiredis
@@ -46,29 +50,64 @@ from .errors import BackendError
 logger = logging.getLogger("aiolock")
 
 __all__ = (
+    "AsyncClient",
     "AsyncRedis",
     "Backend",
+    "check_any_client",
     "check_client",
+    "is_cluster",
     "outcome_unknown",
     "translate_errors",
 )
 
 AsyncRedis = redis.asyncio.Redis
 
+AsyncClient = redis.asyncio.Redis | RedisCluster
+"""What the primitives take: a client of one server (or of Sentinel's master), or of a
+Redis Cluster."""
+
+CLUSTER_ERRORS: Final = (redis.exceptions.RedisClusterException,)
+"""What redis-py's cluster client raises besides `RedisError`s: a command it could not
+route (no node for the slot, redirections exhausted, keys in several slots)."""
+
 
 def check_client(client: object) -> redis.asyncio.Redis:
     """The client must be a `redis.asyncio.Redis` (fakeredis's async client is one)."""
     if isinstance(client, redis.asyncio.Redis):
         return client
-    if isinstance(client, redis.Redis):
+    if isinstance(client, RedisCluster):
         raise TypeError(
-            "client must be an asyncio client (redis.asyncio.Redis), got the synchronous "
-            "redis.Redis; create it with redis.asyncio.Redis(...) or "
-            "redis.asyncio.from_url(...)"
+            "client: redis.asyncio.RedisCluster is not supported here (Lock, Semaphore, "
+            "ReadWriteLock and @locked take one; this reads many keys at once, which a "
+            "cluster spreads over its nodes)"
         )
-    if isinstance(client, redis.asyncio.RedisCluster):
-        raise TypeError("client: redis.asyncio.RedisCluster is not supported yet")
-    raise TypeError(f"client must be a redis.asyncio.Redis, got {type(client).__name__}")
+    return _not_a_client(client)
+
+
+def check_any_client(client: object) -> AsyncClient:
+    """A `redis.asyncio.Redis` or a `redis.asyncio.RedisCluster`."""
+    if isinstance(client, redis.asyncio.Redis | RedisCluster):
+        return client
+    return _not_a_client(client)
+
+
+def is_cluster(client: object) -> bool:
+    """Whether `client` is a `redis.asyncio.RedisCluster`."""
+    return isinstance(client, RedisCluster)
+
+
+def _not_a_client(client: object) -> NoReturn:
+    if isinstance(client, redis.Redis | redis.RedisCluster):
+        raise TypeError(
+            f"client must be an asyncio client (redis.asyncio.{type(client).__name__}), got "
+            f"the synchronous redis.{type(client).__name__}; create it with "
+            "redis.asyncio.Redis(...), redis.asyncio.from_url(...) or "
+            "redis.asyncio.RedisCluster(...)"
+        )
+    raise TypeError(
+        "client must be a redis.asyncio.Redis or a redis.asyncio.RedisCluster, got "
+        f"{type(client).__name__}"
+    )
 
 
 def _backend_error(
@@ -88,7 +127,7 @@ def translate_errors(operation: str, name: str | None, timeout: float) -> Iterat
     """Turn redis errors and timeouts raised inside the block into `BackendError`."""
     try:
         yield
-    except (redis.exceptions.RedisError, TimeoutError, OSError) as exc:
+    except (redis.exceptions.RedisError, TimeoutError, OSError, *CLUSTER_ERRORS) as exc:
         raise _backend_error(operation, name, timeout, exc) from exc
 
 
@@ -280,7 +319,7 @@ async def _send_to_master(
 
 
 async def _execute(
-    client: redis.asyncio.Redis, command: _Command, on_sent: _Sent, then: _Command | None = None
+    client: AsyncClient, command: _Command, on_sent: _Sent, then: _Command | None = None
 ) -> Any:
     if on_sent is not None:
         on_sent()
@@ -296,11 +335,32 @@ async def _execute(
                 if isinstance(reply, Exception):
                     raise reply
             return first, acked
-        return await client.execute_command(*command)  # type: ignore[no-untyped-call]
+        executor: Any = client  # redis-py types one client's execute_command, not the other's
+        return await executor.execute_command(*command)
     except (RuntimeError, AttributeError, TypeError) as exc:
         if not _closed_transport(exc):
             raise
         raise redis.exceptions.ConnectionError(f"the connection was closed: {exc!r}") from exc
+
+
+def _some_node(client: RedisCluster) -> ClusterNode:
+    """A node of the cluster, to copy connection settings from (known before the client
+    first asked the cluster for its nodes: one it was created with)."""
+    node: ClusterNode | None = client.get_default_node()
+    if node is None:  # not yet asked the cluster for its nodes
+        node = next(iter(client.nodes_manager.startup_nodes.values()))
+    return node
+
+
+def _node_for(client: RedisCluster, key: str | None) -> ClusterNode:
+    """The primary serving `key`'s slot as the client knows it, or a random primary."""
+    if key is not None:
+        with contextlib.suppress(*CLUSTER_ERRORS, LookupError):
+            node = client.get_node_from_key(key)
+            if node is not None:
+                return node
+    primaries = client.get_primaries()
+    return random.choice(primaries) if primaries else _some_node(client)
 
 
 def _closed_transport(error: Exception) -> bool:
@@ -317,7 +377,9 @@ def _closed_transport(error: Exception) -> bool:
     return tb is not None and tb.tb_frame.f_globals.get("__name__") == "asyncio.selector_events"
 
 
-_Send = Callable[[redis.asyncio.Redis, _Command, _Sent, _Command | None], Awaitable[Any]]
+_Send = Callable[[Any, _Command, _Sent, _Command | None], Awaitable[Any]]
+"""Sends one command (and a second, `then`) on a client: a `redis.asyncio.Redis` for
+`_send_direct` and `_send_to_master`, any client for `_execute`."""
 
 
 class Backend:
@@ -328,7 +390,7 @@ class Backend:
     is held weakly: locks hold it strongly, so it lives as long as they do.
     """
 
-    connection_errors: Final = (redis.exceptions.RedisError, OSError)
+    connection_errors: Final = (redis.exceptions.RedisError, OSError, *CLUSTER_ERRORS)
     """What a broken or refusing connection raises, for code that handles it unmapped."""
 
     @staticmethod
@@ -345,6 +407,7 @@ class Backend:
     __slots__ = (
         "__weakref__",
         "_client_ref",
+        "_cluster",
         "_connection_class",
         "_connection_kwargs",
         "_renew_client",
@@ -353,8 +416,26 @@ class Backend:
         "loop",
     )
 
-    def __init__(self, client: redis.asyncio.Redis) -> None:
-        self._client_ref = weakref.ref(client)
+    def __init__(self, client: AsyncClient) -> None:
+        self._client_ref: weakref.ref[AsyncClient] = weakref.ref(client)
+        self.loop = asyncio.get_running_loop()
+        self._renew_client: redis.asyncio.Redis | None = None
+        self._sentinel: SentinelConnectionPool | None = None
+        self._send: _Send
+        self._cluster = isinstance(client, RedisCluster)
+        self._connection_class: type[redis.asyncio.connection.AbstractConnection]
+        if isinstance(client, RedisCluster):
+            # Script calls go through the cluster client, which routes each by its keys'
+            # slot and follows MOVED and ASK; the pub/sub connection is aiolock's own, to
+            # one primary (a PUBLISH reaches every node of a cluster).
+            node = _some_node(client)
+            self._connection_class = node.connection_class
+            self._connection_kwargs = {
+                k: v for k, v in node.connection_kwargs.items() if k not in ("host", "port")
+            }
+            self._connection_kwargs["retry"] = Retry(NoBackoff(), 0)
+            self._send = _execute
+            return
         # aiolock's own connections use the client's settings; kept here so that a
         # lingering background task never needs the (weakly held) client itself.
         pool = client.connection_pool
@@ -363,23 +444,30 @@ class Backend:
         self._connection_kwargs["retry"] = Retry(NoBackoff(), 0)
         # A Sentinel-managed pool's connections find the master through the pool that made
         # them: aiolock's own pools are Sentinel-managed pools of the same service.
-        self._sentinel: SentinelConnectionPool | None = None
         if isinstance(pool, SentinelConnectionPool):
             self._sentinel = pool
             self._connection_kwargs.pop("connection_pool", None)
-        self.loop = asyncio.get_running_loop()
-        self._renew_client: redis.asyncio.Redis | None = None
         # aiolock's own connections are of the same class, with the same encoding. With
         # Sentinel, every call (on the user's pool and on aiolock's own) must reach the
         # master the Sentinels name now.
-        self._send: _Send
         if self._sentinel is not None and self._sentinel.is_master:
             self._send = _send_to_master
         else:
             self._send = _send_direct if _sends_directly(client) else _execute
 
     @property
-    def client(self) -> redis.asyncio.Redis:
+    def cluster(self) -> bool:
+        """Whether the client is a `RedisCluster`: a script call's keys must then share
+        one slot (renewals are sent one call per slot)."""
+        return self._cluster
+
+    @staticmethod
+    def slot(key: str) -> int:
+        """The cluster hash slot of `key`."""
+        return int(key_slot(key.encode()))
+
+    @property
+    def client(self) -> AsyncClient:
         client = self._client_ref()
         if client is None:  # pragma: no cover - locks keep their client alive
             raise RuntimeError("the redis client of this lock was garbage-collected")
@@ -430,6 +518,9 @@ class Backend:
         by `timeout`. `on_sent` is called when the command has been written (possibly
         twice, if it is sent again).
 
+        With a cluster client, `fresh` calls go on a connection of their own to the node
+        that serves the first key's slot.
+
         `wait=(replicas, ms)` sends `WAIT replicas ms` right after the script, on the same
         connection and in the same round trip (WAIT cannot run inside a script), and
         returns `(the script's reply, how many replicas acknowledged its writes)`. `ms`
@@ -442,7 +533,9 @@ class Backend:
             assert wait_ms >= 1, "WAIT 0 blocks for ever"
             then = ("WAIT", replicas, wait_ms)
         if fresh:
-            client = redis.asyncio.Redis(connection_pool=self._connection_pool())
+            client = redis.asyncio.Redis(
+                connection_pool=self._connection_pool(keys[0] if keys else None)
+            )
             try:
                 return await self._call(
                     client,
@@ -456,9 +549,9 @@ class Backend:
                 )
             finally:
                 await client.connection_pool.disconnect()
-        client = self._background_client() if background else self.client
+        target = self._background_client() if background else self.client
         reply = await self._call(
-            client,
+            target,
             command,
             script=script,
             timeout=timeout,
@@ -470,6 +563,69 @@ class Backend:
         if then is not None:
             return reply[0], int(reply[1])
         return reply
+
+    async def run_each(
+        self,
+        script: Script,
+        calls: Sequence[tuple[Sequence[str], Sequence[str | int]]],
+        *,
+        timeout: float,
+        operation: str,
+    ) -> list[Any]:
+        """Several calls of one script on a cluster, each with its own keys (of one slot),
+        in one round trip per node (redis-py's cluster pipeline, which follows MOVED and
+        ASK per call), bounded by `timeout` as a whole; their replies, in order. A call
+        whose node does not know the script is sent again as EVAL."""
+        client = self.client
+        assert isinstance(client, RedisCluster)
+
+        async def pipelined(commands: list[_Command]) -> list[Any]:
+            pipe = client.pipeline()
+            for command in commands:
+                pipe.execute_command(*command)
+            replies: list[Any] = await pipe.execute(raise_on_error=False)
+            return replies
+
+        async def send() -> list[Any]:
+            replies = await pipelined(
+                [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
+            )
+            missing = [
+                i for i, r in enumerate(replies) if isinstance(r, redis.exceptions.NoScriptError)
+            ]
+            if missing:
+                again = await pipelined(
+                    [
+                        ("EVAL", script.source, len(calls[i][0]), *calls[i][0], *calls[i][1])
+                        for i in missing
+                    ]
+                )
+                for i, reply in zip(missing, again, strict=True):
+                    replies[i] = reply
+            for reply in replies:
+                if isinstance(reply, BaseException):
+                    raise reply
+            return replies
+
+        result: list[Any] = await self._call(
+            client, (), script=script, timeout=timeout, operation=operation, name=None, send=send
+        )
+        return result
+
+    @contextlib.asynccontextmanager
+    async def node_client(self, key: str) -> AsyncIterator[redis.asyncio.Redis]:
+        """A client of the one server holding `key`: the user's client, or for a cluster, a
+        client of its own to the node serving `key`'s slot, closed on exit (to read a
+        primitive's keys in one MULTI/EXEC with the server's TIME)."""
+        client = self.client
+        if isinstance(client, redis.asyncio.Redis):
+            yield client
+            return
+        own = redis.asyncio.Redis(connection_pool=self._connection_pool(key))
+        try:
+            yield own
+        finally:
+            await own.aclose()
 
     async def exists(self, key: str, *, timeout: float, name: str) -> bool:
         reply = await self._call(
@@ -484,7 +640,7 @@ class Backend:
 
     async def _call(
         self,
-        client: redis.asyncio.Redis,
+        client: AsyncClient,
         command: _Command,
         *,
         script: Script | None,
@@ -493,10 +649,11 @@ class Backend:
         name: str | None,
         on_sent: _Sent = None,
         then: _Command | None = None,
+        send: Callable[[], Awaitable[Any]] | None = None,
     ) -> Any:
         """Send `command` (an EVALSHA of `script`, sent by EVAL if the server does not know
         it), and `then` right after it if given, bounded by `timeout`, with its errors
-        translated.
+        translated. `send`, if given, sends instead (and `command` is not sent).
 
         When the timeout falls due, the event loop first reads whatever has arrived (the
         loop may have been blocked while the reply came): a reply already there is used.
@@ -527,15 +684,21 @@ class Backend:
         timer = self.loop.call_later(timeout, after_arrivals, self.loop, give_up)
         try:
             try:
-                result = await self._send_once(client, command, script, on_sent, then)
+                if send is not None:
+                    result = await send()
+                else:
+                    result = await self._send_once(client, command, script, on_sent, then)
             except redis.exceptions.ConnectionError:
-                result = await self._send_once(client, command, script, on_sent, then)
+                if send is not None:
+                    result = await send()
+                else:
+                    result = await self._send_once(client, command, script, on_sent, then)
             answered = True
         except asyncio.CancelledError as exc:
             if expired and task.uncancel() <= cancelling:
                 raise _backend_error(operation, name, timeout, TimeoutError()) from exc
             raise
-        except (redis.exceptions.RedisError, OSError) as exc:
+        except (redis.exceptions.RedisError, OSError, *CLUSTER_ERRORS) as exc:
             if expired:
                 task.uncancel()  # our timer's cancellation, turned into this error on the way
                 raise _backend_error(operation, name, timeout, TimeoutError()) from exc
@@ -555,7 +718,7 @@ class Backend:
 
     async def _send_once(
         self,
-        client: redis.asyncio.Redis,
+        client: AsyncClient,
         command: _Command,
         script: Script | None,
         on_sent: _Sent,
@@ -583,10 +746,21 @@ class Backend:
         a connection that broke or did not answer."""
         return not outcome_unknown(error)
 
-    def _connection_pool(self) -> redis.asyncio.ConnectionPool:
+    def _connection_pool(self, key: str | None = None) -> redis.asyncio.ConnectionPool:
         """A new pool with the user's connection settings and no retries of its own; for a
         Sentinel-managed client, a Sentinel-managed pool of the same service and Sentinels,
-        which finds the master for itself."""
+        which finds the master for itself; for a cluster client, a pool of the primary that
+        serves `key` (a random primary without one)."""
+        if self._cluster:
+            client = self.client
+            assert isinstance(client, RedisCluster)
+            node = _node_for(client, key)
+            return redis.asyncio.ConnectionPool(
+                connection_class=self._connection_class,
+                host=node.host,
+                port=node.port,
+                **self._connection_kwargs,
+            )
         sentinel = self._sentinel
         if sentinel is not None:
             return SentinelConnectionPool(  # type: ignore[no-untyped-call]
@@ -601,7 +775,11 @@ class Backend:
             connection_class=self._connection_class, **self._connection_kwargs
         )
 
-    def _background_client(self) -> redis.asyncio.Redis:
+    def _background_client(self) -> AsyncClient:
+        if self._cluster:
+            # The cluster client itself: it keeps a pool per node, routes by slot and
+            # follows redirections, which a client of aiolock's own would have to redo.
+            return self.client
         if self._renew_client is None:
             self._renew_client = redis.asyncio.Redis(connection_pool=self._connection_pool())
         return self._renew_client

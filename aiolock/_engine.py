@@ -37,10 +37,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ClassVar, Final, final
 
-import redis.asyncio
-
 from . import _events as events
-from ._backend import outcome_unknown
+from ._backend import AsyncClient, is_cluster, outcome_unknown
 from ._cancel import run_shielded
 from ._config import LockConfig, check_timeout, check_token, safety_margin
 from ._info import HOST, PID, LockInfo, task_name, text
@@ -54,6 +52,7 @@ from ._watchdog import RenewalEntry
 from .errors import (
     AcquireTimeoutError,
     BackendError,
+    ConfigError,
     LeaseLostError,
     LossReason,
     ReplicationError,
@@ -177,7 +176,7 @@ class Primitive(abc.ABC):
     _max_poll: ClassVar[float | None] = None
     """Longest sleep of a waiting head between its tries (a waiting writer's refresh)."""
 
-    _client: redis.asyncio.Redis
+    _client: AsyncClient
     _name: str
     _config: LockConfig
     _key: str
@@ -187,7 +186,7 @@ class Primitive(abc.ABC):
 
     def __init__(
         self,
-        client: redis.asyncio.Redis,
+        client: AsyncClient,
         name: str,
         config: LockConfig,
         *,
@@ -198,6 +197,13 @@ class Primitive(abc.ABC):
         """`key`: the key a lease's token lives in, which its renewals extend; `channel`:
         where grants to this primitive's waiters are announced; `release_keys`: KEYS of its
         release script (as RELEASE's). The client and the name are checked already."""
+        if config.replicas and is_cluster(client):
+            raise ConfigError(
+                "replicas cannot be used with a redis.asyncio.RedisCluster client (WAIT must "
+                "follow the script on the same connection); use replicas=0",
+                argument="replicas",
+                value=config.replicas,
+            )
         self._client = client
         self._name = name
         self._config = config

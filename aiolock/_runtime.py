@@ -14,9 +14,7 @@ import weakref
 from collections.abc import Coroutine
 from typing import Any
 
-import redis.asyncio
-
-from ._backend import Backend
+from ._backend import AsyncClient, Backend
 from ._waiting import Notifier
 from ._watchdog import RenewalScheduler
 
@@ -28,7 +26,7 @@ class Runtime:
 
     __slots__ = ("__weakref__", "_notifier", "_scheduler", "_spawned", "backend", "guards", "loop")
 
-    def __init__(self, client: redis.asyncio.Redis) -> None:
+    def __init__(self, client: AsyncClient) -> None:
         self.backend = Backend(client)
         self.loop = self.backend.loop
         self._scheduler: RenewalScheduler | None = None
@@ -72,10 +70,10 @@ class Runtime:
         task.add_done_callback(self._spawned.discard)
 
 
-_runtimes: weakref.WeakKeyDictionary[redis.asyncio.Redis, Runtime] = weakref.WeakKeyDictionary()
+_runtimes: weakref.WeakKeyDictionary[AsyncClient, Runtime] = weakref.WeakKeyDictionary()
 
 
-def runtime_for(client: redis.asyncio.Redis) -> Runtime:
+def runtime_for(client: AsyncClient) -> Runtime:
     """The runtime of `client` in the running event loop, created on first use."""
     runtime = _runtimes.get(client)
     if runtime is None or runtime.loop is not asyncio.get_running_loop():

@@ -7,14 +7,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, final
 
-import redis.asyncio
-
-from ._backend import AsyncRedis, check_client
+from ._backend import AsyncClient, check_any_client
 from ._config import LockConfig, check_name
 from ._engine import Call, Primitive
 from ._info import HOST, PID, LockInfo
 from ._inspect import READER_QUEUE, read_locks
 from ._layout import RETAIN_DEFAULT
+from ._runtime import runtime_for
 from ._rwlock_scripts import RW_ACQUIRE, RW_RELEASE, WRITER_MARK_MS
 from ._scripts import acquire_args
 
@@ -184,7 +183,7 @@ class ReadWriteLock:
 
     def __init__(
         self,
-        client: AsyncRedis,
+        client: AsyncClient,
         name: str,
         *,
         ttl: float = 30.0,
@@ -198,7 +197,7 @@ class ReadWriteLock:
         replicas: int = 0,
         replica_timeout: float | None = None,
     ) -> None:
-        self._client: redis.asyncio.Redis = check_client(client)
+        self._client: AsyncClient = check_any_client(client)
         self._name = check_name(name)
         self._config = LockConfig.cached(
             ttl=ttl,
@@ -242,9 +241,10 @@ class ReadWriteLock:
         Raises:
             BackendError: Redis could not be reached or refused the command.
         """
-        (state,) = await read_locks(
-            self._client, [self._name], prefix=self._config.prefix, kind="rw:"
-        )
+        async with runtime_for(self._client).backend.node_client(self._keys.state) as client:
+            (state,) = await read_locks(
+                client, [self._name], prefix=self._config.prefix, kind="rw:"
+            )
         return ReadWriteInfo(
             name=self._name,
             readers=state.readers,

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import final
 
-from ._backend import AsyncRedis, check_client
+from ._backend import AsyncClient, check_any_client
 from ._config import LockConfig, check_limit, check_name
 from ._engine import Call, Primitive
 from ._info import HOST, PID, LockInfo
@@ -106,7 +106,7 @@ class Semaphore(Primitive):
 
     def __init__(
         self,
-        client: AsyncRedis,
+        client: AsyncClient,
         name: str,
         *,
         limit: int,
@@ -121,7 +121,7 @@ class Semaphore(Primitive):
         replicas: int = 0,
         replica_timeout: float | None = None,
     ) -> None:
-        checked_client, checked_name = check_client(client), check_name(name)
+        checked_client, checked_name = check_any_client(client), check_name(name)
         self._limit = check_limit(limit)
         config = LockConfig.cached(
             ttl=ttl,
@@ -212,9 +212,10 @@ class Semaphore(Primitive):
         Raises:
             BackendError: Redis could not be reached or refused the command.
         """
-        (state,) = await read_locks(
-            self._client, [self._name], prefix=self._config.prefix, kind="sem:"
-        )
+        async with runtime_for(self._client).backend.node_client(self._keys.lock) as client:
+            (state,) = await read_locks(
+                client, [self._name], prefix=self._config.prefix, kind="sem:"
+            )
         return SemaphoreInfo(
             name=self._name,
             limit=state.limit if state.limit is not None else self._limit,

@@ -348,16 +348,19 @@ class RenewalScheduler:
             wait = (needed, replica_wait_ms(patience, timeout))
         acked = 0
         try:
-            replies = await self._backend.run(
-                RENEW,
-                keys,
-                args,
-                timeout=timeout,
-                operation="renew",
-                name=None,
-                background=True,
-                wait=wait,
-            )
+            if self._backend.cluster:
+                replies = await self._renew_per_slot(live, args, timeout)
+            else:
+                replies = await self._backend.run(
+                    RENEW,
+                    keys,
+                    args,
+                    timeout=timeout,
+                    operation="renew",
+                    name=None,
+                    background=True,
+                    wait=wait,
+                )
             if wait is not None:
                 replies, acked = replies
         except BackendError as exc:
@@ -401,6 +404,26 @@ class RenewalScheduler:
                 acknowledged=acked,
             )
             self._failed(short, error, sent_at)
+
+    async def _renew_per_slot(
+        self, live: list[tuple[RenewalEntry, Renewable, int]], args: list[str | int], timeout: float
+    ) -> list[Any]:
+        """On a cluster, a script's keys must share one slot: one RENEW call per slot,
+        sent in one round trip per node; the replies in `live`'s order."""
+        by_slot: dict[int, list[int]] = {}
+        for index, (entry, _, _) in enumerate(live):
+            by_slot.setdefault(self._backend.slot(entry.key), []).append(index)
+        groups = list(by_slot.values())
+        calls = [
+            ([live[i][0].key for i in group], [a for i in group for a in args[3 * i : 3 * i + 3]])
+            for group in groups
+        ]
+        answers = await self._backend.run_each(RENEW, calls, timeout=timeout, operation="renew")
+        replies: list[Any] = [0] * len(live)
+        for group, answer in zip(groups, answers, strict=True):
+            for index, reply in zip(group, answer, strict=True):
+                replies[index] = reply
+        return replies
 
     def _failed(
         self, live: list[tuple[RenewalEntry, Renewable, int]], exc: BackendError, sent_at: float

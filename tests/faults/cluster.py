@@ -1,0 +1,198 @@
+"""A Redis Cluster of throwaway processes: three primaries, each with one replica.
+
+Every process is a `RedisServer` on a free loopback port, started with cluster mode on and
+owned by the test process (each dies with it, however it ends). The cluster is built with
+the cluster's own commands (`CLUSTER MEET`, `ADDSLOTS`, `REPLICATE`), as `redis-cli
+--cluster create` does, so that every server kind here can build one. A node is called
+failing after `node_timeout_ms` without an answer.
+
+Every wait here is bounded and says what it waited for when it runs out.
+"""
+
+from __future__ import annotations
+
+import random
+from types import TracebackType
+from typing import Any, Final, Self
+
+import redis.asyncio
+import redis.exceptions
+from redis.asyncio.cluster import RedisCluster
+
+from aiolock.testing._servers import _port_is_free
+
+from ..servers import RedisServer, ServerBinary
+from ..waits import eventually
+from .sentinel import _ask, _quietly
+
+SLOTS: Final = 16384
+
+READY_BOUND: Final = 30.0
+"""Longest wait for the cluster to agree on its slots and for the replicas to sync."""
+
+
+def _cluster_ports(count: int) -> list[int]:
+    """`count` ports free now whose cluster bus ports (10000 higher) are free too: a
+    cluster node's port must be below 55536."""
+    rng = random.Random()
+    ports: list[int] = []
+    while len(ports) < count:
+        port = rng.randrange(20000, 45000)
+        if port in ports or port + 10000 in ports or port - 10000 in ports:
+            continue
+        if _port_is_free(port) and _port_is_free(port + 10000):
+            ports.append(port)
+    return ports
+
+
+class ClusterGroup:
+    """Three primaries (slots split in three), three replicas (one per primary)."""
+
+    def __init__(self, binary: ServerBinary, *, node_timeout_ms: int = 1000) -> None:
+        args = (
+            "--cluster-enabled", "yes",
+            "--cluster-node-timeout", str(node_timeout_ms),
+            "--repl-diskless-sync-delay", "0",
+        )  # fmt: skip
+        self.servers = [RedisServer(binary, extra_args=args) for _ in range(6)]
+        for server, port in zip(self.servers, _cluster_ports(6), strict=True):
+            server.port = port
+        self.ids: dict[int, str] = {}
+
+    # ------------------------------------------------------------------ life cycle
+    def __enter__(self) -> Self:
+        try:
+            for server in self.servers:
+                server.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.resume()
+            server.stop()
+
+    async def create(self) -> None:
+        """Join the nodes, give each primary a third of the slots, make the other three
+        their replicas, and wait until every node says the cluster is up and every replica
+        is in sync."""
+        for server in self.servers:
+            self.ids[server.port] = str(await _ask(server.port, "CLUSTER", "MYID"))
+        first = self.servers[0]
+        for server in self.servers[1:]:
+            await _ask(server.port, "CLUSTER", "MEET", "127.0.0.1", first.port)
+        bounds = [0, SLOTS // 3, 2 * SLOTS // 3, SLOTS]
+        for index, primary in enumerate(self.servers[:3]):
+            await _ask(
+                primary.port, "CLUSTER", "ADDSLOTS", *range(bounds[index], bounds[index + 1])
+            )
+
+        async def everyone_known() -> bool:
+            for server in self.servers:
+                nodes = str(await _ask(server.port, "CLUSTER", "NODES"))
+                if len(nodes.strip().splitlines()) != 6:
+                    return False
+            return True
+
+        await eventually(
+            lambda: _quietly(everyone_known), what="every node knowing the other five",
+            timeout=READY_BOUND, interval=0.05,
+        )  # fmt: skip
+        for primary, replica in zip(self.servers[:3], self.servers[3:], strict=True):
+            await _ask(replica.port, "CLUSTER", "REPLICATE", self.ids[primary.port])
+        await self.ready()
+
+    async def ready(self, timeout: float = READY_BOUND) -> None:
+        async def up() -> bool:
+            for server in self.servers:
+                info = str(await _ask(server.port, "CLUSTER", "INFO"))
+                if "cluster_state:ok" not in info:
+                    return False
+            for server in self.servers:
+                replication = await _ask(server.port, "INFO", "replication")
+                if replication.get("role") == "slave" and (
+                    replication.get("master_link_status") != "up"
+                ):
+                    return False
+            return True
+
+        await eventually(
+            lambda: _quietly(up), what="the cluster up and every replica in sync",
+            timeout=timeout, interval=0.05,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ clients and facts
+    def client(self, **kwargs: Any) -> RedisCluster:
+        """A `RedisCluster` client that knows one node (it finds the others)."""
+        return RedisCluster(host="127.0.0.1", port=self.servers[0].port, **kwargs)
+
+    async def owner(self, slot: int) -> RedisServer:
+        """The primary serving `slot`, as the first node that answers says."""
+        for server in self.servers:
+            try:
+                shards = await _ask(server.port, "CLUSTER", "SLOTS")
+            except (redis.exceptions.RedisError, OSError):
+                continue
+            for start, end, primary, *_ in shards:
+                if int(start) <= slot <= int(end):
+                    return self.by_port(int(primary[1]))
+        raise AssertionError(f"no node answered who serves slot {slot}")
+
+    def by_port(self, port: int) -> RedisServer:
+        for server in self.servers:
+            if server.port == port:
+                return server
+        raise AssertionError(f"no node of this cluster listens on port {port}")
+
+    async def replica_of(self, primary: RedisServer) -> RedisServer:
+        for server in self.servers:
+            replication = await _ask(server.port, "INFO", "replication")
+            if (
+                replication.get("role") == "slave"
+                and int(replication.get("master_port", 0)) == primary.port
+            ):
+                return server
+        raise AssertionError(f"no replica of {primary!r}")
+
+    async def commands(self, server: RedisServer, name: str) -> int:
+        """How many times `server` has run the command `name` (INFO commandstats)."""
+        stats = await _ask(server.port, "INFO", "commandstats")
+        entry = stats.get(f"cmdstat_{name.lower()}")
+        return int(entry["calls"]) if entry else 0
+
+    async def move_slot(self, slot: int, target: RedisServer) -> None:
+        """Migrate `slot` (with its keys) to the primary `target`, as a resharding does:
+        IMPORTING on the target, MIGRATING on the source, MIGRATE of the keys, then the
+        new owner told to every primary."""
+        source = await self.owner(slot)
+        assert source is not target, "the slot is on the target already"
+        await _ask(target.port, "CLUSTER", "SETSLOT", slot, "IMPORTING", self.ids[source.port])
+        await _ask(source.port, "CLUSTER", "SETSLOT", slot, "MIGRATING", self.ids[target.port])
+        while True:
+            keys = await _ask(source.port, "CLUSTER", "GETKEYSINSLOT", slot, 100)
+            if not keys:
+                break
+            await _ask(source.port, "MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+        for server in (target, source, *[s for s in self.servers[:6] if s not in (target, source)]):
+            try:
+                await _ask(server.port, "CLUSTER", "SETSLOT", slot, "NODE", self.ids[target.port])
+            except redis.exceptions.ResponseError:
+                pass  # a replica refuses SETSLOT: it learns from its primary
+
+
+async def close_cluster(client: RedisCluster) -> None:
+    await client.aclose()
+
+
+def plain(port: int) -> redis.asyncio.Redis:
+    return redis.asyncio.Redis(port=port)
