@@ -625,7 +625,7 @@ class Backend:
         try:
             yield own
         finally:
-            await own.aclose()
+            await own.connection_pool.disconnect()
 
     async def exists(self, key: str, *, timeout: float, name: str) -> bool:
         reply = await self._call(

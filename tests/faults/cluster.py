@@ -11,6 +11,7 @@ Every wait here is bounded and says what it waited for when it runs out.
 
 from __future__ import annotations
 
+import contextlib
 import random
 from types import TracebackType
 from typing import Any, Final, Self
@@ -184,10 +185,9 @@ class ClusterGroup:
                 break
             await _ask(source.port, "MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
         for server in (target, source, *[s for s in self.servers[:6] if s not in (target, source)]):
-            try:
+            # A replica refuses SETSLOT: it learns the owner from its primary.
+            with contextlib.suppress(redis.exceptions.ResponseError):
                 await _ask(server.port, "CLUSTER", "SETSLOT", slot, "NODE", self.ids[target.port])
-            except redis.exceptions.ResponseError:
-                pass  # a replica refuses SETSLOT: it learns from its primary
 
 
 async def close_cluster(client: RedisCluster) -> None:

@@ -1,0 +1,278 @@
+"""Redis Cluster: locks, semaphores and read-write locks over `redis.asyncio.RedisCluster`,
+on a real cluster of six processes (three primaries, three replicas; see `cluster.py`),
+through a resharding of a held lock's slot and a failover of its primary.
+
+What each test shows is listed in docs/guarantees.md ("Redis Cluster").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from redis.asyncio.cluster import RedisCluster
+
+from aiolock import (
+    AcquireTimeoutError,
+    ConfigError,
+    EventKind,
+    Lock,
+    LockEvent,
+    ReadWriteLock,
+    Semaphore,
+    add_listener,
+    hold_stats,
+)
+from aiolock._backend import Backend
+from aiolock._layout import LockKeys
+from aiolock._runtime import runtime_for
+
+from ..servers import ServerBinary
+from ..waits import eventually, within
+from .cluster import SLOTS, ClusterGroup
+from .sentinel import _ask
+
+pytestmark = pytest.mark.real_only
+
+NOTIFIED_BOUND = 1.0
+"""Longest a waiter may take to get a released lock when the release's notification wakes
+it; without one it would sleep until its fallback timer (the holder's ttl, 10 s here)."""
+
+
+@pytest.fixture
+async def cluster(binaries: list[ServerBinary]) -> AsyncIterator[ClusterGroup]:
+    with ClusterGroup(binaries[0]) as group:
+        await group.create()
+        yield group
+
+
+@contextlib.asynccontextmanager
+async def clients(group: ClusterGroup, count: int) -> AsyncIterator[list[RedisCluster]]:
+    made = [group.client() for _ in range(count)]
+    try:
+        yield made
+    finally:
+        for client in made:
+            await client.aclose()
+
+
+def slot_of(name: str, kind: str = "") -> int:
+    return Backend.slot(LockKeys.build("aiolock", name, kind).lock)
+
+
+def names_in_thirds(base: str, per_third: int = 1, kind: str = "") -> list[str]:
+    """`per_third` names in each third of the slots (each primary serves one third), each
+    in a slot of its own."""
+    found: list[str] = []
+    for third in range(3):
+        low, high = third * SLOTS // 3, (third + 1) * SLOTS // 3
+        slots: set[int] = set()
+        for i in range(100_000):
+            name = f"{base}:{third}:{i}"
+            slot = slot_of(name, kind)
+            if low <= slot < high and slot not in slots:
+                slots.add(slot)
+                found.append(name)
+                if len(slots) == per_third:
+                    break
+    return found
+
+
+@contextlib.contextmanager
+def events(kind: EventKind) -> Iterator[list[LockEvent]]:
+    seen: list[LockEvent] = []
+
+    def listener(event: LockEvent) -> None:
+        if event.kind is kind:
+            seen.append(event)
+
+    remove = add_listener(listener)
+    try:
+        yield seen
+    finally:
+        remove()
+
+
+def count(seen: list[LockEvent], fencing_token: int) -> int:
+    return sum(1 for event in seen if event.fencing_token == fencing_token)
+
+
+async def queued(client: RedisCluster, queue_key: str) -> None:
+    async def in_queue() -> bool:
+        return int(await client.zcard(queue_key)) >= 1
+
+    await eventually(in_queue, what="the waiter queued in Redis", timeout=5.0)
+
+
+async def hand_over(holder: Any, waiting: asyncio.Future[Any]) -> Any:
+    """Release `holder` and return the lease `waiting` gets, checking it was woken by the
+    release's notification."""
+    loop = asyncio.get_running_loop()
+    released = loop.time()
+    await holder.release()
+    lease = await within(waiting, what="the waiter's lease", timeout=5.0)
+    assert loop.time() - released < NOTIFIED_BOUND, "woken by its fallback timer"
+    return lease
+
+
+# ------------------------------------------------------------------- steady state
+async def test_locks_semaphores_and_rwlocks_work_on_every_primary(
+    cluster: ClusterGroup, name: str
+) -> None:
+    """On names served by each of the three primaries: a lease is renewed past its ttl,
+    a waiter of another client is woken by the release's notification (the pub/sub
+    connection is to one primary; a publish reaches every node), and `info()` reads the
+    name's keys from its node."""
+    async with clients(cluster, 2) as (client, other):
+        with events(EventKind.RENEWED) as renewed:
+            for lock_name in names_in_thirds(name):
+                lease = await Lock(client, lock_name, ttl=10, renew_interval=0.1).acquire()
+                await eventually(
+                    lambda t=lease.fencing_token: count(renewed, t) >= 2,
+                    what="two renewals", timeout=5.0,
+                )  # fmt: skip
+                assert (await Lock(client, lock_name).info()) is not None
+                waiting = asyncio.ensure_future(Lock(other, lock_name, ttl=10).acquire(timeout=20))
+                await queued(client, LockKeys.build("aiolock", lock_name).queue)
+                got = await hand_over(lease, waiting)
+                await got.release()
+            for sem_name in names_in_thirds(name + ":sem", kind="sem:"):
+                semaphore = Semaphore(client, sem_name, limit=2, ttl=10)
+                first, second = await semaphore.acquire(), await semaphore.acquire()
+                info = await semaphore.info()
+                assert {h.fencing_token for h in info.holders} == {
+                    first.fencing_token, second.fencing_token
+                }  # fmt: skip
+                waiting = asyncio.ensure_future(
+                    Semaphore(other, sem_name, limit=2, ttl=10).acquire(timeout=20)
+                )
+                await queued(client, LockKeys.build("aiolock", sem_name, "sem:").queue)
+                got = await hand_over(first, waiting)
+                for permit in (second, got):
+                    await permit.release()
+            for rw_name in names_in_thirds(name + ":rw", kind="rw:"):
+                rw = ReadWriteLock(client, rw_name, ttl=10)
+                async with rw.read(), ReadWriteLock(other, rw_name, ttl=10).read():
+                    assert len((await rw.info()).readers) == 2
+                    with pytest.raises(AcquireTimeoutError):
+                        await rw.write().acquire(timeout=0)
+                async with rw.write():
+                    assert (await rw.info()).writer is not None
+
+
+async def test_renewals_go_one_call_per_slot_one_round_trip_per_node(
+    cluster: ClusterGroup, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A renewal batch over leases in six slots (two on each primary) is one RENEW call per
+    slot, sent as one pipeline per node: each primary runs exactly two script calls per
+    batch, however the leases were batched."""
+    async with clients(cluster, 1) as (client,):
+        scheduler = runtime_for(client).scheduler
+        calls: list[int] = []
+        run_each = Backend.run_each
+
+        async def recording(self: Backend, script: Any, batch: Any, **kwargs: Any) -> list[Any]:
+            calls.append(len(batch))
+            return await run_each(self, script, batch, **kwargs)
+
+        monkeypatch.setattr(Backend, "run_each", recording)
+        names = names_in_thirds(name, per_third=2)
+        leases = [await Lock(client, n, ttl=0.9).acquire() for n in names]
+        primaries = [await cluster.owner(slot_of(n)) for n in names[::2]]
+        before = [await cluster.commands(p, "evalsha") for p in primaries]
+        sent = scheduler.batches_sent
+        await eventually(
+            lambda: scheduler.batches_sent - sent >= 4, what="four renewal batches", timeout=10.0
+        )
+        for lease in leases:
+            await lease.release()
+        await within(scheduler.wait_idle(), what="the renewals to stop", timeout=10.0)
+        batches = scheduler.batches_sent - sent
+        after = [await cluster.commands(p, "evalsha") for p in primaries]
+        assert all(not lease.lost for lease in leases)
+        # Each batch holds the leases due together; each of its slots is one call.
+        assert sum(calls) >= 6 and all(1 <= c <= 6 for c in calls), calls
+        assert len(calls) == batches, (calls, batches)
+        per_primary = [b - a for a, b in zip(before, after, strict=True)]
+        # Every slot's calls ran on its primary; two releases each.
+        assert sum(per_primary) == sum(calls) + len(leases), (per_primary, calls)
+
+
+# ------------------------------------------------------------------- resharding, failover
+async def test_a_resharding_of_a_held_locks_slot_is_followed_not_reported_as_a_loss(
+    cluster: ClusterGroup, name: str
+) -> None:
+    """The slot of a held lock moves to another primary (IMPORTING/MIGRATING, MIGRATE of
+    its keys, SETSLOT NODE): renewals follow the MOVED replies and land on the new
+    primary, the lease is kept, the lock stays busy for others, and a waiter is still
+    woken by the release."""
+    async with clients(cluster, 2) as (client, other):
+        with events(EventKind.RENEWED) as renewed, events(EventKind.LOST) as lost:
+            lease = await Lock(client, name, ttl=10, renew_interval=0.1).acquire()
+            slot = slot_of(name)
+            source = await cluster.owner(slot)
+            target = next(s for s in cluster.servers[:3] if s is not source)
+            await eventually(
+                lambda: count(renewed, lease.fencing_token) >= 1, what="a renewal", timeout=5.0
+            )
+            await cluster.move_slot(slot, target)
+            assert await cluster.owner(slot) is target
+            moved = count(renewed, lease.fencing_token)
+            await eventually(
+                lambda: count(renewed, lease.fencing_token) >= moved + 3,
+                what="three renewals after the move", timeout=5.0,
+            )  # fmt: skip
+            assert not lease.lost and not lost
+            key = LockKeys.build("aiolock", name).lock
+            assert int(await _ask(target.port, "EXISTS", key)) == 1
+            with pytest.raises(AcquireTimeoutError):
+                await Lock(other, name, ttl=10).acquire(timeout=0)
+            waiting = asyncio.ensure_future(Lock(other, name, ttl=10).acquire(timeout=20))
+            await queued(client, LockKeys.build("aiolock", name).queue)
+            got = await hand_over(lease, waiting)
+            await got.release()
+
+
+async def test_a_failover_of_the_primary_keeps_the_lease(cluster: ClusterGroup, name: str) -> None:
+    """`CLUSTER FAILOVER` on the replica of the primary serving a held lock (a coordinated
+    failover: the replica has caught up first). The renewals move to the new primary after
+    its MOVED replies; the lease is kept (at most a few renewals fail while the roles
+    switch, each retried), and the lock stays busy for others."""
+    async with clients(cluster, 2) as (client, other):
+        with events(EventKind.RENEWED) as renewed, events(EventKind.RENEWAL_FAILED) as failed:
+            lease = await Lock(client, name, ttl=5, renew_interval=0.1).acquire()
+            slot = slot_of(name)
+            primary = await cluster.owner(slot)
+            replica = await cluster.replica_of(primary)
+            await _ask(replica.port, "CLUSTER", "FAILOVER")
+
+            async def switched() -> bool:
+                return await cluster.owner(slot) is replica
+
+            await eventually(switched, what="the replica serving the slot", timeout=15.0)
+            after = count(renewed, lease.fencing_token)
+            await eventually(
+                lambda: count(renewed, lease.fencing_token) >= after + 3,
+                what="three renewals after the failover", timeout=10.0,
+            )  # fmt: skip
+            assert not lease.lost
+            assert count(failed, lease.fencing_token) <= 10, count(failed, lease.fencing_token)
+            with pytest.raises(AcquireTimeoutError):
+                await Lock(other, name, ttl=5).acquire(timeout=0)
+            await lease.release()
+            assert not await Lock(other, name).locked()
+
+
+# ------------------------------------------------------------------- what is refused
+async def test_what_a_cluster_client_cannot_do_is_refused_at_the_call(
+    cluster: ClusterGroup, name: str
+) -> None:
+    async with clients(cluster, 1) as (client,):
+        with pytest.raises(ConfigError) as info:
+            Lock(client, name, replicas=1)
+        assert info.value.argument == "replicas"
+        with pytest.raises(TypeError, match="RedisCluster"):
+            await hold_stats(client, name)
