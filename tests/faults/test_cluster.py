@@ -130,10 +130,10 @@ async def test_locks_semaphores_and_rwlocks_work_on_every_primary(
         with events(EventKind.RENEWED) as renewed:
             for lock_name in names_in_thirds(name):
                 lease = await Lock(client, lock_name, ttl=10, renew_interval=0.1).acquire()
+                token = lease.fencing_token
                 await eventually(
-                    lambda t=lease.fencing_token: count(renewed, t) >= 2,
-                    what="two renewals", timeout=5.0,
-                )  # fmt: skip
+                    lambda: count(renewed, token) >= 2, what="two renewals", timeout=5.0
+                )
                 assert (await Lock(client, lock_name).info()) is not None
                 waiting = asyncio.ensure_future(Lock(other, lock_name, ttl=10).acquire(timeout=20))
                 await queued(client, LockKeys.build("aiolock", lock_name).queue)
@@ -275,4 +275,4 @@ async def test_what_a_cluster_client_cannot_do_is_refused_at_the_call(
             Lock(client, name, replicas=1)
         assert info.value.argument == "replicas"
         with pytest.raises(TypeError, match="RedisCluster"):
-            await hold_stats(client, name)
+            await hold_stats(client, name)  # type: ignore[arg-type]
