@@ -100,6 +100,14 @@ def count(seen: list[LockEvent], fencing_token: int) -> int:
     return sum(1 for event in seen if event.fencing_token == fencing_token)
 
 
+async def renewals(seen: list[LockEvent], fencing_token: int, at_least: int) -> None:
+    await eventually(
+        lambda: count(seen, fencing_token) >= at_least,
+        what=f"{at_least} renewals of the lease",
+        timeout=5.0,
+    )
+
+
 async def queued(client: RedisCluster, queue_key: str) -> None:
     async def in_queue() -> bool:
         return int(await client.zcard(queue_key)) >= 1
@@ -130,10 +138,7 @@ async def test_locks_semaphores_and_rwlocks_work_on_every_primary(
         with events(EventKind.RENEWED) as renewed:
             for lock_name in names_in_thirds(name):
                 lease = await Lock(client, lock_name, ttl=10, renew_interval=0.1).acquire()
-                token = lease.fencing_token
-                await eventually(
-                    lambda: count(renewed, token) >= 2, what="two renewals", timeout=5.0
-                )
+                await renewals(renewed, lease.fencing_token, 2)
                 assert (await Lock(client, lock_name).info()) is not None
                 waiting = asyncio.ensure_future(Lock(other, lock_name, ttl=10).acquire(timeout=20))
                 await queued(client, LockKeys.build("aiolock", lock_name).queue)
