@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import random
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Final, Self
 
 import redis.asyncio
 import redis.exceptions
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from aiolock.testing._servers import _port_is_free
 
@@ -134,8 +135,10 @@ class ClusterGroup:
 
     # ------------------------------------------------------------------ clients and facts
     def client(self, **kwargs: Any) -> RedisCluster:
-        """A `RedisCluster` client that knows one node (it finds the others)."""
-        return RedisCluster(host="127.0.0.1", port=self.servers[0].port, **kwargs)
+        """A `RedisCluster` client that knows every node to start from (one that was
+        killed is skipped)."""
+        nodes = [ClusterNode("127.0.0.1", server.port) for server in self.servers]
+        return RedisCluster(startup_nodes=nodes, **kwargs)
 
     async def owner(self, slot: int) -> RedisServer:
         """The primary serving `slot`, as the first node that answers says."""
@@ -171,10 +174,17 @@ class ClusterGroup:
         entry = stats.get(f"cmdstat_{name.lower()}")
         return int(entry["calls"]) if entry else 0
 
-    async def move_slot(self, slot: int, target: RedisServer) -> None:
+    async def move_slot(
+        self,
+        slot: int,
+        target: RedisServer,
+        *,
+        midway: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         """Migrate `slot` (with its keys) to the primary `target`, as a resharding does:
         IMPORTING on the target, MIGRATING on the source, MIGRATE of the keys, then the
-        new owner told to every primary."""
+        new owner told to every primary. `midway` is awaited once the keys have moved and
+        before the owner changes: the source then answers ASK for them."""
         source = await self.owner(slot)
         assert source is not target, "the slot is on the target already"
         await _ask(target.port, "CLUSTER", "SETSLOT", slot, "IMPORTING", self.ids[source.port])
@@ -184,15 +194,20 @@ class ClusterGroup:
             if not keys:
                 break
             await _ask(source.port, "MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+        if midway is not None:
+            await midway()
         for server in (target, source, *[s for s in self.servers[:6] if s not in (target, source)]):
             # A replica refuses SETSLOT: it learns the owner from its primary.
             with contextlib.suppress(redis.exceptions.ResponseError):
                 await _ask(server.port, "CLUSTER", "SETSLOT", slot, "NODE", self.ids[target.port])
 
 
-async def close_cluster(client: RedisCluster) -> None:
-    await client.aclose()
-
-
-def plain(port: int) -> redis.asyncio.Redis:
-    return redis.asyncio.Redis(port=port)
+async def on_replica(replica: RedisServer, key: str) -> bool:
+    """Whether the cluster replica `replica` has `key` (READONLY, then EXISTS, on one
+    connection: without READONLY a replica answers MOVED)."""
+    client = redis.asyncio.Redis(port=replica.port, single_connection_client=True)
+    try:
+        await client.execute_command("READONLY")  # type: ignore[no-untyped-call]
+        return bool(await client.exists(key))
+    finally:
+        await client.aclose()
