@@ -19,13 +19,13 @@ from typing import Final, final
 
 import redis.asyncio
 
-from ._backend import check_client
+from ._backend import AsyncClient, check_any_client
 from ._config import check_name
 from .errors import AcquireTimeoutError, ConfigError
 
 __all__ = ("ClientSource", "NameTemplate", "client_source", "retry_after_header")
 
-ClientSource = redis.asyncio.Redis | Callable[[], redis.asyncio.Redis]
+ClientSource = AsyncClient | Callable[[], AsyncClient]
 """A client, or a function of no arguments returning one (called at each use)."""
 
 _BASE_NAME: Final = re.compile(r"[^.\[]+")
@@ -114,23 +114,24 @@ class NameTemplate:
             ) from None
 
 
-def client_source(client: object, *, argument: str = "client") -> Callable[[], redis.asyncio.Redis]:
-    """A function returning the client, checked: `TypeError` for anything else.
+def client_source(client: object, *, argument: str = "client") -> Callable[[], AsyncClient]:
+    """A function returning the client (a `redis.asyncio.Redis` or `RedisCluster`),
+    checked: `TypeError` for anything else.
 
     A client is checked now; a factory's result is checked each time it is called.
     """
-    if isinstance(client, redis.asyncio.Redis):
+    if isinstance(client, redis.asyncio.Redis | redis.asyncio.RedisCluster):
         return lambda: client
-    if isinstance(client, redis.Redis | redis.asyncio.RedisCluster) or not callable(client):
-        check_client(client)  # raises TypeError with the specific advice
-        raise TypeError(f"{argument} must be a redis.asyncio.Redis or a function returning one")
-    factory: Callable[[], object] = client
+    if isinstance(client, redis.Redis | redis.RedisCluster) or not callable(client):
+        check_any_client(client)  # raises TypeError with the specific advice
+    factory: Callable[[], object] = client  # type: ignore[assignment]
 
-    def resolve() -> redis.asyncio.Redis:
+    def resolve() -> AsyncClient:
         made = factory()
-        if not isinstance(made, redis.asyncio.Redis):
+        if not isinstance(made, redis.asyncio.Redis | redis.asyncio.RedisCluster):
             raise TypeError(
-                f"{argument}() must return a redis.asyncio.Redis, got {type(made).__name__}"
+                f"{argument}() must return a redis.asyncio.Redis or RedisCluster, got "
+                f"{type(made).__name__}"
             )
         return made
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Final, Literal, TypeAlias, TypeVar, overload
+from typing import Any, Final, Literal, TypeAlias, TypeVar, overload
 
 import redis.asyncio
 
@@ -47,6 +47,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         'aiolock.aiohttp needs the "aiohttp" extra: pip install "aiolock[aiohttp]"'
     ) from exc
 
+from ._backend import AsyncClient
 from ._config import LockConfig
 from ._glue import NameTemplate, client_source, retry_after_header
 from ._lease import Lease
@@ -61,7 +62,10 @@ ResponseT = TypeVar("ResponseT", bound=web.StreamResponse)
 Handler: TypeAlias = Callable[[web.Request], Awaitable[ResponseT]]
 HandlerWithLease: TypeAlias = Callable[[web.Request, Lease], Awaitable[ResponseT]]
 ClientOption: TypeAlias = (
-    redis.asyncio.Redis | Callable[[], redis.asyncio.Redis] | web.AppKey[redis.asyncio.Redis]
+    AsyncClient
+    | Callable[[], AsyncClient]
+    | web.AppKey[redis.asyncio.Redis]
+    | web.AppKey[redis.asyncio.RedisCluster]
 )
 
 
@@ -160,9 +164,9 @@ def locked_handler(
         replica_timeout=replica_timeout,
     )
     if isinstance(client, web.AppKey):
-        app_key: web.AppKey[redis.asyncio.Redis] = client
+        app_key: web.AppKey[Any] = client
 
-        def resolve(request: web.Request) -> redis.asyncio.Redis:
+        def resolve(request: web.Request) -> AsyncClient:
             try:
                 made = request.config_dict[app_key]
             except KeyError:
@@ -175,7 +179,7 @@ def locked_handler(
     else:
         source = client_source(client)
 
-        def resolve(request: web.Request) -> redis.asyncio.Redis:
+        def resolve(request: web.Request) -> AsyncClient:
             return source()
 
     busy_error = web.HTTPConflict if busy_status == 409 else web.HTTPTooManyRequests

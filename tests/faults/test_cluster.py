@@ -21,12 +21,14 @@ from aiolock import (
     BackendError,
     ConfigError,
     EventKind,
+    Lease,
     Lock,
     LockEvent,
     ReadWriteLock,
     Semaphore,
     add_listener,
     hold_stats,
+    locked,
 )
 from aiolock._backend import Backend
 from aiolock._layout import LockKeys
@@ -323,10 +325,22 @@ async def test_a_killed_primary_is_replaced_and_the_replicated_lease_is_kept(
 
 
 # ------------------------------------------------------------------- what is refused
-async def test_what_a_cluster_client_cannot_do_is_refused_at_the_call(
+async def test_locked_takes_a_cluster_client_and_what_cannot_work_is_refused(
     cluster: ClusterGroup, name: str
 ) -> None:
+    """`@locked` (like the web integrations) takes a cluster client. `replicas=` is refused
+    with it (WAIT must follow the script on one connection) and so is reading many names'
+    statistics at once (their keys are spread over the nodes), at the call."""
     async with clients(cluster, 1) as (client,):
+
+        @locked(name + ":{order}", client=client, ttl=5)
+        async def job(order: int, *, lease: Lease | None = None) -> int:
+            assert lease is not None
+            return lease.fencing_token
+
+        assert await job(1) > 0
+        assert await job(2) > 0
+
         with pytest.raises(ConfigError) as info:
             Lock(client, name, replicas=1)
         assert info.value.argument == "replicas"
