@@ -291,10 +291,11 @@ def check_cluster(facts: ServerFacts) -> Finding | None:
     if str(facts.info.get("cluster_enabled", "0")) in {"1", "yes"} or mode == "cluster":
         return Finding(
             check="cluster",
-            severity="problem",
-            message="Redis Cluster: not yet supported (aiolock runs on a single node; each "
-            "lock's keys share a hash tag, but clients and failover are not handled)",
-            fix="use a standalone server for locks",
+            severity="warning",
+            message="a Redis Cluster node: locks work through a redis.asyncio.RedisCluster "
+            "client, but a client of this node alone gets MOVED for names served elsewhere, "
+            "and these checks (and ls, show, stats) see this node only",
+            fix="give aiolock a redis.asyncio.RedisCluster(...) client",
         )
     return None
 

@@ -35,9 +35,10 @@ class Lock(Primitive):
     and `LeaseLostError` is raised. If the process dies, the key expires within `ttl`.
 
     Args:
-        client: a `redis.asyncio.Redis` (fakeredis's async client works too). aiolock opens
-            its own connections with the same settings for renewals and notifications, so
-            an exhausted pool cannot starve them.
+        client: a `redis.asyncio.Redis` (fakeredis's async client works too), or a
+            `redis.asyncio.RedisCluster`. aiolock opens its own connections with the same
+            settings for renewals and notifications, so an exhausted pool cannot starve
+            them (on a cluster, renewals go through the cluster client).
         name: the lock's name; any non-empty text up to 1000 characters not starting
             with "}".
         ttl: seconds the key lives without renewal (0.01 to 1 year). Bounds how long a

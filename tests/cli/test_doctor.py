@@ -79,8 +79,8 @@ def test_replication_cluster_and_sentinel() -> None:
     alone = check_replication(facts())
     assert alone is not None and alone.severity == "ok"
     cluster = check_cluster(facts({"cluster_enabled": 1, "redis_mode": "cluster"}))
-    assert cluster is not None and cluster.severity == "problem"
-    assert "not yet supported" in cluster.message
+    assert cluster is not None and cluster.severity == "warning"
+    assert "RedisCluster" in cluster.message and cluster.fix is not None
     sentinel = check_cluster(facts({"redis_mode": "sentinel"}))
     assert sentinel is not None and sentinel.severity == "problem"
     assert check_cluster(facts({"redis_mode": "standalone"})) is None

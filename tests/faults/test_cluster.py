@@ -29,6 +29,7 @@ from aiolock import (
     add_listener,
     hold_stats,
     locked,
+    run_once,
 )
 from aiolock._backend import Backend
 from aiolock._layout import LockKeys
@@ -340,6 +341,15 @@ async def test_locked_takes_a_cluster_client_and_what_cannot_work_is_refused(
 
         assert await job(1) > 0
         assert await job(2) > 0
+        ran: list[int] = []
+
+        async def nightly() -> int:
+            ran.append(1)
+            return len(ran)
+
+        first = await run_once(client, name + ":nightly", nightly, retention=60)
+        second = await run_once(client, name + ":nightly", nightly, retention=60)
+        assert (first.ran, second.ran, len(ran)) == (True, False, 1)
 
         with pytest.raises(ConfigError) as info:
             Lock(client, name, replicas=1)
