@@ -573,38 +573,42 @@ class Backend:
         operation: str,
     ) -> list[Any]:
         """Several calls of one script on a cluster, each with its own keys (of one slot),
-        in one round trip per node (redis-py's cluster pipeline, which follows MOVED and
-        ASK per call), bounded by `timeout` as a whole; their replies, in order. A call
-        whose node does not know the script is sent again as EVAL."""
+        in one round trip per node (redis-py's cluster pipeline), bounded by `timeout` as a
+        whole; their replies, in order.
+
+        A call the pipeline could not complete (a node that does not know the script, a
+        MOVED or ASK that the pipeline of older redis-py versions does not follow, a broken
+        connection to a node that failed) is sent again on its own, concurrently with the
+        others, through the cluster client, which follows redirections and finds a failed
+        node's successor. Every script is safe to apply twice.
+        """
         client = self.client
         assert isinstance(client, RedisCluster)
+        commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
 
-        async def pipelined(commands: list[_Command]) -> list[Any]:
+        async def pipelined() -> list[Any]:
             pipe = client.pipeline()
             for command in commands:
                 pipe.execute_command(*command)
-            replies: list[Any] = await pipe.execute(raise_on_error=False)
+            try:
+                replies: list[Any] = await pipe.execute(raise_on_error=False)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                return [exc] * len(commands)
             return replies
 
+        async def alone(index: int, failed: BaseException) -> Any:
+            command = commands[index]
+            if isinstance(failed, redis.exceptions.NoScriptError):
+                command = ("EVAL", script.source, *command[2:])
+            return await self._send_once(client, command, script, None, None)
+
         async def send() -> list[Any]:
-            replies = await pipelined(
-                [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
-            )
-            missing = [
-                i for i, r in enumerate(replies) if isinstance(r, redis.exceptions.NoScriptError)
-            ]
-            if missing:
-                again = await pipelined(
-                    [
-                        ("EVAL", script.source, len(calls[i][0]), *calls[i][0], *calls[i][1])
-                        for i in missing
-                    ]
-                )
-                for i, reply in zip(missing, again, strict=True):
-                    replies[i] = reply
-            for reply in replies:
-                if isinstance(reply, BaseException):
-                    raise reply
+            replies = await pipelined()
+            again = [i for i, reply in enumerate(replies) if isinstance(reply, BaseException)]
+            if again:
+                answers = await asyncio.gather(*(alone(i, replies[i]) for i in again))
+                for i, answer in zip(again, answers, strict=True):
+                    replies[i] = answer
             return replies
 
         result: list[Any] = await self._call(
