@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -26,7 +26,6 @@ from aiolock import (
     LockEvent,
     ReadWriteLock,
     Semaphore,
-    add_listener,
     hold_stats,
     locked,
     run_once,
@@ -36,6 +35,8 @@ from aiolock._layout import LockKeys
 from aiolock._runtime import runtime_for
 from aiolock._scripts import RENEW
 
+from ..recorded import of_lease as count
+from ..recorded import recorded
 from ..servers import ServerBinary
 from ..waits import eventually, within
 from .cluster import SLOTS, ClusterGroup, on_replica
@@ -87,25 +88,6 @@ def names_in_thirds(base: str, per_third: int = 1, kind: str = "") -> list[str]:
     return found
 
 
-@contextlib.contextmanager
-def events(kind: EventKind) -> Iterator[list[LockEvent]]:
-    seen: list[LockEvent] = []
-
-    def listener(event: LockEvent) -> None:
-        if event.kind is kind:
-            seen.append(event)
-
-    remove = add_listener(listener)
-    try:
-        yield seen
-    finally:
-        remove()
-
-
-def count(seen: list[LockEvent], fencing_token: int) -> int:
-    return sum(1 for event in seen if event.fencing_token == fencing_token)
-
-
 async def renewals(seen: list[LockEvent], fencing_token: int, at_least: int) -> None:
     await eventually(
         lambda: count(seen, fencing_token) >= at_least,
@@ -141,7 +123,7 @@ async def test_locks_semaphores_and_rwlocks_work_on_every_primary(
     connection is to one primary; a publish reaches every node), and `info()` reads the
     name's keys from its node."""
     async with clients(cluster, 2) as (client, other):
-        with events(EventKind.RENEWED) as renewed:
+        with recorded(EventKind.RENEWED) as renewed:
             for lock_name in names_in_thirds(name):
                 lease = await Lock(client, lock_name, ttl=10, renew_interval=0.1).acquire()
                 await renewals(renewed, lease.fencing_token, 2)
@@ -223,7 +205,7 @@ async def test_a_resharding_of_a_held_locks_slot_is_followed_not_reported_as_a_l
     the MOVED replies after, and land on the new primary, the lease is kept, the lock stays busy for others, and a waiter is still
     woken by the release."""
     async with clients(cluster, 2) as (client, other):
-        with events(EventKind.RENEWED) as renewed, events(EventKind.LOST) as lost:
+        with recorded(EventKind.RENEWED) as renewed, recorded(EventKind.LOST) as lost:
             lease = await Lock(client, name, ttl=10, renew_interval=0.1).acquire()
             slot = slot_of(name)
             source = await cluster.owner(slot)
@@ -269,7 +251,7 @@ async def test_a_failover_of_the_primary_keeps_the_lease(cluster: ClusterGroup, 
     its MOVED replies; the lease is kept (at most a few renewals fail while the roles
     switch, each retried), and the lock stays busy for others."""
     async with clients(cluster, 2) as (client, other):
-        with events(EventKind.RENEWED) as renewed, events(EventKind.RENEWAL_FAILED) as failed:
+        with recorded(EventKind.RENEWED) as renewed, recorded(EventKind.RENEWAL_FAILED) as failed:
             lease = await Lock(client, name, ttl=5, renew_interval=0.1).acquire()
             slot = slot_of(name)
             primary = await cluster.owner(slot)
@@ -303,9 +285,9 @@ async def test_a_killed_primary_is_replaced_and_the_replicated_lease_is_kept(
     and the lock stays busy for others."""
     async with clients(cluster, 2) as (client, other):
         with (
-            events(EventKind.RENEWED) as renewed,
-            events(EventKind.RENEWAL_FAILED) as failed,
-            events(EventKind.LOST) as lost,
+            recorded(EventKind.RENEWED) as renewed,
+            recorded(EventKind.RENEWAL_FAILED) as failed,
+            recorded(EventKind.LOST) as lost,
         ):
             lease = await Lock(client, name, ttl=8, renew_interval=0.2).acquire()
             slot = slot_of(name)

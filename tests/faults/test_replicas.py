@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -24,17 +24,16 @@ from aiolock import (
     EventKind,
     LeaseLostError,
     Lock,
-    LockEvent,
     LossReason,
     ReadWriteLock,
     ReplicationError,
     Semaphore,
-    add_listener,
     locked,
 )
 from aiolock._layout import LockKeys
 from aiolock._runtime import runtime_for
 
+from ..recorded import recorded
 from ..servers import RedisServer, ServerBinary
 from ..waits import eventually, within
 from .proxy import FaultProxy
@@ -98,21 +97,6 @@ async def pair(binaries: list[ServerBinary]) -> AsyncIterator[Pair]:
         pair.stop()
 
 
-@contextlib.contextmanager
-def events(kind: EventKind) -> Iterator[list[LockEvent]]:
-    seen: list[LockEvent] = []
-
-    def listener(event: LockEvent) -> None:
-        if event.kind is kind:
-            seen.append(event)
-
-    remove = add_listener(listener)
-    try:
-        yield seen
-    finally:
-        remove()
-
-
 def client_of(port: int) -> redis.asyncio.Redis:
     return redis.asyncio.Redis(port=port)
 
@@ -173,7 +157,7 @@ async def test_an_acquire_returns_once_the_replica_has_it_in_one_round_trip(
         await client.ping()
         loop = asyncio.get_running_loop()
         since = loop.time()
-        with events(EventKind.RENEWED) as renewed:
+        with recorded(EventKind.RENEWED) as renewed:
             lease = await Lock(client, name, ttl=0.6, replicas=1).acquire()
             assert await pair.on_replica(name) == lease.fencing_token
             chunks = [at for at, data in proxy.arrivals if at >= since and b"WAIT" in data]
@@ -203,7 +187,7 @@ async def test_a_paused_replica_refuses_acquires_and_lets_replicated_leases_laps
     try:
         replicated = await Lock(client, name, ttl=1.0, replicas=1).acquire()
         plain = await Lock(client, name + ":plain", ttl=1.0).acquire()
-        failures = stack.enter_context(events(EventKind.RENEWAL_FAILED))
+        failures = stack.enter_context(recorded(EventKind.RENEWAL_FAILED))
         pair.replica.pause()
         with pytest.raises(ReplicationError):
             await Lock(client, name + ":new", ttl=5, replicas=1).acquire(timeout=0)
