@@ -5,7 +5,14 @@ recorded and the history verified (the three checks below).
 python -m tests.checker --processes 4 --tasks 8 --names 3 --minutes 1 [--url redis://...]
 python -m tests.checker --seconds 10 --faults      # its own server, paused and restarted
 python -m tests.checker --old-python OLD/venv/bin/python --old-tree OLD --old-processes 2
+python -m tests.checker --seconds 60 --cluster --faults   # a 3+3 Redis Cluster of its own
 ```
+
+With `--cluster` the workers use a `RedisCluster` client on a cluster the checker builds
+(three primaries, three replicas: `tests/faults/cluster.py`), and the faults are a pause
+of the primary serving one of the names (shorter than the node timeout), a coordinated
+failover of one (`CLUSTER FAILOVER` on its replica) and a resharding of a name's slot to
+another primary, in turn.
 
 Without `--url` the checker starts a throwaway server of its own (`aiolock.testing`), and
 only then may it inject faults (`--faults`): SIGSTOP the server briefly, restart it empty.
@@ -62,8 +69,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import redis.asyncio
+from redis.asyncio.cluster import RedisCluster
 
 from aiolock import AcquireTimeoutError, BackendError, LeaseLostError
+from tests.faults.cluster import ClusterGroup
 
 __all__ = (
     "CheckerConfig",
@@ -295,24 +304,30 @@ class Fault:
     """`at` seconds after the start: "pause" the server for `length` s, or "restart" it empty."""
 
     at: float
-    kind: Literal["pause", "restart"]
+    kind: Literal["pause", "restart", "failover", "reshard"]
     length: float = 0.0
 
     def __str__(self) -> str:
         if self.kind == "pause":
             return f"pause {self.length:g}s at {self.at:g}s"
-        return f"restart empty at {self.at:g}s"
+        if self.kind == "restart":
+            return f"restart empty at {self.at:g}s"
+        return f"{self.kind} at {self.at:g}s"
 
 
-def periodic_faults(duration: float, ttl: float, *, every: float = 5.0) -> list[Fault]:
-    """A pause of 30 % of the ttl and an empty restart, alternately, every `every` seconds."""
+def periodic_faults(
+    duration: float, ttl: float, *, every: float = 5.0, cluster: bool = False
+) -> list[Fault]:
+    """A pause of 30 % of the ttl and an empty restart, alternately, every `every` seconds;
+    on a cluster a pause, a failover and a resharding in turn."""
+    kinds: list[Literal["pause", "restart", "failover", "reshard"]] = (
+        ["pause", "failover", "reshard"] if cluster else ["pause", "restart"]
+    )
     faults: list[Fault] = []
     at = min(2.0, duration / 4)
     while at < duration - 2.0:
-        if len(faults) % 2 == 0:
-            faults.append(Fault(at, "pause", round(ttl * 0.3, 3)))
-        else:
-            faults.append(Fault(at, "restart"))
+        kind = kinds[len(faults) % len(kinds)]
+        faults.append(Fault(at, kind, round(ttl * 0.3, 3) if kind == "pause" else 0.0))
         at += every
     return faults
 
@@ -350,6 +365,9 @@ class CheckerConfig:
     serve_layout1_waiters: bool = True
     """With old workers: run the new ones with AIOLOCK_SERVE_LAYOUT1_WAITERS=1 (False: with
     the variable removed from their environment, as after a deployment that forgot it)."""
+    cluster: bool = False
+    """On a Redis Cluster the checker builds (three primaries, three replicas), through a
+    `RedisCluster` client in every worker."""
 
     def __post_init__(self) -> None:
         if self.limit and self.lock == DEFAULT_LOCK:
@@ -474,7 +492,7 @@ def load_factory(spec: str) -> LockFactory:
 
 
 async def _contend(
-    client: redis.asyncio.Redis,
+    client: Any,
     factory: LockFactory,
     names: Sequence[str],
     *,
@@ -540,7 +558,9 @@ async def _worker(args: argparse.Namespace) -> None:
     go = sys.stdin.readline()  # before any task runs: nothing else waits meanwhile
     end_at = float(go.split()[1])
     counters: Counter[str] = Counter()
-    client = redis.asyncio.Redis.from_url(args.url)
+    client: Any = (
+        RedisCluster.from_url(args.url) if args.cluster else redis.asyncio.Redis.from_url(args.url)
+    )
     try:
         with _open_log(args.out, "a") as out:
             async with asyncio.TaskGroup() as group:
@@ -586,10 +606,23 @@ async def _held_keys(client: redis.asyncio.Redis, pattern: str) -> list[str]:
     return held
 
 
-async def _nemesis(server: Any, faults: Sequence[Fault], started: float, log: list[str]) -> None:
+async def _nemesis(
+    server: Any,
+    faults: Sequence[Fault],
+    started: float,
+    log: list[str],
+    *,
+    names: Sequence[str] = (),
+    rng: random.Random | None = None,
+) -> None:
     loop = asyncio.get_running_loop()
     for fault in sorted(faults, key=lambda f: f.at):
         await asyncio.sleep(max(0.0, started + fault.at - loop.time()))
+        if isinstance(server, ClusterGroup):
+            assert rng is not None
+            done = await server.inject(fault.kind, rng.choice(list(names)), fault.length)
+            log.append(f"{fault} ({done})")
+            continue
         if fault.kind == "pause":
             server.pause()
             try:
@@ -646,6 +679,7 @@ async def _spawn(
         config.lock,
         *(("--limit", str(config.limit)) if config.limit else ()),
         *(("--rw",) if config.rw else ()),
+        *(("--cluster",) if config.cluster else ()),
         "--out",
         str(out),
         cwd=cwd,
@@ -667,14 +701,29 @@ async def _line(process: asyncio.subprocess.Process, timeout: float) -> dict[str
 async def run(config: CheckerConfig, *, server: Any = None) -> Report:
     """Run the workload and verify it. `server` (an `aiolock.testing.RedisServer`) is needed
     to inject faults; without it and without `config.url`, the checker starts its own."""
-    own_server = None
-    if server is None and config.url is None:
+    own_server: Any = None
+    if config.cluster and server is None:
+        from aiolock.testing import find_binaries
+
+        own_server = server = ClusterGroup(find_binaries()[0]).__enter__()
+        try:
+            await server.create()
+        except BaseException:
+            server.stop()
+            raise
+    elif server is None and config.url is None:
         from aiolock.testing import RedisServer, find_binaries
 
         own_server = server = RedisServer(find_binaries()[0]).start()
     if config.faults and server is None:
         raise ValueError("faults need a server the checker may pause and restart (no --url)")
-    url = config.url if server is None else server.url
+    ports: list[int] = []
+    url: str | None
+    if isinstance(server, ClusterGroup):
+        url = f"redis://127.0.0.1:{server.servers[0].port}/0"
+        ports = [s.port for s in server.servers]
+    else:
+        url = config.url if server is None else server.url
     assert url is not None
     run_id = uuid.uuid4().hex[:8]
     names = [f"checker-{run_id}:{i}" for i in range(config.names)]
@@ -705,7 +754,16 @@ async def run(config: CheckerConfig, *, server: Any = None) -> Report:
                 process.stdin.write(f"go {end_at!r}\n".encode())
                 await process.stdin.drain()
             nemesis = (
-                asyncio.create_task(_nemesis(server, config.faults, started, faults_log))
+                asyncio.create_task(
+                    _nemesis(
+                        server,
+                        config.faults,
+                        started,
+                        faults_log,
+                        names=names,
+                        rng=random.Random(f"{config.seed}:nemesis"),
+                    )
+                )
                 if config.faults
                 else None
             )
@@ -733,7 +791,7 @@ async def run(config: CheckerConfig, *, server: Any = None) -> Report:
             ]
             sections.sort(key=lambda s: (s.enter, s.exit))
             verdict = verify(sections, limit=max(config.limit, 1), rw=config.rw)
-            held, leaked = await _sweep(url, names, config.ttl)
+            held, leaked = await _sweep(url, names, config.ttl, ports)
         finally:
             for process, _, stderr in workers:
                 if process.returncode is None:
@@ -778,20 +836,35 @@ def _labelled(section: Section, config: CheckerConfig, index: int) -> Section:
     return dataclasses.replace(section, worker=f"{config.sides[index]}:{section.worker}")
 
 
-async def _sweep(url: str, names: Sequence[str], ttl: float) -> tuple[list[str], list[str]]:
-    """Keys of the run held right at the end, and those still held after their ttl."""
+async def _sweep(
+    url: str, names: Sequence[str], ttl: float, ports: Sequence[int] = ()
+) -> tuple[list[str], list[str]]:
+    """Keys of the run held right at the end, and those still held after their ttl (on a
+    cluster, `ports` are its nodes: the primaries among them are scanned)."""
     prefix = names[0].rsplit(":", 1)[0]
     patterns = tuple(f"aiolock:{kind}{{{prefix}:*" for kind in ("", "sem:", "rw:"))
-    client = redis.asyncio.Redis.from_url(url)
+    clients = [redis.asyncio.Redis(port=port) for port in ports] or [
+        redis.asyncio.Redis.from_url(url)
+    ]
+
+    async def held_now() -> list[str]:
+        found: list[str] = []
+        for client in clients:
+            if ports and (await client.info("replication")).get("role") != "master":
+                continue
+            found += [key for pattern in patterns for key in await _held_keys(client, pattern)]
+        return found
+
     try:
-        held = [key for pattern in patterns for key in await _held_keys(client, pattern)]
+        held = await held_now()
         leaked = held
         if held:
             await asyncio.sleep(ttl + 1.0)  # a release that failed: the key expires by itself
-            leaked = [key for pattern in patterns for key in await _held_keys(client, pattern)]
+            leaked = await held_now()
         return held, leaked
     finally:
-        await client.aclose()
+        for client in clients:
+            await client.aclose()
 
 
 # =========================================================================== command line
@@ -829,6 +902,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help=f"check a read-write lock ({DEFAULT_RWLOCK} unless --lock says)",
     )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="on a Redis Cluster of the checker's own (3 primaries, 3 replicas)",
+    )
     parser.add_argument("--seed", default="0")
     parser.add_argument(
         "--old-processes",
@@ -854,6 +932,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.worker:
         asyncio.run(_worker(args))
         return 0
+    if args.cluster and args.url:
+        sys.stderr.write("--cluster builds a cluster of the checker's own: leave out --url\n")
+        return 2
     if args.faults and args.url:
         sys.stderr.write("--faults needs a server of the checker's own: leave out --url\n")
         return 2
@@ -868,9 +949,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         ttl=args.ttl,
         hold=args.hold,
         url=args.url,
-        faults=tuple(periodic_faults(duration, args.ttl, every=args.fault_every))
+        faults=tuple(
+            periodic_faults(duration, args.ttl, every=args.fault_every, cluster=args.cluster)
+        )
         if args.faults
         else (),
+        cluster=args.cluster,
         lock=args.lock,
         limit=args.limit,
         rw=args.rw,

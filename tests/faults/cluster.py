@@ -11,6 +11,7 @@ Every wait here is bounded and says what it waited for when it runs out.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
 from collections.abc import Awaitable, Callable
@@ -20,6 +21,7 @@ from typing import Any, Final, Self
 import redis.asyncio
 import redis.exceptions
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.crc import key_slot
 
 from aiolock.testing._servers import _port_is_free
 
@@ -174,6 +176,32 @@ class ClusterGroup:
         entry = stats.get(f"cmdstat_{name.lower()}")
         return int(entry["calls"]) if entry else 0
 
+    async def inject(self, kind: str, name: str, length: float = 0.0) -> str:
+        """One fault on the primary serving lock `name` (the checker's nemesis): "pause"
+        it for `length` seconds (shorter than the node timeout: no failover), "failover"
+        to its replica (`CLUSTER FAILOVER`, waited for), or "reshard" the name's slot to
+        another primary. Returns what was done."""
+        slot = int(key_slot(f"aiolock:{{{name}}}".encode()))
+        primary = await self.owner(slot)
+        if kind == "pause":
+            primary.pause()
+            try:
+                await asyncio.sleep(length)
+            finally:
+                primary.resume()
+            return f"primary :{primary.port} of slot {slot} paused"
+        if kind == "failover":
+            replica = await self.replica_of(primary)
+            await _ask(replica.port, "CLUSTER", "FAILOVER")
+            await _switched(self, slot, replica, READY_BOUND)
+            return f"slot {slot} failed over to :{replica.port}"
+        if kind == "reshard":
+            primaries = [s for s in self.servers if s is not primary and await _is_primary(s)]
+            target = primaries[0]
+            await self.move_slot(slot, target)
+            return f"slot {slot} moved to :{target.port}"
+        raise ValueError(f"no such cluster fault: {kind!r}")
+
     async def move_slot(
         self,
         slot: int,
@@ -200,6 +228,18 @@ class ClusterGroup:
             # A replica refuses SETSLOT: it learns the owner from its primary.
             with contextlib.suppress(redis.exceptions.ResponseError):
                 await _ask(server.port, "CLUSTER", "SETSLOT", slot, "NODE", self.ids[target.port])
+
+
+async def _switched(group: ClusterGroup, slot: int, to: RedisServer, timeout: float) -> None:
+    async def serving() -> bool:
+        return await group.owner(slot) is to
+
+    await eventually(lambda: _quietly(serving), what=f"{to!r} serving slot {slot}", timeout=timeout)
+
+
+async def _is_primary(server: RedisServer) -> bool:
+    replication = await _ask(server.port, "INFO", "replication")
+    return bool(replication.get("role") == "master")
 
 
 async def on_replica(replica: RedisServer, key: str) -> bool:
