@@ -30,8 +30,9 @@ from ..checker import (
     run,
     verify,
 )
-from ..servers import RedisServer
+from ..servers import RedisServer, ServerBinary
 from ..upgrade import analyse
+from .cluster import ClusterGroup
 
 pytestmark = pytest.mark.real_only
 
@@ -126,6 +127,35 @@ async def test_a_short_run_under_faults_finds_no_violation(server: RedisServer) 
     summary = report.summary()
     assert report.ok, summary
     assert report.faults_injected == ["pause 0.3s at 2s", "restart empty at 5s"], summary
+    assert report.verdict.sections >= 100, summary
+    assert not report.held_at_end, summary
+
+
+async def test_a_short_run_on_a_cluster_under_failover_and_resharding_finds_no_violation(
+    binaries: list[ServerBinary],
+) -> None:
+    """3 processes x 4 tasks on 2 names for 10 s through `RedisCluster` clients, on a 3+3
+    cluster: a primary paused, a coordinated failover and a resharding of a name's slot.
+    No overlap, fencing in order, nothing left held."""
+    config = CheckerConfig(
+        processes=3,
+        tasks=4,
+        names=2,
+        duration=10.0,
+        ttl=1.0,
+        hold=0.05,
+        faults=(Fault(2.0, "pause", 0.3), Fault(4.5, "failover"), Fault(7.0, "reshard")),
+        seed=20261123,
+        cluster=True,
+    )
+    with ClusterGroup(binaries[0]) as group:
+        await group.create()
+        report = await run(config, server=group)
+    summary = report.summary()
+    assert report.ok, summary
+    assert [fault.split(" (")[0] for fault in report.faults_injected] == [
+        "pause 0.3s at 2s", "failover at 4.5s", "reshard at 7s"
+    ], summary  # fmt: skip
     assert report.verdict.sections >= 100, summary
     assert not report.held_at_end, summary
 
