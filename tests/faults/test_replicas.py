@@ -304,3 +304,29 @@ async def test_a_lock_taken_with_replicas_survives_an_immediate_failover(
             assert not lease.lost
             await lease.release()
             assert runtime_for(holder).backend.sentinel
+
+
+async def test_after_a_failover_with_no_replica_left_a_replicated_lease_fails_closed(
+    binaries: list[ServerBinary], name: str
+) -> None:
+    """With one replica, a failover leaves the new master without any until the Sentinels
+    turn the former master into its replica (about ten seconds later). A `replicas=1`
+    lease's renewals then land on the new master but cannot be confirmed: the lease is lost
+    at its deadline (`DEADLINE`, the renewals' `ReplicationError` as the cause), its body
+    told, rather than kept on a key that no replica has."""
+    with SentinelGroup(binaries[0]) as group:
+        await group.ready()
+        holder = group.master_client()
+        async with closing(holder):
+            await group.replicated()
+            lease = await Lock(holder, name, ttl=1.5, replicas=1).acquire(timeout=0)
+            with recorded(EventKind.RENEWAL_FAILED) as failed:
+                new = await group.failover()
+                await within(lease.wait_lost(), what="the unconfirmed lease's loss", timeout=10.0)
+            assert lease.loss_reason is LossReason.DEADLINE
+            assert any(isinstance(e.error, ReplicationError) for e in failed), failed
+            # The key itself is on the new master (renewed there, unconfirmed), until it
+            # expires: nobody else gets in meanwhile.
+            assert await holder_on(new.port, name) in (lease.fencing_token, None)
+            with contextlib.suppress(LeaseLostError):
+                await lease.release()
