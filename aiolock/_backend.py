@@ -352,15 +352,17 @@ def _some_node(client: RedisCluster) -> ClusterNode:
     return node
 
 
-def _node_for(client: RedisCluster, key: str | None) -> ClusterNode:
-    """The primary serving `key`'s slot as the client knows it, or a random primary."""
+def _node_for(client: RedisCluster, key: str | None, avoid: str | None = None) -> ClusterNode:
+    """The primary serving `key`'s slot as the client knows it, or a random primary (other
+    than the one named `avoid`, if there is another)."""
     if key is not None:
         with contextlib.suppress(*CLUSTER_ERRORS, LookupError):
             node = client.get_node_from_key(key)
             if node is not None:
                 return node
     primaries = client.get_primaries()
-    return random.choice(primaries) if primaries else _some_node(client)
+    others = [node for node in primaries if node.name != avoid]
+    return random.choice(others or primaries) if primaries else _some_node(client)
 
 
 def _closed_transport(error: Exception) -> bool:
@@ -368,13 +370,24 @@ def _closed_transport(error: Exception) -> bool:
     broken connection, retried on a new one like any other. asyncio's own loop normally lets
     such a write through and the read reports the reset; uvloop raises RuntimeError ("the
     handler is closed"), and the selector transport of CPython 3.12 and 3.13 before its fix
-    for gh-136234 raises AttributeError or TypeError from `writelines()`."""
+    for gh-136234 raises AttributeError or TypeError from `writelines()`. A redis-py
+    connection closed by another task while a command was being written on it (its stream
+    writer let go of) raises AttributeError from redis-py's own connection module."""
     if isinstance(error, RuntimeError):
         return "handler is closed" in str(error)
     tb = error.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
-    return tb is not None and tb.tb_frame.f_globals.get("__name__") == "asyncio.selector_events"
+    if tb is None:
+        return False
+    module = tb.tb_frame.f_globals.get("__name__")
+    if module == "asyncio.selector_events":
+        return True
+    return (
+        module == "redis.asyncio.connection"
+        and isinstance(error, AttributeError)
+        and "'NoneType' object" in str(error)
+    )
 
 
 _Send = Callable[[Any, _Command, _Sent, _Command | None], Awaitable[Any]]
@@ -410,6 +423,7 @@ class Backend:
         "_cluster",
         "_connection_class",
         "_connection_kwargs",
+        "_pubsub_node",
         "_renew_client",
         "_send",
         "_sentinel",
@@ -423,6 +437,7 @@ class Backend:
         self._sentinel: SentinelConnectionPool | None = None
         self._send: _Send
         self._cluster = isinstance(client, RedisCluster)
+        self._pubsub_node: str | None = None
         self._connection_class: type[redis.asyncio.connection.AbstractConnection]
         if isinstance(client, RedisCluster):
             # Script calls go through the cluster client, which routes each by its keys'
@@ -758,13 +773,7 @@ class Backend:
         if self._cluster:
             client = self.client
             assert isinstance(client, RedisCluster)
-            node = _node_for(client, key)
-            return redis.asyncio.ConnectionPool(
-                connection_class=self._connection_class,
-                host=node.host,
-                port=node.port,
-                **self._connection_kwargs,
-            )
+            return self._node_pool(_node_for(client, key))
         sentinel = self._sentinel
         if sentinel is not None:
             return SentinelConnectionPool(  # type: ignore[no-untyped-call]
@@ -777,6 +786,15 @@ class Backend:
             )
         return redis.asyncio.ConnectionPool(
             connection_class=self._connection_class, **self._connection_kwargs
+        )
+
+    def _node_pool(self, node: ClusterNode) -> redis.asyncio.ConnectionPool:
+        """A new pool of connections to one cluster node, with the user's settings."""
+        return redis.asyncio.ConnectionPool(
+            connection_class=self._connection_class,
+            host=node.host,
+            port=node.port,
+            **self._connection_kwargs,
         )
 
     def _background_client(self) -> AsyncClient:
@@ -795,5 +813,13 @@ class Backend:
             await client.connection_pool.disconnect()
 
     def new_pubsub(self) -> PubSub:
-        """A pub/sub session on a connection of its own."""
-        return PubSub(connection_pool=self._connection_pool())
+        """A pub/sub session on a connection of its own. On a cluster, to a primary other
+        than the previous session's: a session is replaced when its node stopped answering,
+        which the cluster client may not know yet."""
+        if not self._cluster:
+            return PubSub(connection_pool=self._connection_pool())
+        client = self.client
+        assert isinstance(client, RedisCluster)
+        node = _node_for(client, None, avoid=self._pubsub_node)
+        self._pubsub_node = node.name
+        return PubSub(connection_pool=self._node_pool(node))

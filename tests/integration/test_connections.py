@@ -160,3 +160,46 @@ async def test_a_frozen_server_bounds_the_call_and_the_pool_stays_usable(
             assert lease.fencing_token > 0
     finally:
         await client.aclose()
+
+
+# A write on a connection that another task closed meanwhile: redis-py's connection has let
+# go of its stream writer and fails with AttributeError ("'NoneType' object has no attribute
+# 'writelines'") from its own module, as seen under cluster failovers.
+_CLOSED_UNDERNEATH = compile(
+    "def write_on_closed(command):\n    writer = None\n    writer.writelines(command)\n",
+    "redis/asyncio/connection.py",
+    "exec",
+)
+_REDIS_CONNECTION_MODULE: dict[str, Any] = {"__name__": "redis.asyncio.connection"}
+exec(_CLOSED_UNDERNEATH, _REDIS_CONNECTION_MODULE)  # noqa: S102 - a frame of that module
+
+
+class ClosedUnderneath(Connection):
+    """Its next write, once `armed`, fails as on a connection closed underneath it."""
+
+    armed = False
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if ClosedUnderneath.armed:
+            ClosedUnderneath.armed = False
+            await self.disconnect()
+            _REDIS_CONNECTION_MODULE["write_on_closed"](command)
+        await super().send_packed_command(command, check_health)
+
+
+async def test_a_write_on_a_connection_closed_underneath_is_a_broken_connection(
+    server_url: str, name: str
+) -> None:
+    """redis-py's AttributeError for a write on a connection closed by another task is a
+    broken connection like any other: the call is sent again on a new one, and the caller
+    gets its lease, not an AttributeError."""
+    client = redis.asyncio.Redis.from_url(server_url, connection_class=ClosedUnderneath)
+    try:
+        assert await client.ping()
+        ClosedUnderneath.armed = True
+        lease = await Lock(client, name, ttl=5).acquire(timeout=0)
+        assert not ClosedUnderneath.armed, "the write did not fail as planned"
+        await lease.release()
+    finally:
+        ClosedUnderneath.armed = False
+        await client.aclose()
