@@ -640,11 +640,31 @@ class Backend:
         if isinstance(client, redis.asyncio.Redis):
             yield client
             return
+        await client.initialize()  # knows which node serves which slot
         own = redis.asyncio.Redis(connection_pool=self._connection_pool(key))
         try:
             yield own
         finally:
             await own.connection_pool.disconnect()
+
+    @contextlib.asynccontextmanager
+    async def primary_clients(self) -> AsyncIterator[list[redis.asyncio.Redis]]:
+        """A client of each primary: the user's client alone, or for a cluster one client
+        of aiolock's own per primary (to scan every node), closed on exit."""
+        client = self.client
+        if isinstance(client, redis.asyncio.Redis):
+            yield [client]
+            return
+        await client.initialize()  # knows its nodes (nothing sent if it did already)
+        own = [
+            redis.asyncio.Redis(connection_pool=self._node_pool(node))
+            for node in client.get_primaries()
+        ]
+        try:
+            yield own
+        finally:
+            for one in own:
+                await one.connection_pool.disconnect()
 
     async def exists(self, key: str, *, timeout: float, name: str) -> bool:
         reply = await self._call(

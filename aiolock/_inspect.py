@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal, TypeAlias, final
 
-from ._backend import AsyncRedis, check_client, translate_errors
+from ._backend import AsyncClient, AsyncRedis, check_any_client, translate_errors
 from ._config import check_name, check_prefix
 from ._info import LockInfo, text
 from ._layout import HOLD_FIXED, LockKeys
@@ -444,7 +444,7 @@ def _check_pattern(pattern: str) -> str:
 
 
 async def scan_lock_names(
-    client: AsyncRedis,
+    client: AsyncClient,
     *,
     prefix: str = "aiolock",
     pattern: str = "*",
@@ -462,16 +462,22 @@ async def scan_lock_names(
         BackendError: Redis could not be reached or refused the command.
         ValueError: an empty pattern, or an unknown kind.
     """
-    client = check_client(client)
+    client = check_any_client(client)
     prefix = check_prefix(prefix)
     pattern = _check_pattern(pattern)
     infix = kind_named(kind).infix
     base = f"{_glob_escape(prefix)}:{_glob_escape(infix)}{{{pattern}}}"
     head = len(prefix) + 1 + len(infix) + 1
-    names = await _scan(client, base, "hash", lambda key: key[head:-1])
-    if with_holds:
-        suffix = "}:holds"
-        names |= await _scan(client, f"{base}:holds", "list", lambda key: key[head : -len(suffix)])
+    suffix = "}:holds"
+    names: set[str] = set()
+    # A cluster's keys are spread over its primaries: each is scanned.
+    async with runtime_for(client).backend.primary_clients() as nodes:
+        for node in nodes:
+            names |= await _scan(node, base, "hash", lambda key: key[head:-1])
+            if with_holds:
+                names |= await _scan(
+                    node, f"{base}:holds", "list", lambda key: key[head : -len(suffix)]
+                )
     return sorted(name for name in names if name)
 
 
@@ -492,7 +498,7 @@ async def _scan(
 
 
 async def read_locks(
-    client: AsyncRedis, names: Sequence[str], *, prefix: str = "aiolock", kind: str = ""
+    client: AsyncClient, names: Sequence[str], *, prefix: str = "aiolock", kind: str = ""
 ) -> list[LockState]:
     """A snapshot of each named lock (one MULTI/EXEC round trip per 200 locks), in order;
     of semaphores with `kind="sem:"`, of read-write locks with `kind="rw:"` (a
@@ -502,14 +508,34 @@ async def read_locks(
         BackendError: Redis could not be reached or refused the command.
         ValueError: an unknown kind.
     """
-    client = check_client(client)
+    client = check_any_client(client)
     prefix = check_prefix(prefix)
     names = [check_name(name) for name in names]
     of_kind = kind_named(kind)
-    states: list[LockState] = []
-    for start in range(0, len(names), _BATCH):
-        states.extend(await _read_batch(client, names[start : start + _BATCH], prefix, of_kind))
-    return states
+    if isinstance(client, AsyncRedis):
+        states: list[LockState] = []
+        for start in range(0, len(names), _BATCH):
+            batch = names[start : start + _BATCH]
+            states.extend(await _read_batch(client, batch, prefix, of_kind))
+        return states
+    # On a cluster, a MULTI/EXEC may only touch one slot: one snapshot per slot, on the
+    # node serving it, all at once.
+    backend = runtime_for(client).backend
+    by_slot: dict[int, list[str]] = {}
+    for name in names:
+        by_slot.setdefault(
+            backend.slot(LockKeys.build(prefix, name, of_kind.infix).lock), []
+        ).append(name)
+
+    async def read_slot(batch: list[str]) -> list[LockState]:
+        key = LockKeys.build(prefix, batch[0], of_kind.infix).lock
+        async with backend.node_client(key) as node:
+            return await _read_batch(node, batch, prefix, of_kind)
+
+    found: dict[str, LockState] = {}
+    for batch_states in await asyncio.gather(*(read_slot(b) for b in by_slot.values())):
+        found.update((state.name, state) for state in batch_states)
+    return [found[name] for name in names]
 
 
 _PER_LOCK: Final = 5
@@ -623,7 +649,7 @@ def _queue_entry(queue_id: str, position: int, entry: str | None, now_ms: int) -
 
 # --------------------------------------------------------------------------- public API
 async def hold_stats(
-    client: AsyncRedis, name: str, *, ttl: float | None = None, prefix: str = "aiolock"
+    client: AsyncClient, name: str, *, ttl: float | None = None, prefix: str = "aiolock"
 ) -> HoldStats:
     """How long the recent holds of lock `name` lasted, and the ttl they suggest.
 
@@ -637,7 +663,7 @@ async def hold_stats(
     by the server; holds that ended by expiry are not among them.
 
     Args:
-        client: a `redis.asyncio.Redis`.
+        client: a `redis.asyncio.Redis` or `redis.asyncio.RedisCluster`.
         name: the lock's name.
         ttl: the ttl to judge the holds against (the one your code uses); default: the
             current holder's ttl if the lock is held, else unknown (`near_ttl` is False).
@@ -671,7 +697,7 @@ class ForceRelease:
 
 
 async def force_release(
-    client: AsyncRedis,
+    client: AsyncClient,
     name: str,
     *,
     prefix: str = "aiolock",
@@ -690,7 +716,7 @@ async def force_release(
     Raises:
         BackendError: Redis could not be reached or refused the command.
     """
-    client = check_client(client)
+    client = check_any_client(client)
     keys = LockKeys.build(check_prefix(prefix), check_name(name))
     (state,) = await read_locks(client, [name], prefix=prefix)
     if state.holder is None:

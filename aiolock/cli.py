@@ -78,9 +78,10 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from typing import Any, Final
 
 import redis.asyncio
+from redis.asyncio.cluster import RedisCluster
 
 from . import __version__
-from ._backend import Backend, translate_errors
+from ._backend import AsyncClient, Backend, translate_errors
 from ._config import LockConfig
 from ._demo import DemoConfig, DemoError, DemoSummary, demo_server, run_demo
 from ._doctor import Diagnosis, diagnose
@@ -346,6 +347,32 @@ def _connect(url: str | None) -> redis.asyncio.Redis:
         raise _UsageError(f"invalid --url {_redact(url or DEFAULT_URL)!r}: {exc}") from None
 
 
+async def _open(url: str | None) -> AsyncClient:
+    """A client of the server at `url`; if that server is a Redis Cluster node, a client
+    of the whole cluster (every primary is read). One round trip to ask."""
+    client = _connect(url)
+    try:
+        with translate_errors("connect", None, _CONNECT_TIMEOUT):
+            async with asyncio.timeout(_CONNECT_TIMEOUT):
+                info = await client.info("cluster")
+    except BackendError as exc:
+        if Backend.refused(exc):  # INFO not allowed to this user: taken for a lone server
+            return client
+        await client.aclose()
+        raise
+    except BaseException:
+        await client.aclose()
+        raise
+    if str(info.get("cluster_enabled", 0)) not in ("1", "yes"):
+        return client
+    await client.aclose()
+    return RedisCluster.from_url(
+        url or DEFAULT_URL,
+        socket_connect_timeout=_CONNECT_TIMEOUT,
+        socket_timeout=_CONNECT_TIMEOUT,
+    )
+
+
 _PIPE_WIDTH: Final = 160
 """Output width when stdout is not a terminal and COLUMNS is not set: rows stay whole."""
 
@@ -486,7 +513,7 @@ def _in_use(state: LockState) -> bool:
 
 
 async def _scan_states(
-    client: redis.asyncio.Redis,
+    client: AsyncClient,
     prefix: str,
     pattern: str,
     kinds: Sequence[Kind],
@@ -505,7 +532,7 @@ async def _scan_states(
 
 
 async def _held(
-    client: redis.asyncio.Redis, prefix: str, pattern: str, kinds: Sequence[Kind] = KINDS
+    client: AsyncClient, prefix: str, pattern: str, kinds: Sequence[Kind] = KINDS
 ) -> list[LockState]:
     return [state for state in await _scan_states(client, prefix, pattern, kinds) if _in_use(state)]
 
@@ -604,7 +631,7 @@ def _holder_cells(state: LockState) -> tuple[str | Text, ...]:
 # --------------------------------------------------------------------------- ls
 async def _ls(args: argparse.Namespace, url: str | None) -> int:
     kinds = _kinds(args)
-    client = _connect(url)
+    client = await _open(url)
     try:
         states = await _held(client, args.prefix, args.pattern, kinds)
     finally:
@@ -625,7 +652,7 @@ async def _ls(args: argparse.Namespace, url: str | None) -> int:
 # --------------------------------------------------------------------------- show
 async def _show(args: argparse.Namespace, url: str | None) -> int:
     kinds = _kinds(args)
-    client = _connect(url)
+    client = await _open(url)
     try:
         states = {
             kind.label: (
@@ -889,7 +916,7 @@ async def _release(args: argparse.Namespace, url: str | None) -> int:
         except EOFError:
             return False
 
-    client = _connect(url)
+    client = await _open(url)
     try:
         result = await force_release(client, args.name, prefix=args.prefix, confirm=confirm)
     finally:
@@ -941,7 +968,7 @@ def _release_message(result: ForceRelease, name: str) -> str:
 # --------------------------------------------------------------------------- watch
 async def _watch(args: argparse.Namespace, url: str | None) -> int:
     kinds = _kinds(args)
-    client = _connect(url)
+    client = await _open(url)
     where = _redact(url or DEFAULT_URL)
     try:
         if args.json:
@@ -982,7 +1009,7 @@ def _refreshes(count: int | None) -> Iterator[bool]:
 # --------------------------------------------------------------------------- stats
 async def _stats(args: argparse.Namespace, url: str | None) -> int:
     kinds = _kinds(args)
-    client = _connect(url)
+    client = await _open(url)
     try:
         states = await _scan_states(client, args.prefix, args.pattern, kinds, with_holds=True)
     finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,6 +27,7 @@ from aiolock import (
     LockEvent,
     ReadWriteLock,
     Semaphore,
+    cli,
     hold_stats,
     locked,
     run_once,
@@ -314,13 +316,53 @@ async def test_a_killed_primary_is_replaced_and_the_replicated_lease_is_kept(
             await lease.release()
 
 
+# ------------------------------------------------------------------- seeing them
+async def cli_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
+    """`aiolock <argv>` in a thread (this test's loop holds the locks); its JSON output."""
+    capsys.readouterr()
+    code = await asyncio.to_thread(cli.main, list(argv))
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    return json.loads(captured.out) if "--json" in argv else captured.out
+
+
+async def test_the_command_line_and_hold_stats_read_every_primary(
+    cluster: ClusterGroup, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Given the URL of one node, `aiolock ls`, `show`, `stats` and `release --force` find
+    that it is a cluster node and read every primary (each name's keys on the node serving
+    its slot); `hold_stats()` takes the cluster client."""
+    url = f"redis://127.0.0.1:{cluster.servers[0].port}/0"
+    async with clients(cluster, 1) as (client,):
+        names = names_in_thirds(name)
+        leases = [await Lock(client, n, ttl=3, hold_stats=True).acquire() for n in names]
+        permit = await Semaphore(client, name + ":sem", limit=2, ttl=30).acquire()
+        rows = await cli_json(capsys, "--url", url, "ls", f"{name}*", "--json")
+        assert sorted((row["kind"], row["name"]) for row in rows) == sorted(
+            [("lock", n) for n in names] + [("semaphore", name + ":sem")]
+        )
+        tokens = {row["name"]: row["fencing_token"] for row in rows if row["kind"] == "lock"}
+        assert tokens == {lease.name: lease.fencing_token for lease in leases}
+        shown = await cli_json(capsys, "--url", url, "show", names[1], "--json")
+        assert json.dumps(shown).count(str(leases[1].fencing_token)) >= 1
+        await cli_json(capsys, "--url", url, "release", "--force", "--yes", names[2])
+        assert not await Lock(client, names[2]).locked()
+        await within(leases[2].wait_lost(), what="the evicted holder's loss", timeout=5.0)
+        await leases[0].release()
+        stats = await cli_json(capsys, "--url", url, "stats", f"{name}*", "--json")
+        assert [row["count"] for row in stats if row["name"] == names[0]] == [1]
+        assert (await hold_stats(client, names[0])).count == 1
+        await leases[1].release()
+        await permit.release()
+
+
 # ------------------------------------------------------------------- what is refused
-async def test_locked_takes_a_cluster_client_and_what_cannot_work_is_refused(
+async def test_locked_and_run_once_take_a_cluster_client_and_replicas_is_refused(
     cluster: ClusterGroup, name: str
 ) -> None:
-    """`@locked` (like the web integrations) takes a cluster client. `replicas=` is refused
-    with it (WAIT must follow the script on one connection) and so is reading many names'
-    statistics at once (their keys are spread over the nodes), at the call."""
+    """`@locked` and `run_once` (like the web integrations) take a cluster client;
+    `replicas=` is refused with one, at the call (WAIT must follow the script on the same
+    connection)."""
     async with clients(cluster, 1) as (client,):
 
         @locked(name + ":{order}", client=client, ttl=5)
@@ -343,5 +385,3 @@ async def test_locked_takes_a_cluster_client_and_what_cannot_work_is_refused(
         with pytest.raises(ConfigError) as info:
             Lock(client, name, replicas=1)
         assert info.value.argument == "replicas"
-        with pytest.raises(TypeError, match="RedisCluster"):
-            await hold_stats(client, name)  # type: ignore[arg-type]
