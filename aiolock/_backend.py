@@ -53,7 +53,6 @@ __all__ = (
     "AsyncClient",
     "AsyncRedis",
     "Backend",
-    "check_any_client",
     "check_client",
     "is_cluster",
     "outcome_unknown",
@@ -71,20 +70,7 @@ CLUSTER_ERRORS: Final = (redis.exceptions.RedisClusterException,)
 route (no node for the slot, redirections exhausted, keys in several slots)."""
 
 
-def check_client(client: object) -> redis.asyncio.Redis:
-    """The client must be a `redis.asyncio.Redis` (fakeredis's async client is one)."""
-    if isinstance(client, redis.asyncio.Redis):
-        return client
-    if isinstance(client, RedisCluster):
-        raise TypeError(
-            "client: redis.asyncio.RedisCluster is not supported here (Lock, Semaphore, "
-            "ReadWriteLock and @locked take one; this reads many keys at once, which a "
-            "cluster spreads over its nodes)"
-        )
-    return _not_a_client(client)
-
-
-def check_any_client(client: object) -> AsyncClient:
+def check_client(client: object) -> AsyncClient:
     """A `redis.asyncio.Redis` or a `redis.asyncio.RedisCluster`."""
     if isinstance(client, redis.asyncio.Redis | RedisCluster):
         return client

@@ -294,7 +294,7 @@ def check_cluster(facts: ServerFacts) -> Finding | None:
             severity="warning",
             message="a Redis Cluster node: locks work through a redis.asyncio.RedisCluster "
             "client, but a client of this node alone gets MOVED for names served elsewhere, "
-            "and these checks (and ls, show, stats) see this node only",
+            "and these checks see this node only (ls, show and stats read every primary)",
             fix="give aiolock a redis.asyncio.RedisCluster(...) client",
         )
     return None

@@ -19,7 +19,7 @@ from typing import Final, final
 
 import redis.asyncio
 
-from ._backend import AsyncClient, check_any_client
+from ._backend import AsyncClient, check_client
 from ._config import check_name
 from .errors import AcquireTimeoutError, ConfigError
 
@@ -123,7 +123,7 @@ def client_source(client: object, *, argument: str = "client") -> Callable[[], A
     if isinstance(client, redis.asyncio.Redis | redis.asyncio.RedisCluster):
         return lambda: client
     if isinstance(client, redis.Redis | redis.RedisCluster) or not callable(client):
-        check_any_client(client)  # raises TypeError with the specific advice
+        check_client(client)  # raises TypeError with the specific advice
     factory: Callable[[], object] = client  # type: ignore[assignment]
 
     def resolve() -> AsyncClient:

@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal, TypeAlias, final
 
-from ._backend import AsyncClient, AsyncRedis, check_any_client, translate_errors
+from ._backend import AsyncClient, AsyncRedis, check_client, translate_errors
 from ._config import check_name, check_prefix
 from ._info import LockInfo, text
 from ._layout import HOLD_FIXED, LockKeys
@@ -462,7 +462,7 @@ async def scan_lock_names(
         BackendError: Redis could not be reached or refused the command.
         ValueError: an empty pattern, or an unknown kind.
     """
-    client = check_any_client(client)
+    client = check_client(client)
     prefix = check_prefix(prefix)
     pattern = _check_pattern(pattern)
     infix = kind_named(kind).infix
@@ -508,7 +508,7 @@ async def read_locks(
         BackendError: Redis could not be reached or refused the command.
         ValueError: an unknown kind.
     """
-    client = check_any_client(client)
+    client = check_client(client)
     prefix = check_prefix(prefix)
     names = [check_name(name) for name in names]
     of_kind = kind_named(kind)
@@ -716,7 +716,7 @@ async def force_release(
     Raises:
         BackendError: Redis could not be reached or refused the command.
     """
-    client = check_any_client(client)
+    client = check_client(client)
     keys = LockKeys.build(check_prefix(prefix), check_name(name))
     (state,) = await read_locks(client, [name], prefix=prefix)
     if state.holder is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import final
 
-from ._backend import AsyncClient, check_any_client
+from ._backend import AsyncClient, check_client
 from ._config import LockConfig, check_name
 from ._engine import Call, Primitive
 from ._info import HOST, PID, LockInfo, text
@@ -91,7 +91,7 @@ class Lock(Primitive):
         replicas: int = 0,
         replica_timeout: float | None = None,
     ) -> None:
-        checked_client, checked_name = check_any_client(client), check_name(name)
+        checked_client, checked_name = check_client(client), check_name(name)
         config = LockConfig.cached(
             ttl=ttl,
             renew=renew,

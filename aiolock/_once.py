@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final, Generic, TypeVar, final
 
-from ._backend import AsyncClient, check_any_client, translate_errors
+from ._backend import AsyncClient, check_client, translate_errors
 from ._config import MAX_NAME_LENGTH, MAX_SECONDS, check_seconds
 from ._info import LockInfo
 from ._lease import Lease
@@ -198,7 +198,7 @@ async def run_once(
 
     Added in 0.2.
     """
-    client = check_any_client(client)
+    client = check_client(client)
     job_key = _check_job_key(job_key)
     pass_lease = _takes_lease(fn)
     retention_s = check_seconds("retention", retention, minimum=0.001, maximum=MAX_SECONDS)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, final
 
-from ._backend import AsyncClient, check_any_client
+from ._backend import AsyncClient, check_client
 from ._config import LockConfig, check_name
 from ._engine import Call, Primitive
 from ._info import HOST, PID, LockInfo
@@ -198,7 +198,7 @@ class ReadWriteLock:
         replicas: int = 0,
         replica_timeout: float | None = None,
     ) -> None:
-        self._client: AsyncClient = check_any_client(client)
+        self._client: AsyncClient = check_client(client)
         self._name = check_name(name)
         self._config = LockConfig.cached(
             ttl=ttl,

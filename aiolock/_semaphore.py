@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import final
 
-from ._backend import AsyncClient, check_any_client
+from ._backend import AsyncClient, check_client
 from ._config import LockConfig, check_limit, check_name
 from ._engine import Call, Primitive
 from ._info import HOST, PID, LockInfo
@@ -122,7 +122,7 @@ class Semaphore(Primitive):
         replicas: int = 0,
         replica_timeout: float | None = None,
     ) -> None:
-        checked_client, checked_name = check_any_client(client), check_name(name)
+        checked_client, checked_name = check_client(client), check_name(name)
         self._limit = check_limit(limit)
         config = LockConfig.cached(
             ttl=ttl,
