@@ -622,30 +622,29 @@ class Backend:
         """A client of the one server holding `key`: the user's client, or for a cluster, a
         client of its own to the node serving `key`'s slot, closed on exit (to read a
         primitive's keys in one MULTI/EXEC with the server's TIME)."""
-        client = self.client
-        if isinstance(client, redis.asyncio.Redis):
+        async with self._clients_of(lambda cluster: [_node_for(cluster, key)]) as (client,):
             yield client
-            return
-        await client.initialize()  # knows which node serves which slot
-        own = redis.asyncio.Redis(connection_pool=self._connection_pool(key))
-        try:
-            yield own
-        finally:
-            await own.connection_pool.disconnect()
 
     @contextlib.asynccontextmanager
     async def primary_clients(self) -> AsyncIterator[list[redis.asyncio.Redis]]:
         """A client of each primary: the user's client alone, or for a cluster one client
         of aiolock's own per primary (to scan every node), closed on exit."""
+        async with self._clients_of(lambda cluster: cluster.get_primaries()) as clients:
+            yield clients
+
+    @contextlib.asynccontextmanager
+    async def _clients_of(
+        self, nodes: Callable[[RedisCluster], list[ClusterNode]]
+    ) -> AsyncIterator[list[redis.asyncio.Redis]]:
+        """The user's client alone; for a cluster, a client of aiolock's own to each of
+        `nodes(cluster)` (asked once the cluster client knows which node serves which
+        slot), closed on exit."""
         client = self.client
         if isinstance(client, redis.asyncio.Redis):
             yield [client]
             return
-        await client.initialize()  # knows its nodes (nothing sent if it did already)
-        own = [
-            redis.asyncio.Redis(connection_pool=self._node_pool(node))
-            for node in client.get_primaries()
-        ]
+        await client.initialize()  # nothing is sent if it knows its nodes already
+        own = [redis.asyncio.Redis(connection_pool=self._node_pool(node)) for node in nodes(client)]
         try:
             yield own
         finally:
