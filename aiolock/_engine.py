@@ -475,17 +475,15 @@ class Primitive(abc.ABC):
         token = check_token(token)
         runtime = runtime_for(self._client)
         config = self._config
-        script, keys, args = self._resume_call(token, config.ttl_ms)
         sent_at = runtime.loop.time()
-        bound = config.ttl - config.margin
-        wait = config.wait_args(bound)
-        reply = await runtime.backend.run(
-            script, keys, args, timeout=bound, operation="resume", name=self._name, wait=wait
+        reply, acked = await self._run_waiting(
+            runtime,
+            self._resume_call(token, config.ttl_ms),
+            timeout=config.ttl - config.margin,
+            operation="resume",
         )
-        if wait is not None:
-            reply, acked = reply
-            if int(reply[0]) == 1:
-                self._check_replicated("resume", acked)
+        if int(reply[0]) == 1:
+            self._check_replicated("resume", acked)
         if int(reply[0]) != 1:
             raise LeaseLostError(
                 f"{self._what} {self._name!r} is not held under the token given",
@@ -747,18 +745,13 @@ class Primitive(abc.ABC):
         """
         config = self._config
         sent_at = runtime.loop.time()
-        bound = max(lease.deadline - sent_at, 0.001)
-        script, keys, args = self._renew_call(lease.token, config.ttl_ms)
         lease._renewal_sent(sent_at, config.ttl)
         try:
-            reply, acked = await runtime.backend.run(
-                script,
-                keys,
-                args,
-                timeout=bound,
+            reply, acked = await self._run_waiting(
+                runtime,
+                self._renew_call(lease.token, config.ttl_ms),
+                timeout=max(lease.deadline - sent_at, 0.001),
                 operation="acquire",
-                name=self._name,
-                wait=config.wait_args(bound),
             )
         except BaseException:
             lease._renewal_answered(sent_at)
@@ -774,6 +767,22 @@ class Primitive(abc.ABC):
         lease._renewed(sent_at, config.ttl)
         if lease._entry is not None and config.renew_interval is not None:
             runtime.scheduler.postpone(lease._entry, sent_at + config.renew_interval)
+
+    async def _run_waiting(
+        self, runtime: Runtime, call: Call, *, timeout: float, operation: str
+    ) -> tuple[Any, int]:
+        """Run `call`, followed by a WAIT for the replicas if this primitive needs any
+        (`replicas=N`): its reply, and how many replicas acknowledged (`replicas` when it
+        needs none)."""
+        script, keys, args = call
+        wait = self._config.wait_args(timeout)
+        reply = await runtime.backend.run(
+            script, keys, args, timeout=timeout, operation=operation, name=self._name, wait=wait
+        )
+        if wait is None:
+            return reply, self._config.replicas
+        answer, acked = reply
+        return answer, acked
 
     def _check_replicated(self, operation: str, acked: int) -> None:
         """Raise `ReplicationError` if fewer than `replicas` replicas acknowledged."""
@@ -1050,15 +1059,14 @@ class Primitive(abc.ABC):
 
     # ----------------------------------------------------------------- the LeaseIssuer side
     async def _extend_lease(self, lease: Lease, *, timeout: float, ttl_ms: int) -> bool:
-        script, keys, args = self._renew_call(lease.token, ttl_ms)
-        wait = self._config.wait_args(timeout)
-        reply = await runtime_for(self._client).backend.run(
-            script, keys, args, timeout=timeout, operation="extend", name=self._name, wait=wait
+        reply, acked = await self._run_waiting(
+            runtime_for(self._client),
+            self._renew_call(lease.token, ttl_ms),
+            timeout=timeout,
+            operation="extend",
         )
-        if wait is not None:
-            reply, acked = reply
-            if int(reply[0]) == 1:
-                self._check_replicated("extend", acked)
+        if int(reply[0]) == 1:
+            self._check_replicated("extend", acked)
         return int(reply[0]) == 1
 
     def _guarding(self, lease: Lease, task: asyncio.Task[Any], *, entered: bool) -> None:
