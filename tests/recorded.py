@@ -4,18 +4,21 @@ losses of particular leases."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from aiolock import EventKind, LockEvent, add_listener
 
 
 @contextlib.contextmanager
-def recorded(kind: EventKind) -> Iterator[list[LockEvent]]:
-    """Every event of `kind` emitted inside the block, in order."""
+def recorded(
+    kind: EventKind | None = None, *, where: Callable[[LockEvent], bool] | None = None
+) -> Iterator[list[LockEvent]]:
+    """Every event emitted inside the block, in order: of `kind` (any without one), and
+    for which `where(event)` holds, if given."""
     seen: list[LockEvent] = []
 
     def listener(event: LockEvent) -> None:
-        if event.kind is kind:
+        if (kind is None or event.kind is kind) and (where is None or where(event)):
             seen.append(event)
 
     remove = add_listener(listener)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -28,12 +28,12 @@ from aiolock import (
     LockEvent,
     LossReason,
     Semaphore,
-    add_listener,
 )
 from aiolock._layout import LockKeys
 from aiolock._runtime import runtime_for
 from aiolock._waiting import Notifier
 
+from ..recorded import recorded
 from ..servers import RedisServer, ServerBinary
 from ..waits import eventually, within
 from .sentinel import SERVICE, SentinelGroup, _ask, closing
@@ -52,20 +52,9 @@ async def group(binaries: list[ServerBinary]) -> AsyncIterator[SentinelGroup]:
         yield group
 
 
-@contextlib.contextmanager
-def events_of(lease_token: list[int]) -> Iterator[list[LockEvent]]:
+def events_of(lease_token: list[int]) -> contextlib.AbstractContextManager[list[LockEvent]]:
     """The events of the lease whose fencing token is `lease_token[0]` (set once known)."""
-    seen: list[LockEvent] = []
-
-    def listener(event: LockEvent) -> None:
-        if lease_token and event.fencing_token == lease_token[0]:
-            seen.append(event)
-
-    remove = add_listener(listener)
-    try:
-        yield seen
-    finally:
-        remove()
+    return recorded(where=lambda event: bool(lease_token) and event.fencing_token == lease_token[0])
 
 
 def count(events: list[LockEvent], kind: EventKind) -> int:
