@@ -315,6 +315,19 @@ class Fault:
         return f"{self.kind} at {self.at:g}s"
 
 
+def fault_summary(injected: Sequence[str]) -> list[str]:
+    """The faults of a run by kind: how many, and the first and last time of each (the log
+    of `_nemesis`, one entry per fault, "KIND ... at Ts[ (what was done)]")."""
+    kinds: dict[str, list[float]] = {}
+    for entry in injected:
+        kind, _, at = entry.split(" (", 1)[0].rpartition(" at ")
+        kinds.setdefault(kind, []).append(float(at.removesuffix("s")))
+    return [
+        f"{kind}: {len(times)} (first at {min(times):g}s, last at {max(times):g}s)"
+        for kind, times in sorted(kinds.items())
+    ]
+
+
 def periodic_faults(
     duration: float, ttl: float, *, every: float = 5.0, cluster: bool = False
 ) -> list[Fault]:
@@ -447,8 +460,8 @@ class Report:
                 f"held at the end: {len(self.held_at_end)} (still held after the ttl: "
                 f"{len(self.leaked)})"
             ),
-            f"faults injected: {len(self.faults_injected)}"
-            + (f" ({', '.join(self.faults_injected)})" if self.faults_injected else ""),
+            f"faults injected: {len(self.faults_injected)}",
+            *(f"  {line}" for line in fault_summary(self.faults_injected)),
             "worker outcomes: "
             + ", ".join(f"{key} {n}" for key, n in sorted(self.counters.items())),
         ]

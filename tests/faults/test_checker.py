@@ -27,6 +27,7 @@ from ..checker import (
     Section,
     Verdict,
     _worker_command,
+    fault_summary,
     run,
     verify,
 )
@@ -106,6 +107,28 @@ def test_sections_over_a_semaphores_limit_are_excused_by_a_reported_loss() -> No
     history = [section(0, 5, 10, slot=0, lost=True), section(1, 5, 11, slot=0)]
     verdict = verify(history, limit=1)
     assert not verdict.violations
+
+
+def test_the_report_counts_faults_by_kind_with_their_first_and_last_time() -> None:
+    injected = [
+        "pause 0.3s at 2s",
+        "restart empty at 7s",
+        "pause 0.3s at 12s",
+        "failover at 14.5s (slot 866 failed over to :41001)",
+        "restart empty at 17s",
+        "pause 0.3s at 22s",
+    ]
+    assert fault_summary(injected) == [
+        "failover: 1 (first at 14.5s, last at 14.5s)",
+        "pause 0.3s: 3 (first at 2s, last at 22s)",
+        "restart empty: 2 (first at 7s, last at 17s)",
+    ]
+    config = CheckerConfig(faults=())
+    report = Report(config, verify([]), 1.0, injected * 100, [], [], Counter(), [])
+    summary = report.summary()
+    assert "faults injected: 600\n  failover: 100 (first" in summary
+    assert "at 2s" not in summary.replace("first at 2s", "")  # no line per fault
+    assert len(summary) < 2000, summary
 
 
 # --------------------------------------------------------------------------- a run under faults
