@@ -6,6 +6,7 @@ import contextlib
 import ctypes
 import importlib.util
 import os
+import random
 import shutil
 import signal
 import socket
@@ -161,10 +162,60 @@ def _port_is_free(port: int) -> bool:
         return True
 
 
+LISTEN_PORTS_FROM: Final = 10000
+"""The lowest port a server is started on."""
+
+_port_rng = random.Random()
+
+
+def _ephemeral_ports_from() -> int:
+    """The lowest port the system hands out to outgoing connections (and to `bind(0)`)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default; elsewhere IANA's range starts at 49152
+
+
+def free_ports(count: int, *, offset: int = 0) -> list[int]:
+    """`count` distinct ports free on 127.0.0.1 now, below the range of ports the system
+    hands out to outgoing connections, so that none is taken by a client's connection
+    before a server listens on it (or while it restarts on it). With `offset`, each port
+    plus `offset` is free and below that range too (a cluster node's bus port).
+
+    Other processes choosing ports here can still pick the same one: a server start that
+    finds its port taken picks another (`RedisServer.start`).
+    """
+    top = _ephemeral_ports_from() - offset
+    if top - LISTEN_PORTS_FROM < count * 10:  # no room below that range: ask the system
+        return _system_ports(count)
+    ports: list[int] = []
+    for _ in range(count * 200):
+        port = _port_rng.randrange(LISTEN_PORTS_FROM, top)
+        taken = {p + d for p in ports for d in (0, offset, -offset)}
+        if port in taken or port + offset in taken:
+            continue
+        if _port_is_free(port) and (offset == 0 or _port_is_free(port + offset)):
+            ports.append(port)
+            if len(ports) == count:
+                return ports
+    if offset:
+        raise RuntimeError(f"no {count} free ports with free ports {offset} above them")
+    return ports + _system_ports(count - len(ports))
+
+
+def _system_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
 
 
 def _accepts(port: int) -> bool:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Final, Self
@@ -23,7 +22,8 @@ import redis.exceptions
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 
-from aiolock.testing._servers import _port_is_free
+from aiolock.testing import ServerStartError
+from aiolock.testing._servers import free_ports
 
 from ..servers import RedisServer, ServerBinary
 from ..waits import eventually
@@ -35,18 +35,16 @@ READY_BOUND: Final = 30.0
 """Longest wait for the cluster to agree on its slots and for the replicas to sync."""
 
 
-def _cluster_ports(count: int) -> list[int]:
-    """`count` ports free now whose cluster bus ports (10000 higher) are free too: a
-    cluster node's port must be below 55536."""
-    rng = random.Random()
-    ports: list[int] = []
-    while len(ports) < count:
-        port = rng.randrange(20000, 45000)
-        if port in ports or port + 10000 in ports or port - 10000 in ports:
-            continue
-        if _port_is_free(port) and _port_is_free(port + 10000):
-            ports.append(port)
-    return ports
+BUS_OFFSET: Final = 10000
+"""A cluster node's bus port is its port + 10000 (so its port must be below 55536)."""
+START_TRIES: Final = 5
+"""How many sets of ports the group tries: another process may take a port between its
+choice and the node's start."""
+
+
+def _in_use(error: ServerStartError) -> bool:
+    """The node could not listen: its port (or bus port) was taken meanwhile."""
+    return "already in use" in (error.log or "").lower()
 
 
 class ClusterGroup:
@@ -59,19 +57,27 @@ class ClusterGroup:
             "--repl-diskless-sync-delay", "0",
         )  # fmt: skip
         self.servers = [RedisServer(binary, extra_args=args) for _ in range(6)]
-        for server, port in zip(self.servers, _cluster_ports(6), strict=True):
-            server.port = port
         self.ids: dict[int, str] = {}
 
     # ------------------------------------------------------------------ life cycle
     def __enter__(self) -> Self:
-        try:
-            for server in self.servers:
-                server.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        for attempt in range(START_TRIES):
+            # The nodes start on ports whose bus ports are free too.
+            for server, port in zip(self.servers, free_ports(6, offset=BUS_OFFSET), strict=True):
+                server.port = port
+            try:
+                for server in self.servers:
+                    server.start()
+            except ServerStartError as exc:
+                self.stop()
+                if attempt == START_TRIES - 1 or ("taken" not in str(exc) and not _in_use(exc)):
+                    raise
+                continue
+            except BaseException:
+                self.stop()
+                raise
+            return self
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def __exit__(
         self,

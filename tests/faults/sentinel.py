@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import Any, Final, Self
@@ -23,6 +22,8 @@ from typing import Any, Final, Self
 import redis.asyncio
 import redis.exceptions
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+
+from aiolock.testing._servers import free_ports
 
 from ..servers import RedisServer, ServerBinary
 from ..waits import eventually
@@ -35,18 +36,6 @@ READY_BOUND: Final = 20.0
 
 FAILOVER_BOUND: Final = 15.0
 """Longest wait for a failover to complete and be seen by every Sentinel."""
-
-
-def _free_ports(count: int) -> list[int]:
-    """`count` distinct ports free on 127.0.0.1 now."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 async def _ask(port: int, *command: str | int) -> Any:
@@ -95,7 +84,7 @@ class SentinelGroup:
                 extra_args=(*self._data_args, "--replicaof", "127.0.0.1", str(self.master.port)),
             ).start()
             ids = [secrets.token_hex(20) for _ in range(3)]
-            ports = _free_ports(3)
+            ports = free_ports(3)
             for me, (myid, port) in enumerate(zip(ids, ports, strict=True)):
                 others = "".join(
                     f"sentinel known-sentinel {SERVICE} 127.0.0.1 {p} {i}\n"
