@@ -29,7 +29,7 @@ from aiolock._semaphore_scripts import SEM_ACQUIRE, SEM_RELEASE, SEM_SET_LIMIT
 
 from .servers import RedisServer, ServerBinary, find_binaries
 
-pytest_plugins = ["pytester"]
+pytest_plugins = ["pytester", "tests.hygiene"]
 
 SCRIPTS = (
     *(ACQUIRE, RELEASE, RENEW, RESUME, INSPECT),
