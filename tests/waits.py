@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 T = TypeVar("T")
 
@@ -65,3 +65,22 @@ async def until_cancelled(*, what: str, timeout: float = BOUND) -> NoReturn:
     """Wait for a cancellation (`what`), and fail if none comes within `timeout` seconds."""
     await asyncio.sleep(timeout)
     raise WaitTimeout(f"no cancellation after {timeout:g}s: {what}")
+
+
+async def handler_entered(
+    entered: asyncio.Event, request: asyncio.Future[Any], *, timeout: float = BOUND
+) -> None:
+    """Wait until a request's handler sets `entered`; fail at once, with the answer, if the
+    request (a task) ends before that (the handler never ran: say, its lock was lost first)."""
+    waiter = asyncio.ensure_future(entered.wait())
+    try:
+        done, _ = await asyncio.wait(
+            {waiter, request}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        waiter.cancel()
+    if entered.is_set():
+        return
+    if request in done:
+        raise WaitTimeout(f"the request ended before its handler ran: {request.result()!r}")
+    raise WaitTimeout(f"the handler did not run within {timeout:g}s")

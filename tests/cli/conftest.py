@@ -17,6 +17,14 @@ from aiolock import cli
 from .. import waits
 
 
+@pytest.fixture(autouse=True)
+def no_terminal_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The output is that of a pipe, whatever the environment says of a terminal (pytest-xdist's
+    workers, for one, set COLUMNS=80)."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
+
+
 @dataclass(frozen=True)
 class Run:
     code: int

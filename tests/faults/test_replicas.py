@@ -248,8 +248,12 @@ async def test_a_hand_off_counts_only_once_the_replica_has_it(pair: Pair, name: 
 # ------------------------------------------------------------------- through a failover
 @pytest.fixture
 async def proxied_group(binaries: list[ServerBinary]) -> AsyncIterator[tuple[SentinelGroup, Any]]:
-    """A Sentinel group whose replica replicates through a fault proxy."""
-    with SentinelGroup(binaries[0]) as group:
+    """A Sentinel group whose replica replicates through a fault proxy.
+
+    The Sentinels would soon point the replica back at the master's own address (a replica
+    "of the wrong master" is reconfigured once `failover-timeout` has passed), which would
+    bypass the proxy: that timeout is longer than any test here."""
+    with SentinelGroup(binaries[0], failover_timeout_ms=120_000) as group:
         assert group.replica is not None
         proxy = await FaultProxy(group.master.port).start()
         try:

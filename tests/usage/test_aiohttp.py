@@ -14,6 +14,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from aiolock import ConfigError, Lease, Lock
 from aiolock.aiohttp import locked_handler
 
+from ..waits import handler_entered
+
 pytestmark = pytest.mark.real_only
 
 REDIS = web.AppKey("redis", redis.asyncio.Redis)
@@ -87,7 +89,7 @@ async def test_a_loss_stops_the_handler_and_answers_503(
     proceed = asyncio.Event()
     log = f"{name}:writes"
 
-    @locked_handler(name + ":{order_id}", client=client, ttl=0.3)
+    @locked_handler(name + ":{order_id}", client=client, ttl=1.5)
     async def pay(request: web.Request) -> web.Response:
         await client.rpush(log, "before")
         in_handler.set()
@@ -100,7 +102,7 @@ async def test_a_loss_stops_the_handler_and_answers_503(
     app.router.add_post("/pay/{order_id}", pay)
     async with serve(app) as http, asyncio.timeout(20):
         request = asyncio.create_task(http.post("/pay/7"))
-        await in_handler.wait()
+        await handler_entered(in_handler, request)
         await client.delete(f"aiolock:{{{name}:7}}")  # the lock is taken from the handler
         response = await request
         assert response.status == 503, await response.text()

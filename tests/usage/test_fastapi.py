@@ -17,6 +17,8 @@ from aiolock import AcquireTimeoutError, ConfigError, Lease, Lock
 from aiolock._glue import retry_after_header
 from aiolock.fastapi import locked_request
 
+from ..waits import handler_entered
+
 pytestmark = pytest.mark.real_only
 
 
@@ -112,7 +114,7 @@ async def test_a_loss_stops_the_handler_and_answers_503(
 
     @app.post("/pay/{order_id}")
     async def pay(
-        order_id: str, lease: Lease = locked_request(name + ":{order_id}", client=client, ttl=0.3)
+        order_id: str, lease: Lease = locked_request(name + ":{order_id}", client=client, ttl=1.5)
     ) -> dict[str, str]:
         await client.rpush(log, "before")
         in_handler.set()
@@ -123,7 +125,7 @@ async def test_a_loss_stops_the_handler_and_answers_503(
 
     async with http(app) as web, asyncio.timeout(20):
         request = asyncio.create_task(web.post("/pay/7"))
-        await in_handler.wait()
+        await handler_entered(in_handler, request)
         await client.delete(f"aiolock:{{{name}:7}}")  # the lock is taken from the handler
         response = await request
     assert response.status_code == 503, response.text
