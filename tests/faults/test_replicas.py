@@ -314,19 +314,26 @@ async def test_after_a_failover_with_no_replica_left_a_replicated_lease_fails_cl
     binaries: list[ServerBinary], name: str
 ) -> None:
     """With one replica, a failover leaves the new master without any until the Sentinels
-    turn the former master into its replica (about ten seconds later). A `replicas=1`
-    lease's renewals then land on the new master but cannot be confirmed: the lease is lost
-    at its deadline (`DEADLINE`, the renewals' `ReplicationError` as the cause), its body
-    told, rather than kept on a key that no replica has."""
+    turn the former master into its replica (about ten seconds later; here it is paused
+    once the failover is done, so that it never does). A `replicas=1` lease's renewals then
+    land on the new master but cannot be confirmed: the lease is lost at its deadline
+    (`DEADLINE`, the renewals' `ReplicationError` as the cause), its body told, rather than
+    kept on a key that no replica has.
+
+    The ttl leaves room for a slow failover (a loaded machine): a renewal that reaches the
+    new master with less validity left than WAIT's timeout (plus up to 1/hz of lateness in
+    its answer) times out instead of answering how many replicas acknowledged."""
     with SentinelGroup(binaries[0]) as group:
         await group.ready()
         holder = group.master_client()
         async with closing(holder):
             await group.replicated()
-            lease = await Lock(holder, name, ttl=1.5, replicas=1).acquire(timeout=0)
+            old = group.by_port(await group.master_port())
+            lease = await Lock(holder, name, ttl=6, replicas=1).acquire(timeout=0)
             with recorded(EventKind.RENEWAL_FAILED) as failed:
                 new = await group.failover()
-                await within(lease.wait_lost(), what="the unconfirmed lease's loss", timeout=10.0)
+                old.pause()
+                await within(lease.wait_lost(), what="the unconfirmed lease's loss", timeout=20.0)
             assert lease.loss_reason is LossReason.DEADLINE
             assert any(isinstance(e.error, ReplicationError) for e in failed), failed
             # The key itself is on the new master (renewed there, unconfirmed), until it
