@@ -286,7 +286,10 @@ async def _send_to_master(
         connection = await pool.get_connection()  # type: ignore[no-untyped-call]
     try:
         if address is not None and (connection.host, connection.port) != tuple(address):
-            await connection.disconnect()  # connects again on the send, to the new master
+            # Opened again here, through the pool, which asks the Sentinels: a send on a
+            # closed connection would reopen it to the address it had (redis-py 8 does).
+            await connection.disconnect()
+            await connection.connect()
         if on_sent is not None:
             on_sent()
         if then is not None:
