@@ -145,6 +145,27 @@ async def test_an_acquire_no_replica_acknowledges_is_given_back_and_raises(
         await client.aclose()
 
 
+async def test_a_replicated_call_that_meets_noscript_waits_for_the_replicas_once(
+    server: RedisServer, name: str
+) -> None:
+    """The first acquire on a server that does not know the script: EVALSHA (refused,
+    NOSCRIPT) and its WAIT, then EVAL and its WAIT. The first WAIT waits for nothing (the
+    script did not run) and would block for its whole timeout: half of the call's bound
+    (1 s for a single try), so the EVAL's WAIT could not fit in the rest, and the call
+    timed out instead of saying that no replica acknowledged. Its reply is not waited
+    for: the acquire raises `ReplicationError` within its bound."""
+    client = client_of(server.port)
+    try:
+        await client.script_flush()
+        lock = Lock(client, name, ttl=10, replicas=1)  # WAIT: half the 1 s bound
+        with pytest.raises(ReplicationError) as info:
+            await within(lock.acquire(timeout=0), what="the unconfirmed acquire", timeout=10.0)
+        assert (info.value.replicas, info.value.acknowledged) == (1, 0)
+        assert not await lock.locked()
+    finally:
+        await client.aclose()
+
+
 # ------------------------------------------------------------------- primary + replica
 async def test_an_acquire_returns_once_the_replica_has_it_in_one_round_trip(
     pair: Pair, name: str
