@@ -331,19 +331,33 @@ async def test_after_a_failover_with_no_replica_left_a_replicated_lease_fails_cl
     binaries: list[ServerBinary], name: str
 ) -> None:
     """With one replica, a failover leaves the new master without any until the Sentinels
-    turn the former master into its replica (about ten seconds later). A `replicas=1`
-    lease's renewals then land on the new master but cannot be confirmed: the lease is lost
-    at its deadline (`DEADLINE`, the renewals' `ReplicationError` as the cause), its body
-    told, rather than kept on a key that no replica has."""
+    turn the former master into its replica (about ten seconds later; here it is paused
+    first, so it never does). A `replicas=1` lease's renewals then land on the new master
+    but cannot be confirmed: the lease is lost at its deadline (`DEADLINE`, the renewals'
+    `ReplicationError` as the cause), its body told, rather than kept on a key that no
+    replica has; meanwhile no second client gets the lock.
+
+    The ttl (3 s, renewed every second) leaves each renewal a bound of about a second, of
+    which its WAIT (0.1 s) takes a tenth, so an unacknowledged renewal says so in time.
+    (With a 1.5 s ttl the renewals during the failover had bounds of 0.5, 0.2 and 0.07 s,
+    half of each for WAIT and its answer up to 0.1 s late: on a loaded machine each could
+    run out of time, and no `ReplicationError` was recorded.)"""
     with SentinelGroup(binaries[0]) as group:
         await group.ready()
-        holder = group.master_client()
-        async with closing(holder):
+        holder, other = group.master_client(), group.master_client()
+        old = group.master
+        async with closing(holder, other):
             await group.replicated()
-            lease = await Lock(holder, name, ttl=1.5, replicas=1).acquire(timeout=0)
+            lock = Lock(holder, name, ttl=3, replicas=1, replica_timeout=0.1)
+            lease = await lock.acquire(timeout=0)
             with recorded(EventKind.RENEWAL_FAILED) as failed:
                 new = await group.failover()
-                await within(lease.wait_lost(), what="the unconfirmed lease's loss", timeout=10.0)
+                old.pause()  # it cannot become the new master's replica
+                second = await Lock(other, name, ttl=3).try_acquire()
+                assert second is None or lease.lost, "two holders at once"
+                if second is not None:
+                    await second.release()
+                await within(lease.wait_lost(), what="the unconfirmed lease's loss", timeout=20.0)
             assert lease.loss_reason is LossReason.DEADLINE
             assert any(isinstance(e.error, ReplicationError) for e in failed), failed
             # The key itself is on the new master (renewed there, unconfirmed), until it
