@@ -202,12 +202,21 @@ async def _write(connection: redis.asyncio.connection.AbstractConnection, packed
         raise
 
 
-async def _read_pair(read: Callable[[], Awaitable[Any]]) -> tuple[Any, Any]:
-    """The replies to a command and the `WAIT` sent right after it on one connection. The
+async def _read_pair(
+    connection: redis.asyncio.connection.AbstractConnection,
+) -> tuple[Any, Any]:
+    """The replies to a command and the `WAIT` sent right after it on `connection`. The
     second is read even when the first is an error reply, so that no reply is left unread
-    on a connection that goes back to its pool."""
+    on a connection that goes back to its pool; except after NOSCRIPT: that WAIT waits for
+    nothing (the script did not run) and would answer only at its timeout, leaving too
+    little of the call's bound for the EVAL and its own WAIT. The connection is closed
+    instead, its reply unread."""
+    read = connection.read_response
     try:
         first = await read()
+    except redis.exceptions.NoScriptError:
+        await connection.disconnect(nowait=True)
+        raise
     except redis.exceptions.ResponseError as exc:
         await read()
         raise exc from None
@@ -236,7 +245,7 @@ async def _send_direct(
         if on_sent is not None:
             on_sent()
         if then is not None:
-            return await _read_pair(connection.read_response)
+            return await _read_pair(connection)
         return await connection.read_response()
     except (RuntimeError, AttributeError, TypeError) as exc:
         if not _closed_transport(exc):
@@ -286,14 +295,17 @@ async def _send_to_master(
         connection = await pool.get_connection()  # type: ignore[no-untyped-call]
     try:
         if address is not None and (connection.host, connection.port) != tuple(address):
-            await connection.disconnect()  # connects again on the send, to the new master
+            # Opened again here, through the pool, which asks the Sentinels: a send on a
+            # closed connection would reopen it to the address it had (redis-py 8 does).
+            await connection.disconnect()
+            await connection.connect()
         if on_sent is not None:
             on_sent()
         if then is not None:
             await connection.send_packed_command(
                 [*connection.pack_command(*command), *connection.pack_command(*then)]
             )
-            return await _read_pair(connection.read_response)
+            return await _read_pair(connection)
         await connection.send_command(*command)
         return await client.parse_response(connection, str(command[0]))
     except (RuntimeError, AttributeError, TypeError) as exc:

@@ -6,7 +6,9 @@ then turns faults on and off at any moment:
 - `delay_replies(s)`: every reply chunk read from the server from now on reaches the
   client `s` seconds later (requests still go through at once, in order);
 - `lose_reply_to(b"EVALSHA")`: the reply to the next request containing these bytes is
-  lost (that request reaches the server); everything else flows;
+  lost (that request reaches the server); everything else flows. With `reset=True`, its
+  connection is reset (RST) when that reply comes from the server instead: the request
+  was applied, and the client sees a broken connection;
 - `blackhole()`: nothing is forwarded in either direction, and every socket stays open
   (a partition: the peers see silence, not an error). The bytes are held and delivered
   by `restore()`, as TCP would after a partition heals; `blackhole(discard=True)` drops
@@ -75,6 +77,7 @@ class _Link:
         self.upstream = upstream
         self.silent = False  # dropped by a middlebox: nothing goes through, no reset
         self.lose_next_reply = False
+        self.reset_on_reply = False  # reset instead of delivering the reply lost
         self.subscribed = False  # has carried a SUBSCRIBE: a pub/sub connection
 
     def reset(self) -> None:
@@ -112,7 +115,7 @@ class FaultProxy:
         self._holds_lifted = asyncio.Event()
         self._holds_lifted.set()
         self._silences: list[tuple[bytes, asyncio.Event]] = []
-        self._lose_reply_to: list[bytes] = []
+        self._lose_reply_to: list[tuple[bytes, bool]] = []
         self.silenced = 0
         self.arrivals: list[tuple[float, bytes]] = []
 
@@ -143,9 +146,14 @@ class FaultProxy:
         """Hold every reply chunk read from the server from now on for `seconds`."""
         self._delay = seconds
 
-    def lose_reply_to(self, containing: bytes) -> None:
-        """Lose the reply to the next request containing `containing` (it is applied)."""
-        self._lose_reply_to.append(containing)
+    def lose_reply_to(self, containing: bytes, *, reset: bool = False) -> None:
+        """Lose the reply to the next request containing `containing` (it is applied).
+
+        With `reset`, the connection is reset (RST) as that reply comes from the server,
+        instead of going on without it. Each call loses one reply: call it twice to lose
+        the reply to a request and to the same request sent again.
+        """
+        self._lose_reply_to.append((containing, reset))
 
     def blackhole(self, *, discard: bool = False) -> None:
         """Forward nothing, in either direction; keep every socket open.
@@ -257,10 +265,11 @@ class FaultProxy:
             self.arrivals.append((loop.time(), data))
             if b"$9\r\nSUBSCRIBE\r\n" in data.upper():  # the command, not a script's text
                 link.subscribed = True
-            for index, pattern in enumerate(self._lose_reply_to):
+            for index, (pattern, reset) in enumerate(self._lose_reply_to):
                 if pattern in data:
                     del self._lose_reply_to[index]
                     link.lose_next_reply = True
+                    link.reset_on_reply = reset
                     break
             for index, (pattern, done) in enumerate(self._silences):
                 if pattern in data:
@@ -297,6 +306,9 @@ class FaultProxy:
             while data := await src.read(_CHUNK):
                 if link.lose_next_reply:
                     link.lose_next_reply = False
+                    if link.reset_on_reply:
+                        link.reset()
+                        raise EOFError
                     continue
                 queue.put_nowait((loop.time() + self._delay, data))
             raise EOFError

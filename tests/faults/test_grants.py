@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
-from aiolock import Lock
+from aiolock import Lease, LeaseLostError, Lock
+from aiolock._info import text
 from aiolock._layout import RESERVATION_MS, LockKeys
 from aiolock._runtime import runtime_for
-from aiolock._scripts import RENEW
+from aiolock._scripts import ACQUIRE, RENEW
 
+from ..conftest import CommandLog
+from ..waits import within
 from .test_network_faults import Proxied, proxied, until
 
 __all__ = ("proxied",)  # the fixture, used by name
@@ -45,3 +49,86 @@ async def test_the_grantee_writes_its_first_renewal_and_does_not_wait_for_it(
         await proxied.proxy.restore()
     await until(lambda: lease.remaining() > 29, "the renewal confirmed", timeout=10)
     await lease.release()
+
+
+@pytest.mark.parametrize("held_up", ["lands", "refused"])
+async def test_a_grant_to_an_older_registration_is_claimed_by_the_next_waiter(
+    proxied: Proxied, name: str, commands: CommandLog, held_up: str
+) -> None:
+    """A process with two waiters: the head's try (with a new registration) is held up in
+    the network; another process's release grants the lock to the older registration,
+    the one in Redis; the head is cancelled. The next waiter must claim the grant with an
+    acquire, never take it as its lease: the held-up try may have claimed it first.
+
+    - "lands": the held-up try reaches Redis after the grant and claims it (its reply is
+      lost), then the head's cancellation gives it back, and the lock is free. A waiter
+      that took the older grant as its lease would hold nothing, and let a third party in.
+    - "refused": the held-up try reaches Redis only after the head's cancellation aborted
+      it (refused); the next waiter claims the grant, keeping its fencing token.
+    """
+    keys = LockKeys.build("aiolock", name)
+    other = await Lock(proxied.direct, name, ttl=30).acquire()
+    lock = Lock(proxied.client, name, ttl=30)
+    first = asyncio.create_task(lock.acquire(), name="first")
+    second: asyncio.Task[Lease] | None = None
+    notifier = runtime_for(proxied.client).notifier
+    try:
+        await until(lambda: notifier.is_subscribed(keys.channel), "subscribed", timeout=10)
+        queue = notifier.queue_for(keys.channel)
+        assert queue is not None
+        await until(
+            lambda: bool(queue.registrations) and not queue.attempting,
+            "the head's try answered (queued in Redis)",
+            timeout=10,
+        )
+        (older,) = queue.registrations
+        held = proxied.proxy.hold_requests(ACQUIRE.sha.encode())
+        if held_up == "lands":
+            proxied.proxy.lose_reply_to(ACQUIRE.sha.encode())
+        # A notification that the lock may be free (a release that handed it to nobody):
+        # the head tries again at once, with a new registration.
+        await proxied.direct.publish(keys.channel, "1")
+        await within(held.wait(), what="the head's new try, held up")
+        assert [r.seq for r in queue.registrations] == [older.seq, older.seq + 1]
+        second = asyncio.create_task(lock.acquire(), name="second")
+        await until(lambda: len(queue.waiters) == 2, "the second waiter queued", timeout=10)
+
+        await other.release()  # grants the lock to the older registration
+        await until(lambda: queue.grant is not None, "the grant heard of", timeout=10)
+        grant = queue.grant
+        assert grant is not None and grant.registration is older
+        if held_up == "lands":
+            await proxied.proxy.restore()
+
+            async def claimed_by_the_head() -> bool:
+                holder = text(await proxied.direct.hget(keys.lock, "m"))
+                return holder.endswith(" first")
+
+            await until(claimed_by_the_head, "the held-up try claimed the grant", timeout=10)
+        mark = commands.mark()
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await within(first, what="the head's cancellation")
+        if held_up == "refused":
+            # Meanwhile the lock is held under the grant: nobody else gets in.
+            assert await Lock(proxied.direct, name, ttl=30).try_acquire() is None
+            await proxied.proxy.restore()
+        lease = await within(second, what="the second waiter's acquire")
+        # Held in Redis under the lease's own token, by one holder.
+        assert await proxied.direct.hget(keys.lock, "token") == lease.token.encode()
+        assert await Lock(proxied.direct, name, ttl=30).try_acquire() is None
+        assert commands.since(mark)["EVALSHA acquire"] == 1, "claimed by an acquire"
+        if held_up == "refused":
+            assert lease.fencing_token == grant.fencing_token, "the grant was claimed"
+        else:
+            assert lease.fencing_token > grant.fencing_token, "the grant was given back"
+        assert not lease.lost
+        await lease.release()
+    finally:
+        await proxied.proxy.restore()
+        for task in (first, second):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        with contextlib.suppress(LeaseLostError):
+            await other.release()

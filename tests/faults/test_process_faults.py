@@ -21,11 +21,14 @@ from typing import Any, Self
 import pytest
 import redis.asyncio
 
-from aiolock import Lock
+from aiolock import Lease, Lock
+from aiolock._info import text
+from aiolock._layout import LockKeys
 
 from ..conftest import make_client
 from ..servers import RedisServer
 from .holder import fenced_write
+from .test_network_faults import until
 
 pytestmark = pytest.mark.real_only
 
@@ -248,3 +251,71 @@ async def test_a_holder_whose_loop_was_blocked_past_its_ttl_is_fenced_off(
         f"rejected:zombie:{old_token}",
     ]
     assert await contender.get(f"{fence_key}:max") == str(lease.fencing_token).encode()
+
+
+# --------------------------------------------------------------------------- dead waiter
+async def test_a_killed_waiters_lapsed_entry_is_passed_over_by_the_release(
+    server: RedisServer, name: str, holders: list[Holder], contender: redis.asyncio.Redis
+) -> None:
+    """A waiting process is killed while first in the lock's queue in Redis, and its
+    entry's expiry passes while the lock stays held; a live waiter of another process is
+    second. The release grants the lock to the live waiter, at once: nothing is granted to
+    the lapsed entry (which would keep the lock from the live waiter for a grant's
+    RESERVATION_MS)."""
+    keys = LockKeys.build("aiolock", name)
+    ttl = 1.0  # renewed: the waiters' entries live until ttl + GRACE_MS after their tries
+    holding = make_client(server.url)
+    live: asyncio.Task[Lease] | None = None
+    try:
+        holder = await Lock(holding, name, ttl=ttl).acquire()
+        dead = await Holder.start(server.url, name, "--ttl", str(ttl), "--mode", "hold")
+        holders.append(dead)
+
+        async def entries() -> list[tuple[str, int, int]]:
+            """(queue id, expiry in server ms, pid) of each entry, first in line first."""
+            found = []
+            for member in await holding.zrange(keys.queue, 0, -1):
+                wid = text(member)
+                entry = await holding.hget(keys.waiters, wid)
+                if entry is not None:
+                    until_ms, _, _, pid = text(entry).split(" ")[:4]
+                    found.append((wid, int(until_ms), int(pid)))
+            return found
+
+        async def dead_queued() -> bool:
+            return [pid for _, _, pid in await entries()] == [dead.pid]
+
+        await until(dead_queued, "the waiting process queued in Redis", timeout=EVENT_TIMEOUT)
+        dead.kill()
+        await dead.process.wait()
+
+        live = asyncio.create_task(Lock(contender, name, ttl=ttl).acquire(), name="live-waiter")
+
+        async def both_queued() -> bool:
+            return [pid for _, _, pid in await entries()] == [dead.pid, os.getpid()]
+
+        await until(both_queued, "the live waiter queued second", timeout=10)
+
+        async def dead_entry_lapsed() -> bool:
+            (_, expiry, _), (_, live_expiry, _) = await entries()
+            seconds, micros = await holding.time()
+            now_ms = int(seconds) * 1000 + int(micros) // 1000
+            assert live_expiry > now_ms, "the live waiter's entry lapsed"
+            return expiry < now_ms
+
+        await until(dead_entry_lapsed, "the dead waiter's entry lapsed", timeout=10)
+        assert not live.done()
+        await holder.release()
+        # That release granted the lock to the live waiter's entry.
+        info = await Lock(holding, name).info()
+        assert info is not None
+        assert (info.pid, info.task) == (os.getpid(), "live-waiter"), info
+        lease = await asyncio.wait_for(live, 5)
+        assert lease.fencing_token == info.fencing_token
+        assert await entries() == []
+        await lease.release()
+    finally:
+        if live is not None:
+            live.cancel()
+            await asyncio.gather(live, return_exceptions=True)
+        await holding.aclose()

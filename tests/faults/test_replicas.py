@@ -145,6 +145,27 @@ async def test_an_acquire_no_replica_acknowledges_is_given_back_and_raises(
         await client.aclose()
 
 
+async def test_a_replicated_call_that_meets_noscript_waits_for_the_replicas_once(
+    server: RedisServer, name: str
+) -> None:
+    """The first acquire on a server that does not know the script: EVALSHA (refused,
+    NOSCRIPT) and its WAIT, then EVAL and its WAIT. The first WAIT waits for nothing (the
+    script did not run) and would block for its whole timeout: half of the call's bound
+    (1 s for a single try), so the EVAL's WAIT could not fit in the rest, and the call
+    timed out instead of saying that no replica acknowledged. Its reply is not waited
+    for: the acquire raises `ReplicationError` within its bound."""
+    client = client_of(server.port)
+    try:
+        await client.script_flush()
+        lock = Lock(client, name, ttl=10, replicas=1)  # WAIT: half the 1 s bound
+        with pytest.raises(ReplicationError) as info:
+            await within(lock.acquire(timeout=0), what="the unconfirmed acquire", timeout=10.0)
+        assert (info.value.replicas, info.value.acknowledged) == (1, 0)
+        assert not await lock.locked()
+    finally:
+        await client.aclose()
+
+
 # ------------------------------------------------------------------- primary + replica
 async def test_an_acquire_returns_once_the_replica_has_it_in_one_round_trip(
     pair: Pair, name: str
@@ -315,24 +336,31 @@ async def test_after_a_failover_with_no_replica_left_a_replicated_lease_fails_cl
 ) -> None:
     """With one replica, a failover leaves the new master without any until the Sentinels
     turn the former master into its replica (about ten seconds later; here it is paused
-    once the failover is done, so that it never does). A `replicas=1` lease's renewals then
-    land on the new master but cannot be confirmed: the lease is lost at its deadline
-    (`DEADLINE`, the renewals' `ReplicationError` as the cause), its body told, rather than
-    kept on a key that no replica has.
+    first, so it never does). A `replicas=1` lease's renewals then land on the new master
+    but cannot be confirmed: the lease is lost at its deadline (`DEADLINE`, the renewals'
+    `ReplicationError` as the cause), its body told, rather than kept on a key that no
+    replica has; meanwhile no second client gets the lock.
 
-    The ttl leaves room for a slow failover (a loaded machine): a renewal that reaches the
-    new master with less validity left than WAIT's timeout (plus up to 1/hz of lateness in
-    its answer) times out instead of answering how many replicas acknowledged."""
+    The ttl (3 s, renewed every second) leaves each renewal a bound of about a second, of
+    which its WAIT (0.1 s) takes a tenth, so an unacknowledged renewal says so in time.
+    (With a 1.5 s ttl the renewals during the failover had bounds of 0.5, 0.2 and 0.07 s,
+    half of each for WAIT and its answer up to 0.1 s late: on a loaded machine each could
+    run out of time, and no `ReplicationError` was recorded.)"""
     with SentinelGroup(binaries[0]) as group:
         await group.ready()
-        holder = group.master_client()
-        async with closing(holder):
+        holder, other = group.master_client(), group.master_client()
+        old = group.master
+        async with closing(holder, other):
             await group.replicated()
-            old = group.by_port(await group.master_port())
-            lease = await Lock(holder, name, ttl=6, replicas=1).acquire(timeout=0)
+            lock = Lock(holder, name, ttl=3, replicas=1, replica_timeout=0.1)
+            lease = await lock.acquire(timeout=0)
             with recorded(EventKind.RENEWAL_FAILED) as failed:
                 new = await group.failover()
-                old.pause()
+                old.pause()  # it cannot become the new master's replica
+                second = await Lock(other, name, ttl=3).try_acquire()
+                assert second is None or lease.lost, "two holders at once"
+                if second is not None:
+                    await second.release()
                 await within(lease.wait_lost(), what="the unconfirmed lease's loss", timeout=20.0)
             assert lease.loss_reason is LossReason.DEADLINE
             assert any(isinstance(e.error, ReplicationError) for e in failed), failed

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -86,6 +87,39 @@ async def pttl(server: RedisServer, key: str) -> int:
     return int(await _ask(server.port, "PTTL", key))
 
 
+async def client_list(server: RedisServer) -> list[dict[str, Any]]:
+    """`CLIENT LIST` of `server`, one dict per connection (asked on a connection of its own)."""
+    client = redis.asyncio.Redis(port=server.port, socket_timeout=2.0, decode_responses=True)
+    try:
+        return await client.client_list()
+    finally:
+        await client.aclose()
+
+
+async def connections_named(server: RedisServer, client_name: str) -> list[int]:
+    """The ids of the connections to `server` of the clients named `client_name`."""
+    listed = await client_list(server)
+    return sorted(int(entry["id"]) for entry in listed if entry.get("name") == client_name)
+
+
+async def script_calls(server: RedisServer) -> int:
+    """How many script calls (EVALSHA, EVAL) `server` has run."""
+    stats = await _ask(server.port, "INFO", "commandstats")
+    return sum(
+        int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "eval")
+    )
+
+
+async def holder_on(server: RedisServer, name: str) -> int | None:
+    """The fencing token of the holder of lock `name` on `server`, or None."""
+    client = redis.asyncio.Redis(port=server.port)
+    try:
+        holder = await Lock(client, name).info()
+    finally:
+        await client.aclose()
+    return None if holder is None else holder.fencing_token
+
+
 # ------------------------------------------------------------------- steady state
 async def test_lock_and_semaphore_over_master_for_acquire_renew_wait_and_release(
     group: SentinelGroup, name: str
@@ -141,6 +175,25 @@ async def test_lock_and_semaphore_over_master_for_acquire_renew_wait_and_release
             assert loop.time() - released_at < NOTIFIED_BOUND, "the waiter was not notified"
             assert notifier.messages_received > received
             await second.release()
+
+
+async def test_calls_over_master_for_reuse_the_pooled_connection(
+    group: SentinelGroup, name: str
+) -> None:
+    """Thirty acquire/release cycles over a `master_for` client, no failover: each call
+    asks the Sentinels where the master is, finds the pooled connection open to it, and
+    sends on it. No call opens a connection (the master sees the same client all along)."""
+    client_name = f"aiolock-reuse-{secrets.token_hex(4)}"
+    client = group.master_client(client_name=client_name)
+    async with closing(client):
+        lock = Lock(client, name, ttl=10)
+        await (await lock.acquire()).release()  # the pool's connection is open
+        before = await connections_named(group.master, client_name)
+        assert len(before) == 1, before
+        for _ in range(30):
+            lease = await lock.acquire()
+            await lease.release()
+        assert await connections_named(group.master, client_name) == before
 
 
 # ------------------------------------------------------------------- failover
@@ -214,6 +267,48 @@ async def test_a_failover_keeps_a_replicated_lease_and_aiolock_follows_the_new_m
                 f"failover in {switched - started:.2f}s; lease kept, "
                 f"{count(events, EventKind.RENEWED) - renewed} renewals on the new master"
             )
+
+
+async def test_a_connection_in_use_during_a_failover_never_sends_to_the_former_master(
+    group: SentinelGroup, name: str
+) -> None:
+    """A connection of the user's pool is busy with a command of the user's (a BLPOP) on
+    the master when a failover happens. aiolock's next call asks the Sentinels, and the
+    pool drops its idle connections, but not that busy one: when the BLPOP ends, it goes
+    back to the pool still open to the former master (which takes writes until the
+    Sentinels demote it). aiolock's calls on it are sent to the new master instead."""
+    client = group.master_client()
+    old = group.master
+    blocked_key = f"{name}:blocked"
+    async with closing(client):
+        lock = Lock(client, name, ttl=10)
+        await (await lock.acquire()).release()
+        blocked: asyncio.Future[Any] = asyncio.ensure_future(
+            client.blpop([blocked_key], timeout=30)
+        )
+        try:
+
+            async def blocking() -> bool:
+                return any(entry.get("cmd") == "blpop" for entry in await client_list(old))
+
+            await eventually(blocking, what="the BLPOP blocked on the master", timeout=5.0)
+            new = await group.failover()
+            lease = await lock.acquire()  # the pool learns of the failover
+            await lease.release()
+            await _ask(old.port, "LPUSH", blocked_key, "done")
+            assert await within(blocked, what="the BLPOP's end") is not None
+        finally:
+            blocked.cancel()
+            await asyncio.gather(blocked, return_exceptions=True)
+        # The BLPOP's connection, open to the former master, is back in the pool (the
+        # next one it hands out); the former master still takes writes.
+        assert await group.role(old) == "master"
+        sent = await script_calls(old)
+        for _ in range(10):
+            lease = await lock.acquire()
+            assert await holder_on(new, name) == lease.fencing_token
+            await lease.release()
+        assert await script_calls(old) == sent, "a script was sent to the former master"
 
 
 async def test_a_lock_key_lost_in_the_failover_lets_a_second_holder_in_and_the_first_loses(

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 import pytest
 import redis.asyncio
 
-from aiolock import Lock
+from aiolock import Lock, _waiting
 from aiolock._layout import LockKeys
 from aiolock._runtime import runtime_for
 from aiolock._waiting import HEALTH_INTERVAL
 
-from ..conftest import make_client
+from ..conftest import CommandLog, make_client
 from ..servers import RedisServer
 from .test_network_faults import Proxied, proxied, until
 
@@ -59,6 +59,46 @@ async def test_a_waiter_behind_a_dead_subscription_still_gets_the_lock(
         waiting.cancel()
         await asyncio.gather(waiting, return_exceptions=True)
         await holder.release()
+
+
+async def test_a_pub_sub_connection_that_answers_its_pings_is_kept(
+    server: RedisServer, name: str, commands: CommandLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiter waits through several health intervals on a connection that answers
+    every PING: the notifier keeps that one connection (one SUBSCRIBE, the same client id
+    on the server), replacing none."""
+    interval = 0.3
+    monkeypatch.setattr(_waiting, "HEALTH_INTERVAL", interval)
+    keys = LockKeys.build("aiolock", name)
+    direct = make_client(server.url)
+    client = make_client(server.url, commands)
+    holder = await Lock(direct, name, ttl=30).acquire()  # the waiter's next try: in 30 s
+    waiting = asyncio.create_task(Lock(client, name, ttl=30).acquire())
+    try:
+        notifier = runtime_for(client).notifier
+        await until(lambda: notifier.is_subscribed(keys.channel), "subscribed", timeout=10)
+
+        async def subscribers() -> list[int]:
+            return [int(c["id"]) for c in await direct.client_list(_type="pubsub")]
+
+        first = await subscribers()
+        assert len(first) == 1, first
+        mark = commands.mark()
+        await until(
+            lambda: commands.since(mark)["PING"] >= 5,
+            what="five PINGs, one per interval of silence",
+            timeout=10 * interval + 10,
+        )
+        assert notifier.silent_connections == 0
+        assert commands.since(0)["SUBSCRIBE"] == 1, commands.since(0)
+        assert await subscribers() == first, "the pub/sub connection was replaced"
+        assert not waiting.done()
+    finally:
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        await holder.release()
+        await client.aclose()
+        await direct.aclose()
 
 
 @dataclass

@@ -109,6 +109,49 @@ async def test_a_lowered_limit_keeps_the_permits_held_and_lets_none_in(
     await permit.release()
 
 
+async def test_a_lowered_limit_holds_for_a_waiter_of_the_releasing_process(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    """Limit 3, three permits held by one process, a task of that same process waiting;
+    the limit is lowered to 2. A release puts the waiting task's queue in line in its own
+    call: with 2 permits still held that queue gets nothing (3 holders under a limit of
+    2); the next release, leaving 1, hands it a permit."""
+    semaphore = Semaphore(client, name, limit=3, ttl=10)
+    held = [await semaphore.acquire() for _ in range(3)]
+    waiter = asyncio.create_task(semaphore.acquire())
+    channel = keys_of(name).channel
+    notifier = runtime_for(client).notifier
+
+    def in_line() -> bool:
+        queue = notifier.queue_for(channel)
+        # Subscribed, its try answered (queued in Redis): a release now carries the queue.
+        return (
+            queue is not None
+            and notifier.is_subscribed(channel)
+            and bool(queue.registrations)
+            and not queue.attempting
+        )
+
+    try:
+        await eventually(in_line, what="the waiting task's queue in line in Redis")
+        await queued_in_redis(client, name, 1)
+        assert await semaphore.set_limit(2) == 3
+        await held[0].release()
+        info = await semaphore.info()
+        assert (info.limit, len(info.holders)) == (2, 2), info
+        assert not waiter.done(), "a permit was given under the lowered limit"
+        await held[1].release()
+        permit = await within(waiter, what="the waiter served once 1 permit was left")
+        info = await semaphore.info()
+        assert len(info.holders) == 2 and permit.held
+        await permit.release()
+    finally:
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
+        for lease in held:
+            await lease.release()
+
+
 async def test_a_raised_limit_hands_the_new_permits_to_the_waiters_at_once(
     clients: list[redis.asyncio.Redis], name: str
 ) -> None:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 import redis.asyncio
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from aiolock import ConfigError, Lease, Lock
+from aiolock import ConfigError, Lease, LeaseLostError, Lock
 from aiolock.aiohttp import locked_handler
 
 from ..waits import handler_entered
@@ -166,3 +166,39 @@ def test_bad_declarations_fail_at_decoration(client: redis.asyncio.Redis) -> Non
 
     with pytest.raises(TypeError, match="request"):
         locked_handler("x", client=client)(three)  # type: ignore[arg-type]
+
+
+async def test_another_locks_loss_raised_by_the_handler_is_not_this_requests_loss(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    """The handler used a second lock, lost it, and lets that `LeaseLostError` go: it
+    propagates as the handler's own error (500), not as the 503 of a request whose lock
+    was lost. The request's own lock was held throughout and is released."""
+    audit = f"{name}:audit"
+    raised: list[BaseException] = []
+
+    @locked_handler(name + ":{order_id}", client=client, ttl=5)
+    async def place(request: web.Request) -> web.Response:
+        other = await Lock(client, audit, ttl=5).acquire()
+        await client.delete(f"aiolock:{{{audit}}}")  # taken from the handler
+        await other.release()  # raises that lock's LeaseLostError
+        return web.Response(text="placed")
+
+    @web.middleware
+    async def record(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except Exception as exc:
+            raised.append(exc)
+            raise
+
+    app = web.Application(middlewares=[record])
+    app.router.add_post("/orders/{order_id}", place)
+    async with serve(app) as http:
+        response = await http.post("/orders/7")
+        assert response.status == 500, await response.text()
+    assert [type(exc) for exc in raised] == [LeaseLostError], raised
+    assert isinstance(raised[0], LeaseLostError) and raised[0].name == audit
+    assert not await Lock(client, f"{name}:7").locked()

@@ -13,7 +13,7 @@ import pytest
 import redis.asyncio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from aiolock import AcquireTimeoutError, ConfigError, Lease, Lock
+from aiolock import AcquireTimeoutError, ConfigError, Lease, LeaseLostError, Lock
 from aiolock._glue import retry_after_header
 from aiolock.fastapi import locked_request
 
@@ -241,3 +241,31 @@ def test_bad_declarations_fail_when_the_route_is_declared(client: redis.asyncio.
         locked_request(42, client=client)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         locked_request("orders:{id}", client="redis://x")  # type: ignore[arg-type]
+
+
+async def test_another_locks_loss_raised_by_the_handler_is_not_this_requests_loss(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    """The handler used a second lock, lost it, and lets that `LeaseLostError` go: it is
+    the handler's own error (500), not the 503 of a request whose lock was lost. The
+    request's own lock was held throughout and is released."""
+    app = fastapi.FastAPI()
+    audit = f"{name}:audit"
+
+    @app.post("/orders/{order_id}")
+    async def place(
+        order_id: str, lease: Lease = locked_request(name + ":{order_id}", client=client, ttl=5)
+    ) -> None:
+        other = await Lock(client, audit, ttl=5).acquire()
+        await client.delete(f"aiolock:{{{audit}}}")  # taken from the handler
+        await other.release()  # raises that lock's LeaseLostError
+
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as web:
+        response = await web.post("/orders/7")
+    assert response.status_code == 500, response.text
+    async with http(app) as web:
+        with pytest.raises(LeaseLostError) as info:
+            await web.post("/orders/7")
+    assert info.value.name == audit, info.value
+    assert not await Lock(client, f"{name}:7").locked()
