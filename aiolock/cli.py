@@ -1209,6 +1209,10 @@ def _demo_table(summary: DemoSummary) -> Table:
     )
     table.add_row("renewals", "", f"{summary.renewals} ({summary.renewal_failures} failed)")
     table.add_row("losses", "", str(summary.losses))
+    if summary.unanswered_acquires:
+        table.add_row(
+            "unanswered", "", f"{summary.unanswered_acquires} acquires (no reply within the ttl)"
+        )
     table.add_row(
         "hand-off",
         "",

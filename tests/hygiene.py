@@ -32,6 +32,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +41,7 @@ from typing import Any
 import pytest
 
 PROC = Path("/proc")
-GRACE = 5.0
+GRACE = 3.0
 """How long a process that is ending (signalled, its parent gone) gets to be gone before it
 counts as left running."""
 ASYNC_MARGIN = 5.0
@@ -254,7 +255,13 @@ class Hygiene:
             # A test that failed midway leaves objects that warn when collected (a lease
             # never released, a client never closed): collected now, their warnings are
             # reported on this test rather than on whichever test runs when they are.
+            # pytest keeps the last failure (and so its frames) in `sys.last_*` for a
+            # post-mortem; without --pdb nobody reads it.
             self.failed.discard(item.nodeid)
+            if not self.config.getoption("usepdb", False):
+                for attribute in ("last_exc", "last_type", "last_value", "last_traceback"):
+                    if hasattr(sys, attribute):
+                        setattr(sys, attribute, None)
             gc.collect()
         now = descendants()
         self._adopt_restarted_servers(now)
@@ -273,6 +280,11 @@ class Hygiene:
         for number, _ in open_left:
             with contextlib.suppress(OSError):
                 os.close(number)
+        # Objects whose descriptors were closed here would warn when collected, on some later
+        # test: this one reports them.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            gc.collect()
         self.leaks += [f"{item.nodeid}: {problem}" for problem in problems]
         raise pytest.fail.Exception(
             f"{item.nodeid} left behind what it started (now ended here):\n  "

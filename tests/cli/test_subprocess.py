@@ -9,13 +9,16 @@ import pty
 import signal
 import subprocess
 import sys
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
 
 from aiolock import LeaseLostError, Lock, LossReason
 
+from ..children import child, finished
 from ..conftest import make_client
+from ..waits import within
 
 pytestmark = pytest.mark.real_only
 
@@ -29,21 +32,21 @@ def clean_env() -> dict[str, str]:
     return env
 
 
-async def aiolock_process(
+def aiolock_process(
     *argv: str, stdin: int | None = subprocess.DEVNULL
-) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        PYTHON, "-m", "aiolock", *argv,
-        stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(),
-    )  # fmt: skip
+) -> AbstractAsyncContextManager[asyncio.subprocess.Process]:
+    """`python -m aiolock ARGV` for the block (ended with it, however it ends)."""
+    return child("python", "-m", "aiolock", *argv, stdin=stdin, env=clean_env())
 
 
 async def test_python_m_aiolock_sees_a_lock_held_here(server_url: str, tag: str) -> None:
     client = make_client(server_url)
     try:
-        async with Lock(client, f"{tag}:orders", ttl=10) as lease:
-            process = await aiolock_process("ls", f"{tag}:*", "--url", server_url, "--json")
-            out, err = await asyncio.wait_for(process.communicate(), timeout=30)
+        async with (
+            Lock(client, f"{tag}:orders", ttl=10) as lease,
+            aiolock_process("ls", f"{tag}:*", "--url", server_url, "--json") as process,
+        ):
+            out, err = await finished(process, what="aiolock ls")
         assert process.returncode == 0, err.decode()
         (row,) = json.loads(out)
         assert row["name"] == f"{tag}:orders"
@@ -70,14 +73,14 @@ def test_the_console_script_is_installed() -> None:
 
 
 async def test_ctrl_c_ends_watch_with_130(server_url: str, tag: str) -> None:
-    process = await aiolock_process(
+    async with aiolock_process(
         "--url", server_url, "watch", f"{tag}:*", "--json", "--interval", "0.05"
-    )
-    assert process.stdout is not None
-    first = await asyncio.wait_for(process.stdout.readline(), timeout=30)
-    assert json.loads(first) == []  # it is running: one refresh printed
-    process.send_signal(signal.SIGINT)
-    _, err = await asyncio.wait_for(process.communicate(), timeout=30)
+    ) as process:
+        assert process.stdout is not None
+        first = await within(process.stdout.readline(), what="watch's first refresh", timeout=30)
+        assert json.loads(first) == []  # it is running: one refresh printed
+        process.send_signal(signal.SIGINT)
+        _, err = await finished(process, what="aiolock watch after SIGINT")
     assert process.returncode == 130
     assert err.decode().splitlines()[-1] == "aiolock: interrupted"
 
@@ -111,10 +114,10 @@ async def test_release_asks_on_a_terminal(
     main_fd, terminal_fd = pty.openpty()
     try:
         os.write(main_fd, f"{answer}\n".encode())  # typed ahead; read when it asks
-        process = await aiolock_process(
+        async with aiolock_process(
             "--url", server_url, "release", name, "--force", stdin=terminal_fd
-        )
-        out, err = await asyncio.wait_for(process.communicate(), timeout=30)
+        ) as process:
+            out, err = await finished(process, what="aiolock release --force")
         assert process.returncode == code, err.decode()
         text = out.decode()
         assert f"release lock {name!r}" in text  # the question, naming the holder
@@ -135,11 +138,11 @@ async def test_release_asks_on_a_terminal(
 
 
 async def test_demo_in_processes_against_a_given_server(server_url: str) -> None:
-    process = await aiolock_process(
+    async with aiolock_process(
         "--url", server_url, "demo", "--json", "--stock", "30", "--workers", "6",
         "--processes", "2", "--hold", "0.005", "--slow-holds", "1", "--slow-hold", "0.3",
-    )  # fmt: skip
-    out, err = await asyncio.wait_for(process.communicate(), timeout=120)
+    ) as process:  # fmt: skip
+        out, err = await finished(process, what="aiolock demo", timeout=120)
     assert process.returncode == 0, err.decode()
     summary = json.loads(out)
     assert summary["mode"] == "processes" and summary["processes"] == 2

@@ -9,9 +9,7 @@ history is not at hand (a shallow clone, an sdist).
 
 from __future__ import annotations
 
-import asyncio
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ import pytest
 from aiolock import Lock
 from aiolock._layout import LockKeys
 
+from ..children import child, finished
 from ..conftest import make_client
 from ..servers import RedisServer
 from ..upgrade import DEFAULT_FROM, SetupError, extract
@@ -58,18 +57,8 @@ async def layout1_cycle(tree: Path, url: str, name: str) -> int:
         for key, value in os.environ.items()
         if key not in ("PYTHONPATH", "PYTHONSAFEPATH", "AIOLOCK_SERVE_LAYOUT1_WAITERS")
     }
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        CYCLE,
-        url,
-        name,
-        cwd=tree,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), 30)
+    async with child("python", "-c", CYCLE, url, name, cwd=tree, env=env) as process:
+        out, err = await finished(process, what="the layout-1 cycle", timeout=30)
     assert process.returncode == 0, err.decode(errors="replace")
     module, token = out.decode().split()
     assert Path(module).is_relative_to(tree), module  # the old code, not this tree's

@@ -15,8 +15,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from aiolock import EventKind, Lease, Lock, LockEvent, add_listener
+from aiolock import EventKind, Lease, Lock, LockEvent, _engine, add_listener
 
+from ..load import scaled
 from .test_network_faults import Proxied, proxied, until
 
 __all__ = ("proxied",)  # the fixture, used by name
@@ -59,12 +60,14 @@ async def test_a_renewal_stuck_on_a_dead_connection_does_not_cost_another_lease(
 
 
 async def test_a_release_stuck_on_a_dead_connection_does_not_cost_another_lease(
-    proxied: Proxied, name: str
+    proxied: Proxied, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An abandoned (garbage-collected) lease is released by the scheduler in the
-    background; that release hangs (for up to 1 s), and the other lease is renewed
-    meanwhile."""
-    short = await Lock(proxied.client, name, ttl=0.6).acquire()
+    background; that release hangs (for up to its bound, 1 s, made 5 s here so that the
+    short lease's ttl can outlast the stalls of a loaded machine and still be shorter), and
+    the other lease is renewed meanwhile."""
+    monkeypatch.setattr(_engine, "ABORT_TIMEOUT", 5.0)
+    short = await Lock(proxied.client, name, ttl=scaled(0.6)).acquire()
     dropped = await Lock(proxied.client, f"{name}:dropped", ttl=30).acquire()
     stuck = proxied.proxy.silence_next(dropped.token.encode())
     with warnings.catch_warnings():
@@ -74,7 +77,7 @@ async def test_a_release_stuck_on_a_dead_connection_does_not_cost_another_lease(
     await asyncio.wait_for(stuck.wait(), 5)
     try:
         with renewals_of(short) as renewed:
-            # Renewed every 0.2 s: five renewals take 1 s, past its 0.6 s ttl.
+            # Renewed every third of its ttl: five renewals take it past its ttl.
             await until(lambda: renewed[0] >= 5 or short.lost, "five renewals", timeout=10)
         assert not short.lost, f"the short lease was lost: {short.loss_reason}"
     finally:

@@ -50,6 +50,7 @@ from aiolock._scripts import Script
 from aiolock.testing import ServerStartError, TLSFiles
 
 from ..conftest import in_ci, make_client
+from ..load import scaled
 from ..servers import RedisServer, ServerBinary, find_binaries
 from ..waits import eventually, within
 
@@ -302,7 +303,8 @@ async def test_a_lock_cycle_over_tls(tls_server: TlsServer, name: str) -> None:
         with pytest.raises(redis.exceptions.ConnectionError):
             async with asyncio.timeout(5):
                 await plain.ping()  # the port speaks TLS only
-        lock = Lock(client, name, ttl=1.0)  # leaves room for the TLS handshakes under load
+        # Room for the TLS handshakes and the stalls of a loaded machine.
+        lock = Lock(client, name, ttl=scaled(1.0))
         async with lock as lease:  # renewed over TLS past its ttl
             waiting = asyncio.create_task(Lock(other, name, ttl=5).acquire(timeout=10))
             first_deadline = lease.deadline

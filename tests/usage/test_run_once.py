@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-import sys
 import time
 from pathlib import Path
-from subprocess import PIPE
 
 import pytest
 import redis.asyncio
@@ -23,6 +22,7 @@ from aiolock import (
 )
 from aiolock._runtime import runtime_for
 
+from ..children import child, finished
 from ..conftest import CommandLog
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,19 +79,17 @@ async def test_three_server_processes_started_apart_run_the_job_once(
 ) -> None:
     log = f"{name}:log"
     argv = ["-m", "tests.usage.once_worker", "--url", server_url, "--job", name, "--log", log]
-    processes = []
-    for index in range(3):
-        if index:
-            await asyncio.sleep(0.4)
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, *argv, cwd=ROOT, stdout=PIPE, stderr=PIPE
-        )
-        processes.append(process)
-    statuses = []
-    for process in processes:
-        out, err = await asyncio.wait_for(process.communicate(), timeout=60)
-        assert process.returncode == 0, err.decode()
-        statuses.append(json.loads(out)["status"])
+    async with contextlib.AsyncExitStack() as stack:
+        processes = []
+        for index in range(3):
+            if index:
+                await asyncio.sleep(0.4)
+            processes.append(await stack.enter_async_context(child("python", *argv)))
+        statuses = []
+        for process in processes:
+            out, err = await finished(process, what="a server process", timeout=60)
+            assert process.returncode == 0, err.decode()
+            statuses.append(json.loads(out)["status"])
     ran = [int(pid) for pid in await client.lrange(log, 0, -1)]
     assert len(ran) == 1, statuses
     assert ran[0] == processes[statuses.index("ran")].pid

@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import sys
-from pathlib import Path
-from subprocess import PIPE
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
@@ -16,7 +14,7 @@ import redis.asyncio
 from aiolock import ConfigError, Lock, release_all, release_on_signals
 from aiolock._shutdown import _body_task
 
-ROOT = Path(__file__).resolve().parents[2]
+from ..children import child
 
 
 async def test_bodies_are_cancelled_under_the_lock_then_released(
@@ -121,11 +119,11 @@ def test_removing_the_handlers_puts_back_the_previous_one() -> None:
         signal.signal(signal.SIGUSR1, before)
 
 
-async def start_holder(url: str, name: str, *extra: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.usage.sigterm_holder", "--url", url, "--name", name,
-        *extra, cwd=ROOT, stdout=PIPE, stderr=PIPE,
-    )  # fmt: skip
+def start_holder(
+    url: str, name: str, *extra: str
+) -> AbstractAsyncContextManager[asyncio.subprocess.Process]:
+    """The holder process, for the block (ended with it, however the block ends)."""
+    return child("python", "-m", "tests.usage.sigterm_holder", "--url", url, "--name", name, *extra)
 
 
 async def next_event(process: asyncio.subprocess.Process) -> dict[str, Any]:
@@ -141,8 +139,7 @@ async def next_event(process: asyncio.subprocess.Process) -> dict[str, Any]:
 async def test_sigterm_releases_the_lock_at_once_and_ends_the_process(
     server_url: str, client: redis.asyncio.Redis, name: str
 ) -> None:
-    holder = await start_holder(server_url, name)
-    try:
+    async with start_holder(server_url, name) as holder:
         assert (await next_event(holder))["event"] == "acquired"
         lock = Lock(client, name, ttl=30)
         assert await lock.locked()
@@ -158,18 +155,13 @@ async def test_sigterm_releases_the_lock_at_once_and_ends_the_process(
         assert lease is not None
         assert loop.time() - signalled < 5
         await lease.release()
-    finally:
-        if holder.returncode is None:
-            holder.kill()
-            await holder.wait()
 
 
 @pytest.mark.real_only
 async def test_without_terminate_the_process_goes_on(
     server_url: str, client: redis.asyncio.Redis, name: str
 ) -> None:
-    holder = await start_holder(server_url, name, "--no-terminate")
-    try:
+    async with start_holder(server_url, name, "--no-terminate") as holder:
         assert (await next_event(holder))["event"] == "acquired"
         holder.send_signal(signal.SIGTERM)
         assert (await next_event(holder))["event"] == "cancelled"
@@ -177,10 +169,6 @@ async def test_without_terminate_the_process_goes_on(
         async with asyncio.timeout(30):
             await holder.wait()
         assert holder.returncode == 0
-    finally:
-        if holder.returncode is None:
-            holder.kill()
-            await holder.wait()
 
 
 async def test_the_body_task_is_known_for_a_guarded_lease(
