@@ -55,7 +55,8 @@ class Proc:
     pid: int
     start: str
     """The start time in clock ticks (/proc/PID/stat field 22): with the pid, an identity."""
-    command: str
+    command: str = field(compare=False)
+    """Its command line when first seen (a server rewrites its own later)."""
 
     def __str__(self) -> str:
         return f"process {self.pid} ({self.command})"
