@@ -465,7 +465,7 @@ class Backend:
     @staticmethod
     def slot(key: str) -> int:
         """The cluster hash slot of `key`."""
-        return int(key_slot(key.encode()))
+        return int(key_slot(key.encode("utf-8", "surrogateescape")))
 
     @property
     def client(self) -> AsyncClient:

@@ -34,11 +34,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal, TypeAlias, final
 
 from ._backend import AsyncClient, AsyncRedis, check_client, translate_errors
-from ._config import check_name, check_prefix
+from ._config import check_prefix
 from ._info import LockInfo, text
 from ._layout import HOLD_FIXED, LockKeys
 from ._runtime import runtime_for
 from ._scripts import RELEASE, release_args
+from .errors import ConfigError
 
 __all__ = (
     "KINDS",
@@ -437,6 +438,25 @@ def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
+def _check_read_name(name: object) -> str:
+    """A name to read back or evict: any non-empty `str`. The rules for a new lock's name
+    (`check_name`: its length, UTF-8) do not apply: another writer may have made a key that
+    breaks them, and it must still be shown and evicted. A name that is not UTF-8 is text
+    decoded with `surrogateescape`, read with a client that encodes with it (the command
+    line's)."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    if not name:
+        raise ConfigError("name must not be empty", argument="name", value=name)
+    return name
+
+
+def _key_name(key: object) -> str:
+    """A key from SCAN as text: bytes that are not UTF-8 decoded with `surrogateescape`,
+    so that the name encodes back to the same key."""
+    return key.decode("utf-8", "surrogateescape") if isinstance(key, bytes) else str(key)
+
+
 def _check_pattern(pattern: str) -> str:
     if not pattern:
         raise ValueError("the pattern must not be empty (use '*' for every lock)")
@@ -492,7 +512,7 @@ async def _scan(
                 cursor, keys = await client.scan(
                     cursor=cursor, match=match, count=1000, _type=type_
                 )
-        names.update(name_of(text(key)) for key in keys)
+        names.update(name_of(_key_name(key)) for key in keys)
         if int(cursor) == 0:
             return names
 
@@ -510,7 +530,7 @@ async def read_locks(
     """
     client = check_client(client)
     prefix = check_prefix(prefix)
-    names = [check_name(name) for name in names]
+    names = [_check_read_name(name) for name in names]
     of_kind = kind_named(kind)
     if isinstance(client, AsyncRedis):
         states: list[LockState] = []
@@ -717,7 +737,7 @@ async def force_release(
         BackendError: Redis could not be reached or refused the command.
     """
     client = check_client(client)
-    keys = LockKeys.build(check_prefix(prefix), check_name(name))
+    keys = LockKeys.build(check_prefix(prefix), _check_read_name(name))
     (state,) = await read_locks(client, [name], prefix=prefix)
     if state.holder is None:
         return ForceRelease(outcome="not_held", holder=None)
