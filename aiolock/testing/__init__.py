@@ -34,6 +34,10 @@ async with hold_elsewhere(client, "orders:42"):   # held by "another process"
 await expire_now(client, "orders:42")   # the holder loses the lease at its next renewal
 ```
 
+Both take a `Lock` or a lock's name, a `Semaphore` (every free permit held, or
+`permits=N`; every permit expired, or the one in `slot=N`), or a `ReadWriteLock`'s
+`write()` (the writer) or `read()` (one reader held, every reader expired).
+
 For unit tests that need no server at all, fakeredis works with aiolock:
 `fakeredis.FakeAsyncRedis()` (install `fakeredis[lua]`).
 """
