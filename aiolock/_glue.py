@@ -140,7 +140,13 @@ def client_source(client: object, *, argument: str = "client") -> Callable[[], A
 
 def retry_after_header(error: AcquireTimeoutError) -> str:
     """Seconds for a `Retry-After` header: the error's `retry_after` rounded up to whole
-    seconds (at least 1), or 1 when Redis gave no hint."""
+    seconds (at least 1), or 1 when Redis gave no hint.
+
+    `retry_after` is what is left of the lock's typical hold once Redis knows it (holds
+    that refused a request are measured when released, so an endpoint that tries once
+    learns it from its first busy answer on), else the holder key's ttl left: a lock held
+    about 20 ms at a time answers 1; one held about 3 s answers what is left of those 3 s.
+    """
     hint = error.retry_after
     if hint is None or not math.isfinite(hint):
         return "1"

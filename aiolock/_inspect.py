@@ -19,8 +19,8 @@ renewed lease may be held for hours under a short ttl by design (its ttl only bo
 long a crashed holder blocks the others), while a lease that is not renewed must finish
 within its ttl. Holds that ended by expiry or were aborted are not recorded, so a ttl that
 is far too short hides the longest holds: a `near_ttl` flag is the signal to look. Every
-lock that is waited for also keeps a typical hold (a moving average over releases that
-handed it on) in its state.
+lock that is waited for also keeps a typical hold (a moving average over the holds whose
+release handed it on, or that refused an acquire) in its state.
 """
 
 from __future__ import annotations
@@ -357,7 +357,8 @@ class LockState:
     last_fencing_token: int | None
     """The last fencing token issued (None: no state kept, see the retention)."""
     typical_hold: float | None
-    """Seconds: a moving average over the releases that handed the lock on (None: none)."""
+    """Seconds: a moving average over the holds whose release handed the lock on, or that
+    refused an acquire (None: none)."""
     queue: tuple[QueueEntry, ...]
     """The wait queue, in order (a read-write lock's writers')."""
     reader_queue: tuple[QueueEntry, ...] = ()

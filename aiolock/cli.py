@@ -809,7 +809,7 @@ def _show_renderable(state: LockState, prefix: str) -> Group:
         "typical hold",
         "-"
         if state.typical_hold is None
-        else f"{_duration(state.typical_hold)} (moving average over the releases that handed on)",
+        else f"{_duration(state.typical_hold)} (moving average over contended holds)",
     )
     if kind_named(state.kind).shared and state.holders:
         parts.append(_permits_table(state))

@@ -17,6 +17,8 @@ from aiolock import AcquireTimeoutError, ConfigError, Lease, Lock
 from aiolock._glue import retry_after_header
 from aiolock.fastapi import locked_request
 
+from ..waits import within
+
 pytestmark = pytest.mark.real_only
 
 
@@ -239,3 +241,36 @@ def test_bad_declarations_fail_when_the_route_is_declared(client: redis.asyncio.
         locked_request(42, client=client)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         locked_request("orders:{id}", client="redis://x")  # type: ignore[arg-type]
+
+
+async def test_retry_after_of_a_fail_fast_endpoint_follows_its_holds(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    """An endpoint that tries once (`timeout=0`) and holds the lock for a few ms: once a
+    request was turned away during a hold, that hold is measured, and the next busy
+    answers say `Retry-After: 1` rather than the ttl (30)."""
+    app = fastapi.FastAPI()
+    entered = asyncio.Event()
+    leave = asyncio.Event()
+
+    @app.post("/orders/{item}")
+    async def place(_: Lease = locked_request(name + ":{item}", client=client, ttl=30)) -> None:
+        entered.set()
+        await leave.wait()
+
+    async def busy_while_held() -> httpx.Response:
+        entered.clear()
+        leave.clear()
+        holding = asyncio.create_task(web.post("/orders/x"))
+        await within(entered.wait(), what="the first request holds the lock")
+        turned_away = await web.post("/orders/x")
+        leave.set()
+        assert (await within(holding, what="the holder's response")).status_code == 200
+        assert turned_away.status_code == 409, turned_away.text
+        return turned_away
+
+    async with http(app) as web:
+        first = await busy_while_held()
+        assert first.headers["retry-after"] == "30"  # nothing known yet: the key's ttl
+        for _ in range(3):
+            assert (await busy_while_held()).headers["retry-after"] == "1"
