@@ -31,9 +31,9 @@ import math
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, Literal, TypeAlias, final
+from typing import Any, Final, Literal, TypeAlias, cast, final
 
-from ._backend import AsyncClient, AsyncRedis, check_client, translate_errors
+from ._backend import AsyncClient, AsyncRedis, check_client, is_cluster, translate_errors
 from ._config import check_prefix
 from ._info import LockInfo, text
 from ._layout import HOLD_FIXED, LockKeys
@@ -533,11 +533,12 @@ async def read_locks(
     prefix = check_prefix(prefix)
     names = [_check_read_name(name) for name in names]
     of_kind = kind_named(kind)
-    if isinstance(client, AsyncRedis):
+    if not is_cluster(client):
+        one = cast(AsyncRedis, client)  # redis-py's, or valkey-py's twin
         states: list[LockState] = []
         for start in range(0, len(names), _BATCH):
             batch = names[start : start + _BATCH]
-            states.extend(await _read_batch(client, batch, prefix, of_kind))
+            states.extend(await _read_batch(one, batch, prefix, of_kind))
         return states
     # On a cluster, a MULTI/EXEC may only touch one slot: one snapshot per slot, on the
     # node serving it, all at once.
@@ -684,7 +685,8 @@ async def hold_stats(
     by the server; holds that ended by expiry are not among them.
 
     Args:
-        client: a `redis.asyncio.Redis` or `redis.asyncio.RedisCluster`.
+        client: a `redis.asyncio.Redis` or `RedisCluster`, or valkey-py's
+            `valkey.asyncio.Valkey` or `ValkeyCluster`.
         name: the lock's name.
         ttl: the ttl to judge the holds against (the one your code uses); default: the
             current holder's ttl if the lock is held, else unknown (`near_ttl` is False).

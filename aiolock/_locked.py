@@ -127,8 +127,10 @@ def locked(
 
     Args:
         name: the lock name template; every field must name a parameter of the function.
-        client: a `redis.asyncio.Redis`, or a function of no arguments returning one,
-            called at each call (for a client created at application startup).
+        client: a `redis.asyncio.Redis` or `RedisCluster` (or valkey-py's
+            `valkey.asyncio.Valkey` or `ValkeyCluster`), or a function of no arguments
+            returning one, called at each call (for a client created at application
+            startup).
         on_busy: what a call does when the lock stays held by someone else for the whole
             `timeout`: `"raise"` `AcquireTimeoutError`, or `"skip"` the call and return
             None. Required when `timeout` is not None (there is no default guess);

@@ -207,7 +207,8 @@ async def run_once(
     them with the lease's `fencing_token`, for that window.
 
     Args:
-        client: a `redis.asyncio.Redis`.
+        client: a `redis.asyncio.Redis` or `RedisCluster` (or valkey-py's
+            `valkey.asyncio.Valkey` or `ValkeyCluster`).
         job_key: the job's identity for this run (1 to 995 characters).
         fn: the job, called with no arguments, or with one: the `Lease` (for its
             `fencing_token`). An `async def` function or method, a `functools.partial`

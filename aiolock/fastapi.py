@@ -86,8 +86,9 @@ def locked_request(
     Args:
         name: a template such as `"orders:{order_id}"` whose fields are path or query
             parameters, or a function FastAPI resolves as a dependency, returning the name.
-        client: a `redis.asyncio.Redis`, or a function of no arguments returning one
-            (`lambda: app.state.redis` for a client made at startup).
+        client: a `redis.asyncio.Redis` or `RedisCluster` (or valkey-py's
+            `valkey.asyncio.Valkey` or `ValkeyCluster`), or a function of no arguments
+            returning one (`lambda: app.state.redis` for a client made at startup).
         ttl: the lock's ttl, seconds; renewed while the handler runs.
         timeout: seconds a request waits for the lock (default 0: one try, fail fast;
             None waits as long as it takes).

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Final, overload
+from typing import Final, cast, overload
 
-import redis.asyncio
-
-from .._backend import AsyncRedis
+from .._backend import AsyncRedis, ValkeyClient, check_client, is_cluster
 from .._config import check_name, check_prefix
 from .._hash_scripts import EXPIRE_LEASES
 from .._layout import LockKeys
@@ -30,6 +28,9 @@ _TIMEOUT: Final = 5.0
 
 Target = Lock | Semaphore | ReadLock | WriteLock | str
 
+OneServer = AsyncRedis | ValkeyClient
+"""A client of one server: redis-py's (fakeredis's too) or valkey-py's."""
+
 
 def _check_target(value: object, argument: str) -> Target:
     if isinstance(value, Lock | Semaphore | ReadLock | WriteLock | str):
@@ -38,20 +39,22 @@ def _check_target(value: object, argument: str) -> Target:
     raise TypeError(f"{argument} must be {_KINDS}, got {type(value).__name__}{hint}")
 
 
-def _another_process(client: AsyncRedis) -> AsyncRedis:
+def _another_process(client: object) -> AsyncRedis:
     """A second client on `client`'s connection pool: aiolock keeps a runtime (notifier,
     wait queues, queue id) per client, so its leases are another process's."""
-    if not isinstance(client, redis.asyncio.Redis):
+    checked = check_client(client)
+    if is_cluster(checked):
         raise TypeError(
-            "client must be a client of one server (a redis.asyncio.Redis, or fakeredis's), "
-            f"got {type(client).__name__}"
+            "client must be a client of one server (a redis.asyncio.Redis, fakeredis's or "
+            f"a valkey.asyncio.Valkey), got the cluster client {type(client).__name__}"
         )
-    return type(client)(connection_pool=client.connection_pool)
+    one = cast(AsyncRedis, checked)
+    return type(one)(connection_pool=one.connection_pool)
 
 
 @overload
 def hold_elsewhere(
-    client: AsyncRedis,
+    client: OneServer,
     name: Semaphore,
     *,
     permits: int | None = None,
@@ -62,7 +65,7 @@ def hold_elsewhere(
 
 @overload
 def hold_elsewhere(
-    client: AsyncRedis,
+    client: OneServer,
     name: Lock | ReadLock | WriteLock | str,
     *,
     ttl: float = 30.0,
@@ -72,7 +75,7 @@ def hold_elsewhere(
 
 
 def hold_elsewhere(
-    client: AsyncRedis,
+    client: OneServer,
     name: Target,
     *,
     permits: int | None = None,
@@ -183,17 +186,17 @@ async def _held(
 
 
 @overload
-async def expire_now(client: AsyncRedis, lock: Semaphore, *, slot: int | None = None) -> bool: ...
+async def expire_now(client: OneServer, lock: Semaphore, *, slot: int | None = None) -> bool: ...
 
 
 @overload
 async def expire_now(
-    client: AsyncRedis, lock: Lock | ReadLock | WriteLock | str, *, prefix: str = "aiolock"
+    client: OneServer, lock: Lock | ReadLock | WriteLock | str, *, prefix: str = "aiolock"
 ) -> bool: ...
 
 
 async def expire_now(
-    client: AsyncRedis, lock: Target, *, slot: int | None = None, prefix: str = "aiolock"
+    client: OneServer, lock: Target, *, slot: int | None = None, prefix: str = "aiolock"
 ) -> bool:
     """Make leases expire now, as if their holders had stopped renewing them: each holder
     loses its lease at its next renewal (within a third of its ttl; at its `extend()` or
@@ -240,6 +243,7 @@ async def expire_now(
 
     Added in 0.1; semaphores, read-write locks and `slot` in 0.3.
     """
+    checked = check_client(client)
     target = _check_target(lock, "lock")
     if slot is not None and not isinstance(target, Semaphore):
         raise TypeError(f"slot applies to a Semaphore, not to {type(target).__name__}")
@@ -257,14 +261,14 @@ async def expire_now(
             if isinstance(target, Lock)
             else LockKeys.build(check_prefix(prefix), check_name(target)).lock
         )
-        return bool(await client.delete(key))
+        return bool(await checked.delete(key))
     if isinstance(target, Semaphore):
         which = "" if slot is None else str(slot)
         key = target.key
     else:
         which = "0" if isinstance(target, ReadLock) else "1"
         key = target.lock.key
-    expired = await runtime_for(client).backend.run(
+    expired = await runtime_for(checked).backend.run(
         EXPIRE_LEASES,
         [key],
         [which],
