@@ -1,6 +1,6 @@
 """aiohttp: hold a lock for the duration of a request handler.
 
-Needs the `aiohttp` extra (`pip install "aiolock[aiohttp]"`).
+Needs the `aiohttp` extra (`pip install "aiolock-redis[aiohttp]"`).
 
 ```python
 from aiohttp import web
@@ -44,7 +44,7 @@ try:
     from aiohttp import web
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
-        'aiolock.aiohttp needs the "aiohttp" extra: pip install "aiolock[aiohttp]"'
+        'aiolock.aiohttp needs the "aiohttp" extra: pip install "aiolock-redis[aiohttp]"'
     ) from exc
 
 from ._backend import AsyncClient

@@ -68,7 +68,7 @@ known under the name given to `show`, a problem found by `doctor`); 2 usage or c
 error (unreachable server, not a Redis server); 130 interrupted (Ctrl-C, also the normal end
 of `watch` without `--count`).
 
-Needs the `cli` extra (`pip install "aiolock[cli]"`) for `rich`. Added in 0.1; semaphores,
+Needs the `cli` extra (`pip install "aiolock-redis[cli]"`) for `rich`. Added in 0.1; semaphores,
 read-write locks and `--kind` in 0.2.
 """
 
@@ -107,6 +107,7 @@ from ._inspect import (
     scan_lock_names,
 )
 from ._layout import LockKeys
+from ._version import DISTRIBUTION
 from .errors import BackendError, ConfigError
 
 try:
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help, or argparse's own usage error
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if not _HAVE_RICH:  # pragma: no cover - tested in a subprocess without rich
-        _error('the aiolock command line needs rich: pip install "aiolock[cli]"')
+        _error('the aiolock command line needs rich: pip install "aiolock-redis[cli]"')
         return EXIT_USAGE
     url = args.url or os.environ.get("REDIS_URL") or None
     try:
@@ -198,7 +199,9 @@ def _parser() -> argparse.ArgumentParser:
         "server.",
         epilog="exit codes: 0 ok, 1 operation failed, 2 usage or connection error, 130 interrupted",
     )
-    parser.add_argument("--version", action="version", version=f"aiolock {__version__}")
+    parser.add_argument(
+        "--version", action="version", version=f"aiolock {__version__} ({DISTRIBUTION})"
+    )
     _connection_options(parser, None)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

@@ -1,6 +1,6 @@
 """FastAPI: hold a lock for the duration of a request handler.
 
-Needs the `fastapi` extra (`pip install "aiolock[fastapi]"`, FastAPI ≥ 0.121).
+Needs the `fastapi` extra (`pip install "aiolock-redis[fastapi]"`, FastAPI ≥ 0.121).
 
 ```python
 from aiolock import Lease
@@ -48,7 +48,7 @@ try:
     from fastapi import HTTPException
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
-        'aiolock.fastapi needs the "fastapi" extra: pip install "aiolock[fastapi]"'
+        'aiolock.fastapi needs the "fastapi" extra: pip install "aiolock-redis[fastapi]"'
     ) from exc
 
 from ._config import LockConfig

