@@ -87,6 +87,8 @@ def printable(output: str) -> bool:
 
 HOST = b"\x1b[2J[bold]evil-host[/]\xff"
 HOST_SHOWN = "\\x1b[2J[bold]evil-host[/]"
+QUEUE_ID = b"q[/]\x1b[5m\xfe"
+QUEUE_SHOWN = "q[/]\\x1b[5m"
 
 
 @dataclass
@@ -126,16 +128,25 @@ async def hold(client: redis.asyncio.Redis, kind: str, tag: str, value: Hostile)
     lease = await asyncio.create_task(primitive.acquire(), name=task)
     source_key = LockKeys.build("aiolock", source, INFIX[kind]).lock.encode()
     key = b"aiolock:" + INFIX[kind].encode() + b"{" + raw_name + b"}"
+    raw: Any = client  # redis-py types the keys of COPY, ZADD and HSET as str
     if not value.api:
-        raw: Any = client  # redis-py types COPY's keys as str
         assert await raw.copy(source_key, key)
         assert await raw.copy(source_key + b":holds", key + b":holds")
     await rewrite_host(client, key)
+    # A queued process with a hostile queue id and host (entries as the layout writes
+    # them: "<expires at, ms> <waiters> <host> <pid>"), expiring with the holder.
+    queue, waiters = key + b":queue", key + b":waiters"
+    seconds, _ = await client.time()
+    expires = int(seconds) * 1000 + 30_000
+    await raw.zadd(queue, {QUEUE_ID: 1})
+    await raw.hset(waiters, QUEUE_ID, str(expires).encode() + b" 1 " + HOST + b" 4242")
+    await client.pexpire(queue, 30_000)
+    await client.pexpire(waiters, 30_000)
 
     async def cleanup() -> None:
         with contextlib.suppress(LeaseLostError):  # `release --force` evicted it
             await lease.release()
-        await client.delete(key, key + b":holds")
+        await client.delete(key, key + b":holds", queue, waiters)
 
     return Held(
         name=name, key=key.decode("utf-8", "surrogateescape"), task=task[:200], cleanup=cleanup
@@ -193,8 +204,10 @@ async def test_every_command_prints_hostile_values_as_text(
         assert (state["name"], state["key"]) == (held.name, held.key)
         if value.api:
             assert state["holders"][0]["task"] == held.task
+        assert state["queue"][0]["host"] == HOST.decode(errors="replace")
         table = await arun(*url, "show", held.name, "--kind", kind)
         check_table(table, value, task=HOST_SHOWN)
+        assert QUEUE_SHOWN in table.out
         if value.api and value.id != "10kB":
             shown_task = value.shown if kind != "semaphore" else value.shown[:10]
             assert shown_task in table.out.replace("\n", "")
