@@ -60,6 +60,7 @@ __all__ = (
     "AsyncClient",
     "AsyncRedis",
     "Backend",
+    "Client",
     "ClientLibrary",
     "ValkeyClient",
     "check_client",
