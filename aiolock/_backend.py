@@ -1,6 +1,7 @@
-"""The one seam between aiolock and redis-py.
+"""The one seam between aiolock and redis-py (or valkey-py, its fork).
 
-This is the only module that imports `redis`. It runs scripts (EVALSHA with an EVAL fallback
+This is the only module of the core that imports `redis` (and `valkey`, only once it is given
+a valkey-py client: `ClientLibrary`). It runs scripts (EVALSHA with an EVAL fallback
 on NOSCRIPT), bounds every call by a timeout, and translates redis errors into
 `BackendError` with the original chained. It also makes, per user client, the connections
 aiolock opens for itself: background work (renewals, the pub/sub subscription) must not wait
@@ -14,6 +15,11 @@ Before each of aiolock's calls, on the user's pool or its own, the Sentinels are
 where the master is (one more round trip, to a Sentinel), and a pooled connection to a
 former master (one the Sentinels no longer name, which may still take writes until they
 demote it) is closed and opened again to the new one.
+
+valkey-py (`valkey.asyncio.Valkey`, `ValkeyCluster`, Sentinel's `master_for`) has redis-py's
+API under other names: a client's `ClientLibrary` gives the classes aiolock makes its own
+connections, pools and pub/sub sessions of, and the errors it maps. Its commands are sent
+the same ways (packed by hiredis on valkey-py's own connection classes).
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ import random
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Final, NoReturn
+from dataclasses import dataclass, field
+from typing import Any, Final, NoReturn, Protocol, cast
 
 import redis
 import redis.asyncio
@@ -53,46 +60,236 @@ __all__ = (
     "AsyncClient",
     "AsyncRedis",
     "Backend",
+    "Client",
+    "ClientLibrary",
+    "ValkeyClient",
     "check_client",
     "is_cluster",
+    "library_of",
     "outcome_unknown",
     "translate_errors",
 )
 
 AsyncRedis = redis.asyncio.Redis
+"""A client of one server, as aiolock's code types it: redis-py's; valkey-py's
+`valkey.asyncio.Valkey` has the same API (and is typed as this inside aiolock)."""
 
-AsyncClient = redis.asyncio.Redis | RedisCluster
+
+class ValkeyClient(Protocol):
+    """valkey-py's asyncio clients, `valkey.asyncio.Valkey` and `ValkeyCluster`, as
+    aiolock's signatures accept them: by their shape, so that aiolock's types need no
+    valkey import (an installed valkey-py is imported only once a client of it is given).
+    Which classes are taken is checked when the client is given (`check_client`)."""
+
+    async def aclose(self) -> None: ...
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any: ...
+
+
+AsyncClient = redis.asyncio.Redis | RedisCluster | ValkeyClient
 """What the primitives take: a client of one server (or of Sentinel's master), or of a
-Redis Cluster."""
+Redis Cluster; redis-py's, or valkey-py's."""
 
-CLUSTER_ERRORS: Final = (redis.exceptions.RedisClusterException,)
-"""What redis-py's cluster client raises besides `RedisError`s: a command it could not
-route (no node for the slot, redirections exhausted, keys in several slots)."""
+Client = redis.asyncio.Redis | RedisCluster
+"""A client once checked (`check_client`), as aiolock's code types it: valkey-py's clients
+have redis-py's API, and are typed as redis-py's inside aiolock."""
 
 
-def check_client(client: object) -> AsyncClient:
-    """A `redis.asyncio.Redis` or a `redis.asyncio.RedisCluster`."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientLibrary:
+    """The classes of one client library: redis-py, or valkey-py (its fork, the same API
+    under other names). Typed as redis-py's inside aiolock."""
+
+    name: str
+    """What messages call it: "redis-py", "valkey-py"."""
+    client: type[redis.asyncio.Redis]
+    cluster: type[RedisCluster]
+    sync_clients: tuple[type, ...]
+    """Its synchronous clients, refused with advice."""
+    connection_pool: type[redis.asyncio.ConnectionPool]
+    sentinel_pool: type[SentinelConnectionPool]
+    pubsub: type[PubSub]
+    no_retry: Callable[[], Retry]
+    """A retry policy that does not retry (aiolock's own connections)."""
+    direct: set[type[Any]]
+    """Its connection classes that aiolock sends its commands on directly."""
+    connection_module: str
+    """The module of its asyncio connections (see `_closed_transport`)."""
+    names_connections: bool
+    """Whether its pools' `get_connection` requires a command name."""
+    error: type[Exception]
+    response_error: type[Exception]
+    noscript_error: type[Exception]
+    connection_error: type[Exception]
+    timeout_error: type[Exception]
+    cluster_error: type[Exception]
+    """What its cluster client raises besides its errors: a command it could not route
+    (no node for the slot, redirections exhausted, keys in several slots)."""
+    advice: str = field(default="")
+    """How to create an asyncio client of it, for an error message."""
+
+
+def _takes_command_name(pool: type[Any]) -> bool:
+    """redis-py before 5.3 (and valkey-py) requires a command name in `get_connection`;
+    later redis-py warns."""
+    parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
+    return parameter is not None and parameter.default is inspect.Parameter.empty
+
+
+DIRECT_CONNECTIONS: set[type[redis.asyncio.connection.AbstractConnection]] = {
+    redis.asyncio.Connection,
+    redis.asyncio.SSLConnection,
+    redis.asyncio.UnixDomainSocketConnection,
+}
+"""Connection classes aiolock sends its commands on directly: redis-py's own (and, in
+aiolock's tests, one that records what is sent)."""
+
+REDIS: Final = ClientLibrary(
+    name="redis-py",
+    client=redis.asyncio.Redis,
+    cluster=RedisCluster,
+    sync_clients=(redis.Redis, redis.RedisCluster),
+    connection_pool=redis.asyncio.ConnectionPool,
+    sentinel_pool=SentinelConnectionPool,
+    pubsub=PubSub,
+    no_retry=lambda: Retry(NoBackoff(), 0),
+    direct=DIRECT_CONNECTIONS,
+    connection_module="redis.asyncio.connection",
+    names_connections=_takes_command_name(redis.asyncio.ConnectionPool),
+    error=redis.exceptions.RedisError,
+    response_error=redis.exceptions.ResponseError,
+    noscript_error=redis.exceptions.NoScriptError,
+    connection_error=redis.exceptions.ConnectionError,
+    timeout_error=redis.exceptions.TimeoutError,
+    cluster_error=redis.exceptions.RedisClusterException,
+    advice="redis.asyncio.Redis(...), redis.asyncio.from_url(...) or redis.asyncio.RedisCluster(...)",
+)
+
+
+def _load_valkey() -> ClientLibrary:
+    """valkey-py's classes (imported now: a client of it was given, so it is installed)."""
+    import valkey  # noqa: PLC0415 - imported only once a valkey-py client is given
+    import valkey.asyncio  # noqa: PLC0415
+    import valkey.asyncio.client  # noqa: PLC0415
+    import valkey.asyncio.cluster  # noqa: PLC0415
+    import valkey.asyncio.retry  # noqa: PLC0415
+    import valkey.asyncio.sentinel  # noqa: PLC0415
+    import valkey.backoff  # noqa: PLC0415
+    import valkey.exceptions  # noqa: PLC0415
+
+    connections: Any = valkey.asyncio.connection
+    return ClientLibrary(
+        name="valkey-py",
+        client=cast(Any, valkey.asyncio.Valkey),
+        cluster=cast(Any, valkey.asyncio.cluster.ValkeyCluster),
+        sync_clients=(valkey.Valkey, valkey.ValkeyCluster),
+        connection_pool=cast(Any, valkey.asyncio.ConnectionPool),
+        sentinel_pool=cast(Any, valkey.asyncio.sentinel.SentinelConnectionPool),
+        pubsub=cast(Any, valkey.asyncio.client.PubSub),
+        no_retry=lambda: cast(Retry, valkey.asyncio.retry.Retry(valkey.backoff.NoBackoff(), 0)),
+        direct={
+            connections.Connection,
+            connections.SSLConnection,
+            connections.UnixDomainSocketConnection,
+        },
+        connection_module="valkey.asyncio.connection",
+        names_connections=_takes_command_name(valkey.asyncio.ConnectionPool),
+        error=valkey.exceptions.ValkeyError,
+        response_error=valkey.exceptions.ResponseError,
+        noscript_error=valkey.exceptions.NoScriptError,
+        connection_error=valkey.exceptions.ConnectionError,
+        timeout_error=valkey.exceptions.TimeoutError,
+        cluster_error=valkey.exceptions.ValkeyClusterException,
+        advice="valkey.asyncio.Valkey(...), valkey.asyncio.from_url(...) or "
+        "valkey.asyncio.ValkeyCluster(...)",
+    )
+
+
+class _Errors:
+    """The errors of every client library in use (valkey-py's from its first client on),
+    for the `except` clauses here, which evaluate these when an error is raised."""
+
+    any: tuple[type[BaseException], ...] = (REDIS.error, OSError, REDIS.cluster_error)
+    """A connection that broke or a server that refused (or an unroutable cluster call)."""
+    with_timeout: tuple[type[BaseException], ...] = (*any, TimeoutError)
+    """`any`, and the builtin `TimeoutError` (of `asyncio.timeout`)."""
+    library: tuple[type[BaseException], ...] = (REDIS.error,)
+    response: tuple[type[BaseException], ...] = (REDIS.response_error,)
+    noscript: tuple[type[BaseException], ...] = (REDIS.noscript_error,)
+    connection: tuple[type[BaseException], ...] = (REDIS.connection_error,)
+    timeout: tuple[type[BaseException], ...] = (REDIS.timeout_error,)
+    cluster: tuple[type[BaseException], ...] = (REDIS.cluster_error,)
+    connection_modules: tuple[str, ...] = (REDIS.connection_module,)
+
+    @classmethod
+    def add(cls, library: ClientLibrary) -> None:
+        cls.any += (library.error, library.cluster_error)
+        cls.with_timeout += (library.error, library.cluster_error)
+        cls.library += (library.error,)
+        cls.response += (library.response_error,)
+        cls.noscript += (library.noscript_error,)
+        cls.connection += (library.connection_error,)
+        cls.timeout += (library.timeout_error,)
+        cls.cluster += (library.cluster_error,)
+        cls.connection_modules += (library.connection_module,)
+
+
+_VALKEY: list[ClientLibrary] = []
+"""valkey-py's `ClientLibrary`, once a client of it was given."""
+
+
+def _valkey_library() -> ClientLibrary:
+    if not _VALKEY:
+        library = _load_valkey()
+        _Errors.add(library)
+        _VALKEY.append(library)
+    return _VALKEY[0]
+
+
+def _from_valkey(client: object) -> bool:
+    """Whether `client`'s class comes from valkey-py (its own or a subclass of one)."""
+    return any(klass.__module__.partition(".")[0] == "valkey" for klass in type(client).__mro__)
+
+
+def library_of(client: object) -> ClientLibrary | None:
+    """The library of `client` if it is one of its asyncio clients (of one server or of a
+    cluster), else None."""
     if isinstance(client, redis.asyncio.Redis | RedisCluster):
-        return client
+        return REDIS
+    if _from_valkey(client):
+        library = _valkey_library()
+        if isinstance(client, library.client | library.cluster):
+            return library
+    return None
+
+
+def check_client(client: object) -> Client:
+    """A `redis.asyncio.Redis` or `RedisCluster`, or a `valkey.asyncio.Valkey` or
+    `ValkeyCluster` (typed as redis-py's: see `Client`)."""
+    if library_of(client) is not None:
+        return cast(Client, client)
     return _not_a_client(client)
 
 
 def is_cluster(client: object) -> bool:
-    """Whether `client` is a `redis.asyncio.RedisCluster`."""
-    return isinstance(client, RedisCluster)
+    """Whether `client` is a cluster client (`RedisCluster`, `ValkeyCluster`)."""
+    library = library_of(client)
+    return library is not None and isinstance(client, library.cluster)
 
 
 def _not_a_client(client: object) -> NoReturn:
-    if isinstance(client, redis.Redis | redis.RedisCluster):
-        raise TypeError(
-            f"client must be an asyncio client (redis.asyncio.{type(client).__name__}), got "
-            f"the synchronous redis.{type(client).__name__}; create it with "
-            "redis.asyncio.Redis(...), redis.asyncio.from_url(...) or "
-            "redis.asyncio.RedisCluster(...)"
-        )
+    libraries = (REDIS, _valkey_library()) if _from_valkey(client) else (REDIS,)
+    for library in libraries:
+        if isinstance(client, library.sync_clients):
+            module = library.sync_clients[0].__module__.partition(".")[0]
+            raise TypeError(
+                f"client must be an asyncio client ({module}.asyncio.{type(client).__name__}), "
+                f"got the synchronous {module}.{type(client).__name__}; create it with "
+                f"{library.advice}"
+            )
     raise TypeError(
-        "client must be a redis.asyncio.Redis or a redis.asyncio.RedisCluster, got "
-        f"{type(client).__name__}"
+        "client must be a redis.asyncio.Redis or RedisCluster (redis-py), or a "
+        f"valkey.asyncio.Valkey or ValkeyCluster (valkey-py), got {type(client).__name__}"
     )
 
 
@@ -101,7 +298,7 @@ def _backend_error(
 ) -> BackendError:
     """The `BackendError` for `error` (a redis error, an OSError, or our own timeout)."""
     what = f"{operation} of lock {name!r}" if name is not None else operation
-    if isinstance(error, TimeoutError) and not isinstance(error, redis.exceptions.RedisError):
+    if isinstance(error, TimeoutError) and not isinstance(error, _Errors.library):
         return BackendError(
             f"{what}: no reply from Redis within {timeout:.3g}s", operation=operation, name=name
         )
@@ -113,7 +310,7 @@ def translate_errors(operation: str, name: str | None, timeout: float) -> Iterat
     """Turn redis errors and timeouts raised inside the block into `BackendError`."""
     try:
         yield
-    except (redis.exceptions.RedisError, TimeoutError, OSError, *CLUSTER_ERRORS) as exc:
+    except _Errors.with_timeout as exc:
         raise _backend_error(operation, name, timeout, exc) from exc
 
 
@@ -124,25 +321,16 @@ def outcome_unknown(error: BaseException) -> bool:
     broken connection may have been.
     """
     cause = error.__cause__ if isinstance(error, BackendError) else error
-    return not isinstance(cause, redis.exceptions.ResponseError)
+    return not isinstance(cause, _Errors.response)
 
 
-DIRECT_CONNECTIONS: set[type[redis.asyncio.connection.AbstractConnection]] = {
-    redis.asyncio.Connection,
-    redis.asyncio.SSLConnection,
-    redis.asyncio.UnixDomainSocketConnection,
-}
-"""Connection classes aiolock sends its commands on directly: redis-py's own (and, in
-aiolock's tests, one that records what is sent)."""
-
-
-def _sends_directly(client: redis.asyncio.Redis) -> bool:
+def _sends_directly(client: redis.asyncio.Redis, library: ClientLibrary) -> bool:
     """Whether aiolock may send its scripts on `client`'s connections itself.
 
     A script call through `execute_command` packs its arguments in Python and goes through
     redis-py's retry and instrumentation layers, which aiolock replaces with its own
     bounds; sending on a pooled connection directly, packed by hiredis, costs a fraction.
-    Only redis-py's own connection classes with the default UTF-8 encoding qualify: any
+    Only the library's own connection classes with the default UTF-8 encoding qualify: any
     other connection (fakeredis, Sentinel-managed, a subclass), encoding, or a client
     bound to a single connection goes through `execute_command`.
     """
@@ -151,20 +339,23 @@ def _sends_directly(client: redis.asyncio.Redis) -> bool:
     return (
         hiredis is not None
         and not client.single_connection_client
-        and pool.connection_class in DIRECT_CONNECTIONS
+        and pool.connection_class in library.direct
         and str(kwargs.get("encoding", "utf-8")).lower().replace("_", "-") in ("utf-8", "utf8")
         and kwargs.get("encoding_errors", "strict") == "strict"
     )
 
 
-def _takes_command_name() -> bool:
-    """redis-py before 5.3 requires a command name in `get_connection`; later ones warn."""
-    get_connection = redis.asyncio.ConnectionPool.get_connection
-    parameter = inspect.signature(get_connection).parameters.get("command_name")
-    return parameter is not None and parameter.default is inspect.Parameter.empty
+async def _pooled(pool: Any, command: str) -> Any:
+    """A connection of `pool` (named by the command, for the pools that want that)."""
+    if _names_connections(pool):
+        return await pool.get_connection(command)
+    return await pool.get_connection()
 
 
-_NAME_CONNECTIONS: Final = _takes_command_name()
+def _names_connections(pool: Any) -> bool:
+    if isinstance(pool, redis.asyncio.ConnectionPool):
+        return REDIS.names_connections
+    return any(isinstance(pool, lib.connection_pool) and lib.names_connections for lib in _VALKEY)
 
 
 _Command = tuple[str | int, ...]
@@ -214,10 +405,10 @@ async def _read_pair(
     read = connection.read_response
     try:
         first = await read()
-    except redis.exceptions.NoScriptError:
+    except _Errors.noscript:
         await connection.disconnect(nowait=True)
         raise
-    except redis.exceptions.ResponseError as exc:
+    except _Errors.response as exc:
         await read()
         raise exc from None
     return first, await read()
@@ -233,10 +424,7 @@ async def _send_direct(
     itself, so a half-read reply never goes back to the pool.
     """
     pool = client.connection_pool
-    if _NAME_CONNECTIONS:  # pragma: no cover - redis-py < 5.3
-        connection = await pool.get_connection(command[0])  # type: ignore[no-untyped-call]
-    else:
-        connection = await pool.get_connection()  # type: ignore[no-untyped-call]
+    connection = await _pooled(pool, str(command[0]))
     try:
         packed: bytes = hiredis.pack_command(command)  # type: ignore[arg-type]
         if then is not None:
@@ -267,7 +455,7 @@ async def _master_address(pool: SentinelConnectionPool) -> tuple[str, int] | Non
     try:
         async with asyncio.timeout(_DISCOVERY_BOUND):
             address: tuple[str, int] = await pool.get_master_address()  # type: ignore[no-untyped-call]
-    except (redis.exceptions.RedisError, OSError, TimeoutError) as exc:
+    except _Errors.with_timeout as exc:
         logger.debug("aiolock: no Sentinel named the master, using the connection: %s", exc)
         return None
     return address
@@ -286,13 +474,9 @@ async def _send_to_master(
     A former master that was demoted already refuses writes with READONLY: redis-py's
     connection then closes itself and raises `ConnectionError`, and `_call` sends again.
     """
-    pool = client.connection_pool
-    assert isinstance(pool, SentinelConnectionPool)
+    pool: Any = client.connection_pool  # a Sentinel-managed pool, of either library
     address = await _master_address(pool)
-    if _NAME_CONNECTIONS:  # pragma: no cover - redis-py < 5.3
-        connection = await pool.get_connection(command[0])  # type: ignore[no-untyped-call]
-    else:
-        connection = await pool.get_connection()  # type: ignore[no-untyped-call]
+    connection = await _pooled(pool, str(command[0]))
     try:
         if address is not None and (connection.host, connection.port) != tuple(address):
             # Opened again here, through the pool, which asks the Sentinels: a send on a
@@ -317,7 +501,7 @@ async def _send_to_master(
 
 
 async def _execute(
-    client: AsyncClient, command: _Command, on_sent: _Sent, then: _Command | None = None
+    client: Client, command: _Command, on_sent: _Sent, then: _Command | None = None
 ) -> Any:
     if on_sent is not None:
         on_sent()
@@ -354,7 +538,7 @@ def _node_for(client: RedisCluster, key: str | None, avoid: str | None = None) -
     """The primary serving `key`'s slot as the client knows it, or a random primary (other
     than the one named `avoid`, if there is another)."""
     if key is not None:
-        with contextlib.suppress(*CLUSTER_ERRORS, LookupError):
+        with contextlib.suppress(*_Errors.cluster, LookupError):
             node = client.get_node_from_key(key)
             if node is not None:
                 return node
@@ -382,7 +566,7 @@ def _closed_transport(error: Exception) -> bool:
     if module == "asyncio.selector_events":
         return True
     return (
-        module == "redis.asyncio.connection"
+        module in _Errors.connection_modules
         and isinstance(error, AttributeError)
         and "'NoneType' object" in str(error)
     )
@@ -401,15 +585,12 @@ class Backend:
     is held weakly: locks hold it strongly, so it lives as long as they do.
     """
 
-    connection_errors: Final = (redis.exceptions.RedisError, OSError, *CLUSTER_ERRORS)
-    """What a broken or refusing connection raises, for code that handles it unmapped."""
-
     @staticmethod
     def broken(error: BaseException) -> bool:
         """Whether `error` says that a connection broke or the server refused a command,
         including the event loop's own errors for a write on a connection that was reset
         (see `_closed_transport`)."""
-        if isinstance(error, Backend.connection_errors):
+        if isinstance(error, _Errors.any):
             return True
         return isinstance(error, RuntimeError | AttributeError | TypeError) and _closed_transport(
             error
@@ -421,6 +602,7 @@ class Backend:
         "_cluster",
         "_connection_class",
         "_connection_kwargs",
+        "_library",
         "_pubsub_node",
         "_renew_client",
         "_send",
@@ -429,15 +611,21 @@ class Backend:
     )
 
     def __init__(self, client: AsyncClient) -> None:
-        self._client_ref: weakref.ref[AsyncClient] = weakref.ref(client)
+        library = library_of(client)
+        if library is None:  # pragma: no cover - the primitives check their client first
+            _not_a_client(client)
+        self._library = library
+        # Typed as redis-py's: valkey-py's clients have the same API.
+        client = cast(redis.asyncio.Redis | RedisCluster, client)
+        self._client_ref: weakref.ref[redis.asyncio.Redis | RedisCluster] = weakref.ref(client)
         self.loop = asyncio.get_running_loop()
         self._renew_client: redis.asyncio.Redis | None = None
         self._sentinel: SentinelConnectionPool | None = None
         self._send: _Send
-        self._cluster = isinstance(client, RedisCluster)
+        self._cluster = isinstance(client, library.cluster)
         self._pubsub_node: str | None = None
         self._connection_class: type[redis.asyncio.connection.AbstractConnection]
-        if isinstance(client, RedisCluster):
+        if isinstance(client, library.cluster):
             # Script calls go through the cluster client, which routes each by its keys'
             # slot and follows MOVED and ASK; the pub/sub connection is aiolock's own, to
             # one primary (a PUBLISH reaches every node of a cluster).
@@ -446,18 +634,19 @@ class Backend:
             self._connection_kwargs = {
                 k: v for k, v in node.connection_kwargs.items() if k not in ("host", "port")
             }
-            self._connection_kwargs["retry"] = Retry(NoBackoff(), 0)
+            self._connection_kwargs["retry"] = library.no_retry()
             self._send = _execute
             return
+        assert isinstance(client, library.client)
         # aiolock's own connections use the client's settings; kept here so that a
         # lingering background task never needs the (weakly held) client itself.
         pool = client.connection_pool
         self._connection_class = pool.connection_class
         self._connection_kwargs = dict(pool.connection_kwargs)
-        self._connection_kwargs["retry"] = Retry(NoBackoff(), 0)
+        self._connection_kwargs["retry"] = library.no_retry()
         # A Sentinel-managed pool's connections find the master through the pool that made
         # them: aiolock's own pools are Sentinel-managed pools of the same service.
-        if isinstance(pool, SentinelConnectionPool):
+        if isinstance(pool, library.sentinel_pool):
             self._sentinel = pool
             self._connection_kwargs.pop("connection_pool", None)
         # aiolock's own connections are of the same class, with the same encoding. With
@@ -466,7 +655,7 @@ class Backend:
         if self._sentinel is not None and self._sentinel.is_master:
             self._send = _send_to_master
         else:
-            self._send = _send_direct if _sends_directly(client) else _execute
+            self._send = _send_direct if _sends_directly(client, library) else _execute
 
     @property
     def cluster(self) -> bool:
@@ -477,10 +666,15 @@ class Backend:
     @staticmethod
     def slot(key: str) -> int:
         """The cluster hash slot of `key`."""
-        return int(key_slot(key.encode()))
+        return int(key_slot(key.encode("utf-8", "surrogateescape")))
 
     @property
-    def client(self) -> AsyncClient:
+    def library(self) -> ClientLibrary:
+        """The client's library: redis-py, or valkey-py."""
+        return self._library
+
+    @property
+    def client(self) -> redis.asyncio.Redis | RedisCluster:
         client = self._client_ref()
         if client is None:  # pragma: no cover - locks keep their client alive
             raise RuntimeError("the redis client of this lock was garbage-collected")
@@ -498,7 +692,11 @@ class Backend:
         # redis-py types `PubSub.connection` as always None.
         connection: redis.asyncio.Connection | None = getattr(pubsub, "connection", None)
         pool = pubsub.connection_pool
-        if connection is None or not isinstance(pool, SentinelConnectionPool) or not pool.is_master:
+        if (
+            connection is None
+            or not isinstance(pool, self._library.sentinel_pool)
+            or not pool.is_master
+        ):
             return False
         address = await _master_address(pool)
         return address is not None and (connection.host, connection.port) != tuple(address)
@@ -546,7 +744,7 @@ class Backend:
             assert wait_ms >= 1, "WAIT 0 blocks for ever"
             then = ("WAIT", replicas, wait_ms)
         if fresh:
-            client = redis.asyncio.Redis(
+            client = self._library.client(
                 connection_pool=self._connection_pool(keys[0] if keys else None)
             )
             try:
@@ -596,7 +794,7 @@ class Backend:
         node's successor. Every script is safe to apply twice.
         """
         client = self.client
-        assert isinstance(client, RedisCluster)
+        assert isinstance(client, self._library.cluster)
         commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
 
         async def pipelined() -> list[Any]:
@@ -605,13 +803,13 @@ class Backend:
                 pipe.execute_command(*command)
             try:
                 replies: list[Any] = await pipe.execute(raise_on_error=False)
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            except (*_Errors.connection, *_Errors.timeout) as exc:
                 return [exc] * len(commands)
             return replies
 
         async def alone(index: int, failed: BaseException) -> Any:
             command = commands[index]
-            if isinstance(failed, redis.exceptions.NoScriptError):
+            if isinstance(failed, _Errors.noscript):
                 command = ("EVAL", script.source, *command[2:])
             return await self._send_once(client, command, script, None, None)
 
@@ -652,11 +850,14 @@ class Backend:
         `nodes(cluster)` (asked once the cluster client knows which node serves which
         slot), closed on exit."""
         client = self.client
-        if isinstance(client, redis.asyncio.Redis):
+        if not isinstance(client, self._library.cluster):
+            assert isinstance(client, self._library.client)
             yield [client]
             return
         await client.initialize()  # nothing is sent if it knows its nodes already
-        own = [redis.asyncio.Redis(connection_pool=self._node_pool(node)) for node in nodes(client)]
+        own = [
+            self._library.client(connection_pool=self._node_pool(node)) for node in nodes(client)
+        ]
         try:
             yield own
         finally:
@@ -676,7 +877,7 @@ class Backend:
 
     async def _call(
         self,
-        client: AsyncClient,
+        client: Client,
         command: _Command,
         *,
         script: Script | None,
@@ -724,7 +925,7 @@ class Backend:
                     result = await send()
                 else:
                     result = await self._send_once(client, command, script, on_sent, then)
-            except redis.exceptions.ConnectionError:
+            except _Errors.connection:
                 if send is not None:
                     result = await send()
                 else:
@@ -734,7 +935,7 @@ class Backend:
             if expired and task.uncancel() <= cancelling:
                 raise _backend_error(operation, name, timeout, TimeoutError()) from exc
             raise
-        except (redis.exceptions.RedisError, OSError, *CLUSTER_ERRORS) as exc:
+        except _Errors.any as exc:
             if expired:
                 task.uncancel()  # our timer's cancellation, turned into this error on the way
                 raise _backend_error(operation, name, timeout, TimeoutError()) from exc
@@ -754,7 +955,7 @@ class Backend:
 
     async def _send_once(
         self,
-        client: AsyncClient,
+        client: Client,
         command: _Command,
         script: Script | None,
         on_sent: _Sent,
@@ -764,7 +965,7 @@ class Backend:
         lost in a restart) is sent again as EVAL, which also caches the script."""
         try:
             return await self._send(client, command, on_sent, then)
-        except redis.exceptions.NoScriptError as exc:
+        except _Errors.noscript as exc:
             if script is None:
                 raise
             # Drop its traceback: redis-py's frame in it holds the error (a cycle only the
@@ -789,11 +990,11 @@ class Backend:
         serves `key` (a random primary without one)."""
         if self._cluster:
             client = self.client
-            assert isinstance(client, RedisCluster)
+            assert isinstance(client, self._library.cluster)
             return self._node_pool(_node_for(client, key))
         sentinel = self._sentinel
         if sentinel is not None:
-            return SentinelConnectionPool(  # type: ignore[no-untyped-call]
+            return self._library.sentinel_pool(
                 sentinel.service_name,
                 sentinel.sentinel_manager,
                 is_master=sentinel.is_master,
@@ -801,26 +1002,26 @@ class Backend:
                 connection_class=self._connection_class,
                 **self._connection_kwargs,
             )
-        return redis.asyncio.ConnectionPool(
+        return self._library.connection_pool(
             connection_class=self._connection_class, **self._connection_kwargs
         )
 
     def _node_pool(self, node: ClusterNode) -> redis.asyncio.ConnectionPool:
         """A new pool of connections to one cluster node, with the user's settings."""
-        return redis.asyncio.ConnectionPool(
+        return self._library.connection_pool(
             connection_class=self._connection_class,
             host=node.host,
             port=node.port,
             **self._connection_kwargs,
         )
 
-    def _background_client(self) -> AsyncClient:
+    def _background_client(self) -> Client:
         if self._cluster:
             # The cluster client itself: it keeps a pool per node, routes by slot and
             # follows redirections, which a client of aiolock's own would have to redo.
             return self.client
         if self._renew_client is None:
-            self._renew_client = redis.asyncio.Redis(connection_pool=self._connection_pool())
+            self._renew_client = self._library.client(connection_pool=self._connection_pool())
         return self._renew_client
 
     async def close_background_client(self) -> None:
@@ -834,9 +1035,9 @@ class Backend:
         than the previous session's: a session is replaced when its node stopped answering,
         which the cluster client may not know yet."""
         if not self._cluster:
-            return PubSub(connection_pool=self._connection_pool())
+            return self._library.pubsub(connection_pool=self._connection_pool())
         client = self.client
-        assert isinstance(client, RedisCluster)
+        assert isinstance(client, self._library.cluster)
         node = _node_for(client, None, avoid=self._pubsub_node)
         self._pubsub_node = node.name
-        return PubSub(connection_pool=self._node_pool(node))
+        return self._library.pubsub(connection_pool=self._node_pool(node))

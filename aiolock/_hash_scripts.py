@@ -15,7 +15,9 @@ Writes are gathered and made by `flush()` in at most three commands (HDEL, HSET,
 
 from __future__ import annotations
 
-__all__ = ("END_LEASE", "LEASES", "RECENT_KEPT", "STATE")
+from ._scripts import Script
+
+__all__ = ("END_LEASE", "EXPIRE_LEASES", "LEASES", "RECENT_KEPT", "STATE")
 
 RECENT_KEPT = 16
 """Released or expired tokens whose first KEPT hex digits the state keeps (`r`): a late copy
@@ -212,3 +214,34 @@ local function end_lease(field, drop)
   end
 end
 """
+
+# For `aiolock.testing.expire_now`: leases made to expire now, as if their holders had
+# stopped renewing them (the next script that reads the state forgets them, remembering
+# their tokens; a renewal finds them expired and reports the loss). One round trip; safe
+# to apply twice (a lease expired already is left as it is).
+EXPIRE_LEASES = Script(
+    "expire_leases",
+    """
+-- KEYS[1] the state hash
+-- ARGV[1] the slot (a semaphore's permit) or side (a read-write lock's: 0 read, 1 write)
+-- of the leases to expire; '' for every lease
+-- Returns the number of leases that were held (not expired yet) and are expired now.
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local fields = redis.call('HGETALL', KEYS[1])
+local expired = 0
+for i = 1, #fields, 2 do
+  local name = fields[i]
+  -- 'p:<token>' (hex) is a lease; 'p:q<queue id>' a permit reserved for a queued process
+  if string.sub(name, 1, 2) == 'p:' and string.sub(name, 3, 3) ~= 'q' then
+    local slot, expires, rest = string.match(fields[i + 1], '^(%d+) (%d+) (.*)$')
+    if slot and (ARGV[1] == '' or slot == ARGV[1]) and tonumber(expires) > now_ms then
+      redis.call('HSET', KEYS[1], name, slot .. ' 0 ' .. rest)
+      expired = expired + 1
+    end
+  end
+end
+return expired
+""",
+)

@@ -19,8 +19,8 @@ renewed lease may be held for hours under a short ttl by design (its ttl only bo
 long a crashed holder blocks the others), while a lease that is not renewed must finish
 within its ttl. Holds that ended by expiry or were aborted are not recorded, so a ttl that
 is far too short hides the longest holds: a `near_ttl` flag is the signal to look. Every
-lock that is waited for also keeps a typical hold (a moving average over releases that
-handed it on) in its state.
+lock that is waited for also keeps a typical hold (a moving average over the holds whose
+release handed it on, or that refused an acquire) in its state.
 """
 
 from __future__ import annotations
@@ -31,14 +31,15 @@ import math
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, Literal, TypeAlias, final
+from typing import Any, Final, Literal, TypeAlias, cast, final
 
-from ._backend import AsyncClient, AsyncRedis, check_client, translate_errors
-from ._config import check_name, check_prefix
+from ._backend import AsyncClient, AsyncRedis, check_client, is_cluster, translate_errors
+from ._config import check_prefix
 from ._info import LockInfo, text
 from ._layout import HOLD_FIXED, LockKeys
 from ._runtime import runtime_for
 from ._scripts import RELEASE, release_args
+from .errors import ConfigError
 
 __all__ = (
     "KINDS",
@@ -356,7 +357,8 @@ class LockState:
     last_fencing_token: int | None
     """The last fencing token issued (None: no state kept, see the retention)."""
     typical_hold: float | None
-    """Seconds: a moving average over the releases that handed the lock on (None: none)."""
+    """Seconds: a moving average over the holds whose release handed the lock on, or that
+    refused an acquire (None: none)."""
     queue: tuple[QueueEntry, ...]
     """The wait queue, in order (a read-write lock's writers')."""
     reader_queue: tuple[QueueEntry, ...] = ()
@@ -437,6 +439,25 @@ def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
+def _check_read_name(name: object) -> str:
+    """A name to read back or evict: any non-empty `str`. The rules for a new lock's name
+    (`check_name`: its length, UTF-8) do not apply: another writer may have made a key that
+    breaks them, and it must still be shown and evicted. A name that is not UTF-8 is text
+    decoded with `surrogateescape`, read with a client that encodes with it (the command
+    line's)."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    if not name:
+        raise ConfigError("name must not be empty", argument="name", value=name)
+    return name
+
+
+def _key_name(key: object) -> str:
+    """A key from SCAN as text: bytes that are not UTF-8 decoded with `surrogateescape`,
+    so that the name encodes back to the same key."""
+    return key.decode("utf-8", "surrogateescape") if isinstance(key, bytes) else str(key)
+
+
 def _check_pattern(pattern: str) -> str:
     if not pattern:
         raise ValueError("the pattern must not be empty (use '*' for every lock)")
@@ -492,7 +513,7 @@ async def _scan(
                 cursor, keys = await client.scan(
                     cursor=cursor, match=match, count=1000, _type=type_
                 )
-        names.update(name_of(text(key)) for key in keys)
+        names.update(name_of(_key_name(key)) for key in keys)
         if int(cursor) == 0:
             return names
 
@@ -510,13 +531,14 @@ async def read_locks(
     """
     client = check_client(client)
     prefix = check_prefix(prefix)
-    names = [check_name(name) for name in names]
+    names = [_check_read_name(name) for name in names]
     of_kind = kind_named(kind)
-    if isinstance(client, AsyncRedis):
+    if not is_cluster(client):
+        one = cast(AsyncRedis, client)  # redis-py's, or valkey-py's twin
         states: list[LockState] = []
         for start in range(0, len(names), _BATCH):
             batch = names[start : start + _BATCH]
-            states.extend(await _read_batch(client, batch, prefix, of_kind))
+            states.extend(await _read_batch(one, batch, prefix, of_kind))
         return states
     # On a cluster, a MULTI/EXEC may only touch one slot: one snapshot per slot, on the
     # node serving it, all at once.
@@ -663,7 +685,8 @@ async def hold_stats(
     by the server; holds that ended by expiry are not among them.
 
     Args:
-        client: a `redis.asyncio.Redis` or `redis.asyncio.RedisCluster`.
+        client: a `redis.asyncio.Redis` or `RedisCluster`, or valkey-py's
+            `valkey.asyncio.Valkey` or `ValkeyCluster`.
         name: the lock's name.
         ttl: the ttl to judge the holds against (the one your code uses); default: the
             current holder's ttl if the lock is held, else unknown (`near_ttl` is False).
@@ -717,7 +740,7 @@ async def force_release(
         BackendError: Redis could not be reached or refused the command.
     """
     client = check_client(client)
-    keys = LockKeys.build(check_prefix(prefix), check_name(name))
+    keys = LockKeys.build(check_prefix(prefix), _check_read_name(name))
     (state,) = await read_locks(client, [name], prefix=prefix)
     if state.holder is None:
         return ForceRelease(outcome="not_held", holder=None)

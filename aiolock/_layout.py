@@ -15,8 +15,11 @@ token), `m` ("<host> <pid> <task>": the holder's hostname, process id and asynci
 name), `a` (server time of the acquisition, Unix ms), `t` (the lease's ttl, ms). Always,
 while the key lives: `fence` (the last fencing token issued), `k` (the first 16 hex digits
 of the last holder's token), and when they apply `r` (the same of the last token whose
-release handed the lock on), `h` (the typical hold, ms: a moving average over releases that
-handed the lock on, 1/8 each), `q` (set while the wait queue may have entries, so that a
+release handed the lock on), `h` (the typical hold, ms: a moving average over the holds whose
+release handed the lock on or that refused an acquire, 1/8 each), `b` (while held: the first
+16 hex digits of the holder's token once an acquire that does not queue was refused, so that
+its release measures the hold into `h`; ignored by releases of other holders and of earlier
+versions, cleared by the holder's release), `q` (set while the wait queue may have entries, so that a
 release with nobody waiting does not look), `reserved` (a queue the lock is kept for, as
 layout 1 wrote it), `a:<token>` and `ac` (acquires aborted while their outcome was unknown,
 numbered; the newest ABORTS_KEPT to twice as many are kept).

@@ -36,7 +36,8 @@ class Lock(Primitive):
 
     Args:
         client: a `redis.asyncio.Redis` (fakeredis's async client works too), or a
-            `redis.asyncio.RedisCluster`. aiolock opens its own connections with the same
+            `redis.asyncio.RedisCluster`; or valkey-py's `valkey.asyncio.Valkey` or
+            `ValkeyCluster` (the `valkey` extra). aiolock opens its own connections with the same
             settings for renewals and notifications, so an exhausted pool cannot starve
             them (on a cluster, renewals go through the cluster client).
         name: the lock's name; any non-empty text up to 1000 characters not starting

@@ -10,6 +10,7 @@ from typing import Any, Literal, ParamSpec, Protocol, TypeVar, overload
 
 from ._config import LockConfig
 from ._glue import ClientSource, NameTemplate, client_source
+from ._lease import Lease
 from ._lock import Lock
 from .errors import AcquireTimeoutError, ConfigError
 
@@ -19,17 +20,35 @@ logger = logging.getLogger("aiolock")
 
 P = ParamSpec("P")
 R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
 
 _LEASE_PARAMETER = "lease"
 
 
+class _TakesLeaseFirst(Protocol[P, R_co]):
+    """An async function whose first parameter is `lease`: typed without it once decorated
+    (a parameter after the first cannot be taken out of a `ParamSpec`)."""
+
+    def __call__(
+        self, lease: Lease, *args: P.args, **kwargs: P.kwargs
+    ) -> Coroutine[Any, Any, R_co]: ...
+
+
 class _Locked(Protocol):
+    @overload
+    def __call__(self, fn: _TakesLeaseFirst[P, R], /) -> Callable[P, Coroutine[Any, Any, R]]: ...
+    @overload
     def __call__(
         self, fn: Callable[P, Coroutine[Any, Any, R]], /
     ) -> Callable[P, Coroutine[Any, Any, R]]: ...
 
 
 class _LockedOrSkipped(Protocol):
+    @overload
+    def __call__(
+        self, fn: _TakesLeaseFirst[P, R], /
+    ) -> Callable[P, Coroutine[Any, Any, R | None]]: ...
+    @overload
     def __call__(
         self, fn: Callable[P, Coroutine[Any, Any, R]], /
     ) -> Callable[P, Coroutine[Any, Any, R | None]]: ...
@@ -87,25 +106,31 @@ def locked(
 
     ```python
     @locked("orders:{order_id}", client=get_redis, ttl=10, timeout=0, on_busy="skip")
-    async def fulfil(order_id: int, *, lease: Lease | None = None) -> None:
-        assert lease is not None  # given by @locked
+    async def fulfil(lease: Lease, order_id: int) -> None:
         await db.ship(order_id, fence=lease.fencing_token)
+
+    await fulfil(42)  # holding "orders:42"
     ```
 
     The name is formatted (`str.format` syntax) from the call's arguments, bound to the
     function's signature with defaults applied: `fulfil(42)` locks `"orders:42"`. A field
     may reach into an argument (`"{order.id}"`). If the function has a parameter named
-    `lease`, it receives the `Lease` (declare it `lease: Lease | None = None` so callers,
-    and type checkers, leave it out). The body runs guarded by the lease: if the lease is
-    lost, the call is cancelled and raises `LeaseLostError`.
+    `lease`, it receives the `Lease`, with or without a default (`lease: Lease`); callers
+    leave it out, and one that passes it gets a `TypeError`. The body runs guarded by the
+    lease: if the lease is lost, the call is cancelled and raises `LeaseLostError`.
 
-    The decorated function keeps its signature for type checkers (with `on_busy="skip"`
-    its return type becomes `R | None`).
+    The decorated function keeps its signature, without `lease`, for `inspect.signature`
+    (`__signature__`) and for type checkers (with `on_busy="skip"` its return type becomes
+    `R | None`). For type checkers, a `lease` parameter is left out only when it is the
+    first one (a `ParamSpec` cannot lose a later parameter): elsewhere, declare it
+    `lease: Lease | None = None` so that type-checked callers may leave it out.
 
     Args:
         name: the lock name template; every field must name a parameter of the function.
-        client: a `redis.asyncio.Redis`, or a function of no arguments returning one,
-            called at each call (for a client created at application startup).
+        client: a `redis.asyncio.Redis` or `RedisCluster` (or valkey-py's
+            `valkey.asyncio.Valkey` or `ValkeyCluster`), or a function of no arguments
+            returning one, called at each call (for a client created at application
+            startup).
         on_busy: what a call does when the lock stays held by someone else for the whole
             `timeout`: `"raise"` `AcquireTimeoutError`, or `"skip"` the call and return
             None. Required when `timeout` is not None (there is no default guess);
@@ -120,8 +145,10 @@ def locked(
         replica_timeout: as for `Lock`.
 
     Raises:
-        TypeError: at decoration, a function that is not `async def`, a positional-only
-            `lease` parameter, or arguments of the wrong type.
+        TypeError: at decoration, a function that is not `async def`, a `lease` parameter
+            that is positional-only or `*lease`/`**lease`, or arguments of the wrong type;
+            at a call, arguments that do not fit the function's signature, or a `lease`
+            passed by the caller.
         ConfigError: at decoration, a template field that names no parameter (the
             message names it), a missing or unknown `on_busy`, or a `Lock` setting out of
             range; at a call, arguments that make an invalid lock name.
@@ -130,7 +157,7 @@ def locked(
         As for `async with Lock(...)`: a call cancelled while waiting leaves no lock held;
         one cancelled while running releases the lock before the cancellation propagates.
 
-    Added in 0.2.
+    Added in 0.2; a `lease` parameter without a default in 0.3.
     """
     template = NameTemplate(name)
     source = client_source(client)
@@ -167,21 +194,31 @@ def locked(
             )  # fmt: skip
         signature = inspect.signature(fn)
         lease_param = signature.parameters.get(_LEASE_PARAMETER)
-        if lease_param is not None and lease_param.kind is inspect.Parameter.POSITIONAL_ONLY:
+        if lease_param is not None and lease_param.kind not in (
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            inspect.Parameter.KEYWORD_ONLY,
+        ):
             raise TypeError(
-                f"{fn.__qualname__}: the 'lease' parameter must accept a keyword "
-                "(it is passed as lease=...)"
+                f"{fn.__qualname__}: the 'lease' parameter must be one parameter that "
+                f"accepts a keyword (it is passed as lease=...), got {lease_param}"
             )
-        available = [p for p in signature.parameters if p != _LEASE_PARAMETER]
-        template.check_fields(available, argument="name", where=f"{fn.__qualname__}()")
+        # What callers pass: every parameter but the lease.
+        outer = signature.replace(
+            parameters=[p for p in signature.parameters.values() if p is not lease_param]
+        )
+        template.check_fields(outer.parameters, argument="name", where=f"{fn.__qualname__}()")
+        refusal = "" if lease_param is None else " (the lease is passed by @locked, not by callers)"
 
         @functools.wraps(fn)
         async def call(*args: P.args, **kwargs: P.kwargs) -> R:
-            if lease_param is not None and kwargs.get(_LEASE_PARAMETER) is not None:
+            if lease_param is not None and _LEASE_PARAMETER in kwargs:
                 raise TypeError(
                     f"{fn.__qualname__}() got a lease argument: @locked passes the lease itself"
                 )
-            bound = signature.bind(*args, **kwargs)
+            try:
+                bound = outer.bind(*args, **kwargs)
+            except TypeError as exc:
+                raise TypeError(f"{fn.__qualname__}(): {exc}{refusal}") from None
             bound.apply_defaults()
             lock = Lock(
                 source(),
@@ -203,13 +240,17 @@ def locked(
                 logger.debug("aiolock: %s skipped: %s", fn.__qualname__, exc)
                 return None  # type: ignore[return-value]  # the overload says R | None
             async with lease:
-                if lease_param is not None:
-                    bound.arguments[_LEASE_PARAMETER] = lease
-                return await fn(*bound.args, **bound.kwargs)
+                if lease_param is None:
+                    return await fn(*bound.args, **bound.kwargs)
+                full = inspect.BoundArguments(
+                    signature, {**bound.arguments, _LEASE_PARAMETER: lease}
+                )
+                return await fn(*full.args, **full.kwargs)
             # A lease's block swallows only the cancellation its loss caused, and then
             # raises LeaseLostError instead: the call never gets here.
             raise AssertionError("unreachable")  # pragma: no cover
 
+        call.__signature__ = outer  # type: ignore[attr-defined]
         return call
 
-    return decorate
+    return decorate  # type: ignore[return-value]

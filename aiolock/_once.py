@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import inspect
 import json
 import os
@@ -99,10 +100,44 @@ def _check_job_key(job_key: object) -> str:
     return job_key
 
 
-def _takes_lease(fn: object) -> bool:
-    """Whether `fn` is called with the lease (one positional parameter) or with nothing."""
-    if not callable(fn):
-        raise TypeError(f"fn must be an async function, got {type(fn).__name__}")
+def _is_async(fn: object) -> bool:
+    """Whether calling `fn` is sure to return a coroutine: an `async def` function or
+    method, a `functools.partial` of one (nested too), a function marked with
+    `inspect.markcoroutinefunction` (Python 3.12), or an object whose class's `__call__`
+    is one."""
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = getattr(type(fn), "__call__", None)  # noqa: B004 - what calling the object runs
+    return not isinstance(fn, type) and inspect.iscoroutinefunction(call)
+
+
+def _is_lambda(fn: object) -> bool:
+    """Whether `fn` is a lambda (or a `functools.partial` of one): an expression, such as
+    `lambda: job(order_id)`, whose result is checked when it is called."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return inspect.isfunction(fn) and fn.__name__ == "<lambda>"
+
+
+def _check_fn(fn: Callable[..., object]) -> bool:
+    """`TypeError` unless `fn` is async (see `_is_async`) or a lambda; whether it is called
+    with the lease (one required positional parameter) or with nothing.
+
+    Anything else (a plain `def`, a builtin, an object with a plain `__call__`, an async
+    generator function) would run the job, or fail, only once called under the lock: it
+    is refused before anything is sent to Redis."""
+    if not _is_async(fn) and not _is_lambda(fn):
+        if inspect.isasyncgenfunction(fn):
+            what = f"the async generator function {fn.__qualname__}"
+        elif inspect.isfunction(fn) or inspect.ismethod(fn):
+            what = f"the plain function {fn.__qualname__}"
+        else:
+            what = f"{type(fn).__name__} {fn!r}"[:200]
+        raise TypeError(
+            "fn must be an async function (async def), a functools.partial of one, an "
+            "object with an async __call__, or a lambda returning a coroutine, got "
+            f"{what}; make it async def"
+        )
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # no signature to read (a builtin): call it bare
@@ -172,10 +207,16 @@ async def run_once(
     them with the lease's `fencing_token`, for that window.
 
     Args:
-        client: a `redis.asyncio.Redis`.
+        client: a `redis.asyncio.Redis` or `RedisCluster` (or valkey-py's
+            `valkey.asyncio.Valkey` or `ValkeyCluster`).
         job_key: the job's identity for this run (1 to 995 characters).
-        fn: an async function of no arguments, or of one: the `Lease` (for its
-            `fencing_token`).
+        fn: the job, called with no arguments, or with one: the `Lease` (for its
+            `fencing_token`). An `async def` function or method, a `functools.partial`
+            of one (to pass arguments), an object with an `async def __call__`, or a
+            lambda returning a coroutine (`lambda: job(order_id)`). Anything else, a plain
+            `def` first, is refused with `TypeError` before anything is sent to Redis;
+            a lambda's result is checked when it is called, under the lock: one that is
+            not awaitable raises `TypeError` there (released, not marked done).
         retention: seconds the done marker is kept (0.001 to 1 year).
         ttl: the lock's ttl, seconds; the watchdog renews it while `fn` runs.
         timeout: seconds to wait for a job running elsewhere (default 0: do not wait).
@@ -190,7 +231,8 @@ async def run_once(
         LeaseLostError: the lease was lost while `fn` ran (it was cancelled) or before the
             marker could be written: not marked done.
         BackendError: Redis could not be reached; if `fn` ran, it is not marked done.
-        TypeError, ConfigError: bad arguments, before anything is sent to Redis.
+        TypeError, ConfigError: bad arguments, before anything is sent to Redis (a job
+            that is not async included).
         Whatever `fn` raised: not marked done (the next try runs it again).
 
     Cancellation:
@@ -200,7 +242,7 @@ async def run_once(
     """
     client = check_client(client)
     job_key = _check_job_key(job_key)
-    pass_lease = _takes_lease(fn)
+    pass_lease = _check_fn(fn)
     retention_s = check_seconds("retention", retention, minimum=0.001, maximum=MAX_SECONDS)
     lock = Lock(client, _NAME_PREFIX + job_key, ttl=ttl, timeout=timeout, prefix=prefix)
     marker_key = f"{lock.key}:done"
@@ -222,10 +264,13 @@ async def run_once(
         found = await read_marker()
         if found is not None:
             return OnceResult(status=OnceStatus.ALREADY_DONE, job_key=job_key, marker=found)
-        if pass_lease:
-            value = await fn(lease)  # type: ignore[call-arg]
-        else:
-            value = await fn()  # type: ignore[call-arg]
+        job = fn(lease) if pass_lease else fn()  # type: ignore[call-arg]
+        if not inspect.isawaitable(job):  # a lambda that did its work: not marked done
+            raise TypeError(
+                f"fn must return an awaitable (a lambda returning a coroutine), got "
+                f"{type(job).__name__} from {fn!r}"[:300]
+            )
+        value = await job
         # Still ours? (LeaseLostError if not: no marker.) The renewal also gives the write
         # below a full ttl to land in while the lease is valid.
         await lease.extend()

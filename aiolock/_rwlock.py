@@ -157,8 +157,8 @@ class ReadWriteLock:
     a second read can wait forever behind a writer that waits for the first.
 
     Args:
-        client: a `redis.asyncio.Redis` (fakeredis's async client works too) or a
-            `redis.asyncio.RedisCluster`, as for `Lock`.
+        client: a redis-py or valkey-py asyncio client, of one server or of a cluster,
+            as for `Lock`.
         name: the lock's name, as for `Lock` (its keys do not clash with a lock's).
         ttl: seconds a reader's or writer's lease lives without renewal (as for `Lock`).
         renew: renew each lease in the background while held.

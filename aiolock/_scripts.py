@@ -180,7 +180,8 @@ ACQUIRE = Script(
 --         {0, pttl ms, fencing token, holder, acquired ms, ttl ms, typical hold ms}: held,
 --           or reserved for another queue, by the holder described ('' where unknown); the
 --           caller's queue entry is added (at the back) or refreshed, and lives until
---           pttl + GRACE;
+--           pttl + GRACE; a caller that does not queue marks the hold as refusing
+--           (`b`: the holder's token's first KEPT digits), so that its release measures it;
 --         {-1, 0}: this token was aborted by its owner, or already used: it must never be
 --           granted (a late copy of an acquire whose caller gave up on it).
 """
@@ -222,7 +223,12 @@ if not claimed and (current or (reserved and reserved ~= wid)) then
     clock()
     enqueue(wid, now_ms + math.max(pttl, 0) + GRACE, tonumber(ARGV[5]) + 1, ARGV[6])
   end
-  local h = redis.call('HMGET', KEYS[1], 'm', 'a', 't', 'h')
+  local h = redis.call('HMGET', KEYS[1], 'm', 'a', 't', 'h', 'b')
+  if wid == '' and current and h[5] ~= string.sub(current, 1, KEPT) then
+    -- A caller that will not wait in the queue: its release cannot measure the hold by a
+    -- hand-over, so this hold is marked (once) for the release to measure.
+    redis.call('HSET', KEYS[1], 'b', string.sub(current, 1, KEPT))
+  end
   return {0, pttl, s[3] or '', h[1] or '', h[2] or '', h[3] or '', h[4] or ''}
 end
 -- Free, reserved for the caller's queue, or granted to it: take it.
@@ -286,6 +292,8 @@ RELEASE = Script(
 -- joins the waiter queue (or keeps its place) before the lock is handed on,
 -- ARGV[7] that queue's entry (as ARGV[6] of ACQUIRE), ARGV[8] its waiter count,
 -- ARGV[9..] when withdrawing: tokens the lock may have been granted to under that queue
+-- A hold that refused an acquire (state `b`, see ACQUIRE) or was handed on is measured:
+-- the typical hold `h` moves 1/8 of the way to it.
 -- Returns {status, queue id, granted fencing token, granted seq, grant expiry ms}, status
 --         1: released now and handed to that queue ('' if none waited);
 --         2: released already, by an earlier attempt of this same call;
@@ -305,9 +313,9 @@ RELEASE = Script(
     + """
 local mode, retain, held = ARGV[2] or '', ARGV[3] or '', ARGV[4] or ''
 local own = ARGV[6] or ''
-local s = redis.call('HMGET', KEYS[1], 'token', 'k', 'r', 'reserved', 'q', 'v')
+local s = redis.call('HMGET', KEYS[1], 'token', 'k', 'r', 'reserved', 'q', 'v', 'b')
 if ARGV[1] ~= '' and s[1] == ARGV[1] and mode == '' and held == '' and own == ''
-    and not s[5] and not s[6] then
+    and not s[5] and not s[6] and not s[7] then
   -- The holder releases, nobody queued: the uncontended path, first and short.
   redis.call('HDEL', KEYS[1], 'token', 'm', 'a', 't')
   if retain ~= '' then
@@ -321,13 +329,16 @@ local mine = string.sub(ARGV[1], 1, KEPT)
     + FORBID
     + HOLDS
     + """
--- Remove the holder's fields (and those of a holder written by layout 1).
+-- Whether the releasing holder's hold refused an acquire (and so is measured).
+local refusing = s[7] ~= false and s[7] == mine and s[1] == ARGV[1]
+-- Remove the holder's fields (and those of a holder written by layout 1), and the mark of
+-- a refusing hold.
 local function unhold(...)
   if s[6] then
-    redis.call('HDEL', KEYS[1], 'token', 'm', 'a', 't', 'v', 'host', 'pid', 'task',
+    redis.call('HDEL', KEYS[1], 'token', 'm', 'a', 't', 'b', 'v', 'host', 'pid', 'task',
       'acquired_ms', 'ttl_ms', ...)
   else
-    redis.call('HDEL', KEYS[1], 'token', 'm', 'a', 't', ...)
+    redis.call('HDEL', KEYS[1], 'token', 'm', 'a', 't', 'b', ...)
   end
 end
 
@@ -345,6 +356,17 @@ local function previous()
   end
   return last
 end
+-- The typical hold once the hold ending now is counted in (unchanged, or nil, unless a
+-- holder releases normally); after previous().
+local function typical_hold()
+  clock()
+  local typical = tonumber(last[3] or '')
+  local hold = now_ms - (tonumber(last[2] or '') or now_ms)
+  if (mode == '' or mode == 'queue') and ARGV[1] ~= '' then
+    typical = typical and math.floor((typical * 7 + hold) / 8) or hold
+  end
+  return typical
+end
 local function give(wid, tail, full)
   previous()
   local host, pid, seq, g_ms, g_ttl, token, task = string.match(tail,
@@ -355,11 +377,7 @@ local function give(wid, tail, full)
     return '', '', 0
   end
   local fence = next_fence(last[1])
-  local typical = tonumber(last[3] or '')
-  local hold = now_ms - (tonumber(last[2] or '') or now_ms)
-  if (mode == '' or mode == 'queue') and ARGV[1] ~= '' then
-    typical = typical and math.floor((typical * 7 + hold) / 8) or hold
-  end
+  local typical = typical_hold()
   redis.call('HSET', KEYS[1], 'token', token, 'fence', fence, 'k', string.sub(token, 1, KEPT),
     'm', host .. ' ' .. pid .. ' ' .. task, 'a', now_ms, 't', g_ttl, 'r', mine, 'h', typical or '')
   local expiry = tonumber(g_ttl)
@@ -406,7 +424,7 @@ local function hand_over(what)
 end
 
 if ARGV[1] ~= '' and s[1] == ARGV[1] then
-  if s[5] or own ~= '' or mode ~= '' then
+  if s[5] or own ~= '' or mode ~= '' or refusing then
     previous()  -- the lock may be handed on, or the hold measured here
   end
   unhold()
@@ -441,7 +459,12 @@ if ARGV[1] ~= '' and s[1] == ARGV[1] then
     enqueue(own, now_ms + RESERVATION + GRACE, tonumber(ARGV[8]), ARGV[7])
     s[5] = '1'
   end
-  return {1, hand_over()}
+  local wid, granted, seq, expiry = hand_over()
+  if wid == '' and refusing and (mode == '' or mode == 'queue') then
+    -- Not handed on (nobody queued): the refusing hold is measured here.
+    redis.call('HSET', KEYS[1], 'h', typical_hold())
+  end
+  return {1, wid, granted, seq, expiry}
 end
 local withdraw = ARGV[5] or ''
 if withdraw ~= '' then

@@ -73,8 +73,8 @@ class Semaphore(Primitive):
     slot was taken again.
 
     Args:
-        client: a `redis.asyncio.Redis` (fakeredis's async client works too) or a
-            `redis.asyncio.RedisCluster`, as for `Lock`.
+        client: a redis-py or valkey-py asyncio client, of one server or of a cluster,
+            as for `Lock`.
         name: the semaphore's name, as for `Lock` (its keys do not clash with a lock's).
         limit: permits held at once at most (1 to 10,000), if no other limit is stored.
         ttl: seconds a permit lives without renewal (as for `Lock`).

@@ -1,6 +1,6 @@
 """aiohttp: hold a lock for the duration of a request handler.
 
-Needs the `aiohttp` extra (`pip install "aiolock[aiohttp]"`).
+Needs the `aiohttp` extra (`pip install "aiolock-redis[aiohttp]"`).
 
 ```python
 from aiohttp import web
@@ -44,7 +44,7 @@ try:
     from aiohttp import web
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
-        'aiolock.aiohttp needs the "aiohttp" extra: pip install "aiolock[aiohttp]"'
+        'aiolock.aiohttp needs the "aiohttp" extra: pip install "aiolock-redis[aiohttp]"'
     ) from exc
 
 from ._backend import AsyncClient
@@ -66,6 +66,9 @@ ClientOption: TypeAlias = (
     | Callable[[], AsyncClient]
     | web.AppKey[redis.asyncio.Redis]
     | web.AppKey[redis.asyncio.RedisCluster]
+    # A key of a valkey-py client (AppKey is invariant, and valkey is not imported here):
+    # what it holds is checked when a request comes.
+    | web.AppKey[Any]
 )
 
 
@@ -126,8 +129,10 @@ def locked_handler(
     Args:
         name: a template such as `"orders:{order_id}"`; each field is read from the
             request's `match_info`, else from its query string.
-        client: a `redis.asyncio.Redis`; a function of no arguments returning one; or a
-            `web.AppKey` under which the application (or a parent application) keeps it.
+        client: a `redis.asyncio.Redis` or `RedisCluster` (or valkey-py's
+            `valkey.asyncio.Valkey` or `ValkeyCluster`); a function of no arguments
+            returning one; or a `web.AppKey` under which the application (or a parent
+            application) keeps it.
         ttl: the lock's ttl, seconds; renewed while the handler runs.
         timeout: seconds a request waits for the lock (default 0: one try, fail fast;
             None waits as long as it takes).

@@ -55,12 +55,20 @@ Durations are seconds, times Unix seconds on the server's clock.
   `kind`, `count`, `p50`, `p99`, `max`, `ttl`, `fixed`, `fixed_p99`, `recommended_ttl`,
   `near_ttl`, `over_ttl`, `advice`.
 
+Values from Redis (names, hosts, tasks, queue ids) are printed as text, never as rich
+markup or emoji codes; every character `str.isprintable` calls unprintable (control
+characters, an ANSI sequence's ESC, bidirectional overrides) is shown escaped (`\\x1b`),
+a name's bytes that are not UTF-8 as `\\xff` (the name is read and written with
+`surrogateescape`, as Python decodes the command line), and a value longer than 1,000
+characters is cut short with its length (names in `ls`, `watch` and `stats` rows: 60).
+`--json` gives every value whole.
+
 Exit codes: 0 ok; 1 the operation failed (the demo's invariant, nothing released, nothing
 known under the name given to `show`, a problem found by `doctor`); 2 usage or connection
 error (unreachable server, not a Redis server); 130 interrupted (Ctrl-C, also the normal end
 of `watch` without `--count`).
 
-Needs the `cli` extra (`pip install "aiolock[cli]"`) for `rich`. Added in 0.1; semaphores,
+Needs the `cli` extra (`pip install "aiolock-redis[cli]"`) for `rich`. Added in 0.1; semaphores,
 read-write locks and `--kind` in 0.2.
 """
 
@@ -82,7 +90,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from . import __version__
 from ._backend import AsyncClient, Backend, translate_errors
-from ._config import LockConfig
+from ._config import MAX_NAME_LENGTH, LockConfig
 from ._demo import DemoConfig, DemoError, DemoSummary, demo_server, run_demo
 from ._doctor import Diagnosis, diagnose
 from ._info import LockInfo
@@ -99,6 +107,7 @@ from ._inspect import (
     scan_lock_names,
 )
 from ._layout import LockKeys
+from ._version import DISTRIBUTION
 from .errors import BackendError, ConfigError
 
 try:
@@ -152,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help, or argparse's own usage error
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if not _HAVE_RICH:  # pragma: no cover - tested in a subprocess without rich
-        _error('the aiolock command line needs rich: pip install "aiolock[cli]"')
+        _error('the aiolock command line needs rich: pip install "aiolock-redis[cli]"')
         return EXIT_USAGE
     url = args.url or os.environ.get("REDIS_URL") or None
     try:
@@ -166,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     except BackendError as exc:
         where = _redact(url or DEFAULT_URL)
         cause = exc.__cause__ if exc.__cause__ is not None else exc
-        detail = " ".join(str(cause).split()) or type(cause).__name__
+        detail = _shown(" ".join(str(cause).split()) or type(cause).__name__)
         if Backend.refused(exc):
             _error(f"Redis at {where} refused the command: {detail}")
             return EXIT_FAILED
@@ -190,7 +199,9 @@ def _parser() -> argparse.ArgumentParser:
         "server.",
         epilog="exit codes: 0 ok, 1 operation failed, 2 usage or connection error, 130 interrupted",
     )
-    parser.add_argument("--version", action="version", version=f"aiolock {__version__}")
+    parser.add_argument(
+        "--version", action="version", version=f"aiolock {__version__} ({DISTRIBUTION})"
+    )
     _connection_options(parser, None)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -336,13 +347,20 @@ def _redact(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
+_CLIENT_OPTIONS: Final[dict[str, Any]] = {
+    "socket_connect_timeout": _CONNECT_TIMEOUT,
+    "socket_timeout": _CONNECT_TIMEOUT,
+    # A key name that is not UTF-8 (only another writer makes one) is read back as text
+    # with `surrogateescape` (its bytes as U+DC80 to U+DCFF), and written as those bytes
+    # again: such a lock is listed, shown and released like any other (a name given on the
+    # command line is decoded by Python the same way).
+    "encoding_errors": "surrogateescape",
+}
+
+
 def _connect(url: str | None) -> redis.asyncio.Redis:
     try:
-        return redis.asyncio.Redis.from_url(
-            url or DEFAULT_URL,
-            socket_connect_timeout=_CONNECT_TIMEOUT,
-            socket_timeout=_CONNECT_TIMEOUT,
-        )
+        return redis.asyncio.Redis.from_url(url or DEFAULT_URL, **_CLIENT_OPTIONS)
     except ValueError as exc:
         raise _UsageError(f"invalid --url {_redact(url or DEFAULT_URL)!r}: {exc}") from None
 
@@ -366,11 +384,7 @@ async def _open(url: str | None) -> AsyncClient:
     if str(info.get("cluster_enabled", 0)) not in ("1", "yes"):
         return client
     await client.aclose()
-    return RedisCluster.from_url(
-        url or DEFAULT_URL,
-        socket_connect_timeout=_CONNECT_TIMEOUT,
-        socket_timeout=_CONNECT_TIMEOUT,
-    )
+    return RedisCluster.from_url(url or DEFAULT_URL, **_CLIENT_OPTIONS)
 
 
 _PIPE_WIDTH: Final = 160
@@ -378,10 +392,57 @@ _PIPE_WIDTH: Final = 160
 
 
 def _console() -> Console:
-    console = Console(highlight=False, soft_wrap=False)
+    # Every string printed is literal text: no markup ("[b]"), no emoji codes (":ok:"),
+    # no highlighting. Styles come from `Text` objects and style arguments only, and every
+    # value from Redis or the command line goes through `_shown` first.
+    console = Console(highlight=False, soft_wrap=False, markup=False, emoji=False)
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console.width = _PIPE_WIDTH
     return console
+
+
+_SHOWN_LIMIT: Final = MAX_NAME_LENGTH
+"""Characters of one value shown in a message or by `show`: a longer one (never a name the
+library takes) is cut short, with its length; `--json` gives it whole."""
+_CELL_LIMIT: Final = 60
+"""Characters of a name shown in a row of `ls`, `watch` and `stats` (the table stays
+readable beside a long one); `show` shows up to `_SHOWN_LIMIT`."""
+
+_ESCAPES: Final = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def _escaped(char: str) -> str:
+    """One character that is not printable as an escape: `\\n`, `\\x1b` (a control
+    character, an ANSI sequence's ESC), `\\u202e` (a bidirectional override, a line
+    separator, a zero-width character), `\\xff` for a byte that was not UTF-8 (decoded with
+    `surrogateescape`)."""
+    code = ord(char)
+    if char in _ESCAPES:
+        return _ESCAPES[char]
+    if 0xDC80 <= code <= 0xDCFF:
+        return f"\\x{code - 0xDC00:02x}"
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def _shown(value: object, limit: int = _SHOWN_LIMIT) -> str:
+    """A value from Redis (or the command line) as a terminal may show it: every character
+    that `str.isprintable` calls unprintable escaped (see `_escaped`; the terminal acts on
+    none of it), cut short past `limit` characters. Printed as text, never as markup (see
+    `_console`)."""
+    text = str(value)
+    shown = text[:limit]
+    if not shown.isprintable():
+        shown = "".join(char if char.isprintable() else _escaped(char) for char in shown)
+    if len(text) > limit:
+        shown += f"… ({len(text)} characters)"
+    return shown
+
+
+def _quoted(value: object) -> str:
+    """`_shown(value)` in quotes, as a name appears in a sentence."""
+    return f"'{_shown(value)}'"
 
 
 def _print_json(data: object, *, indent: int | None = 2) -> None:
@@ -417,7 +478,7 @@ def _stats_dict(stats: HoldStats) -> dict[str, Any]:
 
 
 def _label(state: LockState) -> str:
-    return f"{state.kind} {state.name!r}"
+    return f"{state.kind} {_quoted(state.name)}"
 
 
 def _sides(state: LockState) -> bool:
@@ -550,7 +611,8 @@ def _locks_table(states: Sequence[LockState], *, title: str | None = None) -> Ta
         pad_edge=False,
         collapse_padding=True,
     )
-    longest = max((len(state.name) for state in states), default=4)
+    names = [_shown(state.name, _CELL_LIMIT) for state in states]
+    longest = max(map(len, names), default=4)
     table.add_column("NAME", no_wrap=True, min_width=min(longest, 60), overflow="fold")
     table.add_column("KIND", no_wrap=True)
     table.add_column("HELD", justify="right", no_wrap=True)
@@ -560,10 +622,11 @@ def _locks_table(states: Sequence[LockState], *, title: str | None = None) -> Ta
     for column in ("AGE", "TTL LEFT", "FENCING TOKEN"):
         table.add_column(column, no_wrap=True)
     table.add_column("WAITERS", justify="right", no_wrap=True)
-    for state in states:
+    for state, name in zip(states, names, strict=True):
         holder, task, *rest = _holder_cells(state)
         table.add_row(
-            state.name, state.kind, _held_cell(state), _one_line(holder), _one_line(task), *rest,
+            name, state.kind, _held_cell(state), _one_line(holder), _one_line(task),
+            *rest,
             _waiters_cell(state),
         )  # fmt: skip
     return table
@@ -602,7 +665,7 @@ def _holder_cells(state: LockState) -> tuple[str | Text, ...]:
     if state.reservation is not None:  # a lock handed over, not claimed yet
         return (
             Text("(handed over)", style="italic"),
-            f"queue {state.reservation.queue_id}",
+            f"queue {_shown(state.reservation.queue_id)}",
             "-",
             _duration(state.reservation.expires_in),
             "-",
@@ -610,7 +673,7 @@ def _holder_cells(state: LockState) -> tuple[str | Text, ...]:
     live = _live(state)
     processes = sorted({(info.host, info.pid) for info in live})
     if len(processes) == 1:
-        holder: str | Text = f"{processes[0][0]}:{processes[0][1]}"
+        holder: str | Text = f"{_shown(processes[0][0])}:{processes[0][1]}"
     elif processes:
         holder = f"{len(processes)} processes"
     elif state.holders:  # every permit held is on its way to a queued process
@@ -621,7 +684,7 @@ def _holder_cells(state: LockState) -> tuple[str | Text, ...]:
     soonest = _soonest(state)
     return (
         holder,
-        one.task if one else ("-" if not live else f"{len(live)} tasks"),
+        _shown(one.task) if one else ("-" if not live else f"{len(live)} tasks"),
         _duration(state.age),
         f"{_duration(soonest.expires_in)} of {_duration(soonest.ttl)}" if soonest else "-",
         str(one.fencing_token) if one else "-",
@@ -642,7 +705,8 @@ async def _ls(args: argparse.Namespace, url: str | None) -> int:
     console = _console()
     if not states:
         console.print(
-            f"no {_what(kinds)} in use (prefix {args.prefix!r}, pattern {args.pattern!r})"
+            f"no {_what(kinds)} in use (prefix {_quoted(args.prefix)}, pattern "
+            f"{_quoted(args.pattern)})"
         )
         return EXIT_OK
     console.print(_locks_table(states))
@@ -675,15 +739,15 @@ async def _show(args: argparse.Namespace, url: str | None) -> int:
     console = _console()
     if not known:
         console.print(
-            f"nothing known about {_and([k.label for k in kinds], 'or')} {args.name!r} "
-            f"(prefix {args.prefix!r})"
+            f"nothing known about {_and([k.label for k in kinds], 'or')} {_quoted(args.name)} "
+            f"(prefix {_quoted(args.prefix)})"
         )
         return EXIT_FAILED
     if len(known) == 1:
         console.print(_show_renderable(known[0], args.prefix))
         return EXIT_OK
     console.print(
-        f"{args.name!r} is {'both ' if len(known) == 2 else ''}"
+        f"{_quoted(args.name)} is {'both ' if len(known) == 2 else ''}"
         f"{_and([f'{_a(state.kind)} {state.kind}' for state in known])} (separate keys, "
         "unrelated); --kind shows one"
     )
@@ -733,7 +797,7 @@ def _show_renderable(state: LockState, prefix: str) -> Group:
     facts.add_column(style="bold")
     facts.add_column()
     key = LockKeys.build(prefix, state.name, kind_named(state.kind).infix).lock
-    facts.add_row(state.kind, f"{state.name!r} (key {key})")
+    facts.add_row(state.kind, f"{_quoted(state.name)} (key {_shown(key)})")
     facts.add_row("state", state.state)
     parts: list[Any] = [facts]
     if _sides(state):
@@ -748,7 +812,7 @@ def _show_renderable(state: LockState, prefix: str) -> Group:
         "typical hold",
         "-"
         if state.typical_hold is None
-        else f"{_duration(state.typical_hold)} (moving average over the releases that handed on)",
+        else f"{_duration(state.typical_hold)} (moving average over contended holds)",
     )
     if kind_named(state.kind).shared and state.holders:
         parts.append(_permits_table(state))
@@ -765,7 +829,10 @@ def _holder_facts(facts: Table, state: LockState, label: str = "holder") -> None
     holder = state.holder
     if holder is not None:
         age = _holder_dict(state, holder)["age"]
-        facts.add_row(label, f"host {holder.host}, pid {holder.pid}, task {holder.task!r}")
+        facts.add_row(
+            label,
+            f"host {_shown(holder.host)}, pid {holder.pid}, task {_quoted(holder.task)}",
+        )
         facts.add_row("fencing token", str(holder.fencing_token))
         facts.add_row("acquired", f"{_utc(holder.acquired_at)} ({_duration(age)} ago)")
         facts.add_row(
@@ -775,7 +842,7 @@ def _holder_facts(facts: Table, state: LockState, label: str = "holder") -> None
     if state.reservation is not None:
         facts.add_row(
             "reserved for",
-            f"queue {state.reservation.queue_id}, for "
+            f"queue {_shown(state.reservation.queue_id)}, for "
             f"{_duration(state.reservation.expires_in)} more (a release handed it over)",
         )
 
@@ -829,9 +896,11 @@ def _permits_table(state: LockState) -> Table:
         queue = holder["reserved_for"]
         table.add_row(
             holder["side"] or str(info.slot),
-            info.host,
+            _shown(info.host),
             str(info.pid),
-            Text(f"(handed over to queue {queue})", style="italic") if queue else info.task,
+            Text(f"(handed over to queue {_shown(queue)})", style="italic")
+            if queue
+            else _shown(info.task),
             str(info.fencing_token),
             _duration(holder["age"]),
             _duration(info.ttl),
@@ -855,8 +924,8 @@ def _queue_renderable(entries: Sequence[QueueEntry], label: str) -> Table | Text
     for entry in entries:
         queue.add_row(
             str(entry.position),
-            entry.queue_id,
-            entry.host or "?",
+            _shown(entry.queue_id),
+            _shown(entry.host or "?"),
             str(entry.pid),
             str(entry.count),
             "expired" if entry.expired else _duration(entry.expires_in),
@@ -894,7 +963,7 @@ def _stats_note(stats: HoldStats) -> Text | str:
 async def _release(args: argparse.Namespace, url: str | None) -> int:
     if not args.force:
         raise _UsageError(
-            f"release evicts the current holder of {args.name!r}: confirm with --force"
+            f"release evicts the current holder of {_quoted(args.name)}: confirm with --force"
         )
     interactive = sys.stdin.isatty()
     if not args.yes and not interactive:
@@ -907,12 +976,8 @@ async def _release(args: argparse.Namespace, url: str | None) -> int:
     async def confirm(holder: LockInfo) -> bool:
         if args.yes:
             return True
-        question = (
-            f"release lock {holder.name!r} held by {holder.host}:{holder.pid} "
-            f"task {holder.task!r} (fencing token {holder.fencing_token})?"
-        )
         try:
-            return bool(Confirm.ask(question, console=console, default=False))
+            return bool(Confirm.ask(_release_question(holder), console=console, default=False))
         except EOFError:
             return False
 
@@ -928,6 +993,15 @@ async def _release(args: argparse.Namespace, url: str | None) -> int:
     return EXIT_OK if result.outcome == "released" else EXIT_FAILED
 
 
+def _release_question(holder: LockInfo) -> Text:
+    """What `release` asks on a terminal (a `Text`: a prompt given as a string is read as
+    markup)."""
+    return Text(
+        f"release lock {_quoted(holder.name)} held by {_shown(holder.host)}:{holder.pid} "
+        f"task {_quoted(holder.task)} (fencing token {holder.fencing_token})?"
+    )
+
+
 def _release_dict(result: ForceRelease, name: str) -> dict[str, Any]:
     return {
         "name": name,
@@ -941,26 +1015,27 @@ def _release_dict(result: ForceRelease, name: str) -> dict[str, Any]:
 def _release_message(result: ForceRelease, name: str) -> str:
     holder = result.holder
     who = (
-        f"{holder.host}:{holder.pid} task {holder.task!r} (fencing token {holder.fencing_token})"
+        f"{_shown(holder.host)}:{holder.pid} task {_quoted(holder.task)} "
+        f"(fencing token {holder.fencing_token})"
         if holder is not None
         else ""
     )
     if result.outcome == "not_held":
-        return f"lock {name!r} is not held: nothing released"
+        return f"lock {_quoted(name)} is not held: nothing released"
     if result.outcome == "declined":
         return "not confirmed: nothing released"
     if result.outcome == "holder_changed":
         return (
-            f"lock {name!r} changed hands (or was released) after it was read: nothing "
+            f"lock {_quoted(name)} changed hands (or was released) after it was read: nothing "
             "released; run the command again to see the new holder"
         )
     handed = (
-        f"handed over to the waiting process of queue {result.handed_to}"
+        f"handed over to the waiting process of queue {_shown(result.handed_to)}"
         if result.handed_to
         else "free now (nobody was waiting)"
     )
     return (
-        f"released lock {name!r} held by {who}; {handed}. The evicted holder loses its "
+        f"released lock {_quoted(name)} held by {who}; {handed}. The evicted holder loses its "
         "lease at its next renewal."
     )
 
@@ -969,7 +1044,7 @@ def _release_message(result: ForceRelease, name: str) -> str:
 async def _watch(args: argparse.Namespace, url: str | None) -> int:
     kinds = _kinds(args)
     client = await _open(url)
-    where = _redact(url or DEFAULT_URL)
+    where = _shown(_redact(url or DEFAULT_URL))
     try:
         if args.json:
             for last in _refreshes(args.count):
@@ -1020,10 +1095,13 @@ async def _stats(args: argparse.Namespace, url: str | None) -> int:
         return EXIT_OK
     console = _console()
     if not all_stats:
-        console.print(f"no {_what(kinds)} with recorded holds (pattern {args.pattern!r})")
+        console.print(
+            f"no {_what(kinds)} with recorded holds (prefix {_quoted(args.prefix)}, pattern "
+            f"{_quoted(args.pattern)})"
+        )
         return EXIT_OK
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    longest = max(len(stats.name) for _, stats in all_stats)
+    longest = max(len(_shown(stats.name, _CELL_LIMIT)) for _, stats in all_stats)
     table.add_column("NAME", no_wrap=True, min_width=min(longest, 60), overflow="fold")
     table.add_column("KIND", no_wrap=True)
     for column in ("HOLDS", "P50", "P99", "MAX", "TTL", "UNRENEWED", "RECOMMENDED"):
@@ -1031,7 +1109,7 @@ async def _stats(args: argparse.Namespace, url: str | None) -> int:
     table.add_column("NOTE", no_wrap=True)
     for kind, stats in all_stats:
         table.add_row(
-            stats.name,
+            _shown(stats.name, _CELL_LIMIT),
             kind,
             str(stats.count),
             _duration(stats.p50),
@@ -1085,10 +1163,10 @@ def _doctor_renderable(diagnosis: Diagnosis, where: str) -> Group:
     table.add_column()
     for finding in diagnosis.findings:
         mark, style = _SEVERITY_STYLE[finding.severity]
-        text = Text(finding.message)
+        text = Text(_shown(finding.message))
         if finding.fix:
             text.append("\nchange: ", style="bold")
-            text.append(finding.fix)
+            text.append(_shown(finding.fix))
         table.add_row(Text(mark, style=style), finding.check, text)
     if diagnosis.problems:
         summary = Text(
@@ -1101,7 +1179,9 @@ def _doctor_renderable(diagnosis: Diagnosis, where: str) -> Group:
             f"no problem found, {diagnosis.warnings} warning(s)",
             style="bold yellow" if diagnosis.warnings else "bold green",
         )
-    header = Text(f"{server['product']} {server['version']} at {where}, role {server['role']}")
+    header = Text(
+        _shown(f"{server['product']} {server['version']} at {where}, role {server['role']}")
+    )
     return Group(header, table, summary)
 
 
@@ -1146,7 +1226,7 @@ async def _demo(args: argparse.Namespace, url: str | None) -> int:
             f"flash sale: {config.stock} units, {config.workers} workers in {how}, one lock "
             f"with ttl {_duration(config.ttl)}\n{config.slow_holds} slow hold(s) of "
             f"{_duration(config.slow_hold)} outlive the ttl on purpose, kept by the watchdog\n"
-            f"server: {server.description}"
+            f"server: {_shown(server.description)}"
         )
         summary = await _demo_with_progress(
             console, config, lambda cb: run_demo(server, config, on_progress=cb)
@@ -1193,7 +1273,7 @@ def _demo_table(summary: DemoSummary) -> Table:
         if summary.mode == "processes"
         else f"{summary.workers} tasks (fakeredis fallback)"
     )
-    table.add_row("server", "", summary.backend)
+    table.add_row("server", "", _shown(summary.backend))
     table.add_row("workers", "", workers)
     table.add_row(
         "sold", check(summary.sold == summary.stock), f"{summary.sold} of {summary.stock}"

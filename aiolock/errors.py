@@ -75,9 +75,12 @@ class AcquireTimeoutError(LockError, TimeoutError):
     What Redis knew when it last refused, where it is known (None otherwise):
 
     - `holder`: the holder at that moment, as a `LockInfo`;
-    - `retry_after`: seconds until the lock may be free (the holder's key would expire
-      unless renewed). A hint for a client to come back, such as an HTTP `Retry-After`
-      header; not a promise: a renewed lock stays held longer, a release frees it sooner.
+    - `retry_after`: seconds until the lock may be free: what is left of the lock's
+      typical hold when Redis knows it (a moving average over the holds that refused an
+      acquire or handed the lock on; at least 1 ms, never more than the key's ttl left),
+      else until the holder's key would expire unless renewed. A hint for a client to come
+      back, such as an HTTP `Retry-After` header; not a promise: a long hold stays longer,
+      a release frees it sooner.
 
     Code that stands in for a busy lock (in a test, say) builds one from the name alone:
     `AcquireTimeoutError(name="orders:42", timeout=0)`; the message is made from the rest.

@@ -1,6 +1,6 @@
 """FastAPI: hold a lock for the duration of a request handler.
 
-Needs the `fastapi` extra (`pip install "aiolock[fastapi]"`, FastAPI ≥ 0.121).
+Needs the `fastapi` extra (`pip install "aiolock-redis[fastapi]"`, FastAPI ≥ 0.121).
 
 ```python
 from aiolock import Lease
@@ -48,7 +48,7 @@ try:
     from fastapi import HTTPException
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
-        'aiolock.fastapi needs the "fastapi" extra: pip install "aiolock[fastapi]"'
+        'aiolock.fastapi needs the "fastapi" extra: pip install "aiolock-redis[fastapi]"'
     ) from exc
 
 from ._config import LockConfig
@@ -86,8 +86,9 @@ def locked_request(
     Args:
         name: a template such as `"orders:{order_id}"` whose fields are path or query
             parameters, or a function FastAPI resolves as a dependency, returning the name.
-        client: a `redis.asyncio.Redis`, or a function of no arguments returning one
-            (`lambda: app.state.redis` for a client made at startup).
+        client: a `redis.asyncio.Redis` or `RedisCluster` (or valkey-py's
+            `valkey.asyncio.Valkey` or `ValkeyCluster`), or a function of no arguments
+            returning one (`lambda: app.state.redis` for a client made at startup).
         ttl: the lock's ttl, seconds; renewed while the handler runs.
         timeout: seconds a request waits for the lock (default 0: one try, fail fast;
             None waits as long as it takes).

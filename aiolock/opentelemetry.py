@@ -21,7 +21,7 @@ lock names are per request: one series per name would grow without bound.
 
 The measurements are recorded by an event listener (`aiolock.add_listener`), synchronously
 and in memory: they add no round trip to Redis. Needs the `otel` extra
-(`pip install "aiolock[otel]"`, the API only; the SDK and exporters are yours to choose).
+(`pip install "aiolock-redis[otel]"`, the API only; the SDK and exporters are yours to choose).
 Added in 0.1.
 """
 
@@ -37,7 +37,7 @@ try:
     from opentelemetry import metrics
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
-        'aiolock.opentelemetry needs the "otel" extra: pip install "aiolock[otel]"'
+        'aiolock.opentelemetry needs the "otel" extra: pip install "aiolock-redis[otel]"'
     ) from exc
 
 __all__ = ("HOLD_BOUNDARIES", "WAIT_BOUNDARIES", "instrument")

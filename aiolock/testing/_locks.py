@@ -1,65 +1,279 @@
-"""Locks made busy or lost on purpose, for tests of code that uses aiolock."""
+"""Locks, semaphores and read-write locks made busy or lost on purpose, for tests of code
+that uses aiolock."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Final, cast, overload
 
-import redis.asyncio
-
+from .._backend import AsyncRedis, ValkeyClient, check_client, is_cluster
+from .._config import check_name, check_prefix
+from .._hash_scripts import EXPIRE_LEASES
 from .._layout import LockKeys
 from .._lease import Lease
 from .._lock import Lock
-from ..errors import LeaseLostError
+from .._runtime import runtime_for
+from .._rwlock import ReadLock, ReadWriteLock, WriteLock
+from .._semaphore import Semaphore
+from ..errors import ConfigError, LeaseLostError
 
 __all__ = ("expire_now", "hold_elsewhere")
 
+_KINDS: Final = "a Lock or a lock's name (str), a Semaphore, or a ReadWriteLock's read() or write()"
+_MAX_SLOT: Final = 9999
+"""The highest slot a semaphore's permit can have (its limit is at most 10,000)."""
+_TIMEOUT: Final = 5.0
+"""Longest wait for Redis to answer `expire_now`, seconds."""
 
-@contextlib.asynccontextmanager
-async def hold_elsewhere(
-    client: redis.asyncio.Redis,
-    name: str,
+Target = Lock | Semaphore | ReadLock | WriteLock | str
+
+OneServer = AsyncRedis | ValkeyClient
+"""A client of one server: redis-py's (fakeredis's too) or valkey-py's."""
+
+
+def _check_target(value: object, argument: str) -> Target:
+    if isinstance(value, Lock | Semaphore | ReadLock | WriteLock | str):
+        return value
+    hint = " (pass its read() or write())" if isinstance(value, ReadWriteLock) else ""
+    raise TypeError(f"{argument} must be {_KINDS}, got {type(value).__name__}{hint}")
+
+
+def _another_process(client: object) -> AsyncRedis:
+    """A second client on `client`'s connection pool: aiolock keeps a runtime (notifier,
+    wait queues, queue id) per client, so its leases are another process's."""
+    checked = check_client(client)
+    if is_cluster(checked):
+        raise TypeError(
+            "client must be a client of one server (a redis.asyncio.Redis, fakeredis's or "
+            f"a valkey.asyncio.Valkey), got the cluster client {type(client).__name__}"
+        )
+    one = cast(AsyncRedis, checked)
+    return type(one)(connection_pool=one.connection_pool)
+
+
+@overload
+def hold_elsewhere(
+    client: OneServer,
+    name: Semaphore,
+    *,
+    permits: int | None = None,
+    ttl: float = 30.0,
+    timeout: float | None = 5.0,
+) -> contextlib.AbstractAsyncContextManager[tuple[Lease, ...]]: ...
+
+
+@overload
+def hold_elsewhere(
+    client: OneServer,
+    name: Lock | ReadLock | WriteLock | str,
     *,
     ttl: float = 30.0,
     timeout: float | None = 5.0,
     prefix: str = "aiolock",
-) -> AsyncIterator[Lease]:
-    """Hold the lock `name` for the duration of the block, as another process would.
+) -> contextlib.AbstractAsyncContextManager[Lease]: ...
 
-    The lease is taken with a token of its own through a second client on `client`'s
-    connection pool, so aiolock treats it as another process's: code under test that locks
-    `name` meanwhile finds it busy (`AcquireTimeoutError`, or a wait until the block ends).
-    It is renewed while the block runs and released at its end (a lease lost meanwhile, for
-    example by `expire_now`, is not an error here).
+
+def hold_elsewhere(
+    client: OneServer,
+    name: Target,
+    *,
+    permits: int | None = None,
+    ttl: float = 30.0,
+    timeout: float | None = 5.0,
+    prefix: str = "aiolock",
+) -> contextlib.AbstractAsyncContextManager[Lease | tuple[Lease, ...]]:
+    """Hold a lock, a semaphore's permits or a side of a read-write lock for the duration of
+    the block, as another process would.
+
+    ```python
+    async with hold_elsewhere(client, "orders:42"):             # a lock, by name
+    async with hold_elsewhere(client, Lock(client, "orders:42")):
+    async with hold_elsewhere(client, partner_api) as permits:  # every free permit
+    async with hold_elsewhere(client, partner_api, permits=1):  # one permit
+    async with hold_elsewhere(client, catalog.write()):         # the writer
+    async with hold_elsewhere(client, catalog.read()):          # one reader
+    ```
+
+    The leases are taken with tokens of their own through a second client on `client`'s
+    connection pool, so aiolock treats them as another process's: code under test that
+    takes the same lock, permit or side meanwhile finds it busy (`AcquireTimeoutError`,
+    or a wait until the block ends). They are renewed while the block runs and released
+    at its end (a lease lost meanwhile, for example by `expire_now`, is not an error here).
+
+    What is held, by kind:
+
+    - a `Lock`, or a lock's name: the lock; yields its `Lease`;
+    - a `Semaphore`: `permits` permits, or every free one (the first waited for up to
+      `timeout`, then as many as are free: the semaphore is then busy for everyone);
+      yields a tuple of `Lease`s, each with its `slot`;
+    - a `ReadWriteLock`'s `write()`: the writer (readers and writers are kept out); its
+      `read()`: one reader (writers are kept out, readers still get in); yields its
+      `Lease`.
 
     Args:
         client: the client the code under test uses (fakeredis's works too).
-        name: the lock's name, as given to `Lock`.
-        ttl: the lease's ttl.
-        timeout: how long to wait if the lock is already held; `AcquireTimeoutError` after.
-        prefix: the lock's key prefix, as given to `Lock`.
+        name: the lock's name, or the primitive (a `Lock`, a `Semaphore`, a read-write
+            lock's side); a primitive's own name and prefix are used.
+        permits: a semaphore's permits to hold (1 to 10,000; default: every free one).
+        ttl: the leases' ttl.
+        timeout: how long to wait if it is already held; `AcquireTimeoutError` after.
+        prefix: the lock's key prefix, with a name (a primitive has its own).
+
+    Raises:
+        TypeError: anything else than those kinds (a `ReadWriteLock` itself: pass its
+            `read()` or `write()`), `permits` with anything but a `Semaphore`, or a
+            cluster client; before anything is sent to Redis.
+        ConfigError: `permits`, `ttl`, `timeout` or `prefix` out of range, before
+            anything is sent to Redis.
+        AcquireTimeoutError: it stayed held by someone else for `timeout`.
+
+    Added in 0.1; semaphores, read-write locks and `Lock` objects in 0.3.
     """
-    other = redis.asyncio.Redis(connection_pool=client.connection_pool)
+    target = _check_target(name, "name")
+    if permits is not None and not isinstance(target, Semaphore):
+        raise TypeError(f"permits applies to a Semaphore, not to {type(target).__name__}")
+    if permits is not None and (
+        isinstance(permits, bool) or not isinstance(permits, int) or not 1 <= permits <= 10000
+    ):
+        raise ConfigError(
+            f"permits must be a whole number from 1 to 10000, got {permits!r}",
+            argument="permits",
+            value=permits,
+        )
+    other = _another_process(client)
+    primitive: Lock | Semaphore | ReadLock | WriteLock
+    if isinstance(target, str):
+        primitive = Lock(other, target, ttl=ttl, timeout=timeout, prefix=prefix)
+    elif isinstance(target, Lock):
+        own = target._config.prefix
+        primitive = Lock(other, target.name, ttl=ttl, timeout=timeout, prefix=own)
+    elif isinstance(target, Semaphore):
+        own = target._config.prefix
+        primitive = Semaphore(
+            other, target.name, limit=target.limit, ttl=ttl, timeout=timeout, prefix=own
+        )
+    else:
+        own = target._config.prefix
+        rw = ReadWriteLock(other, target.name, ttl=ttl, timeout=timeout, prefix=own)
+        primitive = rw.read() if isinstance(target, ReadLock) else rw.write()
+    return _held(other, primitive, permits)
+
+
+@contextlib.asynccontextmanager
+async def _held(
+    other: AsyncRedis, primitive: Lock | Semaphore | ReadLock | WriteLock, permits: int | None
+) -> AsyncIterator[Lease | tuple[Lease, ...]]:
+    leases: list[Lease] = []
     try:
-        lease = await Lock(other, name, ttl=ttl, prefix=prefix).acquire(timeout=timeout)
-        try:
-            yield lease
-        finally:
-            with contextlib.suppress(LeaseLostError):
-                await lease.release()
+        leases.append(await primitive.acquire())
+        if isinstance(primitive, Semaphore):
+            while permits is None or len(leases) < permits:
+                lease = await (primitive.try_acquire() if permits is None else primitive.acquire())
+                if lease is None:  # every free permit is held
+                    break
+                leases.append(lease)
+            yield tuple(leases)
+        else:
+            yield leases[0]
     finally:
-        await other.aclose()
+        try:
+            for lease in leases:
+                with contextlib.suppress(LeaseLostError):
+                    await lease.release()
+        finally:
+            await other.aclose()
+
+
+@overload
+async def expire_now(client: OneServer, lock: Semaphore, *, slot: int | None = None) -> bool: ...
+
+
+@overload
+async def expire_now(
+    client: OneServer, lock: Lock | ReadLock | WriteLock | str, *, prefix: str = "aiolock"
+) -> bool: ...
 
 
 async def expire_now(
-    client: redis.asyncio.Redis, lock: Lock | str, *, prefix: str = "aiolock"
+    client: OneServer, lock: Target, *, slot: int | None = None, prefix: str = "aiolock"
 ) -> bool:
-    """Delete the holder's key of `lock` (a `Lock`, or a lock's name), as an expiry, an
-    eviction or `aiolock release --force` would: the holder's lease is lost at its next
-    renewal (within a third of its ttl; at its `extend()` or release if it does not renew),
-    which cancels the body of its `async with` and raises `LeaseLostError` there.
+    """Make leases expire now, as if their holders had stopped renewing them: each holder
+    loses its lease at its next renewal (within a third of its ttl; at its `extend()` or
+    release if it does not renew), which cancels the body of its `async with` and raises
+    `LeaseLostError` there (`LossReason.NOT_OWNER`).
 
-    Returns whether the lock was held.
+    ```python
+    await expire_now(client, "orders:42")           # a lock's holder, by name
+    await expire_now(client, lock)                  # a Lock's holder
+    await expire_now(client, partner_api)           # every permit of a Semaphore
+    await expire_now(client, partner_api, slot=2)   # the permit in slot 2
+    await expire_now(client, catalog.write())       # a ReadWriteLock's writer
+    await expire_now(client, catalog.read())        # every reader of it
+    ```
+
+    What expires, by kind:
+
+    - a `Lock`, or a lock's name: its holder (the key is deleted, as an eviction or
+      `aiolock release --force` would);
+    - a `Semaphore`: every permit held, or with `slot`, the permit holding that slot (a
+      lease's `slot`); permits handed over to a queued process and not claimed yet are
+      left alone;
+    - a `ReadWriteLock`'s `write()`: the writer; its `read()`: every reader.
+
+    A permit or lease that expires this way is freed for the others as an expiry frees
+    it (by the next command that reads the state); processes already waiting learn of it
+    when the expired lease would have expired, at the latest.
+
+    Args:
+        client: the client the code under test uses (fakeredis's works too).
+        lock: the lock's name, or the primitive; a primitive's own prefix is used.
+        slot: with a `Semaphore`, the slot of the one permit to expire (0 to 9999).
+        prefix: the lock's key prefix, with a name.
+
+    Returns:
+        Whether anything was held (and now is not).
+
+    Raises:
+        TypeError: anything else than those kinds (a `ReadWriteLock` itself: pass its
+            `read()` or `write()`), or `slot` with anything but a `Semaphore`, before
+            anything is sent to Redis.
+        ConfigError: `slot` or `prefix` out of range, before anything is sent.
+        BackendError: Redis could not be reached.
+
+    Added in 0.1; semaphores, read-write locks and `slot` in 0.3.
     """
-    key = lock.key if isinstance(lock, Lock) else LockKeys.build(prefix, lock).lock
-    return bool(await client.delete(key))
+    checked = check_client(client)
+    target = _check_target(lock, "lock")
+    if slot is not None and not isinstance(target, Semaphore):
+        raise TypeError(f"slot applies to a Semaphore, not to {type(target).__name__}")
+    if slot is not None and (
+        isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot <= _MAX_SLOT
+    ):
+        raise ConfigError(
+            f"slot must be a whole number from 0 to {_MAX_SLOT}, got {slot!r}",
+            argument="slot",
+            value=slot,
+        )
+    if isinstance(target, Lock | str):
+        key = (
+            target.key
+            if isinstance(target, Lock)
+            else LockKeys.build(check_prefix(prefix), check_name(target)).lock
+        )
+        return bool(await checked.delete(key))
+    if isinstance(target, Semaphore):
+        which = "" if slot is None else str(slot)
+        key = target.key
+    else:
+        which = "0" if isinstance(target, ReadLock) else "1"
+        key = target.lock.key
+    expired = await runtime_for(checked).backend.run(
+        EXPIRE_LEASES,
+        [key],
+        [which],
+        timeout=_TIMEOUT,
+        operation="expire",
+        name=target.name,
+    )
+    return int(expired) > 0

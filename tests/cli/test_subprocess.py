@@ -100,7 +100,7 @@ def test_without_rich_the_cli_names_the_extra(server_url: str) -> None:
         check=False,
     )
     assert done.returncode == 2
-    assert 'pip install "aiolock[cli]"' in done.stderr
+    assert 'pip install "aiolock-redis[cli]"' in done.stderr
     assert done.stderr.count("\n") == 1
 
 

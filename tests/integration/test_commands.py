@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Awaitable
 from typing import Any
 
 import pytest
 import redis.asyncio
 
 from aiolock import Lock, ReadLock, ReadWriteLock, Semaphore, WriteLock
+from aiolock._inspect import read_locks
 from aiolock._runtime import runtime_for
 
 from ..conftest import CommandLog, make_client
@@ -80,6 +82,38 @@ async def test_an_uncontended_cycle_costs_the_server_eight_commands(
             assert spent == Counter(
                 {"evalsha": 2, "hmget": 2, "time": 1, "hset": 1, "pexpire": 1, "hdel": 1}
             ), lock_name
+    finally:
+        await client.aclose()
+
+
+async def test_a_refused_single_try_marks_the_hold_once_and_its_release_measures_it(
+    server: RedisServer, name: str
+) -> None:
+    """A try that does not queue and is refused writes one field, once per hold (`b`),
+    for the release of that hold to measure it into the typical hold (`h`): three more
+    commands in that release (HMGET of the holder's time, TIME, HSET of `h`)."""
+    client = make_client(server.url)
+
+    async def spent(step: Awaitable[object]) -> Counter[str]:
+        before = commandstats(await client.info("commandstats"))
+        await step
+        after = commandstats(await client.info("commandstats")) - before
+        after.pop("info", None)
+        return after
+
+    try:
+        await warm_up(client, name)
+        lock = Lock(client, name, ttl=30)
+        holder = await lock.acquire()
+        busy = {"evalsha": 1, "hmget": 2, "pttl": 1}
+        assert await spent(lock.try_acquire()) == Counter({**busy, "hset": 1})
+        assert await spent(lock.try_acquire()) == Counter(busy)  # marked already
+        assert await spent(holder.release()) == Counter(
+            {"evalsha": 1, "hmget": 2, "hdel": 1, "time": 1, "hset": 1}
+        )
+        assert (await read_locks(client, [name]))[0].typical_hold is not None
+        async with Lock(client, name, ttl=30):  # not refused: the release is the short one
+            pass
     finally:
         await client.aclose()
 

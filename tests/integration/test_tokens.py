@@ -171,6 +171,25 @@ async def test_the_retry_hint_follows_the_typical_hold_once_known(
     await held.release()
 
 
+async def test_a_single_try_learns_the_typical_hold_from_holds_it_was_refused_during(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    """Callers that never wait (one try each) still teach the lock how long it is held:
+    a release whose hold refused a try records it, and the next refusal's hint is what is
+    left of that hold (about 1.5 s here), not the key's ttl (30 s)."""
+    lock = Lock(client, name, ttl=30)
+    holder = await lock.acquire()
+    assert isinstance(await lock.try_acquire_or_busy(), Busy)  # nothing known: the ttl
+    await asyncio.sleep(1.5)  # a long hold
+    await holder.release()
+    holder = await lock.acquire()
+    busy = await lock.try_acquire_or_busy()
+    assert isinstance(busy, Busy) and busy.retry_after is not None
+    assert busy.retry_after <= 1.6, f"hint {busy.retry_after}s: not from the typical hold"
+    assert busy.retry_after > 0.1 or holder.held_for() > 1.0  # what is left of it
+    await holder.release()
+
+
 def test_a_busy_describes_itself() -> None:
     busy = Busy(name="n", holder=None, retry_after=1.5)
     assert "1.5" in repr(busy)

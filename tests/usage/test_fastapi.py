@@ -17,7 +17,7 @@ from aiolock import AcquireTimeoutError, ConfigError, Lease, LeaseLostError, Loc
 from aiolock._glue import retry_after_header
 from aiolock.fastapi import locked_request
 
-from ..waits import handler_entered
+from ..waits import handler_entered, within
 
 pytestmark = pytest.mark.real_only
 
@@ -269,3 +269,36 @@ async def test_another_locks_loss_raised_by_the_handler_is_not_this_requests_los
             await web.post("/orders/7")
     assert info.value.name == audit, info.value
     assert not await Lock(client, f"{name}:7").locked()
+
+
+async def test_retry_after_of_a_fail_fast_endpoint_follows_its_holds(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    """An endpoint that tries once (`timeout=0`) and holds the lock for a few ms: once a
+    request was turned away during a hold, that hold is measured, and the next busy
+    answers say `Retry-After: 1` rather than the ttl (30)."""
+    app = fastapi.FastAPI()
+    entered = asyncio.Event()
+    leave = asyncio.Event()
+
+    @app.post("/orders/{item}")
+    async def place(_: Lease = locked_request(name + ":{item}", client=client, ttl=30)) -> None:
+        entered.set()
+        await leave.wait()
+
+    async def busy_while_held() -> httpx.Response:
+        entered.clear()
+        leave.clear()
+        holding = asyncio.create_task(web.post("/orders/x"))
+        await within(entered.wait(), what="the first request holds the lock")
+        turned_away = await web.post("/orders/x")
+        leave.set()
+        assert (await within(holding, what="the holder's response")).status_code == 200
+        assert turned_away.status_code == 409, turned_away.text
+        return turned_away
+
+    async with http(app) as web:
+        first = await busy_while_held()
+        assert first.headers["retry-after"] == "30"  # nothing known yet: the key's ttl
+        for _ in range(3):
+            assert (await busy_while_held()).headers["retry-after"] == "1"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from dataclasses import dataclass
 from typing import assert_type
 
@@ -212,3 +213,70 @@ async def test_the_wrapped_signature_is_kept_for_type_checkers(
     assert double.__name__ == "double"
     assert await double(2) == 4
     assert await maybe(3) == 3
+
+
+async def test_a_lease_parameter_needs_no_default(client: redis.asyncio.Redis, name: str) -> None:
+    """`lease: Lease` without a default, anywhere among the parameters: @locked supplies it,
+    and the wrapper's signature leaves it out."""
+    seen: list[tuple[str, int]] = []
+
+    @locked(name + ":{order_id}", client=client, ttl=5)
+    async def ship(order_id: int, lease: Lease, region: str = "eu") -> str:
+        seen.append((lease.name, order_id))
+        return region
+
+    @locked(name + ":kw:{order_id}", client=client, ttl=5)
+    async def pack(order_id: int, *, lease: Lease) -> int:
+        return lease.fencing_token
+
+    @locked(name + ":first:{order_id}", client=client, ttl=5)
+    async def bill(lease: Lease, order_id: int) -> str:
+        return lease.name
+
+    # ParamSpec cannot drop a parameter after the first: type checkers still ask for it.
+    assert await ship(7, region="us") == "us"  # type: ignore[call-arg]
+    assert await ship(8) == "eu"  # type: ignore[call-arg]
+    assert await pack(order_id=9) > 0  # type: ignore[call-arg]
+    assert await bill(10) == f"{name}:first:10"  # typed without the lease, as a first parameter
+    assert await bill(order_id=11) == f"{name}:first:11"
+    assert seen == [(f"{name}:7", 7), (f"{name}:8", 8)]
+    assert str(inspect.signature(ship)) == "(order_id: 'int', region: 'str' = 'eu') -> 'str'"
+    assert str(inspect.signature(pack)) == "(order_id: 'int') -> 'int'"
+    assert str(inspect.signature(bill)) == "(order_id: 'int') -> 'str'"
+    assert "lease" not in inspect.signature(ship).parameters
+    assert ship.__wrapped__.__name__ == "ship"  # type: ignore[attr-defined]
+
+
+async def test_a_caller_passing_a_lease_without_a_default_is_told_why(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    @locked(name + ":{order_id}", client=client, ttl=5)
+    async def ship(order_id: int, lease: Lease) -> None: ...
+
+    @locked(name + ":first:{order_id}", client=client, ttl=5)
+    async def bill(lease: Lease, order_id: int) -> None: ...
+
+    async with Lock(client, name + ":other", ttl=5) as other:
+        with pytest.raises(TypeError, match=r"ship\(\) got a lease argument: @locked passes"):
+            await ship(1, lease=other)
+        with pytest.raises(TypeError, match=r"ship\(\): too many positional arguments.*@locked"):
+            await ship(1, other)
+        with pytest.raises(TypeError, match=r"bill\(\): too many positional arguments.*@locked"):
+            await bill(other, 1)  # type: ignore[arg-type, call-arg]
+        with pytest.raises(TypeError, match=r"bill\(\) got a lease argument"):
+            await bill(lease=other, order_id=1)  # type: ignore[call-arg]
+        with pytest.raises(TypeError, match=r"ship\(\): missing a required argument: 'order_id'"):
+            await ship()  # type: ignore[call-arg]
+    assert not await Lock(client, name + ":1").locked()
+
+
+def test_a_lease_parameter_that_cannot_take_one_lease_is_refused(
+    client: redis.asyncio.Redis,
+) -> None:
+    async def star(*lease: Lease) -> None: ...
+
+    async def stars(**lease: Lease) -> None: ...
+
+    for fn in (star, stars):
+        with pytest.raises(TypeError, match="'lease' parameter must"):
+            locked("jobs", client=client)(fn)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -208,3 +210,96 @@ async def test_bad_arguments_fail_before_anything_is_sent(
     with pytest.raises(TypeError, match="one"):
         await run_once(client, name, two, retention=1)  # type: ignore[arg-type]
     assert commands.since(mark).total() == 0
+
+
+@pytest.mark.real_only
+async def test_a_job_that_is_not_async_is_refused_before_anything_is_sent(
+    client: redis.asyncio.Redis, commands: CommandLog, name: str
+) -> None:
+    """A plain `def` (and any callable that is not async) is refused at the call, naming
+    `fn`, with nothing sent: it used to take the lock, run the job, fail on `await` and
+    never mark it done, so that every try ran it again."""
+    ran: list[str] = []
+
+    def plain() -> int:
+        ran.append("plain")
+        return 1
+
+    async def job(order: int) -> int:
+        ran.append(f"job {order}")
+        return order
+
+    class SyncCallable:
+        def __call__(self) -> int:
+            ran.append("object")
+            return 2
+
+    async def agen() -> AsyncIterator[int]:
+        yield 1
+
+    mark = commands.mark()
+    for fn, what in (
+        (plain, "plain function"),
+        (SyncCallable(), "SyncCallable"),
+        (agen, "function"),
+        (functools.partial(plain), "partial"),
+        (print, "builtin_function_or_method"),
+        ("job", "str"),
+    ):
+        with pytest.raises(TypeError, match=r"^fn must be an async function") as info:
+            await run_once(client, name, fn, retention=60)  # type: ignore[arg-type]
+        assert what in str(info.value)
+    assert commands.since(mark).total() == 0
+    assert ran == []
+    assert await client.exists(marker_key(name)) == 0
+
+
+async def test_async_callables_that_are_not_functions_run_once(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    """A partial of an async function (nested too), an async method, an object with an
+    async `__call__`: each runs, with or without the lease, and is marked done."""
+    runs: list[str] = []
+
+    async def job(order: int, lease: Lease) -> str:
+        runs.append(f"partial {order} {lease.fencing_token > 0}")
+        return "partial"
+
+    class Job:
+        async def __call__(self) -> str:
+            runs.append("object")
+            return "object"
+
+        async def method(self, lease: Lease) -> str:
+            runs.append(f"method {lease.fencing_token > 0}")
+            return "method"
+
+    cases: list[Callable[..., Awaitable[str]]] = [
+        functools.partial(job, 42),
+        functools.partial(functools.partial(job), 43),
+        Job(),
+        Job().method,
+    ]
+    for index, fn in enumerate(cases):
+        result = await run_once(client, f"{name}:{index}", fn, retention=60)
+        assert result.ran, result
+        again = await run_once(client, f"{name}:{index}", fn, retention=60)
+        assert again.status is OnceStatus.ALREADY_DONE
+    assert runs == ["partial 42 True", "partial 43 True", "object", "method True"]
+
+
+async def test_a_lambda_is_called_under_the_lock_and_its_result_checked(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    """A lambda returning a coroutine runs (`lambda: job(42)`); one returning something
+    else did its work when called: `TypeError` naming `fn`, the lock released, no marker."""
+
+    async def job(order: int) -> int:
+        return order
+
+    result = await run_once(client, name, lambda: job(42), retention=60)
+    assert (result.status, result.value) == (OnceStatus.RAN, 42)
+    with pytest.raises(TypeError, match=r"^fn must return an awaitable .* got int"):
+        await run_once(client, f"{name}:sync", lambda: 7, retention=60)  # type: ignore[arg-type]
+    assert not await Lock(client, f"once:{name}:sync").locked()
+    assert await client.exists(marker_key(f"{name}:sync")) == 0
