@@ -1074,9 +1074,17 @@ async def _watch(args: argparse.Namespace, url: str | None) -> int:
 
 
 def _refreshes(count: int | None) -> Iterator[bool]:
-    """One item per refresh, True for the last one (none is last without a count)."""
+    """One item per refresh, True for the last one (none is last without a count).
+
+    A cancellation of the command's task (Ctrl-C) that was swallowed on the way ends the
+    refreshes: on Python 3.11 `asyncio.wait_for`, which redis-py sends with when a socket
+    timeout is set, loses a cancellation that lands as the awaited call completes, and the
+    task goes on as if none had come."""
     done = 0
     while count is None or done < count:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise asyncio.CancelledError
         done += 1
         yield count is not None and done >= count
 
