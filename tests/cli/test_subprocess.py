@@ -32,11 +32,21 @@ def clean_env() -> dict[str, str]:
     return env
 
 
+INTERRUPTIBLE = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_module('aiolock', run_name='__main__', alter_sys=True)"
+)
+"""`python -m aiolock`, with Ctrl-C (SIGINT) handled as in a program started from a terminal
+whatever this process was started with: a shell without job control starts a background
+command with SIGINT ignored, its children inherit that, and Python then leaves it ignored
+(so `aiolock watch` would rightly not stop)."""
+
+
 def aiolock_process(
     *argv: str, stdin: int | None = subprocess.DEVNULL
 ) -> AbstractAsyncContextManager[asyncio.subprocess.Process]:
     """`python -m aiolock ARGV` for the block (ended with it, however it ends)."""
-    return child("python", "-m", "aiolock", *argv, stdin=stdin, env=clean_env())
+    return child("python", "-c", INTERRUPTIBLE, *argv, stdin=stdin, env=clean_env())
 
 
 async def test_python_m_aiolock_sees_a_lock_held_here(server_url: str, tag: str) -> None:
