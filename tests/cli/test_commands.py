@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socketserver
 import threading
@@ -304,10 +305,8 @@ async def test_watch_ends_on_a_cancellation_a_library_swallowed(
             task = asyncio.current_task()
             assert task is not None
             task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.sleep(0)
-            except asyncio.CancelledError:
-                pass
         return []
 
     monkeypatch.setattr(cli, "_held", held_swallowing_a_cancellation)
