@@ -22,7 +22,7 @@ import secrets
 import redis.asyncio
 from _server import check, redis_url
 
-from aiolock import AcquireTimeoutError, Lock
+from aiolock import AcquireTimeoutError, BackendError, Lock
 
 STOCK = 100
 CUSTOMERS = 120
@@ -39,12 +39,18 @@ return 0
 
 
 async def buy(db: redis.asyncio.Redis, sale: str, customer: int) -> str:
-    try:
-        async with Lock(db, f"{sale}:customer:{customer}", ttl=5, timeout=0):
-            outcome = await checkout(db, sale, customer)
-    except AcquireTimeoutError:
-        outcome = "busy"  # the same customer's other click is being handled
-    return outcome
+    for _ in range(5):
+        try:
+            async with Lock(db, f"{sale}:customer:{customer}", ttl=5, timeout=0):
+                return await checkout(db, sale, customer)
+        except AcquireTimeoutError:
+            return "busy"  # the same customer's other click is being handled
+        except BackendError:
+            # No answer in time (a single try gives Redis a second, waiting for a pooled
+            # connection included): the request failed, and the customer's page tries
+            # again. A checkout that ran is found by its "already bought" check.
+            continue
+    return "unavailable"
 
 
 async def checkout(db: redis.asyncio.Redis, sale: str, customer: int) -> str:
