@@ -102,11 +102,15 @@ async def connections_named(server: RedisServer, client_name: str) -> list[int]:
     return sorted(int(entry["id"]) for entry in listed if entry.get("name") == client_name)
 
 
-async def script_calls(server: RedisServer) -> int:
-    """How many script calls (EVALSHA, EVAL) `server` has run."""
+async def script_calls(server: RedisServer, *, refused: bool = False) -> int:
+    """How many script calls (EVALSHA, EVAL) `server` has run (and, with `refused`, those
+    it refused or that failed)."""
     stats = await _ask(server.port, "INFO", "commandstats")
+    fields = ("calls", "rejected_calls", "failed_calls") if refused else ("calls",)
     return sum(
-        int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "eval")
+        int(stats.get(f"cmdstat_{name}", {}).get(field, 0))
+        for name in ("evalsha", "eval")
+        for field in fields
     )
 
 
@@ -346,16 +350,6 @@ async def test_a_lock_key_lost_in_the_failover_lets_a_second_holder_in_and_the_f
         await second.release()
 
 
-async def script_calls(port: int) -> int:
-    """How many script calls the server on `port` has received (run or refused)."""
-    stats = await _ask(port, "INFO", "commandstats")
-    return sum(
-        int(stats.get(f"cmdstat_{command}", {}).get(field, 0))
-        for command in ("evalsha", "eval")
-        for field in ("calls", "rejected_calls", "failed_calls")
-    )
-
-
 async def test_a_demoted_master_refusing_writes_sends_the_renewal_to_the_new_master(
     group: SentinelGroup, name: str
 ) -> None:
@@ -405,7 +399,7 @@ async def test_a_demoted_master_refusing_writes_sends_the_renewal_to_the_new_mas
                 )
                 await _ask(old.port, "REPLICAOF", "127.0.0.1", new.port)
                 assert await group.role(old) == "slave"
-                scripts_before = await script_calls(old.port)
+                scripts_before = await script_calls(old, refused=True)
                 stale.append(("127.0.0.1", old.port))
                 lagging[0] = False
                 renewed = count(events, EventKind.RENEWED)
@@ -418,7 +412,7 @@ async def test_a_demoted_master_refusing_writes_sends_the_renewal_to_the_new_mas
                 # A renewal reached the demoted master and was refused there (READONLY; or,
                 # if it came while the demoted server was replacing its data, another
                 # error), then sent again to the new master.
-                assert await script_calls(old.port) > scripts_before
+                assert await script_calls(old, refused=True) > scripts_before
                 assert not lease.lost
             assert count(events, EventKind.RENEWAL_FAILED) == 0
             assert count(events, EventKind.LOST) == 0
