@@ -16,6 +16,7 @@ from aiolock._layout import LockKeys
 from aiolock._runtime import runtime_for
 
 from ..conftest import make_client
+from ..load import scaled
 from ..waits import within
 from .conftest import Run, closed_port, eventually
 
@@ -180,9 +181,12 @@ async def test_stats_per_lock_with_recommendation(
     server_url: str, tag: str, arun: AsyncRunCli
 ) -> None:
     client = make_client(server_url)
-    async with Lock(client, f"{tag}:slow", ttl=0.1, hold_stats=True):
-        await asyncio.sleep(0.15)  # kept past its ttl by the watchdog
-    async with Lock(client, f"{tag}:fixed", ttl=0.5, renew=False, hold_stats=True):
+    # The holds are judged against a ttl of 0.1 s (--ttl below); the leases' own ttls are
+    # longer than a loaded machine's stalls (the slow one, renewed, is held past 0.1 s).
+    ttl = scaled(0.1)
+    async with Lock(client, f"{tag}:slow", ttl=ttl, hold_stats=True):
+        await asyncio.sleep(ttl * 1.5)  # kept past its ttl by the watchdog
+    async with Lock(client, f"{tag}:fixed", ttl=scaled(0.5), renew=False, hold_stats=True):
         await asyncio.sleep(0.08)  # more than half of the 0.1 s judged against below
     for _ in range(3):
         async with Lock(client, f"{tag}:fast", ttl=5, hold_stats=True):

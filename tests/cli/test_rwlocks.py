@@ -20,6 +20,7 @@ from aiolock._info import HOST
 from aiolock._rwlock import _RWKeys
 
 from ..conftest import make_client
+from ..load import scaled
 from ..waits import within
 from .conftest import Run, eventually
 
@@ -321,9 +322,10 @@ async def test_stats_include_rwlocks_recorded_holds(
     server_url: str, tag: str, clients: list[redis.asyncio.Redis], arun: AsyncRunCli
 ) -> None:
     client = clients[0]
-    slow = ReadWriteLock(client, f"{tag}:slow", ttl=0.1, hold_stats=True)
+    ttl = scaled(0.1)  # judged against 0.1 s below; longer than a loaded machine's stalls
+    slow = ReadWriteLock(client, f"{tag}:slow", ttl=ttl, hold_stats=True)
     async with slow.write():
-        await asyncio.sleep(0.15)  # kept past its ttl by the watchdog
+        await asyncio.sleep(ttl * 1.5)  # kept past its ttl by the watchdog
     fast = ReadWriteLock(client, f"{tag}:fast", ttl=5, hold_stats=True)
     for side in (fast.read(), fast.read(), fast.write()):
         async with side:

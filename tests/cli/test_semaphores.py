@@ -22,6 +22,7 @@ from aiolock._info import HOST
 from aiolock._layout import LockKeys
 
 from ..conftest import make_client
+from ..load import scaled
 from ..waits import within
 from .conftest import Run, eventually
 
@@ -391,10 +392,15 @@ async def test_stats_include_semaphores_recorded_holds(
     server_url: str, tag: str, clients: list[redis.asyncio.Redis], arun: AsyncRunCli
 ) -> None:
     client = clients[0]
-    slow = Semaphore(client, f"{tag}:slow", limit=2, ttl=0.1, hold_stats=True)
+    # Judged against a ttl of 0.1 s (--ttl below); the leases' own ttls outlast a loaded
+    # machine's stalls (the slow one, renewed, is held past 0.1 s).
+    ttl = scaled(0.1)
+    slow = Semaphore(client, f"{tag}:slow", limit=2, ttl=ttl, hold_stats=True)
     async with slow:
-        await asyncio.sleep(0.15)  # kept past its ttl by the watchdog
-    fixed = Semaphore(client, f"{tag}:fixed", limit=2, ttl=0.5, renew=False, hold_stats=True)
+        await asyncio.sleep(ttl * 1.5)  # kept past its ttl by the watchdog
+    fixed = Semaphore(
+        client, f"{tag}:fixed", limit=2, ttl=scaled(0.5), renew=False, hold_stats=True
+    )
     async with fixed:
         await asyncio.sleep(0.08)  # more than half of the 0.1 s judged against below
     fast = Semaphore(client, f"{tag}:fast", limit=5, ttl=5, hold_stats=True)

@@ -5,7 +5,6 @@ it; a hung async test is stopped with its stack before pytest-timeout's limit.""
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -96,14 +95,11 @@ def test_a_hung_async_test_is_stopped_with_its_stack_within_its_limit(
     pytester: pytest.Pytester,
 ) -> None:
     pytester.makepyfile(test_hangs=HANGS)
-    started = time.monotonic()
     result = run(pytester, "-o", "timeout=8")
-    took = time.monotonic() - started
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
     assert "AsyncTestTimeout: stopped after" in out, out
     # The stack of the test's task, down to the await that never returned.
     assert "test_hangs.py:9 in test_hangs" in out, out
     assert "test_hangs.py:5 in wait_for_ever" in out, out
-    assert "Timeout (>8.0s) from pytest-timeout" not in out, out
-    assert took < 8 + 20, f"the run took {took:.1f}s"  # not stopped by an outer bound
+    assert "Timeout (>8.0s) from pytest-timeout" not in out, out  # not the outer bound
