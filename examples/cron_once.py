@@ -2,10 +2,10 @@
 
     python examples/cron_once.py
 
-Three servers start the same nightly job 0.4 s apart. A lock alone would run it three
-times: the job takes 0.1 s, so each server finds the lock free when it starts. `run_once`
-writes a done marker under the lock when the job finishes, keyed by the night, and the
-servers after the first find it.
+Three servers start the same nightly job, each 0.4 s after the one before has finished
+with it (their clocks, and start-up times, differ). A lock alone would run it three times:
+each server finds the lock free when it starts. `run_once` writes a done marker under the
+lock when the job finishes, keyed by the night, and the servers after the first find it.
 """
 
 from __future__ import annotations
@@ -20,8 +20,12 @@ from _server import check, redis_url
 from aiolock import Lease, OnceStatus, run_once
 
 
-async def server(url: str, number: int, sent: list[int], tag: str) -> OnceStatus:
-    await asyncio.sleep(0.4 * number)  # cron's clocks, and start-up times, differ
+async def server(
+    url: str, number: int, sent: list[int], tag: str, after: asyncio.Event | None
+) -> OnceStatus:
+    if after is not None:  # the server before this one is done with tonight's job
+        await after.wait()
+        await asyncio.sleep(0.4)
     client = redis.asyncio.Redis.from_url(url)
     try:
 
@@ -46,8 +50,16 @@ async def server(url: str, number: int, sent: list[int], tag: str) -> OnceStatus
 async def main() -> None:
     sent: list[int] = []
     tag = secrets.token_hex(4)  # a fresh job key per run of this example
+    done = [asyncio.Event() for _ in range(3)]
+
+    async def numbered(n: int) -> OnceStatus:
+        try:
+            return await server(url, n, sent, tag, done[n - 1] if n else None)
+        finally:
+            done[n].set()
+
     async with redis_url() as url:
-        statuses = await asyncio.gather(*(server(url, n, sent, tag) for n in range(3)))
+        statuses = await asyncio.gather(*(numbered(n) for n in range(3)))
     print(f"report sent by server(s) {sent}")
     check(sent == [0], "the report was sent once, by the first server")
     check(
