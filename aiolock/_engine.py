@@ -292,8 +292,9 @@ class Primitive(abc.ABC):
         Raises:
             AcquireTimeoutError: it stayed held by others for the whole timeout.
             BackendError: Redis could not be reached or refused the command.
-            LeaseLostError: `token` was used for a lease that has ended (released, aborted
-                or expired and recorded): a token is never granted twice.
+            LeaseLostError: `token` was used for a lease that has ended by a release or an
+                abort (and is still remembered, see the README's Retention): a token is
+                never granted twice.
             RuntimeError: the current task holds it in an `async with` block (through any
                 object of this name on this client), and `timeout` is not 0: waiting
                 would never end (or always time out). Nothing is sent. A single try
@@ -500,8 +501,9 @@ class Primitive(abc.ABC):
 
     async def release_token(self, token: str) -> bool:
         """Release the lease held under `token`, from any process: True if it was released
-        (now, or already by an earlier attempt), False if it is not held under it. Waiters
-        are served as by any release. One round trip.
+        (now, or already by an earlier release), False if it is not held under it: it never
+        was, or it expired (its hold did not end as the token holder's, whoever got it
+        next). Waiters are served as by any release. One round trip.
 
         Raises:
             BackendError: Redis could not be reached or refused the command.

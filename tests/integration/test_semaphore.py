@@ -372,7 +372,7 @@ async def test_nothing_is_left_but_the_state_after_the_last_release(
     fields = {
         key.decode() if isinstance(key, bytes) else key for key in await client.hkeys(keys.lock)
     }
-    assert fields <= {"limit", "fence", "r", "h", "q"}
+    assert fields <= {"limit", "fence", "r", "ru", "h", "q"}
     assert 0 < await client.pttl(keys.lock) <= 5000
 
 
