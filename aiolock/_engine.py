@@ -936,7 +936,7 @@ class Primitive(abc.ABC):
             config = self._config
             call = self._release_call(
                 token=token,
-                retain_ms=None if abort else config.retain_ms,
+                retain_ms=config.abort_retain_ms if abort else config.retain_ms,
                 held_ms=held_ms if config.hold_stats else None,
                 renewed=config.renew_interval is not None,
                 abort=abort,
