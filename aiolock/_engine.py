@@ -66,6 +66,9 @@ MIN_CLEANUP: Final = 0.1
 """Shortest time given to a cleanup, even when the caller's timeout is used up."""
 ABORT_TIMEOUT: Final = 1.0
 """Longest wait for the cleanup of an acquire whose outcome is unknown."""
+RECOUNT_DELAY: Final = 0.05
+"""How soon a waiting head writes its process's entry again after waiters joined or left
+(several arriving at once are counted by one command)."""
 
 Call = tuple[Script, Sequence[str], list[str | int]]
 """One script call: the script, its KEYS and its ARGV."""
@@ -401,6 +404,8 @@ class Primitive(abc.ABC):
                     poll = poll_delay(pttl_ms, fallback=fallback, rng=notifier.rng)
                     if self._max_poll is not None:
                         poll = min(poll, self._max_poll)
+                    if queue.miscounted:
+                        poll = min(poll, RECOUNT_DELAY)  # the next try writes the count
                     delay = poll if remaining is None else min(poll, remaining)
                 timed_out = await waiter.wait(delay)
                 waiter.check()
@@ -586,6 +591,9 @@ class Primitive(abc.ABC):
         status, value = int(reply[0]), int(reply[1])
         if queue is not None and registration is not None and status != -1:
             queue.settle(registration, in_redis=status == 0 or behind > 0)
+            # The entry now counts this waiter and those behind it (those behind it alone
+            # once it acquired; none left: no entry).
+            queue.counted = behind + 1 if status == 0 else behind or None
         if status == -1 and chosen:
             raise LeaseLostError(
                 f"{self._what} {self._name!r}: the token given was used for a lease that has "
@@ -958,6 +966,7 @@ class Primitive(abc.ABC):
             queue.joining = False
             if status == 1:
                 queue.settle(registration, in_redis=True)
+                queue.counted = join[2] if join is not None else None
             elif status == 0:
                 queue.forget(registration)  # nothing was released, nor put in line
             # 2: an earlier attempt of this call released (and may have granted to this

@@ -191,6 +191,7 @@ class WaitQueue:
         "_spent",
         "attempting",
         "channel",
+        "counted",
         "grant",
         "joining",
         "reconnected",
@@ -220,6 +221,9 @@ class WaitQueue:
         # puts the queue in line.
         self.attempting = False
         self.joining = False
+        # The number of waiters the queue's entry in Redis was last written with (None: no
+        # entry, or not known): the head writes it again when the number here differs.
+        self.counted: int | None = None
         self.reconnected = False  # lost its subscription: wake the head when it is back
         self.waiters: collections.deque[Waiter] = collections.deque()
         self.subscribed = asyncio.Event()  # set once subscribed, or once refused
@@ -297,10 +301,23 @@ class WaitQueue:
 
     def took(self, grant: Grant, *, requeued: bool = False) -> None:
         """The head took `grant` (from `pop_grant`) as its lease. The grant took the entry
-        out of the queue in Redis, or, if `requeued`, put it at the back."""
+        out of the queue in Redis, or, if `requeued`, put it at the back (counting one
+        waiter less)."""
         self._spent = max(self._spent, grant.registration.seq)
         self.registrations.clear()
         self.requeued = requeued
+        self.counted = max(self.counted - 1, 1) if requeued and self.counted else None
+
+    @property
+    def miscounted(self) -> bool:
+        """Whether the queue's entry in Redis counts another number of waiters than wait
+        here (some joined or left since it was written): the head writes it again."""
+        return (
+            self.counted is not None
+            and self.registered
+            and self.counted != len(self.waiters)
+            and not (self.attempting or self.joining)
+        )
 
     def released(
         self,
@@ -405,6 +422,8 @@ class Notifier:
                 queue.subscribed.set()
         waiter = Waiter(queue)
         queue.waiters.append(waiter)
+        if len(queue.waiters) > 1:
+            queue.waiters[0].nudge()  # its entry in Redis counts one waiter less (no command)
         return waiter
 
     async def ready(self, waiter: Waiter, *, timeout: float | None) -> None:
@@ -456,6 +475,8 @@ class Notifier:
                     queue.waiters[0].nudge()
                 else:
                     queue.waiters[0].wake()
+            else:
+                queue.waiters[0].nudge()  # its entry in Redis counts one waiter more
             return None
         del self._queues[queue.channel]
         if queue.requested:

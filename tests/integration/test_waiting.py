@@ -7,7 +7,8 @@ import asyncio
 import pytest
 import redis.asyncio
 
-from aiolock import Lease, Lock
+from aiolock import Lease, Lock, ReadLock, ReadWriteLock, Semaphore
+from aiolock._inspect import read_locks
 from aiolock._runtime import Runtime, runtime_for
 
 from ..conftest import make_client
@@ -140,3 +141,59 @@ async def test_a_broken_subscription_does_not_strand_waiters(
     finally:
         await client.aclose()
         await admin.aclose()
+
+
+KINDS = ("lock", "semaphore", "read")
+
+
+def _contended(kind: str, client: redis.asyncio.Redis, name: str) -> Lock | Semaphore | ReadLock:
+    """A primitive of `kind` whose waiters queue while another process holds it (a reader's
+    while a writer holds)."""
+    if kind == "lock":
+        return Lock(client, name, ttl=30)
+    if kind == "semaphore":
+        return Semaphore(client, name, limit=1, ttl=30)
+    return ReadWriteLock(client, name, ttl=30).read()
+
+
+async def _holder(kind: str, client: redis.asyncio.Redis, name: str) -> Lease:
+    if kind == "read":
+        return await ReadWriteLock(client, name, ttl=30).write().acquire()
+    return await _contended(kind, client, name).acquire()
+
+
+async def _waiting_in_redis(kind: str, client: redis.asyncio.Redis, name: str) -> int:
+    """Tasks waiting as Redis records them (what `info()` and the command line read)."""
+    if kind == "semaphore":
+        return (await Semaphore(client, name, limit=1).info()).waiting
+    if kind == "read":
+        return (await ReadWriteLock(client, name).info()).readers_waiting
+    (state,) = await read_locks(client, [name])
+    return state.waiters
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_every_waiting_task_of_a_process_is_counted(
+    clients: list[redis.asyncio.Redis], name: str, kind: str
+) -> None:
+    """A second task of a process starts waiting after the first is queued in Redis: the
+    process's entry counts both (and one again once one of them left)."""
+    holder = await _holder(kind, clients[0], name)
+    primitive = _contended(kind, clients[1], name)
+    first = asyncio.create_task(primitive.acquire())
+
+    async def counted(expected: int) -> bool:
+        return await _waiting_in_redis(kind, clients[0], name) == expected
+
+    await eventually(lambda: counted(1), what="the first waiter queued in Redis")
+    second = asyncio.create_task(primitive.acquire(timeout=30))
+    await eventually(lambda: counted(2), what="both waiters counted", timeout=5)
+    third = asyncio.create_task(primitive.acquire(timeout=30))
+    await eventually(lambda: counted(3), what="three waiters counted", timeout=5)
+    third.cancel()
+    await asyncio.gather(third, return_exceptions=True)
+    await eventually(lambda: counted(2), what="two waiters counted again", timeout=5)
+    await holder.release()
+    lease = await within(first, what="the first waiter served")
+    await lease.release()
+    await (await within(second, what="the second waiter served")).release()
