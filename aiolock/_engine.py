@@ -47,7 +47,7 @@ from ._lease import Lease
 from ._retry import Backoff, poll_delay
 from ._runtime import Runtime, runtime_for
 from ._scripts import RENEW, RESUME, Script, release_args
-from ._waiting import Grant, Registration, WaitQueue
+from ._waiting import Grant, Registration, Waiter, WaitQueue
 from ._watchdog import RenewalEntry
 from .errors import (
     AcquireTimeoutError,
@@ -327,33 +327,70 @@ class Primitive(abc.ABC):
         started = loop.time()
         deadline = None if wait is None else started + wait
         notifier = runtime.notifier
+        channel = self._channel
+        # The tasks of this process that wait are served in the order they called; a lease
+        # that a later caller gets while an earlier one waits goes to the earlier one.
+        ticket = notifier.ticket()
+        orderly = wait != 0 and token is None
         attempts = 0
         busy: Sequence[Any] = ()
 
         def time_left() -> float | None:
             return None if deadline is None else deadline - loop.time()
 
-        # Fast path: nobody of this process is queued, so try before subscribing. Otherwise
-        # queue behind them (first come, first served), unless this is a single try.
+        # Fast path: nobody of this process is queued, so try before subscribing (several
+        # tasks may try at once). Otherwise queue behind them (first come, first served),
+        # unless this is a single try.
         pttl_ms = self._config.ttl_ms
-        if wait == 0 or notifier.queue_length(self._channel) == 0:
+        handed_on = False
+        if wait == 0 or notifier.queue_length(channel) == 0:
             attempts += 1
-            attempt = await self._attempt(runtime, time_left(), token=token)
+            if orderly:
+                notifier.start_try(channel, ticket)
+            try:
+                attempt = await self._attempt(runtime, time_left(), token=token)
+            except BaseException:
+                if orderly:
+                    notifier.end_try(channel, ticket)
+                raise
             if attempt.lease is not None:
-                return self._granted(attempt.lease, loop.time() - started, attempts)
-            pttl_ms, busy = attempt.pttl_ms, attempt.busy
+                if orderly:
+                    notifier.end_try(channel, ticket)
+                    handed_on = await self._hand_to_earlier(runtime, attempt.lease, ticket)
+                if not handed_on:
+                    return self._granted(attempt.lease, loop.time() - started, attempts)
+            else:
+                pttl_ms, busy = attempt.pttl_ms, attempt.busy
         if wait == 0:
             raise self._timeout_error(wait, loop.time() - started, attempts, busy)
 
-        waiter = notifier.join(self._channel)
+        # (A refused first try joins in the same step as it ends: whoever waits for it to
+        # be answered finds it in the queue.)
+        waiter = notifier.join(channel, ticket, accepts=token is None)
+        notifier.end_try(channel, ticket)
         queue = waiter.queue
         acquired = False
         more = False  # leases may still be free for the next waiter here (a semaphore)
         try:
             await notifier.ready(waiter, timeout=time_left())
-            must_try = waiter.is_head
+            must_try = waiter.is_head and not handed_on
             unknown_pttl = Backoff(base=0.01, cap=1.0, rng=notifier.rng)
             while True:
+                if waiter.handed is not None:
+                    # Handed by a task of this process that called later and got a lease.
+                    taken = self._take_handed(waiter)
+                    acquired, more = True, not self._exclusive
+                    return self._granted(taken, loop.time() - started, attempts)
+                if waiter.is_head and (
+                    queue.attempting or notifier.trying_before(channel, waiter.ticket)
+                ):
+                    # An earlier caller's first try is in flight: if refused, it queues
+                    # ahead of this one (which is nudged when it is answered).
+                    remaining = time_left()
+                    if remaining is not None and remaining <= 0:
+                        raise self._timeout_error(wait, loop.time() - started, attempts, busy)
+                    await waiter.wait(remaining, pending_ok=True)
+                    continue
                 if waiter.is_head and (grant := queue.pop_grant()) is not None:
                     # A lease under the caller's own token claims the grant by an acquire.
                     lease = None if token is not None else self._lease_from_grant(runtime, grant)
@@ -361,7 +398,6 @@ class Primitive(abc.ABC):
                         queue.took(grant, requeued=self._requeued_on_grant and grant.requeued)
                         # A grant takes the queue out of Redis: a next waiter puts it back
                         # (woken now if more may be free, else by the next release).
-                        acquired, more = True, not self._exclusive and grant.more
                         if self._config.replicas:
                             await self._confirm_granted(runtime, lease)
                         else:
@@ -370,7 +406,10 @@ class Primitive(abc.ABC):
                             except asyncio.CancelledError:
                                 await lease._cleanup_after_loss()  # never reached its caller
                                 raise
-                        return self._granted(lease, loop.time() - started, attempts)
+                        if not await self._keep_or_hand(runtime, lease, waiter):
+                            acquired, more = True, not self._exclusive and grant.more
+                            return self._granted(lease, loop.time() - started, attempts)
+                        continue
                     must_try = True  # heard of too late to count on: claim it by an acquire
                 if waiter.is_head and queue.joining:
                     # A release here is putting the queue in line: its answer comes first
@@ -391,8 +430,10 @@ class Primitive(abc.ABC):
                         token=token,
                     )
                     if attempt.lease is not None:
-                        acquired, more = True, attempt.free > 0
-                        return self._granted(attempt.lease, loop.time() - started, attempts)
+                        if not await self._keep_or_hand(runtime, attempt.lease, waiter):
+                            acquired, more = True, attempt.free > 0
+                            return self._granted(attempt.lease, loop.time() - started, attempts)
+                        continue
                     pttl_ms, busy = attempt.pttl_ms, attempt.busy or busy
                 remaining = time_left()
                 if remaining is not None and remaining <= 0:
@@ -414,6 +455,10 @@ class Primitive(abc.ABC):
                 if timed_out and waiter.is_head:
                     must_try = True
         finally:
+            if waiter.handed is not None:
+                # Handed a lease it did not take (it timed out, or was cancelled): the next
+                # waiter takes it, or it is released.
+                self._pass_on(runtime, self._take_handed(waiter), but=waiter)
             leaving = notifier.leave(waiter, acquired=acquired, more=more)
             if leaving is not None:
                 # The last waiter of this process left: take its queue out of Redis, and
@@ -428,6 +473,49 @@ class Primitive(abc.ABC):
                             self._withdraw(runtime, leaving, timeout=budget),
                             timeout=budget + 0.1,
                         )
+
+    @staticmethod
+    def _take_handed(waiter: Waiter) -> Lease:
+        lease, waiter.handed = waiter.handed, None
+        assert isinstance(lease, Lease)
+        return lease
+
+    async def _hand_to_earlier(self, runtime: Runtime, lease: Lease, ticket: int) -> bool:
+        """Hand `lease`, which the acquire() call `ticket` got, to the waiter of an earlier
+        call of this process, if one waits for it (once the first tries of earlier calls
+        in flight are answered: a refused one queues). True if it was handed on.
+
+        Cancellation:
+            The lease never reaches a caller: it is released under a shield first.
+        """
+        notifier = runtime.notifier
+        if notifier.trying_before(self._channel, ticket):
+            try:
+                await notifier.tries_before(self._channel, ticket)
+            except BaseException:
+                await lease._cleanup_after_loss()
+                raise
+        receiver = notifier.first_before(self._channel, ticket)
+        if receiver is None:
+            return False
+        receiver.hand(lease)
+        return True
+
+    async def _keep_or_hand(self, runtime: Runtime, lease: Lease, waiter: Waiter) -> bool:
+        """A waiter got `lease`: False if it keeps it, True if it went to another waiter
+        (one of an earlier call, or any other if this one was handed a lease meanwhile)."""
+        if waiter.handed is not None:
+            self._pass_on(runtime, lease, but=waiter)
+            return True
+        return await self._hand_to_earlier(runtime, lease, waiter.ticket)
+
+    def _pass_on(self, runtime: Runtime, lease: Lease, *, but: Waiter) -> None:
+        """Give a lease nobody here took to the first waiter without one, or release it."""
+        receiver = runtime.notifier.next_without(self._channel, but)
+        if receiver is not None:
+            receiver.hand(lease)
+        else:
+            runtime.spawn(lease._cleanup_after_loss())
 
     async def try_acquire(self) -> Lease | None:
         """Try once, without waiting: the `Lease`, or None if someone else holds it.
@@ -585,6 +673,8 @@ class Primitive(abc.ABC):
         finally:
             if queue is not None:
                 queue.attempting = False
+                if queue.waiters:
+                    queue.waiters[0].nudge()  # a head that waited for this attempt goes on
         acked = config.replicas
         if wait is not None:
             reply, acked = reply

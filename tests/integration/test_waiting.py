@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 import redis.asyncio
 
 from aiolock import Lease, Lock, ReadLock, ReadWriteLock, Semaphore
+from aiolock._backend import Backend
 from aiolock._inspect import read_locks
 from aiolock._runtime import Runtime, runtime_for
+from aiolock._waiting import Waiter
 
 from ..conftest import make_client
 from ..servers import RedisServer
@@ -197,3 +200,107 @@ async def test_every_waiting_task_of_a_process_is_counted(
     lease = await within(first, what="the first waiter served")
     await lease.release()
     await (await within(second, what="the second waiter served")).release()
+
+
+@pytest.mark.parametrize(
+    "kind", ["lock-held", "lock-free", "semaphore-held", "semaphore-free", "read-held"]
+)
+async def test_tasks_of_a_process_are_served_in_call_order_whatever_order_redis_answers_in(
+    clients: list[redis.asyncio.Redis],
+    name: str,
+    kind: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Five tasks call acquire() in one loop iteration; Redis answers the first one's try
+    last (the others' tries all answered before it is sent). As with asyncio's own lock,
+    they are served in call order, whether the name was held (every try refused) or free
+    (another task's try took it first)."""
+    primitive_kind, state = kind.split("-")
+    holder = await _holder(primitive_kind, clients[0], name) if state == "held" else None
+    backend = runtime_for(clients[1]).backend
+    run = Backend.run
+    others_answered = asyncio.Event()
+    answered = 0
+    tries = 0
+
+    async def first_try_answered_last(self: Backend, *args: Any, **kwargs: Any) -> Any:
+        nonlocal answered, tries
+        if self is not backend or kwargs.get("operation") != "acquire":
+            return await run(self, *args, **kwargs)
+        tries += 1
+        if tries == 1:
+            await within(others_answered.wait(), what="the other tasks' first tries answered")
+            return await run(self, *args, **kwargs)
+        try:
+            return await run(self, *args, **kwargs)
+        finally:
+            answered += 1
+            if answered == 4:
+                others_answered.set()
+
+    monkeypatch.setattr(Backend, "run", first_try_answered_last)
+    order: list[int] = []
+
+    async def task(index: int) -> None:
+        async with _contended(primitive_kind, clients[1], name):
+            order.append(index)
+            await asyncio.sleep(0.01)
+
+    tasks = [asyncio.create_task(task(index)) for index in range(5)]
+    await within(others_answered.wait(), what="the other tasks' first tries answered")
+    if holder is not None:
+        await holder.release()
+    await within(asyncio.gather(*tasks), what="every task served")
+    assert order == list(range(5))
+
+
+async def test_a_lease_handed_to_an_earlier_caller_that_is_cancelled_goes_to_the_next(
+    clients: list[redis.asyncio.Redis], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first caller's try is answered last (refused); the second caller's took the
+    free lock and hands it to the first, which is cancelled before it takes it: the lease
+    goes to the next waiter, and nothing stays held."""
+    backend = runtime_for(clients[1]).backend
+    run = Backend.run
+    others_answered = asyncio.Event()
+    tries = 0
+
+    async def first_try_answered_last(self: Backend, *args: Any, **kwargs: Any) -> Any:
+        nonlocal tries
+        if self is not backend or kwargs.get("operation") != "acquire":
+            return await run(self, *args, **kwargs)
+        tries += 1
+        if tries == 1:
+            await within(others_answered.wait(), what="the other tasks' first tries answered")
+            return await run(self, *args, **kwargs)
+        try:
+            return await run(self, *args, **kwargs)
+        finally:
+            if tries >= 3:
+                others_answered.set()
+
+    hand = Waiter.hand
+    cancelled: list[int] = []
+
+    def hand_and_cancel(waiter: Waiter, lease: object) -> None:
+        hand(waiter, lease)
+        if not cancelled and waiter.task is not None:
+            cancelled.append(waiter.ticket)
+            waiter.task.cancel()
+
+    monkeypatch.setattr(Backend, "run", first_try_answered_last)
+    monkeypatch.setattr(Waiter, "hand", hand_and_cancel)
+    order: list[int] = []
+
+    async def task(index: int) -> None:
+        async with Lock(clients[1], name, ttl=10):
+            order.append(index)
+
+    tasks = [asyncio.create_task(task(index)) for index in range(3)]
+    results = await within(
+        asyncio.gather(*tasks, return_exceptions=True), what="every task served or cancelled"
+    )
+    assert cancelled, "a lease was handed to the first caller"
+    assert isinstance(results[0], asyncio.CancelledError)
+    assert order == [1, 2]
+    assert not await Lock(clients[0], name).locked()
