@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import random
@@ -171,8 +172,8 @@ _Command = tuple[str | int, ...]
 
 
 _Sent = Callable[[], None] | None
-"""Called once the command has been written (on the direct path; on the other path, just
-before redis-py is handed it)."""
+"""Called once the command has been written (on the direct and Sentinel paths; through
+`execute_command`, just before redis-py is handed it)."""
 
 
 _DRAIN_ABOVE: Final = 65536
@@ -200,6 +201,23 @@ async def _write(connection: redis.asyncio.connection.AbstractConnection, packed
     except BaseException:
         await connection.disconnect(nowait=True)
         raise
+
+
+_NO_READ_TIMEOUT: Final = 1e9
+"""The read timeout aiolock's calls pass to a connection whose client has a socket timeout:
+none that matters (every call is bounded as a whole by aiolock). A socket timeout shorter
+than an event-loop stall would fire as the loop resumes, before the reply that arrived
+during the stall is read, and drop it (a renewal Redis confirmed, counted as missing). A
+finite number: some event loops cannot schedule a timer at infinity."""
+
+
+def _reader(
+    connection: redis.asyncio.connection.AbstractConnection,
+) -> Callable[[], Awaitable[Any]]:
+    """How to read a reply on `connection`: without its client's socket timeout."""
+    if getattr(connection, "socket_timeout", None) is None:
+        return connection.read_response
+    return functools.partial(connection.read_response, timeout=_NO_READ_TIMEOUT)
 
 
 async def _read_pair(read: Callable[[], Awaitable[Any]]) -> tuple[Any, Any]:
@@ -235,9 +253,10 @@ async def _send_direct(
         await _write(connection, packed)
         if on_sent is not None:
             on_sent()
+        read = _reader(connection)
         if then is not None:
-            return await _read_pair(connection.read_response)
-        return await connection.read_response()
+            return await _read_pair(read)
+        return await read()
     except (RuntimeError, AttributeError, TypeError) as exc:
         if not _closed_transport(exc):
             raise
@@ -287,15 +306,16 @@ async def _send_to_master(
     try:
         if address is not None and (connection.host, connection.port) != tuple(address):
             await connection.disconnect()  # connects again on the send, to the new master
+        packed = connection.pack_command(*command)
+        if then is not None:
+            packed += connection.pack_command(*then)
+        await connection.send_packed_command(packed)
         if on_sent is not None:
             on_sent()
+        read = _reader(connection)
         if then is not None:
-            await connection.send_packed_command(
-                [*connection.pack_command(*command), *connection.pack_command(*then)]
-            )
-            return await _read_pair(connection.read_response)
-        await connection.send_command(*command)
-        return await client.parse_response(connection, str(command[0]))
+            return await _read_pair(read)
+        return await read()
     except (RuntimeError, AttributeError, TypeError) as exc:
         if not _closed_transport(exc):
             raise
@@ -307,6 +327,8 @@ async def _send_to_master(
 async def _execute(
     client: AsyncClient, command: _Command, on_sent: _Sent, then: _Command | None = None
 ) -> Any:
+    # Called before redis-py is handed the command: when it is written is not known here
+    # (see `Backend.sees_writes`).
     if on_sent is not None:
         on_sent()
     try:
@@ -457,6 +479,13 @@ class Backend:
             self._send = _send_direct if _sends_directly(client) else _execute
 
     @property
+    def sees_writes(self) -> bool:
+        """Whether a call's `on_sent` is called once its command was written (aiolock
+        sends it on a connection itself), rather than when redis-py is handed it
+        (`execute_command`: a cluster, fakeredis, a connection class of another kind)."""
+        return self._send is not _execute
+
+    @property
     def cluster(self) -> bool:
         """Whether the client is a `RedisCluster`: a script call's keys must then share
         one slot (renewals are sent one call per slot)."""
@@ -509,8 +538,11 @@ class Backend:
         fresh: bool = False,
         on_sent: _Sent = None,
         wait: tuple[int, int] | None = None,
+        by_text: bool = False,
     ) -> Any:
-        """Run one script in one round trip (two the first time a server sees it).
+        """Run one script in one round trip (two the first time a server sees it, unless
+        `by_text`: sent as EVAL with its text, which runs even on a server that does not
+        know it yet, for a call that must be applied in one send).
 
         User-initiated calls go through the user's client; `background` calls (renewals)
         through aiolock's own connections, which are never busy with the user's commands;
@@ -527,7 +559,11 @@ class Backend:
         returns `(the script's reply, how many replicas acknowledged its writes)`. `ms`
         must be at least 1 (`WAIT` with 0 would block for ever) and well within `timeout`.
         """
-        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        command: _Command = (
+            ("EVAL", script.source, len(keys), *keys, *args)
+            if by_text
+            else ("EVALSHA", script.sha, len(keys), *keys, *args)
+        )
         then: _Command | None = None
         if wait is not None:
             replicas, wait_ms = wait

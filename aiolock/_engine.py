@@ -789,7 +789,13 @@ class Primitive(abc.ABC):
         The renewal is sent on the user's client now, in a task of its own; this waits
         until it has been written (never for its answer), so that an event-loop stall at
         the start of the body finds it confirmed by Redis, as a lease acquired with its
-        full ttl would be. The watchdog's own schedule goes on regardless.
+        full ttl would be: its reply, read when the loop runs again, counts (see `_settle`).
+        It is sent as EVAL, with the script's text: a server that does not know the script
+        (restarted, flushed) runs it all the same, where EVALSHA's NOSCRIPT answer would
+        make it go again only after the stall. Through a client on which aiolock cannot
+        see when a command is written (`Backend.sees_writes`: a cluster, say), its answer
+        is awaited instead. Either wait lasts at most half of what the grant has left. The
+        watchdog's own schedule goes on regardless.
         """
         config = self._config
         loop = runtime.loop
@@ -797,6 +803,7 @@ class Primitive(abc.ABC):
         if entry is None or lease.deadline - loop.time() >= config.ttl - 2 * config.margin:
             return  # granted for its full ttl already
         written = loop.create_future()
+        answered = loop.create_future()
 
         def on_sent() -> None:
             if not written.done():
@@ -815,6 +822,7 @@ class Primitive(abc.ABC):
                     operation="renew",
                     name=self._name,
                     on_sent=on_sent,
+                    by_text=True,
                 )
             except BackendError as exc:
                 lease._renew_failed(exc)
@@ -822,6 +830,8 @@ class Primitive(abc.ABC):
             finally:
                 lease._renewal_answered(sent_at)
                 on_sent()
+                if not answered.done():
+                    answered.set_result(None)
             if int(ours[0]) == 1:
                 lease._renewed(sent_at, config.ttl)
                 if config.renew_interval is not None:
@@ -832,7 +842,7 @@ class Primitive(abc.ABC):
         runtime.spawn(renew())
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(max(lease.deadline - loop.time(), 0) / 2):
-                await written
+                await (written if runtime.backend.sees_writes else answered)
 
     async def _confirm_granted(self, runtime: Runtime, lease: Lease) -> None:
         """With `replicas=N`, a lease taken from a grant (written by a release, of this
