@@ -23,6 +23,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import math
 import random
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -44,6 +45,7 @@ try:
 except ImportError:  # pragma: no cover - hiredis is a dependency, but may be missing
     hiredis = None  # type: ignore[assignment]
 
+from ._retry import Backoff
 from ._scripts import Script
 from ._settle import after_arrivals
 from .errors import BackendError
@@ -56,6 +58,7 @@ __all__ = (
     "Backend",
     "check_client",
     "is_cluster",
+    "migrating",
     "outcome_unknown",
     "translate_errors",
 )
@@ -121,11 +124,36 @@ def translate_errors(operation: str, name: str | None, timeout: float) -> Iterat
 def outcome_unknown(error: BaseException) -> bool:
     """Whether a failed call may still have been applied by the server.
 
-    A refused command (ACL, OOM, READONLY, a script error) was not applied; a timeout or a
-    broken connection may have been.
+    A refused command (ACL, OOM, READONLY, a script error, TRYAGAIN while a cluster slot
+    migrates) was not applied; a timeout or a broken connection may have been.
     """
     cause = error.__cause__ if isinstance(error, BackendError) else error
-    return not isinstance(cause, redis.exceptions.ResponseError)
+    return not (isinstance(cause, redis.exceptions.ResponseError) or _migrating_refusal(cause))
+
+
+def _migrating_refusal(error: BaseException | None) -> bool:
+    """Whether a cluster refused a command because its slot is migrating: TRYAGAIN (a
+    command naming several keys, some moved and some not, or missing), or redis-py's
+    cluster client giving up after its own few tries of one ("TTL exhausted": every try
+    was refused or redirected, so none was applied)."""
+    if isinstance(error, redis.exceptions.TryAgainError):
+        return True
+    return isinstance(error, redis.exceptions.ClusterError) and "TTL exhausted" in str(error)
+
+
+_DURING_MIGRATION: weakref.WeakSet[BaseException] = weakref.WeakSet()
+"""Errors of calls that failed while a cluster slot they needed was migrating (a refusal
+met, redirections that closed the cluster client's connections, a try still unanswered
+at the bound): whether they were applied is in their cause, as for any error."""
+
+
+def migrating(error: BaseException) -> bool:
+    """Whether `error` (a `BackendError`) comes from a cluster slot's migration that
+    outlasted the call's bound: the same call goes through once the migration ends. It was
+    not applied if `outcome_unknown(error)` is false."""
+    return isinstance(error, BackendError) and (
+        error in _DURING_MIGRATION or _migrating_refusal(error.__cause__)
+    )
 
 
 DIRECT_CONNECTIONS: set[type[redis.asyncio.connection.AbstractConnection]] = {
@@ -169,6 +197,9 @@ _NAME_CONNECTIONS: Final = _takes_command_name()
 
 
 _Command = tuple[str | int, ...]
+
+_Call = tuple[Sequence[str], Sequence[str | int]]
+"""One script call's KEYS and ARGV."""
 
 
 _Sent = Callable[[], None] | None
@@ -265,6 +296,15 @@ async def _send_direct(
         await pool.release(connection)
 
 
+MIGRATION_GRACE: Final = 1.0
+"""Longest a call whose cluster slot migrates may outlast its bound, to let the try in
+flight end (redis-py's cluster client tries a refused command a few times, for about
+half a second, before it reports it): its outcome is then known, refused or applied."""
+
+MIGRATION_MEMORY: Final = 5.0
+"""Seconds after a cluster client last met a migrating slot during which a call's failure is
+taken for a consequence of the migration."""
+
 _DISCOVERY_BOUND: Final = 0.25
 """Longest wait for the Sentinels to name the master before a call; past it, the call goes
 on the pooled connection as it is."""
@@ -351,6 +391,18 @@ async def _execute(
         raise redis.exceptions.ConnectionError(f"the connection was closed: {exc!r}") from exc
 
 
+_CLUSTER_SETTINGS: Final = frozenset(inspect.signature(RedisCluster.__init__).parameters)
+"""What a `RedisCluster` takes: of a user's cluster client's connection settings, those
+that aiolock's own cluster client is made with."""
+
+_NOT_COPIED: Final = frozenset(
+    {"self", "host", "port", "startup_nodes", "max_connections", "retry", "read_from_replicas"}
+)
+"""Settings of the user's cluster client that aiolock's own does not take: it is made with
+the nodes the user's client knows, without the user's pool limit or retries (its calls are
+bounded by aiolock), and reads from primaries only."""
+
+
 def _some_node(client: RedisCluster) -> ClusterNode:
     """A node of the cluster, to copy connection settings from (known before the client
     first asked the cluster for its nodes: one it was created with)."""
@@ -431,8 +483,10 @@ class Backend:
         "_cluster",
         "_connection_class",
         "_connection_kwargs",
+        "_migration_seen",
         "_pubsub_node",
         "_renew_client",
+        "_renew_cluster",
         "_send",
         "_sentinel",
         "loop",
@@ -442,6 +496,8 @@ class Backend:
         self._client_ref: weakref.ref[AsyncClient] = weakref.ref(client)
         self.loop = asyncio.get_running_loop()
         self._renew_client: redis.asyncio.Redis | None = None
+        self._renew_cluster: RedisCluster | None = None
+        self._migration_seen = -math.inf  # when a call last met a migrating cluster slot
         self._sentinel: SentinelConnectionPool | None = None
         self._send: _Send
         self._cluster = isinstance(client, RedisCluster)
@@ -608,18 +664,22 @@ class Backend:
         *,
         timeout: float,
         operation: str,
+        split: Callable[[Sequence[str], Sequence[str | int]], list[_Call]] | None = None,
     ) -> list[Any]:
         """Several calls of one script on a cluster, each with its own keys (of one slot),
-        in one round trip per node (redis-py's cluster pipeline), bounded by `timeout` as a
-        whole; their replies, in order.
+        in one round trip per node (redis-py's cluster pipeline) on aiolock's own cluster
+        client, bounded by `timeout` as a whole; their replies, in order.
 
         A call the pipeline could not complete (a node that does not know the script, a
         MOVED or ASK that the pipeline of older redis-py versions does not follow, a broken
         connection to a node that failed) is sent again on its own, concurrently with the
         others, through the cluster client, which follows redirections and finds a failed
-        node's successor. Every script is safe to apply twice.
+        node's successor. Every script is safe to apply twice. A call of several keys that
+        its slot's migration refuses (TRYAGAIN: some of them moved, some not) is sent as
+        the calls `split` makes of it, one key each (which the migration redirects, never
+        refuses), their replies put together, if `split` is given.
         """
-        client = self.client
+        client = self._background_client()
         assert isinstance(client, RedisCluster)
         commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
 
@@ -637,7 +697,22 @@ class Backend:
             command = commands[index]
             if isinstance(failed, redis.exceptions.NoScriptError):
                 command = ("EVAL", script.source, *command[2:])
-            return await self._send_once(client, command, script, None, None)
+            try:
+                return await self._send_once(client, command, script, None, None)
+            except (redis.exceptions.TryAgainError, redis.exceptions.ClusterError) as exc:
+                keys, args = calls[index]
+                if split is None or len(keys) < 2 or not _migrating_refusal(exc):
+                    raise
+            pieces = split(keys, args)
+            answers = await asyncio.gather(
+                *(
+                    self._send_once(
+                        client, ("EVALSHA", script.sha, len(k), *k, *a), script, None, None
+                    )
+                    for k, a in pieces
+                )
+            )
+            return [reply for answer in answers for reply in answer]
 
         async def send() -> list[Any]:
             replies = await pipelined()
@@ -733,48 +808,109 @@ class Backend:
         cancelling = task.cancelling()
         expired = False
         answered = False
+        # While a migrating cluster slot refuses the call, it is sent again after pauses.
+        # The bound then ends it between two tries (every one refused: nothing applied), or
+        # lets the try in flight end first (redis-py's own few tries, each refused or
+        # answered), for at most MIGRATION_GRACE.
+        backoff: Backoff | None = None
+        waiting_out = False  # a refusal of a migrating slot was met
+        refused: BaseException | None = None  # set while pausing after such a refusal
+        overdue = False  # the bound passed while a try of a migration waited out was sent
+        grace: asyncio.TimerHandle | None = None
 
         def give_up() -> None:
-            nonlocal expired
-            if not answered:
-                expired = True
-                task.cancel()
+            nonlocal expired, overdue, grace
+            if answered:
+                return
+            if waiting_out and refused is None and not overdue:
+                overdue = True
+                grace = self.loop.call_later(MIGRATION_GRACE, after_arrivals, self.loop, give_up)
+                return
+            expired = True
+            task.cancel()
 
         # What asyncio.timeout does, for a fraction of its cost on this hot path.
         timer = self.loop.call_later(timeout, after_arrivals, self.loop, give_up)
         try:
-            try:
-                if send is not None:
-                    result = await send()
-                else:
-                    result = await self._send_once(client, command, script, on_sent, then)
-            except redis.exceptions.ConnectionError:
-                if send is not None:
-                    result = await send()
-                else:
-                    result = await self._send_once(client, command, script, on_sent, then)
+            retried = False
+            while True:
+                try:
+                    if send is not None:
+                        result = await send()
+                    else:
+                        result = await self._send_once(client, command, script, on_sent, then)
+                    break
+                except redis.exceptions.ConnectionError:
+                    if (retried and not self._cluster) or overdue:
+                        raise
+                    # Sent again on a new connection (every script is safe to apply twice):
+                    # once, at once; on a cluster, as often as it takes within the bound,
+                    # after a pause (a failover, or redis-py's cluster client closing every
+                    # connection of a client that met many redirections while a slot
+                    # migrates, other calls' included).
+                    if retried:
+                        backoff = backoff or Backoff(base=0.02, cap=0.25, rng=random.Random())
+                        await asyncio.sleep(backoff.next())
+                    retried = True
+                except (redis.exceptions.TryAgainError, redis.exceptions.ClusterError) as exc:
+                    if not (self._cluster and _migrating_refusal(exc)):
+                        raise
+                    # The slot migrates, a name's keys on both sides: nothing was applied,
+                    # and it will be once the migration ends. Wait within the bound.
+                    self._migration_seen = self.loop.time()
+                    if overdue:
+                        raise _backend_error(operation, name, timeout, exc) from exc
+                    waiting_out = True
+                    refused = exc
+                    backoff = backoff or Backoff(base=0.02, cap=0.25, rng=random.Random())
+                    await asyncio.sleep(backoff.next())
+                    refused = None
             answered = True
         except asyncio.CancelledError as exc:
             if expired and task.uncancel() <= cancelling:
-                raise _backend_error(operation, name, timeout, TimeoutError()) from exc
+                if refused is not None:
+                    # Out of time between two tries, every one refused: not applied.
+                    raise _backend_error(operation, name, timeout, refused) from refused
+                raise self._failed(operation, name, timeout, TimeoutError(), waiting_out) from exc
             raise
         except (redis.exceptions.RedisError, OSError, *CLUSTER_ERRORS) as exc:
             if expired:
                 task.uncancel()  # our timer's cancellation, turned into this error on the way
-                raise _backend_error(operation, name, timeout, TimeoutError()) from exc
+                raise self._failed(operation, name, timeout, TimeoutError(), waiting_out) from exc
             if task.cancelling() > cancelling:
                 # The caller's cancellation, swallowed on the way (redis-py's wait_for on
                 # Python 3.11) and turned into this error: it must not be lost.
                 raise asyncio.CancelledError from exc
-            raise _backend_error(operation, name, timeout, exc) from exc
+            raise self._failed(operation, name, timeout, exc, waiting_out) from exc
         finally:
             answered = True
             timer.cancel()
+            if grace is not None:
+                grace.cancel()
         if expired:
             task.uncancel()  # our timer's cancellation, swallowed: the answer came anyway
         if task.cancelling() > cancelling:
             raise asyncio.CancelledError
         return result
+
+    def _failed(
+        self,
+        operation: str,
+        name: str | None,
+        timeout: float,
+        error: BaseException,
+        waiting_out: bool,
+    ) -> BackendError:
+        """The `BackendError` for a call that failed with `error`; one that met a migrating
+        slot, or failed while a slot of this cluster was migrating (its redirections make
+        redis-py's cluster client close its connections, and find the nodes again), is
+        marked as such (see `migrating`)."""
+        failed = _backend_error(operation, name, timeout, error)
+        if self._cluster and (
+            waiting_out or self.loop.time() - self._migration_seen < MIGRATION_MEMORY
+        ):
+            _DURING_MIGRATION.add(failed)
+        return failed
 
     async def _send_once(
         self,
@@ -840,18 +976,45 @@ class Backend:
 
     def _background_client(self) -> AsyncClient:
         if self._cluster:
-            # The cluster client itself: it keeps a pool per node, routes by slot and
-            # follows redirections, which a client of aiolock's own would have to redo.
-            return self.client
+            if self._renew_cluster is None:
+                self._renew_cluster = self._own_cluster()
+            return self._renew_cluster
         if self._renew_client is None:
             self._renew_client = redis.asyncio.Redis(connection_pool=self._connection_pool())
         return self._renew_client
 
+    def _own_cluster(self) -> RedisCluster:
+        """A cluster client of aiolock's own, for renewals: the user's connection settings
+        (those a `RedisCluster` takes), connections of its own (the user's pool limit is
+        not its own, and a pool exhausted by the user's commands does not hold renewals
+        up), and the nodes the user's client knows to start from. It routes by slot and
+        follows redirections itself."""
+        user = self.client
+        assert isinstance(user, RedisCluster)
+        settings = {
+            key: value
+            for key, value in self._connection_kwargs.items()
+            if key in _CLUSTER_SETTINGS and key not in _NOT_COPIED
+        }
+        if issubclass(self._connection_class, redis.asyncio.SSLConnection):
+            settings["ssl"] = True
+        known = user.get_primaries() or list(user.nodes_manager.startup_nodes.values())
+        manager = user.nodes_manager
+        return RedisCluster(
+            startup_nodes=[ClusterNode(node.host, node.port) for node in known],
+            require_full_coverage=manager.require_full_coverage,
+            address_remap=getattr(manager, "address_remap", None),
+            **settings,
+        )
+
     async def close_background_client(self) -> None:
-        """Close the renewal connection; called when no lease needs renewing."""
+        """Close the renewal connections; called when no lease needs renewing."""
         client, self._renew_client = self._renew_client, None
         if client is not None:
             await client.connection_pool.disconnect()
+        cluster, self._renew_cluster = self._renew_cluster, None
+        if cluster is not None:
+            await cluster.aclose()
 
     def new_pubsub(self) -> PubSub:
         """A pub/sub session on a connection of its own. On a cluster, to a primary other

@@ -38,7 +38,7 @@ from types import TracebackType
 from typing import Any, ClassVar, Final, final
 
 from . import _events as events
-from ._backend import AsyncClient, is_cluster, outcome_unknown
+from ._backend import AsyncClient, is_cluster, migrating, outcome_unknown
 from ._cancel import run_shielded
 from ._config import LockConfig, check_timeout, check_token, safety_margin
 from ._info import HOST, PID, LockInfo, task_name, text
@@ -349,6 +349,12 @@ class Primitive(abc.ABC):
                 notifier.start_try(channel, ticket)
             try:
                 attempt = await self._attempt(runtime, time_left(), token=token)
+            except BackendError as exc:
+                if not migrating(exc):
+                    if orderly:
+                        notifier.end_try(channel, ticket)
+                    raise
+                attempt = _Attempt(None, -1)  # its cluster slot migrates: wait, as for a holder
             except BaseException:
                 if orderly:
                     notifier.end_try(channel, ticket)
@@ -422,13 +428,20 @@ class Primitive(abc.ABC):
                 if waiter.is_head and (waiter.take_wakeup() or must_try):
                     must_try = False
                     attempts += 1
-                    attempt = await self._attempt(
-                        runtime,
-                        time_left(),
-                        queue=queue,
-                        behind=len(queue.waiters) - 1,
-                        token=token,
-                    )
+                    try:
+                        attempt = await self._attempt(
+                            runtime,
+                            time_left(),
+                            queue=queue,
+                            behind=len(queue.waiters) - 1,
+                            token=token,
+                        )
+                    except BackendError as exc:
+                        if not migrating(exc):
+                            raise
+                        # Its cluster slot migrates (a name's keys on both sides): nothing
+                        # was applied; try again after a pause, as for an unknown expiry.
+                        attempt = _Attempt(None, -1)
                     if attempt.lease is not None:
                         if not await self._keep_or_hand(runtime, attempt.lease, waiter):
                             acquired, more = True, attempt.free > 0
@@ -448,7 +461,9 @@ class Primitive(abc.ABC):
                     if queue.miscounted:
                         poll = min(poll, RECOUNT_DELAY)  # the next try writes the count
                     delay = poll if remaining is None else min(poll, remaining)
-                timed_out = await waiter.wait(delay)
+                # A wake-up pending for a waiter that is no longer the head (an earlier
+                # caller queued ahead of it) waits until it is the head again.
+                timed_out = await waiter.wait(delay, pending_ok=not waiter.is_head)
                 waiter.check()
                 if waiter.poll_hint_ms is not None:  # the lock was handed to another process
                     pttl_ms, waiter.poll_hint_ms = waiter.poll_hint_ms, None
@@ -660,6 +675,8 @@ class Primitive(abc.ABC):
                 script, keys, args, timeout=bound, operation="acquire", name=self._name, wait=wait
             )
         except BaseException as exc:
+            if queue is not None and registration is not None and not outcome_unknown(exc):
+                queue.forget(registration)  # refused (a migrating slot, say): not in Redis
             if chosen:
                 pass  # the caller's token: its retry gets the lease back (see acquire)
             elif isinstance(exc, asyncio.CancelledError):
@@ -794,7 +811,8 @@ class Primitive(abc.ABC):
         (restarted, flushed) runs it all the same, where EVALSHA's NOSCRIPT answer would
         make it go again only after the stall. Through a client on which aiolock cannot
         see when a command is written (`Backend.sees_writes`: a cluster, say), its answer
-        is awaited instead. Either wait lasts at most half of what the grant has left. The
+        is awaited instead; on a cluster it goes through aiolock's own cluster client, as
+        renewals do. Either wait lasts at most half of what the grant has left. The
         watchdog's own schedule goes on regardless.
         """
         config = self._config
@@ -802,6 +820,7 @@ class Primitive(abc.ABC):
         entry = lease._entry
         if entry is None or lease.deadline - loop.time() >= config.ttl - 2 * config.margin:
             return  # granted for its full ttl already
+        backend = runtime.backend
         written = loop.create_future()
         answered = loop.create_future()
 
@@ -823,6 +842,7 @@ class Primitive(abc.ABC):
                     name=self._name,
                     on_sent=on_sent,
                     by_text=True,
+                    background=backend.cluster,
                 )
             except BackendError as exc:
                 lease._renew_failed(exc)
@@ -842,7 +862,7 @@ class Primitive(abc.ABC):
         runtime.spawn(renew())
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(max(lease.deadline - loop.time(), 0) / 2):
-                await (written if runtime.backend.sees_writes else answered)
+                await (written if backend.sees_writes else answered)
 
     async def _confirm_granted(self, runtime: Runtime, lease: Lease) -> None:
         """With `replicas=N`, a lease taken from a grant (written by a release, of this
@@ -1185,18 +1205,40 @@ class Primitive(abc.ABC):
 
     async def _release_lease(self, lease: Lease, *, timeout: float) -> bool:
         runtime = runtime_for(self._client)
-        status = await self._release_token(
-            runtime,
-            lease.token,
-            abort=False,
-            timeout=timeout,
-            # A lease of an event loop that was closed: the client's pooled connections
-            # belong to that loop, so the release goes on a connection of this one.
-            fresh=lease._loop is not runtime.loop,
-            fencing_token=lease.fencing_token,
-            held_ms=round(lease.held_for() * 1000),
-        )
+        held_ms = round(lease.held_for() * 1000)
+        try:
+            status = await self._release_token(
+                runtime,
+                lease.token,
+                abort=False,
+                timeout=timeout,
+                # A lease of an event loop that was closed: the client's pooled connections
+                # belong to that loop, so the release goes on a connection of this one.
+                fresh=lease._loop is not runtime.loop,
+                fencing_token=lease.fencing_token,
+                held_ms=held_ms,
+            )
+        except BackendError as exc:
+            if not migrating(exc):
+                raise
+            # Its cluster slot still migrates (a name's keys on both sides), refusing the
+            # release: it goes on in the background, until the key would have expired
+            # anyway (at most a ttl from now), and hands the lock on as soon as it is
+            # applied. The holder is done with it.
+            runtime.spawn(self._release_later(runtime, lease, held_ms))
+            return True
         return status != 0
+
+    async def _release_later(self, runtime: Runtime, lease: Lease, held_ms: int) -> None:
+        with contextlib.suppress(BackendError, TimeoutError):
+            await self._release_token(
+                runtime,
+                lease.token,
+                abort=False,
+                timeout=self._config.ttl,
+                fencing_token=lease.fencing_token,
+                held_ms=held_ms,
+            )
 
     # ----------------------------------------------------------------- async with
     def __enter__(self) -> None:

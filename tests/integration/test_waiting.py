@@ -304,3 +304,34 @@ async def test_a_lease_handed_to_an_earlier_caller_that_is_cancelled_goes_to_the
     assert isinstance(results[0], asyncio.CancelledError)
     assert order == [1, 2]
     assert not await Lock(clients[0], name).locked()
+
+
+async def test_a_head_woken_as_an_earlier_caller_queues_ahead_waits_its_turn(
+    clients: list[redis.asyncio.Redis], name: str
+) -> None:
+    """The head has a wake-up pending when a task that called earlier queues ahead of it
+    (its first try refused): the former head keeps the wake-up for its next turn and
+    waits, without spinning the event loop."""
+    holder = await Lock(clients[0], name, ttl=10).acquire()
+    lock = Lock(clients[1], name, ttl=10)
+    waiting = asyncio.create_task(lock.acquire(timeout=10))
+    await queued(clients[1], lock, 1)
+    notifier = runtime_for(clients[1]).notifier
+    channel = f"aiolock:{{{name}}}:released"
+    queue = notifier.queue_for(channel)
+    assert queue is not None
+    await eventually(lambda: queue.registered, what="the head's entry in Redis")
+    loop = asyncio.get_running_loop()
+    queue.waiters[0].wake()  # a wake-up, pending...
+    earlier = notifier.join(channel, ticket=-1)  # ...as an earlier caller queues ahead
+    try:
+        before = loop.time()
+        await asyncio.sleep(0.1)
+        assert loop.time() - before < 1.0, "the event loop was held"
+        assert not waiting.done()
+    finally:
+        leaving = notifier.leave(earlier, acquired=False)
+        assert leaving is None
+    await holder.release()
+    lease = await within(waiting, what="the waiter served by the release")
+    await lease.release()
