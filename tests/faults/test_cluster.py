@@ -17,6 +17,7 @@ import pytest
 import redis.exceptions
 from redis.asyncio.cluster import RedisCluster
 
+import aiolock._lease
 from aiolock import (
     AcquireTimeoutError,
     BackendError,
@@ -490,3 +491,36 @@ async def test_renewals_do_not_wait_for_the_users_exhausted_pool(
                 assert not await Lock(other, names[0]).locked()
         finally:
             await user.aclose()
+
+
+async def test_a_release_refused_past_its_bound_lands_once_the_migration_ends(
+    cluster: ClusterGroup, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release whose slot migrates for longer than its bound (shortened here to 0.5 s;
+    the ttl is 30 s) returns; it goes on in the background and hands the lock to the queued
+    waiter as soon as the migration ends, not when the key would have expired."""
+    monkeypatch.setattr(aiolock._lease, "RELEASE_TIMEOUT", 0.5)
+    async with clients(cluster, 2) as (client, other):
+        holder = await Lock(client, name, ttl=30).acquire()
+        waiting = asyncio.ensure_future(Lock(other, name, ttl=30).acquire(timeout=60))
+        keys = LockKeys.build("aiolock", name)
+        await queued(client, keys.queue)
+        slot = slot_of(name)
+        source = await cluster.owner(slot)
+        target = next(s for s in cluster.servers[:3] if s is not source)
+        loop = asyncio.get_running_loop()
+        ended: list[float] = []
+
+        async def held_open() -> None:
+            await within(holder.release(), what="the release to return", timeout=5.0)
+            assert holder.released
+            await asyncio.sleep(MIGRATION_HELD - 1.0)
+            assert not waiting.done(), "served while the release could not land"
+            ended.append(loop.time())
+
+        await cluster.move_slot(
+            slot, target, first=lambda found: [k for k in found if k == keys.lock], midway=held_open
+        )
+        lease = await within(waiting, what="the waiter served once the release landed")
+        assert loop.time() - ended[0] < 5.0, "served by the key's expiry, not by the release"
+        await lease.release()
