@@ -301,6 +301,17 @@ MIGRATION_GRACE: Final = 1.0
 flight end (redis-py's cluster client tries a refused command a few times, for about
 half a second, before it reports it): its outcome is then known, refused or applied."""
 
+OWN_REDIRECTIONS: Final = 2
+"""Tries aiolock's own cluster client makes of one command before it reports it (redis-py's
+default: 16), enough to follow one MOVED or ASK. A migrating slot's refusal (TRYAGAIN) is
+then waited out by aiolock, with backoff; redis-py's own quick tries would go on to the
+importing node without ASKING, meet MOVED replies, and close every connection of the
+client to find the nodes again, other calls' included."""
+
+OWN_IDLE: Final = 2.0
+"""Seconds aiolock's own cluster client stays open after its last call, once no lease needs
+renewing."""
+
 MIGRATION_MEMORY: Final = 5.0
 """Seconds after a cluster client last met a migrating slot during which a call's failure is
 taken for a consequence of the migration."""
@@ -484,6 +495,10 @@ class Backend:
         "_connection_class",
         "_connection_kwargs",
         "_migration_seen",
+        "_own_calls",
+        "_own_closer",
+        "_own_pinned",
+        "_own_used",
         "_pubsub_node",
         "_renew_client",
         "_renew_cluster",
@@ -498,6 +513,12 @@ class Backend:
         self._renew_client: redis.asyncio.Redis | None = None
         self._renew_cluster: RedisCluster | None = None
         self._migration_seen = -math.inf  # when a call last met a migrating cluster slot
+        # aiolock's own cluster client: calls in flight on it, when it was last used,
+        # whether leases need it (renewals), and the task that closes it once idle.
+        self._own_calls = 0
+        self._own_used = -math.inf
+        self._own_pinned = False
+        self._own_closer: asyncio.Task[None] | None = None
         self._sentinel: SentinelConnectionPool | None = None
         self._send: _Send
         self._cluster = isinstance(client, RedisCluster)
@@ -642,6 +663,19 @@ class Backend:
                 )
             finally:
                 await client.connection_pool.disconnect()
+        if self._cluster:
+            # Every script call goes through aiolock's own cluster client (see `_own_cluster`).
+            async with self._own_cluster_in_use(pin=background) as own:
+                return await self._call(
+                    own,
+                    command,
+                    script=script,
+                    timeout=timeout,
+                    operation=operation,
+                    name=name,
+                    on_sent=on_sent,
+                    then=then,
+                )
         target = self._background_client() if background else self.client
         reply = await self._call(
             target,
@@ -679,8 +713,21 @@ class Backend:
         the calls `split` makes of it, one key each (which the migration redirects, never
         refuses), their replies put together, if `split` is given.
         """
-        client = self._background_client()
-        assert isinstance(client, RedisCluster)
+        async with self._own_cluster_in_use(pin=True) as client:
+            return await self._run_each(
+                client, script, calls, timeout=timeout, operation=operation, split=split
+            )
+
+    async def _run_each(
+        self,
+        client: RedisCluster,
+        script: Script,
+        calls: Sequence[tuple[Sequence[str], Sequence[str | int]]],
+        *,
+        timeout: float,
+        operation: str,
+        split: Callable[[Sequence[str], Sequence[str | int]], list[_Call]] | None,
+    ) -> list[Any]:
         commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
 
         async def pipelined() -> list[Any]:
@@ -975,20 +1022,50 @@ class Backend:
         )
 
     def _background_client(self) -> AsyncClient:
-        if self._cluster:
-            if self._renew_cluster is None:
-                self._renew_cluster = self._own_cluster()
-            return self._renew_cluster
         if self._renew_client is None:
             self._renew_client = redis.asyncio.Redis(connection_pool=self._connection_pool())
         return self._renew_client
 
+    @contextlib.asynccontextmanager
+    async def _own_cluster_in_use(self, *, pin: bool) -> AsyncIterator[RedisCluster]:
+        """aiolock's own cluster client, made if need be, for one call; kept open while
+        calls use it, while leases need renewing (`pin`: a renewal's call), and for
+        OWN_IDLE seconds after the last call, then closed by a task of its own (which the
+        event loop's shutdown also ends, closing it)."""
+        if self._renew_cluster is None:
+            self._renew_cluster = self._own_cluster()
+        if self._own_closer is None:
+            self._own_closer = self.loop.create_task(
+                self._close_own_cluster_when_idle(), name="aiolock-cluster-client"
+            )
+        if pin:
+            self._own_pinned = True
+        self._own_calls += 1
+        try:
+            yield self._renew_cluster
+        finally:
+            self._own_calls -= 1
+            self._own_used = self.loop.time()
+
+    async def _close_own_cluster_when_idle(self) -> None:
+        try:
+            while True:
+                await asyncio.sleep(OWN_IDLE)
+                idle = self.loop.time() - self._own_used >= OWN_IDLE
+                if not self._own_pinned and self._own_calls == 0 and idle:
+                    return
+        finally:
+            own, self._renew_cluster = self._renew_cluster, None
+            self._own_closer = None
+            if own is not None:
+                await own.aclose()
+
     def _own_cluster(self) -> RedisCluster:
-        """A cluster client of aiolock's own, for renewals: the user's connection settings
-        (those a `RedisCluster` takes), connections of its own (the user's pool limit is
-        not its own, and a pool exhausted by the user's commands does not hold renewals
-        up), and the nodes the user's client knows to start from. It routes by slot and
-        follows redirections itself."""
+        """A cluster client of aiolock's own, for every script call on a cluster: the
+        user's connection settings (those a `RedisCluster` takes), connections of its own
+        (the user's pool limit is not its own, and a pool exhausted by the user's commands
+        does not hold renewals up), and the nodes the user's client knows to start from.
+        It routes by slot and follows redirections itself, OWN_REDIRECTIONS at a time."""
         user = self.client
         assert isinstance(user, RedisCluster)
         settings = {
@@ -1000,21 +1077,22 @@ class Backend:
             settings["ssl"] = True
         known = user.get_primaries() or list(user.nodes_manager.startup_nodes.values())
         manager = user.nodes_manager
-        return RedisCluster(
+        own = RedisCluster(
             startup_nodes=[ClusterNode(node.host, node.port) for node in known],
             require_full_coverage=manager.require_full_coverage,
             address_remap=getattr(manager, "address_remap", None),
             **settings,
         )
+        own.RedisClusterRequestTTL = OWN_REDIRECTIONS
+        return own
 
     async def close_background_client(self) -> None:
-        """Close the renewal connections; called when no lease needs renewing."""
+        """Close the renewal connections; called when no lease needs renewing. (aiolock's
+        own cluster client closes by itself once idle.)"""
         client, self._renew_client = self._renew_client, None
         if client is not None:
             await client.connection_pool.disconnect()
-        cluster, self._renew_cluster = self._renew_cluster, None
-        if cluster is not None:
-            await cluster.aclose()
+        self._own_pinned = False
 
     def new_pubsub(self) -> PubSub:
         """A pub/sub session on a connection of its own. On a cluster, to a primary other

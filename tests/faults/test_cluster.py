@@ -446,9 +446,9 @@ async def test_renewals_do_not_wait_for_the_users_exhausted_pool(
     cluster: ClusterGroup, name: str
 ) -> None:
     """The user's `RedisCluster` allows one connection per node, and every node's is busy
-    with a BLPOP that never returns: leases are renewed on aiolock's own connections all
-    the same (the pool's limit is not theirs), and a waiter of another process is woken by
-    the release."""
+    with a BLPOP that never returns: leases are renewed on aiolock's own cluster client all
+    the same (the pool's limit is not its own), an acquire and a release go through, and a
+    waiter of another process is handed the lock by a release."""
     names = names_in_thirds(name)
     user = cluster.client(max_connections=1)
     async with clients(cluster, 1) as (other,):
@@ -481,6 +481,16 @@ async def test_renewals_do_not_wait_for_the_users_exhausted_pool(
                     assert not any(lease.lost for lease in leases)
                     after = [count(renewed, lease.fencing_token) for lease in leases]
                     assert all(b >= a + 3 for a, b in zip(before, after, strict=True)), after
+                    # Acquires and releases do not use it either; a waiter of another
+                    # process is handed the lock by a release.
+                    extra = await Lock(user, f"{names[0]}:more", ttl=1).acquire(timeout=5)
+                    await extra.release()
+                    waiting = asyncio.ensure_future(
+                        Lock(other, names[0], ttl=1).acquire(timeout=10)
+                    )
+                    await queued(other, LockKeys.build("aiolock", names[0]).queue)
+                    got = await hand_over(leases[0], waiting)
+                    await got.release()
                     assert not any(blocker.done() for blocker in blockers)
                 finally:
                     for blocker in blockers:
