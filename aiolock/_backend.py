@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
+import math
 import random
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -50,6 +52,7 @@ try:
 except ImportError:  # pragma: no cover - hiredis is a dependency, but may be missing
     hiredis = None  # type: ignore[assignment]
 
+from ._retry import Backoff
 from ._scripts import Script
 from ._settle import after_arrivals
 from .errors import BackendError
@@ -66,6 +69,7 @@ __all__ = (
     "check_client",
     "is_cluster",
     "library_of",
+    "migrating",
     "outcome_unknown",
     "translate_errors",
 )
@@ -125,6 +129,12 @@ class ClientLibrary:
     cluster_error: type[Exception]
     """What its cluster client raises besides its errors: a command it could not route
     (no node for the slot, redirections exhausted, keys in several slots)."""
+    try_again_error: type[Exception]
+    """A cluster's refusal of a command while its slot migrates (TRYAGAIN)."""
+    cluster_failure_error: type[Exception]
+    """Its cluster client giving up on a command ("TTL exhausted", among others)."""
+    ssl_connection: type[Any]
+    """Its TLS connection class."""
     advice: str = field(default="")
     """How to create an asyncio client of it, for an error message."""
 
@@ -162,6 +172,9 @@ REDIS: Final = ClientLibrary(
     connection_error=redis.exceptions.ConnectionError,
     timeout_error=redis.exceptions.TimeoutError,
     cluster_error=redis.exceptions.RedisClusterException,
+    try_again_error=redis.exceptions.TryAgainError,
+    cluster_failure_error=redis.exceptions.ClusterError,
+    ssl_connection=redis.asyncio.SSLConnection,
     advice="redis.asyncio.Redis(...), redis.asyncio.from_url(...) or redis.asyncio.RedisCluster(...)",
 )
 
@@ -200,6 +213,9 @@ def _load_valkey() -> ClientLibrary:
         connection_error=valkey.exceptions.ConnectionError,
         timeout_error=valkey.exceptions.TimeoutError,
         cluster_error=valkey.exceptions.ValkeyClusterException,
+        try_again_error=valkey.exceptions.TryAgainError,
+        cluster_failure_error=valkey.exceptions.ClusterError,
+        ssl_connection=connections.SSLConnection,
         advice="valkey.asyncio.Valkey(...), valkey.asyncio.from_url(...) or "
         "valkey.asyncio.ValkeyCluster(...)",
     )
@@ -219,6 +235,8 @@ class _Errors:
     connection: tuple[type[BaseException], ...] = (REDIS.connection_error,)
     timeout: tuple[type[BaseException], ...] = (REDIS.timeout_error,)
     cluster: tuple[type[BaseException], ...] = (REDIS.cluster_error,)
+    try_again: tuple[type[BaseException], ...] = (REDIS.try_again_error,)
+    cluster_failure: tuple[type[BaseException], ...] = (REDIS.cluster_failure_error,)
     connection_modules: tuple[str, ...] = (REDIS.connection_module,)
 
     @classmethod
@@ -231,6 +249,8 @@ class _Errors:
         cls.connection += (library.connection_error,)
         cls.timeout += (library.timeout_error,)
         cls.cluster += (library.cluster_error,)
+        cls.try_again += (library.try_again_error,)
+        cls.cluster_failure += (library.cluster_failure_error,)
         cls.connection_modules += (library.connection_module,)
 
 
@@ -317,11 +337,36 @@ def translate_errors(operation: str, name: str | None, timeout: float) -> Iterat
 def outcome_unknown(error: BaseException) -> bool:
     """Whether a failed call may still have been applied by the server.
 
-    A refused command (ACL, OOM, READONLY, a script error) was not applied; a timeout or a
-    broken connection may have been.
+    A refused command (ACL, OOM, READONLY, a script error, TRYAGAIN while a cluster slot
+    migrates) was not applied; a timeout or a broken connection may have been.
     """
     cause = error.__cause__ if isinstance(error, BackendError) else error
-    return not isinstance(cause, _Errors.response)
+    return not (isinstance(cause, _Errors.response) or _migrating_refusal(cause))
+
+
+def _migrating_refusal(error: BaseException | None) -> bool:
+    """Whether a cluster refused a command because its slot is migrating: TRYAGAIN (a
+    command naming several keys, some moved and some not, or missing), or redis-py's
+    cluster client giving up after its own few tries of one ("TTL exhausted": every try
+    was refused or redirected, so none was applied)."""
+    if isinstance(error, _Errors.try_again):
+        return True
+    return isinstance(error, _Errors.cluster_failure) and "TTL exhausted" in str(error)
+
+
+_DURING_MIGRATION: weakref.WeakSet[BaseException] = weakref.WeakSet()
+"""Errors of calls that failed while a cluster slot they needed was migrating (a refusal
+met, redirections that closed the cluster client's connections, a try still unanswered
+at the bound): whether they were applied is in their cause, as for any error."""
+
+
+def migrating(error: BaseException) -> bool:
+    """Whether `error` (a `BackendError`) comes from a cluster slot's migration that
+    outlasted the call's bound: the same call goes through once the migration ends. It was
+    not applied if `outcome_unknown(error)` is false."""
+    return isinstance(error, BackendError) and (
+        error in _DURING_MIGRATION or _migrating_refusal(error.__cause__)
+    )
 
 
 def _sends_directly(client: redis.asyncio.Redis, library: ClientLibrary) -> bool:
@@ -360,10 +405,13 @@ def _names_connections(pool: Any) -> bool:
 
 _Command = tuple[str | int, ...]
 
+_Call = tuple[Sequence[str], Sequence[str | int]]
+"""One script call's KEYS and ARGV."""
+
 
 _Sent = Callable[[], None] | None
-"""Called once the command has been written (on the direct path; on the other path, just
-before redis-py is handed it)."""
+"""Called once the command has been written (on the direct and Sentinel paths; through
+`execute_command`, just before redis-py is handed it)."""
 
 
 _DRAIN_ABOVE: Final = 65536
@@ -393,16 +441,33 @@ async def _write(connection: redis.asyncio.connection.AbstractConnection, packed
         raise
 
 
-async def _read_pair(
+_NO_READ_TIMEOUT: Final = 1e9
+"""The read timeout aiolock's calls pass to a connection whose client has a socket timeout:
+none that matters (every call is bounded as a whole by aiolock). A socket timeout shorter
+than an event-loop stall would fire as the loop resumes, before the reply that arrived
+during the stall is read, and drop it (a renewal Redis confirmed, counted as missing). A
+finite number: some event loops cannot schedule a timer at infinity."""
+
+
+def _reader(
     connection: redis.asyncio.connection.AbstractConnection,
+) -> Callable[[], Awaitable[Any]]:
+    """How to read a reply on `connection`: without its client's socket timeout."""
+    if getattr(connection, "socket_timeout", None) is None:
+        return connection.read_response
+    return functools.partial(connection.read_response, timeout=_NO_READ_TIMEOUT)
+
+
+async def _read_pair(
+    connection: redis.asyncio.connection.AbstractConnection, read: Callable[[], Awaitable[Any]]
 ) -> tuple[Any, Any]:
-    """The replies to a command and the `WAIT` sent right after it on `connection`. The
+    """The replies to a command and the `WAIT` sent right after it on `connection` (read by
+    `read`, see `_reader`). The
     second is read even when the first is an error reply, so that no reply is left unread
     on a connection that goes back to its pool; except after NOSCRIPT: that WAIT waits for
     nothing (the script did not run) and would answer only at its timeout, leaving too
     little of the call's bound for the EVAL and its own WAIT. The connection is closed
     instead, its reply unread."""
-    read = connection.read_response
     try:
         first = await read()
     except _Errors.noscript:
@@ -432,9 +497,10 @@ async def _send_direct(
         await _write(connection, packed)
         if on_sent is not None:
             on_sent()
+        read = _reader(connection)
         if then is not None:
-            return await _read_pair(connection)
-        return await connection.read_response()
+            return await _read_pair(connection, read)
+        return await read()
     except (RuntimeError, AttributeError, TypeError) as exc:
         if not _closed_transport(exc):
             raise
@@ -442,6 +508,26 @@ async def _send_direct(
     finally:
         await pool.release(connection)
 
+
+MIGRATION_GRACE: Final = 1.0
+"""Longest a call whose cluster slot migrates may outlast its bound, to let the try in
+flight end (redis-py's cluster client tries a refused command a few times, for about
+half a second, before it reports it): its outcome is then known, refused or applied."""
+
+OWN_REDIRECTIONS: Final = 2
+"""Tries aiolock's own cluster client makes of one command before it reports it (redis-py's
+default: 16), enough to follow one MOVED or ASK. A migrating slot's refusal (TRYAGAIN) is
+then waited out by aiolock, with backoff; redis-py's own quick tries would go on to the
+importing node without ASKING, meet MOVED replies, and close every connection of the
+client to find the nodes again, other calls' included."""
+
+OWN_IDLE: Final = 2.0
+"""Seconds aiolock's own cluster client stays open after its last call, once no lease needs
+renewing."""
+
+MIGRATION_MEMORY: Final = 5.0
+"""Seconds after a cluster client last met a migrating slot during which a call's failure is
+taken for a consequence of the migration."""
 
 _DISCOVERY_BOUND: Final = 0.25
 """Longest wait for the Sentinels to name the master before a call; past it, the call goes
@@ -483,15 +569,16 @@ async def _send_to_master(
             # closed connection would reopen it to the address it had (redis-py 8 does).
             await connection.disconnect()
             await connection.connect()
+        packed = connection.pack_command(*command)
+        if then is not None:
+            packed += connection.pack_command(*then)
+        await connection.send_packed_command(packed)
         if on_sent is not None:
             on_sent()
+        read = _reader(connection)
         if then is not None:
-            await connection.send_packed_command(
-                [*connection.pack_command(*command), *connection.pack_command(*then)]
-            )
-            return await _read_pair(connection)
-        await connection.send_command(*command)
-        return await client.parse_response(connection, str(command[0]))
+            return await _read_pair(connection, read)
+        return await read()
     except (RuntimeError, AttributeError, TypeError) as exc:
         if not _closed_transport(exc):
             raise
@@ -503,6 +590,8 @@ async def _send_to_master(
 async def _execute(
     client: Client, command: _Command, on_sent: _Sent, then: _Command | None = None
 ) -> Any:
+    # Called before redis-py is handed the command: when it is written is not known here
+    # (see `Backend.sees_writes`).
     if on_sent is not None:
         on_sent()
     try:
@@ -523,6 +612,18 @@ async def _execute(
         if not _closed_transport(exc):
             raise
         raise redis.exceptions.ConnectionError(f"the connection was closed: {exc!r}") from exc
+
+
+_CLUSTER_SETTINGS: Final = frozenset(inspect.signature(RedisCluster.__init__).parameters)
+"""What a `RedisCluster` takes: of a user's cluster client's connection settings, those
+that aiolock's own cluster client is made with."""
+
+_NOT_COPIED: Final = frozenset(
+    {"self", "host", "port", "startup_nodes", "max_connections", "retry", "read_from_replicas"}
+)
+"""Settings of the user's cluster client that aiolock's own does not take: it is made with
+the nodes the user's client knows, without the user's pool limit or retries (its calls are
+bounded by aiolock), and reads from primaries only."""
 
 
 def _some_node(client: RedisCluster) -> ClusterNode:
@@ -603,8 +704,14 @@ class Backend:
         "_connection_class",
         "_connection_kwargs",
         "_library",
+        "_migration_seen",
+        "_own_calls",
+        "_own_closer",
+        "_own_pinned",
+        "_own_used",
         "_pubsub_node",
         "_renew_client",
+        "_renew_cluster",
         "_send",
         "_sentinel",
         "loop",
@@ -620,6 +727,14 @@ class Backend:
         self._client_ref: weakref.ref[redis.asyncio.Redis | RedisCluster] = weakref.ref(client)
         self.loop = asyncio.get_running_loop()
         self._renew_client: redis.asyncio.Redis | None = None
+        self._renew_cluster: RedisCluster | None = None
+        self._migration_seen = -math.inf  # when a call last met a migrating cluster slot
+        # aiolock's own cluster client: calls in flight on it, when it was last used,
+        # whether leases need it (renewals), and the task that closes it once idle.
+        self._own_calls = 0
+        self._own_used = -math.inf
+        self._own_pinned = False
+        self._own_closer: asyncio.Task[None] | None = None
         self._sentinel: SentinelConnectionPool | None = None
         self._send: _Send
         self._cluster = isinstance(client, library.cluster)
@@ -656,6 +771,13 @@ class Backend:
             self._send = _send_to_master
         else:
             self._send = _send_direct if _sends_directly(client, library) else _execute
+
+    @property
+    def sees_writes(self) -> bool:
+        """Whether a call's `on_sent` is called once its command was written (aiolock
+        sends it on a connection itself), rather than when redis-py is handed it
+        (`execute_command`: a cluster, fakeredis, a connection class of another kind)."""
+        return self._send is not _execute
 
     @property
     def cluster(self) -> bool:
@@ -719,8 +841,11 @@ class Backend:
         fresh: bool = False,
         on_sent: _Sent = None,
         wait: tuple[int, int] | None = None,
+        by_text: bool = False,
     ) -> Any:
-        """Run one script in one round trip (two the first time a server sees it).
+        """Run one script in one round trip (two the first time a server sees it, unless
+        `by_text`: sent as EVAL with its text, which runs even on a server that does not
+        know it yet, for a call that must be applied in one send).
 
         User-initiated calls go through the user's client; `background` calls (renewals)
         through aiolock's own connections, which are never busy with the user's commands;
@@ -737,7 +862,11 @@ class Backend:
         returns `(the script's reply, how many replicas acknowledged its writes)`. `ms`
         must be at least 1 (`WAIT` with 0 would block for ever) and well within `timeout`.
         """
-        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        command: _Command = (
+            ("EVAL", script.source, len(keys), *keys, *args)
+            if by_text
+            else ("EVALSHA", script.sha, len(keys), *keys, *args)
+        )
         then: _Command | None = None
         if wait is not None:
             replicas, wait_ms = wait
@@ -760,6 +889,19 @@ class Backend:
                 )
             finally:
                 await client.connection_pool.disconnect()
+        if self._cluster:
+            # Every script call goes through aiolock's own cluster client (see `_own_cluster`).
+            async with self._own_cluster_in_use(pin=background) as own:
+                return await self._call(
+                    own,
+                    command,
+                    script=script,
+                    timeout=timeout,
+                    operation=operation,
+                    name=name,
+                    on_sent=on_sent,
+                    then=then,
+                )
         target = self._background_client() if background else self.client
         reply = await self._call(
             target,
@@ -782,19 +924,36 @@ class Backend:
         *,
         timeout: float,
         operation: str,
+        split: Callable[[Sequence[str], Sequence[str | int]], list[_Call]] | None = None,
     ) -> list[Any]:
         """Several calls of one script on a cluster, each with its own keys (of one slot),
-        in one round trip per node (redis-py's cluster pipeline), bounded by `timeout` as a
-        whole; their replies, in order.
+        in one round trip per node (redis-py's cluster pipeline) on aiolock's own cluster
+        client, bounded by `timeout` as a whole; their replies, in order.
 
         A call the pipeline could not complete (a node that does not know the script, a
         MOVED or ASK that the pipeline of older redis-py versions does not follow, a broken
         connection to a node that failed) is sent again on its own, concurrently with the
         others, through the cluster client, which follows redirections and finds a failed
-        node's successor. Every script is safe to apply twice.
+        node's successor. Every script is safe to apply twice. A call of several keys that
+        its slot's migration refuses (TRYAGAIN: some of them moved, some not) is sent as
+        the calls `split` makes of it, one key each (which the migration redirects, never
+        refuses), their replies put together, if `split` is given.
         """
-        client = self.client
-        assert isinstance(client, self._library.cluster)
+        async with self._own_cluster_in_use(pin=True) as client:
+            return await self._run_each(
+                client, script, calls, timeout=timeout, operation=operation, split=split
+            )
+
+    async def _run_each(
+        self,
+        client: RedisCluster,
+        script: Script,
+        calls: Sequence[tuple[Sequence[str], Sequence[str | int]]],
+        *,
+        timeout: float,
+        operation: str,
+        split: Callable[[Sequence[str], Sequence[str | int]], list[_Call]] | None,
+    ) -> list[Any]:
         commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
 
         async def pipelined() -> list[Any]:
@@ -811,7 +970,22 @@ class Backend:
             command = commands[index]
             if isinstance(failed, _Errors.noscript):
                 command = ("EVAL", script.source, *command[2:])
-            return await self._send_once(client, command, script, None, None)
+            try:
+                return await self._send_once(client, command, script, None, None)
+            except (*_Errors.try_again, *_Errors.cluster_failure) as exc:
+                keys, args = calls[index]
+                if split is None or len(keys) < 2 or not _migrating_refusal(exc):
+                    raise
+            pieces = split(keys, args)
+            answers = await asyncio.gather(
+                *(
+                    self._send_once(
+                        client, ("EVALSHA", script.sha, len(k), *k, *a), script, None, None
+                    )
+                    for k, a in pieces
+                )
+            )
+            return [reply for answer in answers for reply in answer]
 
         async def send() -> list[Any]:
             replies = await pipelined()
@@ -910,48 +1084,109 @@ class Backend:
         cancelling = task.cancelling()
         expired = False
         answered = False
+        # While a migrating cluster slot refuses the call, it is sent again after pauses.
+        # The bound then ends it between two tries (every one refused: nothing applied), or
+        # lets the try in flight end first (redis-py's own few tries, each refused or
+        # answered), for at most MIGRATION_GRACE.
+        backoff: Backoff | None = None
+        waiting_out = False  # a refusal of a migrating slot was met
+        refused: BaseException | None = None  # set while pausing after such a refusal
+        overdue = False  # the bound passed while a try of a migration waited out was sent
+        grace: asyncio.TimerHandle | None = None
 
         def give_up() -> None:
-            nonlocal expired
-            if not answered:
-                expired = True
-                task.cancel()
+            nonlocal expired, overdue, grace
+            if answered:
+                return
+            if waiting_out and refused is None and not overdue:
+                overdue = True
+                grace = self.loop.call_later(MIGRATION_GRACE, after_arrivals, self.loop, give_up)
+                return
+            expired = True
+            task.cancel()
 
         # What asyncio.timeout does, for a fraction of its cost on this hot path.
         timer = self.loop.call_later(timeout, after_arrivals, self.loop, give_up)
         try:
-            try:
-                if send is not None:
-                    result = await send()
-                else:
-                    result = await self._send_once(client, command, script, on_sent, then)
-            except _Errors.connection:
-                if send is not None:
-                    result = await send()
-                else:
-                    result = await self._send_once(client, command, script, on_sent, then)
+            retried = False
+            while True:
+                try:
+                    if send is not None:
+                        result = await send()
+                    else:
+                        result = await self._send_once(client, command, script, on_sent, then)
+                    break
+                except _Errors.connection:
+                    if (retried and not self._cluster) or overdue:
+                        raise
+                    # Sent again on a new connection (every script is safe to apply twice):
+                    # once, at once; on a cluster, as often as it takes within the bound,
+                    # after a pause (a failover, or redis-py's cluster client closing every
+                    # connection of a client that met many redirections while a slot
+                    # migrates, other calls' included).
+                    if retried:
+                        backoff = backoff or Backoff(base=0.02, cap=0.25, rng=random.Random())
+                        await asyncio.sleep(backoff.next())
+                    retried = True
+                except (*_Errors.try_again, *_Errors.cluster_failure) as exc:
+                    if not (self._cluster and _migrating_refusal(exc)):
+                        raise
+                    # The slot migrates, a name's keys on both sides: nothing was applied,
+                    # and it will be once the migration ends. Wait within the bound.
+                    self._migration_seen = self.loop.time()
+                    if overdue:
+                        raise _backend_error(operation, name, timeout, exc) from exc
+                    waiting_out = True
+                    refused = exc
+                    backoff = backoff or Backoff(base=0.02, cap=0.25, rng=random.Random())
+                    await asyncio.sleep(backoff.next())
+                    refused = None
             answered = True
         except asyncio.CancelledError as exc:
             if expired and task.uncancel() <= cancelling:
-                raise _backend_error(operation, name, timeout, TimeoutError()) from exc
+                if refused is not None:
+                    # Out of time between two tries, every one refused: not applied.
+                    raise _backend_error(operation, name, timeout, refused) from refused
+                raise self._failed(operation, name, timeout, TimeoutError(), waiting_out) from exc
             raise
         except _Errors.any as exc:
             if expired:
                 task.uncancel()  # our timer's cancellation, turned into this error on the way
-                raise _backend_error(operation, name, timeout, TimeoutError()) from exc
+                raise self._failed(operation, name, timeout, TimeoutError(), waiting_out) from exc
             if task.cancelling() > cancelling:
                 # The caller's cancellation, swallowed on the way (redis-py's wait_for on
                 # Python 3.11) and turned into this error: it must not be lost.
                 raise asyncio.CancelledError from exc
-            raise _backend_error(operation, name, timeout, exc) from exc
+            raise self._failed(operation, name, timeout, exc, waiting_out) from exc
         finally:
             answered = True
             timer.cancel()
+            if grace is not None:
+                grace.cancel()
         if expired:
             task.uncancel()  # our timer's cancellation, swallowed: the answer came anyway
         if task.cancelling() > cancelling:
             raise asyncio.CancelledError
         return result
+
+    def _failed(
+        self,
+        operation: str,
+        name: str | None,
+        timeout: float,
+        error: BaseException,
+        waiting_out: bool,
+    ) -> BackendError:
+        """The `BackendError` for a call that failed with `error`; one that met a migrating
+        slot, or failed while a slot of this cluster was migrating (its redirections make
+        redis-py's cluster client close its connections, and find the nodes again), is
+        marked as such (see `migrating`)."""
+        failed = _backend_error(operation, name, timeout, error)
+        if self._cluster and (
+            waiting_out or self.loop.time() - self._migration_seen < MIGRATION_MEMORY
+        ):
+            _DURING_MIGRATION.add(failed)
+        return failed
 
     async def _send_once(
         self,
@@ -1016,19 +1251,77 @@ class Backend:
         )
 
     def _background_client(self) -> Client:
-        if self._cluster:
-            # The cluster client itself: it keeps a pool per node, routes by slot and
-            # follows redirections, which a client of aiolock's own would have to redo.
-            return self.client
         if self._renew_client is None:
             self._renew_client = self._library.client(connection_pool=self._connection_pool())
         return self._renew_client
 
+    @contextlib.asynccontextmanager
+    async def _own_cluster_in_use(self, *, pin: bool) -> AsyncIterator[RedisCluster]:
+        """aiolock's own cluster client, made if need be, for one call; kept open while
+        calls use it, while leases need renewing (`pin`: a renewal's call), and for
+        OWN_IDLE seconds after the last call, then closed by a task of its own (which the
+        event loop's shutdown also ends, closing it)."""
+        if self._renew_cluster is None:
+            self._renew_cluster = self._own_cluster()
+        if self._own_closer is None:
+            self._own_closer = self.loop.create_task(
+                self._close_own_cluster_when_idle(), name="aiolock-cluster-client"
+            )
+        if pin:
+            self._own_pinned = True
+        self._own_calls += 1
+        try:
+            yield self._renew_cluster
+        finally:
+            self._own_calls -= 1
+            self._own_used = self.loop.time()
+
+    async def _close_own_cluster_when_idle(self) -> None:
+        try:
+            while True:
+                await asyncio.sleep(OWN_IDLE)
+                idle = self.loop.time() - self._own_used >= OWN_IDLE
+                if not self._own_pinned and self._own_calls == 0 and idle:
+                    return
+        finally:
+            own, self._renew_cluster = self._renew_cluster, None
+            self._own_closer = None
+            if own is not None:
+                await own.aclose()
+
+    def _own_cluster(self) -> RedisCluster:
+        """A cluster client of aiolock's own, for every script call on a cluster: the
+        user's connection settings (those a `RedisCluster` takes), connections of its own
+        (the user's pool limit is not its own, and a pool exhausted by the user's commands
+        does not hold renewals up), and the nodes the user's client knows to start from.
+        It routes by slot and follows redirections itself, OWN_REDIRECTIONS at a time."""
+        user = self.client
+        assert isinstance(user, self._library.cluster)
+        settings = {
+            key: value
+            for key, value in self._connection_kwargs.items()
+            if key in _CLUSTER_SETTINGS and key not in _NOT_COPIED
+        }
+        if issubclass(self._connection_class, self._library.ssl_connection):
+            settings["ssl"] = True
+        known = user.get_primaries() or list(user.nodes_manager.startup_nodes.values())
+        manager = user.nodes_manager
+        own = self._library.cluster(
+            startup_nodes=[type(node)(node.host, node.port) for node in known],
+            require_full_coverage=manager.require_full_coverage,
+            address_remap=getattr(manager, "address_remap", None),
+            **settings,
+        )
+        own.RedisClusterRequestTTL = OWN_REDIRECTIONS
+        return own
+
     async def close_background_client(self) -> None:
-        """Close the renewal connection; called when no lease needs renewing."""
+        """Close the renewal connections; called when no lease needs renewing. (aiolock's
+        own cluster client closes by itself once idle.)"""
         client, self._renew_client = self._renew_client, None
         if client is not None:
             await client.connection_pool.disconnect()
+        self._own_pinned = False
 
     def new_pubsub(self) -> PubSub:
         """A pub/sub session on a connection of its own. On a cluster, to a primary other

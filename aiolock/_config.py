@@ -12,7 +12,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from ._layout import RETAIN_CAP, RETAIN_DEFAULT, RETAIN_MIN
+from ._layout import ABORT_RETAIN_MS, RETAIN_CAP, RETAIN_DEFAULT, RETAIN_MIN
 from .errors import ConfigError
 
 __all__ = (
@@ -235,12 +235,19 @@ class LockConfig:
     retain_ms: int | None = field(init=False)
     """The retention a release sets, or None when the released lease's own expiry serves
     (its ttl is between `retain` and RETAIN_CAP): one command less per release."""
+    abort_retain_ms: int = field(init=False)
+    """How long the state lives (unless held) after an abort recorded an acquire's token:
+    twice the ttl, at least `retain`, at most ABORT_RETAIN_MS. Every copy of the acquire
+    is written within its call's bound (shorter than the ttl) and before the abort, so
+    the record outlives them by a ttl."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ttl_ms", math.ceil(self.ttl * 1000))
         object.__setattr__(self, "margin", safety_margin(self.ttl))
         own_expiry = self.retain <= self.ttl <= RETAIN_CAP
         object.__setattr__(self, "retain_ms", None if own_expiry else math.ceil(self.retain * 1000))
+        abort_ms = max(math.ceil(self.retain * 1000), min(2 * self.ttl_ms, ABORT_RETAIN_MS))
+        object.__setattr__(self, "abort_retain_ms", abort_ms)
 
     def wait_args(self, bound: float) -> tuple[int, int] | None:
         """WAIT's arguments for a call bounded by `bound` seconds: (replicas, ms), or None

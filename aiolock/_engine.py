@@ -38,7 +38,7 @@ from types import TracebackType
 from typing import Any, ClassVar, Final, final
 
 from . import _events as events
-from ._backend import AsyncClient, is_cluster, outcome_unknown
+from ._backend import AsyncClient, is_cluster, migrating, outcome_unknown
 from ._cancel import run_shielded
 from ._config import LockConfig, check_timeout, check_token, safety_margin
 from ._info import HOST, PID, LockInfo, task_name, text
@@ -47,7 +47,7 @@ from ._lease import Lease
 from ._retry import Backoff, poll_delay
 from ._runtime import Runtime, runtime_for
 from ._scripts import RENEW, RESUME, Script, release_args
-from ._waiting import Grant, Registration, WaitQueue
+from ._waiting import Grant, Registration, Waiter, WaitQueue
 from ._watchdog import RenewalEntry
 from .errors import (
     AcquireTimeoutError,
@@ -66,6 +66,9 @@ MIN_CLEANUP: Final = 0.1
 """Shortest time given to a cleanup, even when the caller's timeout is used up."""
 ABORT_TIMEOUT: Final = 1.0
 """Longest wait for the cleanup of an acquire whose outcome is unknown."""
+RECOUNT_DELAY: Final = 0.05
+"""How soon a waiting head writes its process's entry again after waiters joined or left
+(several arriving at once are counted by one command)."""
 
 Call = tuple[Script, Sequence[str], list[str | int]]
 """One script call: the script, its KEYS and its ARGV."""
@@ -297,8 +300,9 @@ class Primitive(abc.ABC):
         Raises:
             AcquireTimeoutError: it stayed held by others for the whole timeout.
             BackendError: Redis could not be reached or refused the command.
-            LeaseLostError: `token` was used for a lease that has ended (released, aborted
-                or expired and recorded): a token is never granted twice.
+            LeaseLostError: `token` was used for a lease that has ended by a release or an
+                abort (and is still remembered, see the README's Retention): a token is
+                never granted twice.
             RuntimeError: the current task holds it in an `async with` block (through any
                 object of this name on this client), and `timeout` is not 0: waiting
                 would never end (or always time out). Nothing is sent. A single try
@@ -328,33 +332,76 @@ class Primitive(abc.ABC):
         started = loop.time()
         deadline = None if wait is None else started + wait
         notifier = runtime.notifier
+        channel = self._channel
+        # The tasks of this process that wait are served in the order they called; a lease
+        # that a later caller gets while an earlier one waits goes to the earlier one.
+        ticket = notifier.ticket()
+        orderly = wait != 0 and token is None
         attempts = 0
         busy: Sequence[Any] = ()
 
         def time_left() -> float | None:
             return None if deadline is None else deadline - loop.time()
 
-        # Fast path: nobody of this process is queued, so try before subscribing. Otherwise
-        # queue behind them (first come, first served), unless this is a single try.
+        # Fast path: nobody of this process is queued, so try before subscribing (several
+        # tasks may try at once). Otherwise queue behind them (first come, first served),
+        # unless this is a single try.
         pttl_ms = self._config.ttl_ms
-        if wait == 0 or notifier.queue_length(self._channel) == 0:
+        handed_on = False
+        if wait == 0 or notifier.queue_length(channel) == 0:
             attempts += 1
-            attempt = await self._attempt(runtime, time_left(), token=token)
+            if orderly:
+                notifier.start_try(channel, ticket)
+            try:
+                attempt = await self._attempt(runtime, time_left(), token=token)
+            except BackendError as exc:
+                if not migrating(exc):
+                    if orderly:
+                        notifier.end_try(channel, ticket)
+                    raise
+                attempt = _Attempt(None, -1)  # its cluster slot migrates: wait, as for a holder
+            except BaseException:
+                if orderly:
+                    notifier.end_try(channel, ticket)
+                raise
             if attempt.lease is not None:
-                return self._granted(attempt.lease, loop.time() - started, attempts)
-            pttl_ms, busy = attempt.pttl_ms, attempt.busy
+                if orderly:
+                    notifier.end_try(channel, ticket)
+                    handed_on = await self._hand_to_earlier(runtime, attempt.lease, ticket)
+                if not handed_on:
+                    return self._granted(attempt.lease, loop.time() - started, attempts)
+            else:
+                pttl_ms, busy = attempt.pttl_ms, attempt.busy
         if wait == 0:
             raise self._timeout_error(wait, loop.time() - started, attempts, busy)
 
-        waiter = notifier.join(self._channel)
+        # (A refused first try joins in the same step as it ends: whoever waits for it to
+        # be answered finds it in the queue.)
+        waiter = notifier.join(channel, ticket, accepts=token is None)
+        notifier.end_try(channel, ticket)
         queue = waiter.queue
         acquired = False
         more = False  # leases may still be free for the next waiter here (a semaphore)
         try:
             await notifier.ready(waiter, timeout=time_left())
-            must_try = waiter.is_head
+            must_try = waiter.is_head and not handed_on
             unknown_pttl = Backoff(base=0.01, cap=1.0, rng=notifier.rng)
             while True:
+                if waiter.handed is not None:
+                    # Handed by a task of this process that called later and got a lease.
+                    taken = self._take_handed(waiter)
+                    acquired, more = True, not self._exclusive
+                    return self._granted(taken, loop.time() - started, attempts)
+                if waiter.is_head and (
+                    queue.attempting or notifier.trying_before(channel, waiter.ticket)
+                ):
+                    # An earlier caller's first try is in flight: if refused, it queues
+                    # ahead of this one (which is nudged when it is answered).
+                    remaining = time_left()
+                    if remaining is not None and remaining <= 0:
+                        raise self._timeout_error(wait, loop.time() - started, attempts, busy)
+                    await waiter.wait(remaining, pending_ok=True)
+                    continue
                 if waiter.is_head and (grant := queue.pop_grant()) is not None:
                     # A lease under the caller's own token claims the grant by an acquire.
                     lease = None if token is not None else self._lease_from_grant(runtime, grant)
@@ -362,7 +409,6 @@ class Primitive(abc.ABC):
                         queue.took(grant, requeued=self._requeued_on_grant and grant.requeued)
                         # A grant takes the queue out of Redis: a next waiter puts it back
                         # (woken now if more may be free, else by the next release).
-                        acquired, more = True, not self._exclusive and grant.more
                         if self._config.replicas:
                             await self._confirm_granted(runtime, lease)
                         else:
@@ -371,7 +417,10 @@ class Primitive(abc.ABC):
                             except asyncio.CancelledError:
                                 await lease._cleanup_after_loss()  # never reached its caller
                                 raise
-                        return self._granted(lease, loop.time() - started, attempts)
+                        if not await self._keep_or_hand(runtime, lease, waiter):
+                            acquired, more = True, not self._exclusive and grant.more
+                            return self._granted(lease, loop.time() - started, attempts)
+                        continue
                     must_try = True  # heard of too late to count on: claim it by an acquire
                 if waiter.is_head and queue.joining:
                     # A release here is putting the queue in line: its answer comes first
@@ -384,16 +433,25 @@ class Primitive(abc.ABC):
                 if waiter.is_head and (waiter.take_wakeup() or must_try):
                     must_try = False
                     attempts += 1
-                    attempt = await self._attempt(
-                        runtime,
-                        time_left(),
-                        queue=queue,
-                        behind=len(queue.waiters) - 1,
-                        token=token,
-                    )
+                    try:
+                        attempt = await self._attempt(
+                            runtime,
+                            time_left(),
+                            queue=queue,
+                            behind=len(queue.waiters) - 1,
+                            token=token,
+                        )
+                    except BackendError as exc:
+                        if not migrating(exc):
+                            raise
+                        # Its cluster slot migrates (a name's keys on both sides): nothing
+                        # was applied; try again after a pause, as for an unknown expiry.
+                        attempt = _Attempt(None, -1)
                     if attempt.lease is not None:
-                        acquired, more = True, attempt.free > 0
-                        return self._granted(attempt.lease, loop.time() - started, attempts)
+                        if not await self._keep_or_hand(runtime, attempt.lease, waiter):
+                            acquired, more = True, attempt.free > 0
+                            return self._granted(attempt.lease, loop.time() - started, attempts)
+                        continue
                     pttl_ms, busy = attempt.pttl_ms, attempt.busy or busy
                 remaining = time_left()
                 if remaining is not None and remaining <= 0:
@@ -405,14 +463,22 @@ class Primitive(abc.ABC):
                     poll = poll_delay(pttl_ms, fallback=fallback, rng=notifier.rng)
                     if self._max_poll is not None:
                         poll = min(poll, self._max_poll)
+                    if queue.miscounted:
+                        poll = min(poll, RECOUNT_DELAY)  # the next try writes the count
                     delay = poll if remaining is None else min(poll, remaining)
-                timed_out = await waiter.wait(delay)
+                # A wake-up pending for a waiter that is no longer the head (an earlier
+                # caller queued ahead of it) waits until it is the head again.
+                timed_out = await waiter.wait(delay, pending_ok=not waiter.is_head)
                 waiter.check()
                 if waiter.poll_hint_ms is not None:  # the lock was handed to another process
                     pttl_ms, waiter.poll_hint_ms = waiter.poll_hint_ms, None
                 if timed_out and waiter.is_head:
                     must_try = True
         finally:
+            if waiter.handed is not None:
+                # Handed a lease it did not take (it timed out, or was cancelled): the next
+                # waiter takes it, or it is released.
+                self._pass_on(runtime, self._take_handed(waiter), but=waiter)
             leaving = notifier.leave(waiter, acquired=acquired, more=more)
             if leaving is not None:
                 # The last waiter of this process left: take its queue out of Redis, and
@@ -427,6 +493,49 @@ class Primitive(abc.ABC):
                             self._withdraw(runtime, leaving, timeout=budget),
                             timeout=budget + 0.1,
                         )
+
+    @staticmethod
+    def _take_handed(waiter: Waiter) -> Lease:
+        lease, waiter.handed = waiter.handed, None
+        assert isinstance(lease, Lease)
+        return lease
+
+    async def _hand_to_earlier(self, runtime: Runtime, lease: Lease, ticket: int) -> bool:
+        """Hand `lease`, which the acquire() call `ticket` got, to the waiter of an earlier
+        call of this process, if one waits for it (once the first tries of earlier calls
+        in flight are answered: a refused one queues). True if it was handed on.
+
+        Cancellation:
+            The lease never reaches a caller: it is released under a shield first.
+        """
+        notifier = runtime.notifier
+        if notifier.trying_before(self._channel, ticket):
+            try:
+                await notifier.tries_before(self._channel, ticket)
+            except BaseException:
+                await lease._cleanup_after_loss()
+                raise
+        receiver = notifier.first_before(self._channel, ticket)
+        if receiver is None:
+            return False
+        receiver.hand(lease)
+        return True
+
+    async def _keep_or_hand(self, runtime: Runtime, lease: Lease, waiter: Waiter) -> bool:
+        """A waiter got `lease`: False if it keeps it, True if it went to another waiter
+        (one of an earlier call, or any other if this one was handed a lease meanwhile)."""
+        if waiter.handed is not None:
+            self._pass_on(runtime, lease, but=waiter)
+            return True
+        return await self._hand_to_earlier(runtime, lease, waiter.ticket)
+
+    def _pass_on(self, runtime: Runtime, lease: Lease, *, but: Waiter) -> None:
+        """Give a lease nobody here took to the first waiter without one, or release it."""
+        receiver = runtime.notifier.next_without(self._channel, but)
+        if receiver is not None:
+            receiver.hand(lease)
+        else:
+            runtime.spawn(lease._cleanup_after_loss())
 
     async def try_acquire(self) -> Lease | None:
         """Try once, without waiting: the `Lease`, or None if someone else holds it.
@@ -505,8 +614,9 @@ class Primitive(abc.ABC):
 
     async def release_token(self, token: str) -> bool:
         """Release the lease held under `token`, from any process: True if it was released
-        (now, or already by an earlier attempt), False if it is not held under it. Waiters
-        are served as by any release. One round trip.
+        (now, or already by an earlier release), False if it is not held under it: it never
+        was, or it expired (its hold did not end as the token holder's, whoever got it
+        next). Waiters are served as by any release. One round trip.
 
         Raises:
             BackendError: Redis could not be reached or refused the command.
@@ -570,6 +680,8 @@ class Primitive(abc.ABC):
                 script, keys, args, timeout=bound, operation="acquire", name=self._name, wait=wait
             )
         except BaseException as exc:
+            if queue is not None and registration is not None and not outcome_unknown(exc):
+                queue.forget(registration)  # refused (a migrating slot, say): not in Redis
             if chosen:
                 pass  # the caller's token: its retry gets the lease back (see acquire)
             elif isinstance(exc, asyncio.CancelledError):
@@ -583,12 +695,17 @@ class Primitive(abc.ABC):
         finally:
             if queue is not None:
                 queue.attempting = False
+                if queue.waiters:
+                    queue.waiters[0].nudge()  # a head that waited for this attempt goes on
         acked = config.replicas
         if wait is not None:
             reply, acked = reply
         status, value = int(reply[0]), int(reply[1])
         if queue is not None and registration is not None and status != -1:
             queue.settle(registration, in_redis=status == 0 or behind > 0)
+            # The entry now counts this waiter and those behind it (those behind it alone
+            # once it acquired; none left: no entry).
+            queue.counted = behind + 1 if status == 0 else behind or None
         if status == -1 and chosen:
             raise LeaseLostError(
                 f"{self._what} {self._name!r}: the token given was used for a lease that has "
@@ -694,14 +811,23 @@ class Primitive(abc.ABC):
         The renewal is sent on the user's client now, in a task of its own; this waits
         until it has been written (never for its answer), so that an event-loop stall at
         the start of the body finds it confirmed by Redis, as a lease acquired with its
-        full ttl would be. The watchdog's own schedule goes on regardless.
+        full ttl would be: its reply, read when the loop runs again, counts (see `_settle`).
+        It is sent as EVAL, with the script's text: a server that does not know the script
+        (restarted, flushed) runs it all the same, where EVALSHA's NOSCRIPT answer would
+        make it go again only after the stall. Through a client on which aiolock cannot
+        see when a command is written (`Backend.sees_writes`: a cluster, say), its answer
+        is awaited instead; on a cluster it goes through aiolock's own cluster client, as
+        renewals do. Either wait lasts at most half of what the grant has left. The
+        watchdog's own schedule goes on regardless.
         """
         config = self._config
         loop = runtime.loop
         entry = lease._entry
         if entry is None or lease.deadline - loop.time() >= config.ttl - 2 * config.margin:
             return  # granted for its full ttl already
+        backend = runtime.backend
         written = loop.create_future()
+        answered = loop.create_future()
 
         def on_sent() -> None:
             if not written.done():
@@ -720,6 +846,8 @@ class Primitive(abc.ABC):
                     operation="renew",
                     name=self._name,
                     on_sent=on_sent,
+                    by_text=True,
+                    background=backend.cluster,
                 )
             except BackendError as exc:
                 lease._renew_failed(exc)
@@ -727,6 +855,8 @@ class Primitive(abc.ABC):
             finally:
                 lease._renewal_answered(sent_at)
                 on_sent()
+                if not answered.done():
+                    answered.set_result(None)
             if int(ours[0]) == 1:
                 lease._renewed(sent_at, config.ttl)
                 if config.renew_interval is not None:
@@ -737,7 +867,7 @@ class Primitive(abc.ABC):
         runtime.spawn(renew())
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(max(lease.deadline - loop.time(), 0) / 2):
-                await written
+                await (written if backend.sees_writes else answered)
 
     async def _confirm_granted(self, runtime: Runtime, lease: Lease) -> None:
         """With `replicas=N`, a lease taken from a grant (written by a release, of this
@@ -939,7 +1069,7 @@ class Primitive(abc.ABC):
             config = self._config
             call = self._release_call(
                 token=token,
-                retain_ms=None if abort else config.retain_ms,
+                retain_ms=config.abort_retain_ms if abort else config.retain_ms,
                 held_ms=held_ms if config.hold_stats else None,
                 renewed=config.renew_interval is not None,
                 abort=abort,
@@ -961,6 +1091,7 @@ class Primitive(abc.ABC):
             queue.joining = False
             if status == 1:
                 queue.settle(registration, in_redis=True)
+                queue.counted = join[2] if join is not None else None
             elif status == 0:
                 queue.forget(registration)  # nothing was released, nor put in line
             # 2: an earlier attempt of this call released (and may have granted to this
@@ -1079,18 +1210,40 @@ class Primitive(abc.ABC):
 
     async def _release_lease(self, lease: Lease, *, timeout: float) -> bool:
         runtime = runtime_for(self._client)
-        status = await self._release_token(
-            runtime,
-            lease.token,
-            abort=False,
-            timeout=timeout,
-            # A lease of an event loop that was closed: the client's pooled connections
-            # belong to that loop, so the release goes on a connection of this one.
-            fresh=lease._loop is not runtime.loop,
-            fencing_token=lease.fencing_token,
-            held_ms=round(lease.held_for() * 1000),
-        )
+        held_ms = round(lease.held_for() * 1000)
+        try:
+            status = await self._release_token(
+                runtime,
+                lease.token,
+                abort=False,
+                timeout=timeout,
+                # A lease of an event loop that was closed: the client's pooled connections
+                # belong to that loop, so the release goes on a connection of this one.
+                fresh=lease._loop is not runtime.loop,
+                fencing_token=lease.fencing_token,
+                held_ms=held_ms,
+            )
+        except BackendError as exc:
+            if not migrating(exc):
+                raise
+            # Its cluster slot still migrates (a name's keys on both sides), refusing the
+            # release: it goes on in the background, until the key would have expired
+            # anyway (at most a ttl from now), and hands the lock on as soon as it is
+            # applied. The holder is done with it.
+            runtime.spawn(self._release_later(runtime, lease, held_ms))
+            return True
         return status != 0
+
+    async def _release_later(self, runtime: Runtime, lease: Lease, held_ms: int) -> None:
+        with contextlib.suppress(BackendError, TimeoutError):
+            await self._release_token(
+                runtime,
+                lease.token,
+                abort=False,
+                timeout=self._config.ttl,
+                fencing_token=lease.fencing_token,
+                held_ms=held_ms,
+            )
 
     # ----------------------------------------------------------------- async with
     def __enter__(self) -> None:

@@ -1,7 +1,7 @@
 """Lua shared by the primitives whose leases are fields of one hash (`Semaphore`,
 `ReadWriteLock`), in the conventions of `_scripts`.
 
-The state hash (KEYS[1]) holds the primitive's own fields (`fence`, `q`, `r`, `h`,
+The state hash (KEYS[1]) holds the primitive's own fields (`fence`, `q`, `r`, `ru`, `h`,
 `a:<token>`/`ac`, and what the primitive adds) and one field per lease held, `p:<token>` =
 "<slot> <expires at, server ms> <fencing token> <acquired at, ms> <ttl ms> <host> <pid>
 <task>": a semaphore's permit slot, or a read-write lock's side (0 read, 1 write). The key
@@ -17,14 +17,32 @@ from __future__ import annotations
 
 from ._scripts import Script
 
-__all__ = ("END_LEASE", "EXPIRE_LEASES", "LEASES", "RECENT_KEPT", "STATE")
+__all__ = (
+    "END_LEASE",
+    "EXPIRE_LEASES",
+    "LEASES",
+    "RECENT_CAP_MS",
+    "RECENT_ENTRY",
+    "RECENT_KEPT",
+    "RECENT_MAX",
+    "STATE",
+)
 
 RECENT_KEPT = 16
-"""Released or expired tokens whose first KEPT hex digits the state keeps (`r`): a late copy
-of an acquire or release with one of them is recognised."""
+"""Ended tokens a state written by an earlier version kept in `r` (its newest 16)."""
+
+RECENT_MAX = 256
+"""Most ended tokens the state keeps in `r` (see `LEASES`): about 7 KB at most."""
+
+RECENT_ENTRY = 28
+"""Characters of one entry of `r`, "<KEPT hex digits>.<until, Unix s>", and its separator."""
+
+RECENT_CAP_MS = 3_600_000
+"""Longest an ended token is kept (the lock's RETAIN_CAP): a released state never lives
+longer than max(retain, this), whatever the ttl."""
 
 STATE = (
-    f"local RECENT_KEPT = {RECENT_KEPT}\n"
+    f"local RECENT_MAX, RECENT_ENTRY, RECENT_CAP = {RECENT_MAX}, {RECENT_ENTRY}, {RECENT_CAP_MS}\n"
     + """
 local state, permits = {}, {}
 do
@@ -50,8 +68,17 @@ local fence_issued, grew = false, false
 -- `q`: when the wait queue's keys expire at the latest (server ms), while it may have
 -- entries: the state outlives them, so that a permit freed by expiry still finds the queue.
 local queue_until, requeued = tonumber(queued or '') or 0, false
+-- `r`: the tokens of leases that ended by a release (or were given back), newest first, as
+-- "<KEPT hex digits>.<until, Unix s>", each kept until the lease would have expired (at
+-- most RECENT_CAP ms): every copy of its acquire is sent within that acquire's bound,
+-- shorter than its first expiry, so a late copy finds it there and is refused, and a
+-- release retried after its answer was lost reports success. At most RECENT_MAX are kept
+-- (pruned when there are more: those past their time first, then the oldest). A lease that
+-- expired is not recorded: it did not end as its holder's. `ru`: the latest until (ms),
+-- which the state outlives.
+local recent_until = tonumber(state.ru or '') or 0
 -- Count the live permits (their slots, the soonest and latest expiry); forget those that
--- expired, and those named in `drop` (a set), remembering their tokens.
+-- expired, and those named in `drop` (a set), remembering the tokens of the latter.
 local function scan(drop)
   clock()
   drop = drop or {}
@@ -60,7 +87,14 @@ local function scan(drop)
     expires = tonumber(expires)
     if drop[name] or expires <= now_ms then
       removed[#removed + 1] = name
-      recent[#recent + 1] = string.sub(name, 3, 2 + KEPT)
+      if expires > now_ms then
+        local until_ms = math.min(expires, now_ms + RECENT_CAP)
+        recent[#recent + 1] = string.format('%s.%d', string.sub(name, 3, 2 + KEPT),
+          math.ceil(until_ms / 1000))
+        if until_ms > recent_until then
+          recent_until = until_ms
+        end
+      end
       state[name] = nil
     else
       live = live + 1
@@ -114,12 +148,28 @@ end
 -- unchanged). The key always outlives its permits and its wait queue.
 local function flush(retain)
   if #recent > 0 then
-    local kept = table.concat(recent, ' ')
-    if state.r then
-      kept = kept .. ' ' .. state.r
+    local kept, older = table.concat(recent, ' '), state.r
+    if older and #older >= RECENT_MAX * RECENT_ENTRY then
+      -- Pruned to three quarters of the most, so that this runs once per many releases.
+      local now_s, left = now_ms / 1000, {}
+      for entry in string.gmatch(older, '%S+') do
+        local until_s = tonumber(string.match(entry, '%.(%d+)$'))
+        if until_s and until_s >= now_s then
+          left[#left + 1] = entry
+          if #left >= RECENT_MAX * 3 / 4 - #recent then
+            break
+          end
+        end
+      end
+      older = table.concat(left, ' ')
+    end
+    if older and older ~= '' then
+      kept = kept .. ' ' .. older
     end
     writes[#writes + 1] = 'r'
-    writes[#writes + 1] = string.sub(kept, 1, RECENT_KEPT * (KEPT + 1) - 1)
+    writes[#writes + 1] = kept
+    writes[#writes + 1] = 'ru'
+    writes[#writes + 1] = recent_until
   end
   if fence_issued then
     writes[#writes + 1] = 'fence'
@@ -135,12 +185,21 @@ local function flush(retain)
   if #writes > 0 then
     redis.call('HSET', KEYS[1], unpack(writes))
   end
-  local until_ms = math.max(latest, queued and queue_until or 0)
+  local until_ms = math.max(latest, queued and queue_until or 0, recent_until)
   if grew or requeued then
     redis.call('PEXPIRE', KEYS[1], until_ms - now_ms)
   elseif live == 0 and retain and retain ~= '' then
     redis.call('PEXPIRE', KEYS[1], math.max(tonumber(retain), until_ms - now_ms))
   end
+end
+-- Whether a lease is held under `field` now (it may be there, expired, until a scan).
+local function holding(field)
+  local lease = state[field]
+  if not lease then
+    return false
+  end
+  clock()
+  return tonumber(string.match(lease, '^%d+ (%d+) ')) > now_ms
 end
 -- Whether the caller's token must be refused (not held under it now, and aborted by its
 -- owner or used already).

@@ -105,7 +105,9 @@ ABORTS_KEPT = 32
 arrives after its caller aborted it is refused as long as its token is remembered."""
 
 ABORT_RETAIN_MS = 600_000
-"""How long the state of a lock that is not held lives after an abort was recorded in it."""
+"""Longest the state of a lock that is not held lives after an abort was recorded in it
+(`LockConfig.abort_retain_ms`: twice the ttl, at least `retain`, at most this); what an
+abort that names no retention sets."""
 
 KEPT_PREFIX = 16
 """Hex digits of a token the state keeps after its lease (64 bits)."""

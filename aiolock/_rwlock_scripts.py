@@ -251,7 +251,7 @@ def _release(side: int) -> Script:
         + _POLICY
         + """
 local field = 'p:' .. ARGV[1]
-if ARGV[1] ~= '' and state[field] then
+if ARGV[1] ~= '' and holding(field) then
   end_lease(field, (forgotten(9)))
   if own ~= '' then
     line_up(own, now_ms + RESERVATION + GRACE, tonumber(ARGV[8]), ARGV[7])

@@ -139,12 +139,14 @@ local function record_hold(held)
 end
 """
 
-# Shared by the release scripts: KEYS[1] is the state hash.
+# Shared by the release scripts: KEYS[1] is the state hash, ARGV as RELEASE's.
 FORBID = """
 -- Remember that an acquire with `token` must never be granted (its caller aborted it): one
 -- numbered field per token; each time ABORTS_KEPT more have come, only the newest
--- ABORTS_KEPT are kept. The state then lives ABORT_RETAIN ms, unless it is held.
+-- ABORTS_KEPT are kept. The state then lives at least the abort's retention (ARGV[3]; by
+-- default ABORT_RETAIN ms), unless it is held.
 local function forbid(token, held_now)
+  local keep = tonumber(ARGV[3] or '') or ABORT_RETAIN
   local field = 'a:' .. token
   if redis.call('HEXISTS', KEYS[1], field) == 0 then
     local count = redis.call('HINCRBY', KEYS[1], 'ac', 1)
@@ -158,8 +160,8 @@ local function forbid(token, held_now)
       end
     end
   end
-  if not held_now and redis.call('PTTL', KEYS[1]) < ABORT_RETAIN then
-    redis.call('PEXPIRE', KEYS[1], ABORT_RETAIN)
+  if not held_now and redis.call('PTTL', KEYS[1]) < keep then
+    redis.call('PEXPIRE', KEYS[1], keep)
   end
 end
 """
@@ -284,7 +286,8 @@ RELEASE = Script(
 -- holder's own release then reports the loss; 'queue' to release and look at the wait
 -- queue even if the state says nobody queued (layout-1 waiters do not say it),
 -- ARGV[3] retention (ms): what stays of the state after this release lives that long
--- ('': until the released lease's own expiry),
+-- ('': until the released lease's own expiry); in 'abort' mode, at least that long (the
+-- late copies of the aborted acquire are refused meanwhile; '': ABORT_RETAIN),
 -- ARGV[4] how long (ms) the lease was held, as its holder measured it, followed by "f" if
 -- the lease was not renewed (renew=False): recorded in the hold list ('' records nothing),
 -- ARGV[5] id of a wait queue to withdraw ('' for none): its process stopped waiting,
@@ -440,7 +443,7 @@ if ARGV[1] ~= '' and s[1] == ARGV[1] then
   elseif mode == 'abort' then
     forbid(ARGV[1], false)
   end
-  if retain ~= '' then
+  if retain ~= '' and mode ~= 'abort' then
     redis.call('PEXPIRE', KEYS[1], retain)
   end
   if held ~= '' and mode ~= 'abort' then

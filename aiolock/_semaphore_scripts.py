@@ -6,8 +6,9 @@ ttl, holder, the caller's wait queue, claims) and replies of the same shape. The
 (`SemaphoreKeys` in `_layout` documents the layout):
 
 KEYS[1] `PREFIX:sem:{NAME}`, the state hash: `limit` (the limit in force), `fence` (the last
-fencing token issued), `q` (the wait queue may have entries), `r` (the first 16 hex digits
-of the tokens most recently released or expired, newest first), `h` (the typical hold, ms),
+fencing token issued), `q` (the wait queue may have entries), `r` and `ru` (the tokens of
+leases ended by a release, each kept until the lease would have expired: see `LEASES` in
+`_hash_scripts`), `h` (the typical hold, ms),
 `a:<token>`/`ac` (aborted acquires, as a lock's), and one field per permit held,
 `p:<token>` = "<slot> <expires at, server ms> <fencing token> <acquired at, ms> <ttl ms>
 <host> <pid> <task>". The key lives at least as long as every permit in it.
@@ -235,7 +236,7 @@ local field = 'p:' .. ARGV[1]
 -- reserved for it.
 local withdraw = ARGV[5] or ''
 local reserved = withdraw ~= '' and 'p:q' .. withdraw or nil
-if ARGV[1] ~= '' and state[field] then
+if ARGV[1] ~= '' and holding(field) then
   end_lease(field, (forgotten(9, reserved)))
   if own ~= '' then
     local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]

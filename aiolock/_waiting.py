@@ -125,14 +125,33 @@ class Grant:
 class Waiter:
     """One task's place in a `WaitQueue`."""
 
-    __slots__ = ("_future", "_try_now", "poll_hint_ms", "queue", "task")
+    __slots__ = (
+        "_future",
+        "_try_now",
+        "accepts",
+        "handed",
+        "poll_hint_ms",
+        "queue",
+        "task",
+        "ticket",
+    )
 
-    def __init__(self, queue: WaitQueue) -> None:
+    def __init__(self, queue: WaitQueue, ticket: int, *, accepts: bool = True) -> None:
         self.queue = queue
         self.task = asyncio.current_task()
+        self.ticket = ticket  # the order of its acquire() call among the process's calls
+        self.accepts = accepts  # takes a lease another task got (not under its own token)
         self._future: asyncio.Future[None] | None = None
         self._try_now = False
         self.poll_hint_ms: int | None = None  # when to check next, if told by a notification
+        # A lease another task of this process got, and handed to this one (which called
+        # acquire() first): the engine's `Lease`, taken by the waiter's acquire.
+        self.handed: object | None = None
+
+    def hand(self, lease: object) -> None:
+        """Give this waiter a lease that another task of the process got."""
+        self.handed = lease
+        self.nudge()
 
     @property
     def is_head(self) -> bool:
@@ -191,6 +210,7 @@ class WaitQueue:
         "_spent",
         "attempting",
         "channel",
+        "counted",
         "grant",
         "joining",
         "reconnected",
@@ -220,6 +240,9 @@ class WaitQueue:
         # puts the queue in line.
         self.attempting = False
         self.joining = False
+        # The number of waiters the queue's entry in Redis was last written with (None: no
+        # entry, or not known): the head writes it again when the number here differs.
+        self.counted: int | None = None
         self.reconnected = False  # lost its subscription: wake the head when it is back
         self.waiters: collections.deque[Waiter] = collections.deque()
         self.subscribed = asyncio.Event()  # set once subscribed, or once refused
@@ -297,10 +320,23 @@ class WaitQueue:
 
     def took(self, grant: Grant, *, requeued: bool = False) -> None:
         """The head took `grant` (from `pop_grant`) as its lease. The grant took the entry
-        out of the queue in Redis, or, if `requeued`, put it at the back."""
+        out of the queue in Redis, or, if `requeued`, put it at the back (counting one
+        waiter less)."""
         self._spent = max(self._spent, grant.registration.seq)
         self.registrations.clear()
         self.requeued = requeued
+        self.counted = max(self.counted - 1, 1) if requeued and self.counted else None
+
+    @property
+    def miscounted(self) -> bool:
+        """Whether the queue's entry in Redis counts another number of waiters than wait
+        here (some joined or left since it was written): the head writes it again."""
+        return (
+            self.counted is not None
+            and self.registered
+            and self.counted != len(self.waiters)
+            and not (self.attempting or self.joining)
+        )
 
     def released(
         self,
@@ -366,6 +402,11 @@ class Notifier:
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
         self._queues: dict[str, WaitQueue] = {}
+        self._tickets = itertools.count()
+        # The tickets of first tries in flight (several tasks may try at once while none
+        # waits), by channel, and what waits for one of them to be answered.
+        self._trying: dict[str, set[int]] = {}
+        self._tried: dict[str, list[asyncio.Future[None]]] = {}
         self._subscribed: dict[str, float] = {}  # channel -> time it last had no waiters
         self._pubsub: PubSub | None = None
         self._task: asyncio.Task[None] | None = None
@@ -391,8 +432,70 @@ class Notifier:
         while self._task is not None:
             await asyncio.wait({self._task})
 
-    def join(self, channel: str) -> Waiter:
-        """Queue up for `channel`: a new waiter at the back of this process's queue.
+    def ticket(self) -> int:
+        """The order of an acquire() call among this process's calls: its waiters are
+        served in it."""
+        return next(self._tickets)
+
+    def start_try(self, channel: str, ticket: int) -> None:
+        """The acquire() call `ticket` sends its first try (nobody of the process waits)."""
+        self._trying.setdefault(channel, set()).add(ticket)
+
+    def end_try(self, channel: str, ticket: int) -> None:
+        """The first try of call `ticket` was answered (or failed): a head and tasks that
+        waited for it go on."""
+        trying = self._trying.get(channel)
+        if trying is None:
+            return
+        trying.discard(ticket)
+        if not trying:
+            del self._trying[channel]
+        for future in self._tried.pop(channel, ()):
+            if not future.done():
+                future.set_result(None)
+        queue = self._queues.get(channel)
+        if queue is not None and queue.waiters:
+            queue.waiters[0].nudge()
+
+    def trying_before(self, channel: str, ticket: int) -> bool:
+        """Whether an acquire() called before call `ticket` has its first try in flight."""
+        return any(other < ticket for other in self._trying.get(channel, ()))
+
+    async def tries_before(self, channel: str, ticket: int) -> None:
+        """Wait until no acquire() called before call `ticket` has its first try in flight
+        (each is bounded by its own timeout)."""
+        while self.trying_before(channel, ticket):
+            future = self._backend.loop.create_future()
+            self._tried.setdefault(channel, []).append(future)
+            await future
+
+    def first_before(self, channel: str, ticket: int) -> Waiter | None:
+        """The waiter of the earliest acquire() call before call `ticket` that waits for
+        `channel` without a lease handed to it, if any."""
+        queue = self._queues.get(channel)
+        if queue is None:
+            return None
+        for waiter in queue.waiters:
+            if waiter.ticket >= ticket:
+                return None
+            if waiter.handed is None and waiter.accepts:
+                return waiter
+        return None
+
+    def next_without(self, channel: str, but: Waiter | None) -> Waiter | None:
+        """The first waiter for `channel` (other than `but`) that takes a lease and has
+        none handed to it, if any."""
+        queue = self._queues.get(channel)
+        if queue is None:
+            return None
+        for waiter in queue.waiters:
+            if waiter is not but and waiter.handed is None and waiter.accepts:
+                return waiter
+        return None
+
+    def join(self, channel: str, ticket: int | None = None, *, accepts: bool = True) -> Waiter:
+        """Queue up for `channel`: a new waiter, behind every waiter of an earlier acquire()
+        call (`ticket`; default: a new one, at the back).
 
         The caller must `leave()` it whatever happens next (cancellation included), and
         withdraw the queue `leave()` returns; then `ready()` subscribes it.
@@ -403,8 +506,16 @@ class Notifier:
             if self._subscribed.pop(channel, None) is not None:
                 queue.requested = True  # still subscribed from earlier waiters
                 queue.subscribed.set()
-        waiter = Waiter(queue)
-        queue.waiters.append(waiter)
+        waiter = Waiter(queue, self.ticket() if ticket is None else ticket, accepts=accepts)
+        waiters = queue.waiters
+        position = len(waiters)
+        while position > 0 and waiters[position - 1].ticket > waiter.ticket:
+            position -= 1
+        waiters.insert(position, waiter)
+        if len(waiters) > 1:
+            waiters[0].nudge()  # its entry in Redis counts one waiter less (no command)
+            if position == 0:
+                waiters[1].nudge()  # no longer the head
         return waiter
 
     async def ready(self, waiter: Waiter, *, timeout: float | None) -> None:
@@ -456,6 +567,8 @@ class Notifier:
                     queue.waiters[0].nudge()
                 else:
                     queue.waiters[0].wake()
+            else:
+                queue.waiters[0].nudge()  # its entry in Redis counts one waiter more
             return None
         del self._queues[queue.channel]
         if queue.requested:

@@ -32,7 +32,7 @@ import itertools
 import logging
 import math
 import random
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from ._config import replica_wait_ms
@@ -140,6 +140,15 @@ class RenewalEntry:
         if self.stop_at is None:
             return self.ttl_ms
         return max(0, min(self.ttl_ms, math.floor((self.stop_at - now) * 1000)))
+
+
+def _one_call_per_key(
+    keys: Sequence[str], args: Sequence[str | int]
+) -> list[tuple[Sequence[str], Sequence[str | int]]]:
+    """A RENEW call of several keys as one call per key (each renewal stands alone): while
+    their slot migrates, a call naming several keys is refused, one naming one key is
+    redirected to wherever the key is."""
+    return [(keys[i : i + 1], args[3 * i : 3 * i + 3]) for i in range(len(keys))]
 
 
 class RenewalScheduler:
@@ -418,7 +427,9 @@ class RenewalScheduler:
             ([live[i][0].key for i in group], [a for i in group for a in args[3 * i : 3 * i + 3]])
             for group in groups
         ]
-        answers = await self._backend.run_each(RENEW, calls, timeout=timeout, operation="renew")
+        answers = await self._backend.run_each(
+            RENEW, calls, timeout=timeout, operation="renew", split=_one_call_per_key
+        )
         replies: list[Any] = [0] * len(live)
         for group, answer in zip(groups, answers, strict=True):
             for index, reply in zip(group, answer, strict=True):

@@ -11,8 +11,9 @@ python -m tests.checker --seconds 60 --cluster --faults   # a 3+3 Redis Cluster 
 With `--cluster` the workers use a `RedisCluster` client on a cluster the checker builds
 (three primaries, three replicas: `tests/faults/cluster.py`), and the faults are a pause
 of the primary serving one of the names (shorter than the node timeout), a coordinated
-failover of one (`CLUSTER FAILOVER` on its replica) and a resharding of a name's slot to
-another primary, in turn.
+failover of one (`CLUSTER FAILOVER` on its replica), a resharding of a name's slot to
+another primary, and one held open for 3 s with half the slot's keys moved (every script
+naming several keys of the name is answered TRYAGAIN meanwhile), in turn.
 
 Without `--url` the checker starts a throwaway server of its own (`aiolock.testing`), and
 only then may it inject faults (`--faults`): SIGSTOP the server briefly, restart it empty.
@@ -304,15 +305,21 @@ class Fault:
     """`at` seconds after the start: "pause" the server for `length` s, or "restart" it empty."""
 
     at: float
-    kind: Literal["pause", "restart", "failover", "reshard"]
+    kind: Literal["pause", "restart", "failover", "reshard", "slow-reshard"]
     length: float = 0.0
 
     def __str__(self) -> str:
         if self.kind == "pause":
             return f"pause {self.length:g}s at {self.at:g}s"
+        if self.kind == "slow-reshard":
+            return f"reshard held open {self.length:g}s at {self.at:g}s"
         if self.kind == "restart":
             return f"restart empty at {self.at:g}s"
         return f"{self.kind} at {self.at:g}s"
+
+
+SLOW_RESHARD = 3.0
+"""Seconds a "slow-reshard" fault holds a slot's migration open (half its keys moved)."""
 
 
 def fault_summary(injected: Sequence[str]) -> list[str]:
@@ -332,15 +339,17 @@ def periodic_faults(
     duration: float, ttl: float, *, every: float = 5.0, cluster: bool = False
 ) -> list[Fault]:
     """A pause of 30 % of the ttl and an empty restart, alternately, every `every` seconds;
-    on a cluster a pause, a failover and a resharding in turn."""
-    kinds: list[Literal["pause", "restart", "failover", "reshard"]] = (
-        ["pause", "failover", "reshard"] if cluster else ["pause", "restart"]
+    on a cluster a pause, a failover, a resharding and a resharding held open for
+    SLOW_RESHARD seconds in turn."""
+    kinds: list[Literal["pause", "restart", "failover", "reshard", "slow-reshard"]] = (
+        ["pause", "failover", "reshard", "slow-reshard"] if cluster else ["pause", "restart"]
     )
     faults: list[Fault] = []
     at = min(2.0, duration / 4)
     while at < duration - 2.0:
         kind = kinds[len(faults) % len(kinds)]
-        faults.append(Fault(at, kind, round(ttl * 0.3, 3) if kind == "pause" else 0.0))
+        length = {"pause": round(ttl * 0.3, 3), "slow-reshard": SLOW_RESHARD}.get(kind, 0.0)
+        faults.append(Fault(at, kind, length))
         at += every
     return faults
 
@@ -552,8 +561,10 @@ async def _contend(
         except AcquireTimeoutError:
             counters["acquire timeouts"] += 1
             continue
-        except BackendError:
+        except BackendError as error:
             counters["backend errors"] += 1
+            cause = type(error.__cause__).__name__ if error.__cause__ is not None else "timeout"
+            counters[f"backend errors ({error.operation}, {cause})"] += 1
             await asyncio.sleep(0.05)
             continue
         if enter is None:

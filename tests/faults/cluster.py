@@ -185,8 +185,10 @@ class ClusterGroup:
     async def inject(self, kind: str, name: str, length: float = 0.0) -> str:
         """One fault on the primary serving lock `name` (the checker's nemesis): "pause"
         it for `length` seconds (shorter than the node timeout: no failover), "failover"
-        to its replica (`CLUSTER FAILOVER`, waited for), or "reshard" the name's slot to
-        another primary. Returns what was done."""
+        to its replica (`CLUSTER FAILOVER`, waited for), "reshard" the name's slot to
+        another primary, or "slow-reshard" it: the migration held open for `length`
+        seconds with half of the slot's keys moved (every script naming several keys of a
+        name is answered TRYAGAIN meanwhile). Returns what was done."""
         slot = int(key_slot(f"aiolock:{{{name}}}".encode()))
         primary = await self.owner(slot)
         if kind == "pause":
@@ -201,11 +203,22 @@ class ClusterGroup:
             await _ask(replica.port, "CLUSTER", "FAILOVER")
             await _switched(self, slot, replica, READY_BOUND)
             return f"slot {slot} failed over to :{replica.port}"
-        if kind == "reshard":
+        if kind in ("reshard", "slow-reshard"):
             primaries = [s for s in self.servers if s is not primary and await _is_primary(s)]
             target = primaries[0]
-            await self.move_slot(slot, target)
-            return f"slot {slot} moved to :{target.port}"
+            if kind == "reshard":
+                await self.move_slot(slot, target)
+                return f"slot {slot} moved to :{target.port}"
+            moved: list[tuple[int, int]] = []
+
+            def half(keys: list[str]) -> list[str]:
+                picked = keys[: max(len(keys) // 2, 1)]
+                moved.append((len(picked), len(keys)))
+                return picked
+
+            await self.move_slot(slot, target, first=half, midway=lambda: asyncio.sleep(length))
+            first, of = moved[0]
+            return f"slot {slot} moved to :{target.port}, {first} of {of} keys first, {length:g}s"
         raise ValueError(f"no such cluster fault: {kind!r}")
 
     async def move_slot(
@@ -214,22 +227,38 @@ class ClusterGroup:
         target: RedisServer,
         *,
         midway: Callable[[], Awaitable[None]] | None = None,
+        first: Callable[[list[str]], list[str]] | None = None,
     ) -> None:
         """Migrate `slot` (with its keys) to the primary `target`, as a resharding does:
         IMPORTING on the target, MIGRATING on the source, MIGRATE of the keys, then the
         new owner told to every primary. `midway` is awaited once the keys have moved and
-        before the owner changes: the source then answers ASK for them."""
+        before the owner changes: the source then answers ASK for them. With `first`, only
+        the keys it picks (of those in the slot) move before `midway`, the others after
+        it: the migration is held open with a name's keys on both sides, where every
+        command naming several of them is answered TRYAGAIN."""
         source = await self.owner(slot)
         assert source is not target, "the slot is on the target already"
         await _ask(target.port, "CLUSTER", "SETSLOT", slot, "IMPORTING", self.ids[source.port])
         await _ask(source.port, "CLUSTER", "SETSLOT", slot, "MIGRATING", self.ids[target.port])
-        while True:
-            keys = await _ask(source.port, "CLUSTER", "GETKEYSINSLOT", slot, 100)
-            if not keys:
-                break
-            await _ask(source.port, "MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+
+        async def migrate(pick: Callable[[list[str]], list[str]] | None) -> None:
+            while True:
+                keys = await _ask(source.port, "CLUSTER", "GETKEYSINSLOT", slot, 100)
+                if pick is not None:
+                    keys = pick(keys)
+                if not keys:
+                    return
+                await _ask(
+                    source.port, "MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys
+                )
+                if pick is not None:
+                    return
+
+        await migrate(first)
         if midway is not None:
             await midway()
+        if first is not None:
+            await migrate(None)
         for server in (target, source, *[s for s in self.servers[:6] if s not in (target, source)]):
             # A replica refuses SETSLOT: it learns the owner from its primary.
             with contextlib.suppress(redis.exceptions.ResponseError):

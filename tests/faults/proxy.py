@@ -44,7 +44,9 @@ finally:
 ```
 
 Traffic stays on 127.0.0.1. `aclose()` closes every socket and ends every task the proxy
-started, so tests running with warnings as errors stay clean.
+started, so tests running with warnings as errors stay clean. A proxy runs in the event
+loop that started it, so it stops forwarding while that loop is blocked: `ThreadedProxy`
+runs one in a thread of its own, for tests that block their own loop (a stall).
 """
 
 from __future__ import annotations
@@ -53,9 +55,11 @@ import asyncio
 import contextlib
 import socket
 import struct
+import threading
+from collections.abc import Callable
 from typing import Self
 
-__all__ = ("FaultProxy",)
+__all__ = ("FaultProxy", "ThreadedProxy")
 
 _CHUNK = 65536
 _LINGER_ZERO = struct.pack("ii", 1, 0)
@@ -329,3 +333,62 @@ class FaultProxy:
             await asyncio.gather(*handlers, return_exceptions=True)
         if server is not None:
             await server.wait_closed()
+
+
+class ThreadedProxy:
+    """A `FaultProxy` run by an event loop of its own, in a thread of its own: it goes on
+    forwarding (and delaying) while the test's event loop is blocked, as a network does.
+
+    ```python
+    proxy = await ThreadedProxy(server.port).start()
+    try:
+        await proxy.do(lambda p: p.delay_replies(0.1))
+    finally:
+        await proxy.aclose()
+    ```
+    """
+
+    def __init__(self, upstream_port: int) -> None:
+        self._upstream_port = upstream_port
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="threaded-fault-proxy", daemon=True
+        )
+        self._proxy: FaultProxy | None = None
+
+    @property
+    def url(self) -> str:
+        assert self._proxy is not None
+        return self._proxy.url
+
+    async def start(self) -> Self:
+        async def start() -> FaultProxy:
+            return await FaultProxy(self._upstream_port).start()
+
+        self._thread.start()
+        self._proxy = await asyncio.wrap_future(
+            asyncio.run_coroutine_threadsafe(start(), self._loop)
+        )
+        return self
+
+    async def do(self, change: Callable[[FaultProxy], object]) -> None:
+        """Apply `change` to the proxy in its own event loop, and wait until it is done."""
+        proxy = self._proxy
+        assert proxy is not None
+
+        async def apply() -> None:
+            result = change(proxy)
+            if asyncio.iscoroutine(result):
+                await result
+
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(apply(), self._loop))
+
+    async def aclose(self) -> None:
+        """Close the proxy, stop its event loop and thread."""
+        if self._proxy is not None:
+            await self.do(lambda proxy: proxy.aclose())
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            await asyncio.to_thread(self._thread.join, 10)
+        if not self._thread.is_alive():
+            self._loop.close()

@@ -17,6 +17,7 @@ import pytest
 import redis.exceptions
 from redis.asyncio.cluster import RedisCluster
 
+import aiolock._lease
 from aiolock import (
     AcquireTimeoutError,
     BackendError,
@@ -389,3 +390,151 @@ async def test_locked_and_run_once_take_a_cluster_client_and_replicas_is_refused
         with pytest.raises(ConfigError) as info:
             Lock(client, name, replicas=1)
         assert info.value.argument == "replicas"
+
+
+# ------------------------------------------------------------------- a migration held open
+MIGRATION_HELD = 3.0
+"""Seconds a test holds a slot's migration open, a name's keys on both sides."""
+
+
+async def test_a_migration_held_open_costs_waiting_not_errors(
+    cluster: ClusterGroup, name: str
+) -> None:
+    """The slot of a lock, a semaphore and a read-write lock of one name migrates, held
+    open for MIGRATION_HELD seconds with the lock's state moved and its wait queue not:
+    every script naming several keys is answered TRYAGAIN meanwhile. A release, a contended
+    acquire, a semaphore's and a read-write lock's acquire of a free name each wait for
+    the migration to end (retrying within their bounds); none fails, and the release hands
+    the lock to the queued waiter."""
+    async with clients(cluster, 3) as (client, other, third):
+        holder = await Lock(client, name, ttl=10).acquire()
+        waiting = asyncio.ensure_future(Lock(other, name, ttl=10).acquire(timeout=30))
+        keys = LockKeys.build("aiolock", name)
+        await queued(client, keys.queue)
+        slot = slot_of(name)
+        source = await cluster.owner(slot)
+        target = next(s for s in cluster.servers[:3] if s is not source)
+        started: dict[str, asyncio.Future[Any]] = {}
+
+        async def held_open() -> None:
+            assert int(await _ask(target.port, "CLUSTER", "COUNTKEYSINSLOT", slot)) == 1
+            assert int(await _ask(source.port, "EXISTS", keys.queue)) == 1
+            started["release"] = asyncio.ensure_future(holder.release())
+            started["contended"] = asyncio.ensure_future(
+                Lock(third, name, ttl=10).acquire(timeout=30)
+            )
+            started["semaphore"] = asyncio.ensure_future(
+                Semaphore(third, name, limit=2, ttl=10).acquire(timeout=30)
+            )
+            started["read"] = asyncio.ensure_future(
+                ReadWriteLock(third, name, ttl=10).read().acquire(timeout=30)
+            )
+            await asyncio.sleep(MIGRATION_HELD)
+            failed = {what: f.exception() for what, f in started.items() if f.done()}
+            assert not failed, f"failed while the slot migrated: {failed}"
+            assert not waiting.done(), "the waiter was served while the release could not run"
+
+        def the_state_first(found: list[str]) -> list[str]:
+            return [key for key in found if key == keys.lock]
+
+        await cluster.move_slot(slot, target, first=the_state_first, midway=held_open)
+        await within(started["release"], what="the release, once the slot has moved")
+        lease = await within(waiting, what="the queued waiter served by the release")
+        for what in ("semaphore", "read"):
+            await (await within(started[what], what=f"the {what} acquire")).release()
+        await lease.release()
+        await (await within(started["contended"], what="the contended acquire")).release()
+
+
+async def test_renewals_do_not_wait_for_the_users_exhausted_pool(
+    cluster: ClusterGroup, name: str
+) -> None:
+    """The user's `RedisCluster` allows one connection per node, and every node's is busy
+    with a BLPOP that never returns: leases are renewed on aiolock's own cluster client all
+    the same (the pool's limit is not its own), an acquire and a release go through, and a
+    waiter of another process is handed the lock by a release."""
+    names = names_in_thirds(name)
+    user = cluster.client(max_connections=1)
+    async with clients(cluster, 1) as (other,):
+        try:
+            with recorded(EventKind.RENEWED) as renewed:
+                leases = [await Lock(user, n, ttl=1).acquire() for n in names]
+
+                async def block(n: str) -> None:
+                    """Keep the only connection to `n`'s node busy for good."""
+                    while True:
+                        with contextlib.suppress(redis.exceptions.MaxConnectionsError):
+                            await user.blpop([f"{{{n}}}:never"], timeout=0)
+                        await asyncio.sleep(0.01)
+
+                blockers = [asyncio.ensure_future(block(n)) for n in names]
+                try:
+
+                    async def exhausted() -> bool:
+                        for n in names:
+                            try:
+                                await user.get(f"{{{n}}}:probe")
+                            except redis.exceptions.MaxConnectionsError:
+                                continue
+                            return False
+                        return True
+
+                    await eventually(exhausted, what="the user's pool exhausted", timeout=5.0)
+                    before = [count(renewed, lease.fencing_token) for lease in leases]
+                    await asyncio.sleep(3.0)  # three ttls
+                    assert not any(lease.lost for lease in leases)
+                    after = [count(renewed, lease.fencing_token) for lease in leases]
+                    assert all(b >= a + 3 for a, b in zip(before, after, strict=True)), after
+                    # Acquires and releases do not use it either; a waiter of another
+                    # process is handed the lock by a release.
+                    extra = await Lock(user, f"{names[0]}:more", ttl=1).acquire(timeout=5)
+                    await extra.release()
+                    waiting = asyncio.ensure_future(
+                        Lock(other, names[0], ttl=1).acquire(timeout=10)
+                    )
+                    await queued(other, LockKeys.build("aiolock", names[0]).queue)
+                    got = await hand_over(leases[0], waiting)
+                    await got.release()
+                    assert not any(blocker.done() for blocker in blockers)
+                finally:
+                    for blocker in blockers:
+                        blocker.cancel()
+                    await asyncio.gather(*blockers, return_exceptions=True)
+                for lease in leases:
+                    await lease.release()
+                assert not await Lock(other, names[0]).locked()
+        finally:
+            await user.aclose()
+
+
+async def test_a_release_refused_past_its_bound_lands_once_the_migration_ends(
+    cluster: ClusterGroup, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release whose slot migrates for longer than its bound (shortened here to 0.5 s;
+    the ttl is 30 s) returns; it goes on in the background and hands the lock to the queued
+    waiter as soon as the migration ends, not when the key would have expired."""
+    monkeypatch.setattr(aiolock._lease, "RELEASE_TIMEOUT", 0.5)
+    async with clients(cluster, 2) as (client, other):
+        holder = await Lock(client, name, ttl=30).acquire()
+        waiting = asyncio.ensure_future(Lock(other, name, ttl=30).acquire(timeout=60))
+        keys = LockKeys.build("aiolock", name)
+        await queued(client, keys.queue)
+        slot = slot_of(name)
+        source = await cluster.owner(slot)
+        target = next(s for s in cluster.servers[:3] if s is not source)
+        loop = asyncio.get_running_loop()
+        ended: list[float] = []
+
+        async def held_open() -> None:
+            await within(holder.release(), what="the release to return", timeout=5.0)
+            assert holder.released
+            await asyncio.sleep(MIGRATION_HELD - 1.0)
+            assert not waiting.done(), "served while the release could not land"
+            ended.append(loop.time())
+
+        await cluster.move_slot(
+            slot, target, first=lambda found: [k for k in found if k == keys.lock], midway=held_open
+        )
+        lease = await within(waiting, what="the waiter served once the release landed")
+        assert loop.time() - ended[0] < 5.0, "served by the key's expiry, not by the release"
+        await lease.release()

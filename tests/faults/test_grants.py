@@ -35,7 +35,8 @@ async def test_the_grantee_writes_its_first_renewal_and_does_not_wait_for_it(
         return int(await proxied.direct.zcard(keys.queue)) == 1
 
     await until(queued, "the waiter queued in Redis", timeout=10)
-    renewal = proxied.proxy.hold_requests(RENEW.sha.encode())  # written, never answered
+    # Written (by the script's text), never answered.
+    renewal = proxied.proxy.hold_requests(RENEW.source.encode()[:120])
     try:
         await holder.release()
         lease = await asyncio.wait_for(waiting, 5)

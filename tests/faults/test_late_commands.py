@@ -18,13 +18,19 @@ from typing import Any
 import pytest
 import redis.asyncio
 
-from aiolock import Lock
+from aiolock import BackendError, Lock
+from aiolock._hash_scripts import RECENT_ENTRY, RECENT_KEPT, RECENT_MAX
 from aiolock._layout import ABORTS_KEPT, LockKeys
 from aiolock._runtime import runtime_for
 from aiolock._scripts import ACQUIRE, RELEASE, Script, acquire_args, release_args
+from aiolock._semaphore_scripts import SEM_ACQUIRE, SEM_RELEASE, sem_acquire_args
 
 from ..conftest import make_client
 from ..servers import RedisServer, ServerBinary
+from ..waits import eventually, within
+from .test_network_faults import Proxied, proxied
+
+__all__ = ("proxied",)  # the fixture, used by name
 
 pytestmark = pytest.mark.real_only
 
@@ -143,3 +149,109 @@ async def test_locking_works_with_verbatim_script_replication(
         await client.aclose()
         await other.aclose()
         server.stop()
+
+
+class SemaphoreReplay:
+    """Runs a semaphore's acquire and release scripts with chosen tokens."""
+
+    def __init__(self, client: redis.asyncio.Redis, name: str, *, limit: int = 2) -> None:
+        self.client = client
+        self.name = name
+        self.limit = limit
+        self.keys = LockKeys.build("aiolock", name, "sem:")
+
+    async def run(self, script: Script, keys: tuple[str, ...], args: list[str | int]) -> Any:
+        return await runtime_for(self.client).backend.run(
+            script, keys, args, timeout=5, operation=script.name, name=self.name
+        )
+
+    async def acquire(self, token: str, ttl_ms: int = 5000) -> int:
+        args = sem_acquire_args(token, ttl_ms, f"host {os.getpid()} task", self.limit)
+        return int((await self.run(SEM_ACQUIRE, self.keys.scripts[:3], args))[0])
+
+    async def release(self, token: str) -> int:
+        args = release_args(token=token, retain_ms=10_000, held_ms=1)
+        return int((await self.run(SEM_RELEASE, self.keys.scripts, args))[0])
+
+    async def cycle(self) -> None:
+        token = secrets.token_hex(16)
+        assert await self.acquire(token) == 1
+        assert await self.release(token) == 1
+
+
+@pytest.fixture
+async def sem_replay(server: RedisServer, name: str) -> AsyncIterator[SemaphoreReplay]:
+    client = make_client(server.url)
+    try:
+        yield SemaphoreReplay(client, name)
+    finally:
+        await client.aclose()
+
+
+async def test_a_copy_of_a_permits_acquire_after_many_other_releases_is_refused(
+    sem_replay: SemaphoreReplay,
+) -> None:
+    """A permit released, then many more acquired and released within its ttl: a late copy
+    of the first acquire is still recognised, as a lock's is."""
+    token = secrets.token_hex(16)
+    assert await sem_replay.acquire(token) == 1
+    assert await sem_replay.release(token) == 1
+    for _ in range(4 * RECENT_KEPT):
+        await sem_replay.cycle()
+    assert await sem_replay.acquire(token) == -1, "a released token was granted again"
+    assert await sem_replay.release(token) == 2, "its retried release reports success"
+
+
+async def test_a_semaphores_record_of_ended_tokens_stays_bounded(
+    sem_replay: SemaphoreReplay,
+) -> None:
+    for _ in range(RECENT_MAX + RECENT_MAX // 2):
+        await sem_replay.cycle()
+    recent = await sem_replay.client.hget(sem_replay.keys.lock, "r")
+    assert isinstance(recent, bytes)
+    assert len(recent.split()) <= RECENT_MAX
+    assert len(recent) <= RECENT_MAX * RECENT_ENTRY
+
+
+async def scripts_run(client: redis.asyncio.Redis) -> int:
+    """EVALSHA calls the server has run."""
+    stats = await client.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def aborted_tokens(client: redis.asyncio.Redis, key: str) -> list[str]:
+    fields = await client.hkeys(key)
+    return [f[2:].decode() for f in fields if isinstance(f, bytes) and f.startswith(b"a:")]
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["landed", "held-in-the-network"])
+async def test_an_aborted_acquire_keeps_the_state_for_its_ttl_not_ten_minutes(
+    proxied: Proxied, name: str, landed: bool
+) -> None:
+    """An acquire whose outcome is unknown is aborted: the record that refuses its late
+    copies keeps the name's state for twice the ttl (at least `retain`), not for
+    ABORT_RETAIN_MS whatever the ttl; its late copy is refused all the same."""
+    key = LockKeys.build("aiolock", name).lock
+    lock = Lock(proxied.client, name, ttl=1, retain=5)
+    await (await lock.acquire()).release()  # connections open, scripts loaded
+    if landed:
+        proxied.proxy.lose_reply_to(ACQUIRE.sha.encode())  # it lands; its reply is lost
+    else:
+        held = proxied.proxy.hold_requests(ACQUIRE.sha.encode())  # it lands after the abort
+    with pytest.raises(BackendError):
+        await within(lock.acquire(timeout=1), what="the acquire to give up")
+    (token,) = await aborted_tokens(proxied.direct, key)
+    pttl = await proxied.direct.pttl(key)
+    assert 0 < pttl <= 5000, f"the state lives {pttl} ms after an abort (ttl 1 s, retain 5 s)"
+    if landed:
+        assert await Replay(proxied.direct, name).acquire(token) == -1, "a late copy landed"
+    else:
+        assert held.is_set()
+        before = await scripts_run(proxied.direct)
+        await proxied.proxy.restore()  # the held acquire reaches Redis now, late
+
+        async def landed_late() -> bool:
+            return await scripts_run(proxied.direct) > before
+
+        await eventually(landed_late, what="the late copy to reach Redis", interval=0.01)
+    assert await Replay(proxied.direct, name).holder() is None, "held under an aborted token"

@@ -18,11 +18,15 @@ from aiolock import (
     Lock,
     LockEvent,
     LossReason,
+    ReadWriteLock,
+    Semaphore,
     add_listener,
 )
+from aiolock._engine import Primitive
 from aiolock._layout import LockKeys
 
 from ..conftest import CommandLog
+from ..waits import eventually, within
 
 
 async def test_a_callers_token_is_the_leases_and_a_retry_gets_it_back(
@@ -194,3 +198,49 @@ def test_a_busy_describes_itself() -> None:
     busy = Busy(name="n", holder=None, retry_after=1.5)
     assert "1.5" in repr(busy)
     assert isinstance(LockEvent, type)
+
+
+def _expiring(kind: str, client: redis.asyncio.Redis, name: str, ttl: float) -> Primitive:
+    """A semaphore of one permit, or the write side of a read-write lock."""
+    if kind == "semaphore":
+        return Semaphore(client, name, limit=1, ttl=ttl, renew=False)
+    return ReadWriteLock(client, name, ttl=ttl, renew=False).write()
+
+
+@pytest.mark.parametrize("kind", ["semaphore", "write"])
+async def test_release_by_token_of_a_lease_that_expired_and_was_passed_on_says_false(
+    clients: list[redis.asyncio.Redis], name: str, kind: str
+) -> None:
+    """Its permit went to a queued waiter when it expired: the hold did not end as the
+    token holder's, and releasing by token must say so (as a lock's does)."""
+    token = secrets.token_hex(16)
+    expired = await _expiring(kind, clients[0], name, 0.3).acquire(token=token)
+    waiter = asyncio.create_task(_expiring(kind, clients[1], name, 10).acquire(timeout=10))
+    successor = await within(waiter, what="the waiter served once the lease expired")
+    assert expired.lost
+    assert await _expiring(kind, clients[2], name, 10).release_token(token) is False
+    with pytest.raises(LeaseLostError):
+        await expired.release()
+    await successor.release()
+
+
+async def test_release_by_token_of_a_permit_that_expired_unnoticed_says_false(
+    clients: list[redis.asyncio.Redis], name: str
+) -> None:
+    """Expired, and no command has read the state since (another permit keeps the state's
+    key alive): not released by its holder either."""
+    other = await Semaphore(clients[1], name, limit=2, ttl=10).acquire()
+    token = secrets.token_hex(16)
+    expired = await Semaphore(clients[0], name, limit=2, ttl=0.2, renew=False).acquire(token=token)
+    await until_lost(expired)
+    assert await Semaphore(clients[2], name, limit=2).release_token(token) is False
+    assert await Semaphore(clients[2], name, limit=2).release_token(other.token) is True
+    assert await Semaphore(clients[2], name, limit=2).release_token(other.token) is True
+    with pytest.raises(LeaseLostError):
+        await expired.release()
+    await other.release()  # released already, by token: not an error
+
+
+async def until_lost(lease: Lease) -> None:
+    await eventually(lambda: lease.lost, what="the lease's loss", interval=0.01)
+    await asyncio.sleep(0.05)  # past the server's expiry too (the deadline comes first)

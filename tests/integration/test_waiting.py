@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 import redis.asyncio
 
-from aiolock import Lease, Lock
+from aiolock import Lease, Lock, ReadLock, ReadWriteLock, Semaphore
+from aiolock._backend import Backend
+from aiolock._inspect import read_locks
 from aiolock._runtime import Runtime, runtime_for
+from aiolock._waiting import Waiter
 
 from ..conftest import make_client
 from ..servers import RedisServer
@@ -140,3 +144,194 @@ async def test_a_broken_subscription_does_not_strand_waiters(
     finally:
         await client.aclose()
         await admin.aclose()
+
+
+KINDS = ("lock", "semaphore", "read")
+
+
+def _contended(kind: str, client: redis.asyncio.Redis, name: str) -> Lock | Semaphore | ReadLock:
+    """A primitive of `kind` whose waiters queue while another process holds it (a reader's
+    while a writer holds)."""
+    if kind == "lock":
+        return Lock(client, name, ttl=30)
+    if kind == "semaphore":
+        return Semaphore(client, name, limit=1, ttl=30)
+    return ReadWriteLock(client, name, ttl=30).read()
+
+
+async def _holder(kind: str, client: redis.asyncio.Redis, name: str) -> Lease:
+    if kind == "read":
+        return await ReadWriteLock(client, name, ttl=30).write().acquire()
+    return await _contended(kind, client, name).acquire()
+
+
+async def _waiting_in_redis(kind: str, client: redis.asyncio.Redis, name: str) -> int:
+    """Tasks waiting as Redis records them (what `info()` and the command line read)."""
+    if kind == "semaphore":
+        return (await Semaphore(client, name, limit=1).info()).waiting
+    if kind == "read":
+        return (await ReadWriteLock(client, name).info()).readers_waiting
+    (state,) = await read_locks(client, [name])
+    return state.waiters
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_every_waiting_task_of_a_process_is_counted(
+    clients: list[redis.asyncio.Redis], name: str, kind: str
+) -> None:
+    """A second task of a process starts waiting after the first is queued in Redis: the
+    process's entry counts both (and one again once one of them left)."""
+    holder = await _holder(kind, clients[0], name)
+    primitive = _contended(kind, clients[1], name)
+    first = asyncio.create_task(primitive.acquire())
+
+    async def counted(expected: int) -> bool:
+        return await _waiting_in_redis(kind, clients[0], name) == expected
+
+    await eventually(lambda: counted(1), what="the first waiter queued in Redis")
+    second = asyncio.create_task(primitive.acquire(timeout=30))
+    await eventually(lambda: counted(2), what="both waiters counted", timeout=5)
+    third = asyncio.create_task(primitive.acquire(timeout=30))
+    await eventually(lambda: counted(3), what="three waiters counted", timeout=5)
+    third.cancel()
+    await asyncio.gather(third, return_exceptions=True)
+    await eventually(lambda: counted(2), what="two waiters counted again", timeout=5)
+    await holder.release()
+    lease = await within(first, what="the first waiter served")
+    await lease.release()
+    await (await within(second, what="the second waiter served")).release()
+
+
+@pytest.mark.parametrize(
+    "kind", ["lock-held", "lock-free", "semaphore-held", "semaphore-free", "read-held"]
+)
+async def test_tasks_of_a_process_are_served_in_call_order_whatever_order_redis_answers_in(
+    clients: list[redis.asyncio.Redis],
+    name: str,
+    kind: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Five tasks call acquire() in one loop iteration; Redis answers the first one's try
+    last (the others' tries all answered before it is sent). As with asyncio's own lock,
+    they are served in call order, whether the name was held (every try refused) or free
+    (another task's try took it first)."""
+    primitive_kind, state = kind.split("-")
+    holder = await _holder(primitive_kind, clients[0], name) if state == "held" else None
+    backend = runtime_for(clients[1]).backend
+    run = Backend.run
+    others_answered = asyncio.Event()
+    answered = 0
+    tries = 0
+
+    async def first_try_answered_last(self: Backend, *args: Any, **kwargs: Any) -> Any:
+        nonlocal answered, tries
+        if self is not backend or kwargs.get("operation") != "acquire":
+            return await run(self, *args, **kwargs)
+        tries += 1
+        if tries == 1:
+            await within(others_answered.wait(), what="the other tasks' first tries answered")
+            return await run(self, *args, **kwargs)
+        try:
+            return await run(self, *args, **kwargs)
+        finally:
+            answered += 1
+            if answered == 4:
+                others_answered.set()
+
+    monkeypatch.setattr(Backend, "run", first_try_answered_last)
+    order: list[int] = []
+
+    async def task(index: int) -> None:
+        async with _contended(primitive_kind, clients[1], name):
+            order.append(index)
+            await asyncio.sleep(0.01)
+
+    tasks = [asyncio.create_task(task(index)) for index in range(5)]
+    await within(others_answered.wait(), what="the other tasks' first tries answered")
+    if holder is not None:
+        await holder.release()
+    await within(asyncio.gather(*tasks), what="every task served")
+    assert order == list(range(5))
+
+
+async def test_a_lease_handed_to_an_earlier_caller_that_is_cancelled_goes_to_the_next(
+    clients: list[redis.asyncio.Redis], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first caller's try is answered last (refused); the second caller's took the
+    free lock and hands it to the first, which is cancelled before it takes it: the lease
+    goes to the next waiter, and nothing stays held."""
+    backend = runtime_for(clients[1]).backend
+    run = Backend.run
+    others_answered = asyncio.Event()
+    tries = 0
+
+    async def first_try_answered_last(self: Backend, *args: Any, **kwargs: Any) -> Any:
+        nonlocal tries
+        if self is not backend or kwargs.get("operation") != "acquire":
+            return await run(self, *args, **kwargs)
+        tries += 1
+        if tries == 1:
+            await within(others_answered.wait(), what="the other tasks' first tries answered")
+            return await run(self, *args, **kwargs)
+        try:
+            return await run(self, *args, **kwargs)
+        finally:
+            if tries >= 3:
+                others_answered.set()
+
+    hand = Waiter.hand
+    cancelled: list[int] = []
+
+    def hand_and_cancel(waiter: Waiter, lease: object) -> None:
+        hand(waiter, lease)
+        if not cancelled and waiter.task is not None:
+            cancelled.append(waiter.ticket)
+            waiter.task.cancel()
+
+    monkeypatch.setattr(Backend, "run", first_try_answered_last)
+    monkeypatch.setattr(Waiter, "hand", hand_and_cancel)
+    order: list[int] = []
+
+    async def task(index: int) -> None:
+        async with Lock(clients[1], name, ttl=10):
+            order.append(index)
+
+    tasks = [asyncio.create_task(task(index)) for index in range(3)]
+    results = await within(
+        asyncio.gather(*tasks, return_exceptions=True), what="every task served or cancelled"
+    )
+    assert cancelled, "a lease was handed to the first caller"
+    assert isinstance(results[0], asyncio.CancelledError)
+    assert order == [1, 2]
+    assert not await Lock(clients[0], name).locked()
+
+
+async def test_a_head_woken_as_an_earlier_caller_queues_ahead_waits_its_turn(
+    clients: list[redis.asyncio.Redis], name: str
+) -> None:
+    """The head has a wake-up pending when a task that called earlier queues ahead of it
+    (its first try refused): the former head keeps the wake-up for its next turn and
+    waits, without spinning the event loop."""
+    holder = await Lock(clients[0], name, ttl=10).acquire()
+    lock = Lock(clients[1], name, ttl=10)
+    waiting = asyncio.create_task(lock.acquire(timeout=10))
+    await queued(clients[1], lock, 1)
+    notifier = runtime_for(clients[1]).notifier
+    channel = f"aiolock:{{{name}}}:released"
+    queue = notifier.queue_for(channel)
+    assert queue is not None
+    await eventually(lambda: queue.registered, what="the head's entry in Redis")
+    loop = asyncio.get_running_loop()
+    queue.waiters[0].wake()  # a wake-up, pending...
+    earlier = notifier.join(channel, ticket=-1)  # ...as an earlier caller queues ahead
+    try:
+        before = loop.time()
+        await asyncio.sleep(0.1)
+        assert loop.time() - before < 1.0, "the event loop was held"
+        assert not waiting.done()
+    finally:
+        leaving = notifier.leave(earlier, acquired=False)
+        assert leaving is None
+    await holder.release()
+    lease = await within(waiting, what="the waiter served by the release")
+    await lease.release()

@@ -16,7 +16,7 @@ from aiolock._waiting import Grant, Registration, Waiter, WaitQueue
 
 def queue_with_waiter() -> tuple[WaitQueue, Waiter]:
     queue = WaitQueue("aiolock:{name}:released")
-    waiter = Waiter(queue)
+    waiter = Waiter(queue, 0)
     queue.waiters.append(waiter)
     return queue, waiter
 
