@@ -26,8 +26,9 @@ UPDATES = 5
 
 
 async def reader(db: redis.asyncio.Redis, run: str, until: float) -> None:
+    """Read until the writer is done (or, should it never be, until `until`)."""
     catalog = ReadWriteLock(db, f"{run}:catalog", ttl=10)
-    while time.monotonic() < until:
+    while time.monotonic() < until and not await db.exists(f"{run}:done"):
         async with catalog.read():
             inside = await db.incr(f"{run}:readers-inside")
             await db.eval(
@@ -73,7 +74,7 @@ async def main() -> None:
     async with redis_url() as url:
         db = redis.asyncio.Redis.from_url(url, decode_responses=True)
         await db.mset({f"{run}:items": 0, f"{run}:prices": 0})
-        until = time.monotonic() + 3.0
+        until = time.monotonic() + 60.0  # the readers stop once the writer is done
         context = multiprocessing.get_context("spawn")
         processes = [
             context.Process(target=start_readers, args=(url, run, until))
@@ -81,10 +82,15 @@ async def main() -> None:
         ]
         for process in processes:
             process.start()
-        # The readers are other processes: their progress is watched in Redis.
-        while int(await db.get(f"{run}:most-readers") or 0) < 2:  # noqa: ASYNC110
+        # The readers are other processes: their progress is watched in Redis (they may
+        # take a while to start on a busy machine).
+        overlapping = time.monotonic() + 30.0
+        while int(await db.get(f"{run}:most-readers") or 0) < 2:
+            if time.monotonic() > overlapping:
+                break  # reported below
             await asyncio.sleep(0.01)
         waits = await writer(db, run)
+        await db.set(f"{run}:done", 1)
         for process in processes:
             await asyncio.to_thread(process.join, 60)
         torn = int(await db.get(f"{run}:torn-reads") or 0)

@@ -220,6 +220,8 @@ async def test_tasks_of_a_process_are_served_in_call_order_whatever_order_redis_
     backend = runtime_for(clients[1]).backend
     run = Backend.run
     others_answered = asyncio.Event()
+    all_sent = asyncio.Event()  # every task's first try (no answer before: a fast server's
+    # answer would let a later caller see the queue and wait without trying)
     answered = 0
     tries = 0
 
@@ -228,9 +230,12 @@ async def test_tasks_of_a_process_are_served_in_call_order_whatever_order_redis_
         if self is not backend or kwargs.get("operation") != "acquire":
             return await run(self, *args, **kwargs)
         tries += 1
+        if tries == 5:
+            all_sent.set()
         if tries == 1:
             await within(others_answered.wait(), what="the other tasks' first tries answered")
             return await run(self, *args, **kwargs)
+        await within(all_sent.wait(), what="every task's first try sent")
         try:
             return await run(self, *args, **kwargs)
         finally:
@@ -263,6 +268,7 @@ async def test_a_lease_handed_to_an_earlier_caller_that_is_cancelled_goes_to_the
     backend = runtime_for(clients[1]).backend
     run = Backend.run
     others_answered = asyncio.Event()
+    all_sent = asyncio.Event()  # every task's first try, before any answer
     tries = 0
 
     async def first_try_answered_last(self: Backend, *args: Any, **kwargs: Any) -> Any:
@@ -270,9 +276,12 @@ async def test_a_lease_handed_to_an_earlier_caller_that_is_cancelled_goes_to_the
         if self is not backend or kwargs.get("operation") != "acquire":
             return await run(self, *args, **kwargs)
         tries += 1
+        if tries == 3:
+            all_sent.set()
         if tries == 1:
             await within(others_answered.wait(), what="the other tasks' first tries answered")
             return await run(self, *args, **kwargs)
+        await within(all_sent.wait(), what="every task's first try sent")
         try:
             return await run(self, *args, **kwargs)
         finally:
