@@ -33,6 +33,7 @@ from aiolock import (
 from aiolock._layout import LockKeys
 from aiolock._runtime import runtime_for
 
+from ..load import scaled
 from ..recorded import recorded
 from ..servers import RedisServer, ServerBinary
 from ..waits import eventually, within
@@ -179,7 +180,7 @@ async def test_an_acquire_returns_once_the_replica_has_it_in_one_round_trip(
         loop = asyncio.get_running_loop()
         since = loop.time()
         with recorded(EventKind.RENEWED) as renewed:
-            lease = await Lock(client, name, ttl=0.6, replicas=1).acquire()
+            lease = await Lock(client, name, ttl=scaled(0.6), replicas=1).acquire()
             assert await pair.on_replica(name) == lease.fencing_token
             chunks = [at for at, data in proxy.arrivals if at >= since and b"WAIT" in data]
             assert len(chunks) >= 1

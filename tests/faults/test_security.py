@@ -149,7 +149,7 @@ async def test_a_least_privilege_acl_user_can_do_everything(
         with pytest.raises(redis.exceptions.NoPermissionError):
             await user.set("not-aiolock", "1")  # the user is really limited
         # Renewal past the ttl.
-        async with Lock(user, f"{name}:renewed", ttl=0.5) as lease:
+        async with Lock(user, f"{name}:renewed", ttl=scaled(0.5)) as lease:
             first_deadline = lease.deadline
             while loop.time() < first_deadline + 0.1:
                 await asyncio.sleep(0.02)
@@ -375,7 +375,7 @@ async def test_tokens_never_appear_in_logs_reprs_events_or_errors(
     loop = asyncio.get_running_loop()
     try:
         # A renewed, inspected, contended, extended and released lease.
-        lock = Lock(client, name, ttl=0.3)
+        lock = Lock(client, name, ttl=scaled(0.3))
         async with lock as lease:
             seen.leases.append(lease)
             first_deadline = lease.deadline
@@ -389,7 +389,7 @@ async def test_tokens_never_appear_in_logs_reprs_events_or_errors(
                 seen.add_error(error)
         # Lost: the key deleted behind the holder's back.
         with pytest.raises(LeaseLostError) as lost:
-            async with Lock(client, name, ttl=0.3) as lease:
+            async with Lock(client, name, ttl=scaled(0.3)) as lease:
                 seen.leases.append(lease)
                 await admin.delete(lock.key)
                 await asyncio.sleep(5)

@@ -34,6 +34,7 @@ from aiolock._layout import LockKeys
 from aiolock._runtime import runtime_for
 from aiolock._waiting import Notifier
 
+from ..load import scaled
 from ..recorded import recorded
 from ..servers import RedisServer, ServerBinary
 from ..waits import eventually, within
@@ -138,7 +139,7 @@ async def test_lock_and_semaphore_over_master_for_acquire_renew_wait_and_release
         # Renewal: a 0.6 s ttl held for 1.5 s.
         token: list[int] = []
         with events_of(token) as events:
-            async with Lock(holder, f"{name}:short", ttl=0.6) as lease:
+            async with Lock(holder, f"{name}:short", ttl=scaled(0.6)) as lease:
                 token.append(lease.fencing_token)
                 await eventually(
                     lambda: count(events, EventKind.RENEWED) >= 2,

@@ -188,11 +188,12 @@ async def test_script_flush_is_invisible_to_the_holder(
     client = make_client(server.url, commands)
     admin = make_client(server.url)
     try:
-        lock = Lock(client, name, ttl=0.3)
+        ttl = scaled(0.3)  # no renewal late on a loaded machine
+        lock = Lock(client, name, ttl=ttl)
         async with lock as lease:
             mark = commands.mark()
             await admin.script_flush()
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(ttl * 10 / 3)  # three renewals or more
             assert lease.held
             assert await lock.locked()
             sent = commands.since(mark)
@@ -201,7 +202,7 @@ async def test_script_flush_is_invisible_to_the_holder(
             await admin.script_flush()
         assert lease.released and not lease.lost
         assert not await lock.locked()
-        async with Lock(client, name, ttl=0.3) as again:
+        async with Lock(client, name, ttl=ttl) as again:
             assert again.fencing_token > lease.fencing_token
     finally:
         await client.aclose()
@@ -221,7 +222,7 @@ async def test_exhausted_pool_does_not_starve_renewal_or_notification(
     other = make_client(server.url)
     admin = make_client(server.url)
     try:
-        lock = Lock(client, name, ttl=0.3)
+        lock = Lock(client, name, ttl=scaled(0.3))  # shorter than the BLPOP's 2 s still
         async with lock as lease:
             mark = commands.mark()
             waiting = asyncio.create_task(Lock(other, name, ttl=30).acquire(timeout=30))

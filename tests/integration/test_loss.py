@@ -10,9 +10,11 @@ import redis.asyncio
 
 from aiolock import BackendError, LeaseLostError, Lock, LossReason
 
+from ..load import scaled
+
 
 async def test_loss_cancels_the_body_and_raises(client: redis.asyncio.Redis, name: str) -> None:
-    lock = Lock(client, name, ttl=0.3)
+    lock = Lock(client, name, ttl=scaled(0.3))  # lost by the deletion, not a stall
     reached_end = False
     with pytest.raises(LeaseLostError) as info:
         async with lock as lease:
@@ -29,7 +31,7 @@ async def test_loss_cancels_the_body_and_raises(client: redis.asyncio.Redis, nam
 async def test_loss_cancels_a_task_group_inside_the_body(
     client: redis.asyncio.Redis, name: str
 ) -> None:
-    lock = Lock(client, name, ttl=0.3)
+    lock = Lock(client, name, ttl=scaled(0.3))  # lost by the deletion, not a stall
     children_cancelled = 0
 
     async def child() -> None:
@@ -51,7 +53,7 @@ async def test_loss_cancels_a_task_group_inside_the_body(
 async def test_a_body_that_swallows_the_cancellation_is_cancelled_again(
     client: redis.asyncio.Redis, name: str
 ) -> None:
-    lock = Lock(client, name, ttl=0.3)
+    lock = Lock(client, name, ttl=scaled(0.3))  # lost by the deletion, not a stall
     swallowed = 0
     with pytest.raises(LeaseLostError):
         async with lock:
@@ -128,9 +130,11 @@ async def test_an_outer_timeout_around_the_block_passes_through(
     client: redis.asyncio.Redis, name: str
 ) -> None:
     lock = Lock(client, name, ttl=5)
+    loop = asyncio.get_running_loop()
     with pytest.raises(TimeoutError) as info:
-        async with asyncio.timeout(0.05):
+        async with asyncio.timeout(None) as outer:
             async with lock as lease:
+                outer.reschedule(loop.time() + 0.05)  # due in the body, however long it took
                 await asyncio.sleep(10)
     assert not isinstance(info.value, LeaseLostError)
     assert lease.released
@@ -138,7 +142,7 @@ async def test_an_outer_timeout_around_the_block_passes_through(
 
 
 async def test_wait_lost_outside_async_with(client: redis.asyncio.Redis, name: str) -> None:
-    lock = Lock(client, name, ttl=0.3)
+    lock = Lock(client, name, ttl=scaled(0.3))  # lost by the deletion, not a stall
     lease = await lock.acquire()
     await client.delete(lock.key)
     error = await asyncio.wait_for(lease.wait_lost(), 5)

@@ -17,6 +17,7 @@ from aiolock._rwlock import _RWKeys
 from aiolock._rwlock_scripts import WRITER_MARK_MS
 
 from ..conftest import CommandLog, make_client
+from ..load import scaled
 from ..waits import eventually, until_cancelled, within
 
 
@@ -156,7 +157,7 @@ async def test_a_cancelled_waiting_writer_lets_the_readers_in_at_once(
 async def test_a_lost_reader_and_a_lost_writer_have_their_bodies_cancelled(
     client: redis.asyncio.Redis, name: str
 ) -> None:
-    rw = ReadWriteLock(client, name, ttl=0.6)
+    rw = ReadWriteLock(client, name, ttl=scaled(0.6))
     for side in (rw.read(), rw.write()):
         with pytest.raises(LeaseLostError) as caught:
             async with side as lease:

@@ -18,6 +18,7 @@ from aiolock._layout import LockKeys
 from aiolock._runtime import runtime_for
 
 from ..conftest import CommandLog, make_client
+from ..load import scaled
 from ..waits import eventually, until_cancelled, within
 
 KEYS = "sem:"
@@ -346,7 +347,7 @@ async def test_many_local_waiters_use_every_permit(client: redis.asyncio.Redis, 
 
 # ----------------------------------------------------------------------------- leases
 async def test_a_lost_permit_cancels_its_body(client: redis.asyncio.Redis, name: str) -> None:
-    semaphore = Semaphore(client, name, limit=2, ttl=0.6)
+    semaphore = Semaphore(client, name, limit=2, ttl=scaled(0.6))
     with pytest.raises(LeaseLostError) as caught:
         async with semaphore as permit:
             await client.hdel(keys_of(name).lock, f"p:{permit.token}")
@@ -357,12 +358,13 @@ async def test_a_lost_permit_cancels_its_body(client: redis.asyncio.Redis, name:
 async def test_permits_and_locks_are_renewed_in_the_same_batches(
     client: redis.asyncio.Redis, commands: CommandLog, name: str
 ) -> None:
-    permits = [await Semaphore(client, name, limit=5, ttl=0.3).acquire() for _ in range(5)]
-    lock = await Lock(client, name, ttl=0.3).acquire()
+    ttl = scaled(0.3)  # renewed on time on a loaded machine
+    permits = [await Semaphore(client, name, limit=5, ttl=ttl).acquire() for _ in range(5)]
+    lock = await Lock(client, name, ttl=ttl).acquire()
     first = max(lease.deadline for lease in (*permits, lock))
     mark = commands.mark()
     await eventually(
-        lambda: min(lease.deadline for lease in (*permits, lock)) > first + 0.1,
+        lambda: min(lease.deadline for lease in (*permits, lock)) > first + ttl / 3,
         what="every lease renewed",
         interval=0.01,
     )

@@ -10,6 +10,7 @@ import pytest
 from aiolock import LeaseLostError, Lock, LossReason
 
 from ..conftest import make_client
+from ..load import scaled
 from ..servers import RedisServer, ServerBinary, find_binaries
 from ..waits import within
 
@@ -30,12 +31,13 @@ async def test_core_cycle(versioned_server: RedisServer, name: str) -> None:
     client = make_client(versioned_server.url)
     other = make_client(versioned_server.url)
     try:
-        lock = Lock(client, name, ttl=0.3)
+        ttl = scaled(0.3)  # renewed on time on a loaded machine
+        lock = Lock(client, name, ttl=ttl)
         tokens = []
         async with lock as lease:
             tokens.append(lease.fencing_token)
-            waiter = asyncio.create_task(Lock(other, name, ttl=0.3).acquire(timeout=5))
-            await asyncio.sleep(0.6)  # renewed twice meanwhile
+            waiter = asyncio.create_task(Lock(other, name, ttl=ttl).acquire(timeout=20))
+            await asyncio.sleep(ttl * 2)  # renewed twice meanwhile
             assert lease.held
             assert not waiter.done()
         second = await within(waiter, what="the waiter to get the lock")

@@ -15,6 +15,7 @@ from aiolock._runtime import Runtime, runtime_for
 from aiolock._waiting import Waiter
 
 from ..conftest import make_client
+from ..load import scaled
 from ..servers import RedisServer
 from ..waits import eventually, within
 
@@ -112,7 +113,7 @@ async def test_a_waiter_that_times_out_passes_its_turn_on(
 
 async def test_background_tasks_end_when_idle(client: redis.asyncio.Redis, name: str) -> None:
     backend = runtime_for(client)
-    lock = Lock(client, name, ttl=0.3)
+    lock = Lock(client, name, ttl=scaled(0.3))
     holder = await lock.acquire()
     waiting = asyncio.create_task(Lock(client, name).acquire())
     await queued(client, lock, 1)

@@ -13,6 +13,7 @@ import redis.asyncio
 from aiolock import AcquireTimeoutError, ConfigError, Lease, LeaseLostError, Lock, locked
 
 from ..conftest import CommandLog
+from ..load import scaled
 
 
 async def test_the_name_comes_from_the_arguments_with_defaults(
@@ -139,7 +140,7 @@ async def test_a_caller_cannot_pass_the_lease(client: redis.asyncio.Redis, name:
 async def test_a_loss_cancels_the_call(client: redis.asyncio.Redis, name: str) -> None:
     after_loss: list[str] = []
 
-    @locked(name, client=client, ttl=0.3)
+    @locked(name, client=client, ttl=scaled(0.3))
     async def job(*, lease: Lease | None = None) -> None:
         assert lease is not None
         await client.delete(f"aiolock:{{{name}}}")  # someone evicts the holder

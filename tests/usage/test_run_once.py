@@ -26,6 +26,7 @@ from aiolock._runtime import runtime_for
 
 from ..children import child, finished
 from ..conftest import CommandLog
+from ..load import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -134,7 +135,7 @@ async def test_a_lost_lease_writes_no_marker(client: redis.asyncio.Redis, name: 
         written_after_loss.append("x")
 
     with pytest.raises(LeaseLostError):
-        await asyncio.wait_for(run_once(client, name, job, retention=60, ttl=0.3), 5)
+        await asyncio.wait_for(run_once(client, name, job, retention=60, ttl=scaled(0.3)), 5)
     assert written_after_loss == []
     assert await client.exists(marker_key(name)) == 0
     again = await run_once(client, name, lambda: asyncio.sleep(0, "second"), retention=60)
