@@ -134,6 +134,28 @@ def _ignored(fd: tuple[int, str]) -> bool:
     return number <= 2 or target == str(PROC / str(os.getpid()) / "fd")
 
 
+def _collected_with_warnings() -> list[str]:
+    """A garbage collection, and what the objects it collected complained of (a lease never
+    released, a client never closed: their warnings, errors under `-W error`, would reach
+    pytest as unraisable exceptions, reported on whichever test runs next)."""
+    seen: list[str] = []
+
+    def hook(unraisable: Any) -> None:
+        where = f" in {unraisable.object!r}" if unraisable.object is not None else ""
+        seen.append(
+            f"garbage collected{where} complained: "
+            f"{getattr(unraisable.exc_type, '__name__', '?')}: {unraisable.exc_value}"
+        )
+
+    previous = sys.unraisablehook
+    sys.unraisablehook = hook
+    try:
+        gc.collect()
+    finally:
+        sys.unraisablehook = previous
+    return seen
+
+
 def _kill(procs: Iterable[Proc]) -> None:
     for proc in procs:
         if _alive(proc):
@@ -226,8 +248,13 @@ class Hygiene:
             return (yield)
         finally:
             self.started_at.pop(item.nodeid, None)
-            if self.enabled:
-                self._after_test(item)
+            problems = self._after_test(item) if self.enabled else []
+            if problems:
+                raise pytest.fail.Exception(
+                    f"{item.nodeid} left behind what it started (now ended here):\n  "
+                    + "\n  ".join(problems),
+                    pytrace=False,
+                )
 
     def _adopt_restarted_servers(self, now: set[Proc]) -> None:
         """A server held by a fixture of a wider scope, restarted by a test (a new process
@@ -251,7 +278,8 @@ class Hygiene:
             self.failed.add(item.nodeid)
         return report
 
-    def _after_test(self, item: pytest.Item) -> None:
+    def _after_test(self, item: pytest.Item) -> list[str]:
+        """What the test left running or open (ended here), or collected with complaints."""
         if item.nodeid in self.failed:
             # A test that failed midway leaves objects that warn when collected (a lease
             # never released, a client never closed): collected now, their warnings are
@@ -263,7 +291,9 @@ class Hygiene:
                 for attribute in ("last_exc", "last_type", "last_value", "last_traceback"):
                     if hasattr(sys, attribute):
                         setattr(sys, attribute, None)
-            gc.collect()
+            garbage = _collected_with_warnings()
+        else:
+            garbage = []
         now = descendants()
         self._adopt_restarted_servers(now)
         procs = now - self.before_procs - self._owned_procs()
@@ -274,9 +304,10 @@ class Hygiene:
         problems = [f"{proc} is still running" for proc in sorted(left, key=str)]
         problems += [f"descriptor {n} ({target}) is still open" for n, target in sorted(open_left)]
         problems += self.pending_fixture_leaks
+        problems += garbage
         self.pending_fixture_leaks = []
         if not problems:
-            return
+            return problems
         _kill(left)
         for number, _ in open_left:
             with contextlib.suppress(OSError):
@@ -287,11 +318,7 @@ class Hygiene:
             warnings.simplefilter("ignore", ResourceWarning)
             gc.collect()
         self.leaks += [f"{item.nodeid}: {problem}" for problem in problems]
-        raise pytest.fail.Exception(
-            f"{item.nodeid} left behind what it started (now ended here):\n  "
-            + "\n  ".join(problems),
-            pytrace=False,
-        )
+        return problems
 
     @pytest.hookimpl(wrapper=True)
     def pytest_fixture_setup(

@@ -65,6 +65,28 @@ async def test_hangs():
 """
 
 
+GARBAGE = """
+import warnings
+
+
+class Unclosed:
+    def __init__(self):
+        self.cycle = self  # collected only by the garbage collector
+
+    def __del__(self):
+        warnings.warn("an Unclosed was never closed", ResourceWarning)
+
+
+def test_fails_leaving_garbage():
+    unclosed = Unclosed()
+    assert unclosed is None
+
+
+def test_after_it():
+    pass
+"""
+
+
 def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     pytester.syspathinsert(ROOT)
     return pytester.runpytest_subprocess(
@@ -103,3 +125,14 @@ def test_a_hung_async_test_is_stopped_with_its_stack_within_its_limit(
     assert "test_hangs.py:9 in test_hangs" in out, out
     assert "test_hangs.py:5 in wait_for_ever" in out, out
     assert "Timeout (>8.0s) from pytest-timeout" not in out, out  # not the outer bound
+
+
+def test_what_a_failed_test_left_to_collect_is_reported_on_it(pytester: pytest.Pytester) -> None:
+    """Objects of a failed test that warn when collected (a lease never released) are
+    collected at its teardown, so the warning is reported on it, not on the next test."""
+    pytester.makepyfile(test_garbage=GARBAGE)
+    result = run(pytester)
+    result.assert_outcomes(failed=1, passed=1, errors=1)
+    out = result.stdout.str()
+    assert "ERROR test_garbage.py::test_fails_leaving_garbage" in out, out
+    assert "an Unclosed was never closed" in out, out
