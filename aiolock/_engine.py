@@ -413,7 +413,8 @@ class Primitive(abc.ABC):
                             await self._confirm_granted(runtime, lease)
                         else:
                             try:
-                                await self._renew_granted(runtime, lease)
+                                short = grant.expiry_ms < self._config.ttl_ms
+                                await self._renew_granted(runtime, lease, short=short)
                             except asyncio.CancelledError:
                                 await lease._cleanup_after_loss()  # never reached its caller
                                 raise
@@ -805,8 +806,10 @@ class Primitive(abc.ABC):
             slot=grant.slot,
         )
 
-    async def _renew_granted(self, runtime: Runtime, lease: Lease) -> None:
-        """Renew a lease taken from a short grant to its full ttl, before its body runs.
+    async def _renew_granted(self, runtime: Runtime, lease: Lease, *, short: bool) -> None:
+        """Renew a lease taken from a `short` grant (shorter than the ttl: another process's
+        release) to its full ttl, before its body runs. A grant of the full ttl (this
+        process's own release) is left to the watchdog, however late it was heard of.
 
         The renewal is sent on the user's client now, in a task of its own; this waits
         until it has been written (never for its answer), so that an event-loop stall at
@@ -823,8 +826,8 @@ class Primitive(abc.ABC):
         config = self._config
         loop = runtime.loop
         entry = lease._entry
-        if entry is None or lease.deadline - loop.time() >= config.ttl - 2 * config.margin:
-            return  # granted for its full ttl already
+        if entry is None or not short:
+            return
         backend = runtime.backend
         written = loop.create_future()
         answered = loop.create_future()

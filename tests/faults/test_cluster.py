@@ -104,7 +104,7 @@ async def queued(client: RedisCluster, queue_key: str) -> None:
     async def in_queue() -> bool:
         return int(await client.zcard(queue_key)) >= 1
 
-    await eventually(in_queue, what="the waiter queued in Redis", timeout=5.0)
+    await eventually(in_queue, what="the waiter queued in Redis", timeout=scaled(10.0))
 
 
 async def hand_over(holder: Any, waiting: asyncio.Future[Any]) -> Any:
