@@ -476,3 +476,30 @@ async def test_elections_and_locks_do_not_share_keys(
 ) -> None:
     assert Election(client, name).key != Lock(client, name).key
     assert Election(client, name).key == f"aiolock:el:{{{name}}}"
+
+
+@pytest.mark.real_only
+async def test_a_watch_is_told_when_its_subscription_is_lost_and_made_again(
+    server: RedisServer, name: str
+) -> None:
+    """What an observer relies on after a lost connection: its watch is told when the
+    connection goes, and again once the channel is subscribed on the new one (a change
+    published in between is then read from the log)."""
+    client = make_client(server.url)
+    try:
+        notifier = runtime_for(client).notifier
+        watch = notifier.watch(f"{name}:changed")
+        try:
+            await notifier.watch_ready(watch)
+            assert watch.subscribed.is_set() and not await watch.wait(0)
+            assert await client.client_kill_filter(_type="pubsub") == 1
+            await eventually(lambda: not watch.subscribed.is_set(), what="the connection lost")
+            assert await watch.wait(0)  # told when it went
+            await within(watch.subscribed.wait(), what="subscribed again")
+            assert await watch.wait(0)  # told when it came back
+            await client.publish(f"{name}:changed", "x")
+            assert await within(watch.wait(None), what="a message")
+        finally:
+            notifier.unwatch(watch)
+    finally:
+        await client.aclose()
