@@ -36,7 +36,7 @@ from ._election_scripts import (
     LOG_SUFFIX,
     stored_value,
 )
-from ._engine import Call, Primitive
+from ._engine import MIN_ATTEMPT_TIMEOUT, Call, Primitive
 from ._info import HOST, PID, text
 from ._layout import RETAIN_DEFAULT, LockKeys
 from ._leader import Change, Leader, next_id, parse_change
@@ -446,11 +446,13 @@ class Election:
         """Write the leader's record for the term under `lease`: its `Term`, or None if the
         term ended meanwhile (the lease is then released)."""
         try:
+            # Bounded as an acquire attempt is: a term taken from a grant counts on a short
+            # validity until its first renewal is answered (see `_renew_granted`).
             reply = await runtime_for(self._client).backend.run(
                 EL_ANNOUNCE,
                 self._record_keys,
                 [lease.token, self._identity, stored],
-                timeout=max(lease.remaining(), 0.001),
+                timeout=max(lease.remaining(), MIN_ATTEMPT_TIMEOUT),
                 operation="announce",
                 name=self._name,
             )

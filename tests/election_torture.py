@@ -32,9 +32,9 @@ Checked (the run fails on any):
 - takeover after a leader was killed or paused: the next term is won within ttl + 0.2 s of
   the kill or the SIGSTOP (`TortureConfig.kill_bound`);
 - takeover after a resignation: within `TortureConfig.resign_bound` (50 ms) at the p99,
-  unless a candidate was killed or paused shortly before (its entry in the queue may still
-  be first in line: the term is granted to it, and the grant lapses after 1 s); those are
-  timed apart, and reported;
+  unless the candidate first in line was killed or paused (a killed one's entry stays in
+  the queue until the leader's key would expire, plus 2 s): the term is granted to it, and
+  the grant lapses after 1 s; those are timed apart, and reported;
 - the observer saw every term won, in increasing order, and nothing after a term's end but
   None or a later term.
 
@@ -66,7 +66,6 @@ from typing import Any
 import redis.asyncio
 
 from aiolock import Election, Leader, LeaseLostError
-from aiolock._layout import GRACE_MS, RESERVATION_MS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,6 +90,22 @@ redis.call('RPUSH', KEYS[2], ARGV[1] .. ' ' .. accepted .. ' ' .. late .. ' ' ..
 return {accepted, late}
 """
 
+NEXT_IN_LINE = """
+-- KEYS[1] the election's wait queue (zset), KEYS[2] its entries (hash)
+-- Returns the pid of the first process whose entry is live (the one a release grants the
+-- term to), or 0: "<until ms> <count> <host> <pid> ..." (see aiolock's `_layout`).
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for _, wid in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local entry = redis.call('HGET', KEYS[2], wid) or ''
+  local until_ms, pid = string.match(entry, '^(%d+) %d+ %S+ (%d+)')
+  if until_ms and tonumber(until_ms) >= now then
+    return tonumber(pid)
+  end
+end
+return 0
+"""
+
 WRITE_EVERY = 0.02
 HOLD = (0.2, 1.5)
 
@@ -101,6 +116,7 @@ async def _candidate(args: argparse.Namespace, out: Any) -> None:
     pid = os.getpid()
     election = Election(client, args.name, ttl=args.ttl, identity=f"c{args.index}:{pid}")
     write = client.register_script(FENCED_WRITE)
+    next_in_line = client.register_script(NEXT_IN_LINE)
     keys = [f"{args.name}:highest", f"{args.name}:fenced", election.key]
     rng = random.Random(f"{args.seed}:{args.index}:{pid}")
     loop = asyncio.get_running_loop()
@@ -125,7 +141,8 @@ async def _candidate(args: argparse.Namespace, out: Any) -> None:
                     if loop.time() >= until:
                         break
                     await asyncio.sleep(WRITE_EVERY)
-                record("resign", number)
+                head = await next_in_line(keys=[election.key + ":queue", election.key + ":waiters"])
+                record("resign", number, next=int(head))
                 await term.resign()
         except LeaseLostError as exc:
             record("lost", number, reason=str(exc.reason))
@@ -457,12 +474,18 @@ def check(
                 counts["paused leaders that found their term lost on resuming"] += 1
             else:
                 violations.append(f"the paused leader of term {term}: no loss after resuming")
-    # A candidate killed or paused may still be first in line for a while after its fault
-    # (its queue entry lives until the holder's key would expire, plus GRACE_MS): a release
-    # grants the term to it, and the grant lapses after RESERVATION_MS. Such takeovers are
-    # timed apart.
-    lingering = config.ttl + (GRACE_MS + RESERVATION_MS) / 1000
-    takeovers["resign, a faulty candidate possibly in line"] = []
+
+    # A candidate killed or paused may be first in line when a leader resigns (a killed
+    # one's entry lives until the holder's key would expire, plus GRACE_MS): the term is
+    # granted to it, and the grant lapses after RESERVATION_MS. Such takeovers (the leader
+    # logs who was first in line as it resigns) are timed apart.
+    def faulty(pid: int, at: float) -> bool:
+        return any(
+            f.pid == pid and f.start <= at and (f.kind.startswith("kill") or at <= f.end)
+            for f in faults
+        )
+
+    takeovers["resign to a killed or paused candidate"] = []
     for event in events:
         if event["ev"] != "resign":
             continue
@@ -470,8 +493,8 @@ def check(
         if taken is None:
             continue
         delay = taken["t"] - event["t"]
-        if any(f.start < taken["t"] and f.end + lingering > event["t"] for f in faults):
-            takeovers["resign, a faulty candidate possibly in line"].append(delay)
+        if faulty(event.get("next", 0), event["t"]):
+            takeovers["resign to a killed or paused candidate"].append(delay)
         else:
             takeovers["resign"].append(delay)
     report.takeovers = takeovers
