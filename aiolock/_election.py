@@ -411,9 +411,9 @@ class Election:
 
         Each term is announced before it is yielded: `leader()` and the observers name
         this candidate (with `value`, if given) from then on. A term still held when the
-        loop asks for the next one (never entered, say) is resigned first. Leaving the
-        loop while waiting leaves nothing queued (the generator's closing withdraws it:
-        close it at once with `contextlib.aclosing` rather than at its collection).
+        loop asks for the next one (never entered, say) is resigned first; a term held
+        when the loop is left stays the caller's (`async with term` resigns it). Leaving
+        the loop while waiting leaves nothing queued.
 
         Args:
             value: what the leader proclaims with each term won (see `Term.proclaim`).
@@ -435,12 +435,10 @@ class Election:
             term = await self._announce(lease, stored, waited=loop.time() - started)
             if term is None:
                 continue  # lost before it was announced: campaign again
-            try:
-                yield term
-            finally:
-                if not (lease.released or lease.lost):
-                    with contextlib.suppress(AiolockError, TimeoutError):
-                        await lease.release()
+            yield term
+            if not (lease.released or lease.lost):  # the caller did not end it
+                with contextlib.suppress(AiolockError, TimeoutError):
+                    await lease.release()
 
     async def _announce(self, lease: Lease, stored: str, *, waited: float) -> Term | None:
         """Write the leader's record for the term under `lease`: its `Term`, or None if the

@@ -45,10 +45,8 @@ async def test_ls_show_and_watch_name_the_leader_its_term_and_the_candidates(
     term: Term = await within(
         asyncio.create_task(anext(terms), name="scheduling"), what="the first term"
     )
-    waiting = [
-        asyncio.create_task(anext(Election(clients[i], name, ttl=20, identity=f"c{i}").campaign()))
-        for i in (1, 2)
-    ]
+    campaigns = [Election(clients[i], name, ttl=20, identity=f"c{i}").campaign() for i in (1, 2)]
+    waiting = [asyncio.create_task(anext(campaign)) for campaign in campaigns]
     lock = await Lock(clients[0], f"{tag}:other", ttl=10).acquire()
 
     async def rows() -> list[dict[str, Any]]:
@@ -115,8 +113,10 @@ async def test_ls_show_and_watch_name_the_leader_its_term_and_the_candidates(
     finally:
         await lock.release()
         await terms.aclose()
-        for task in waiting:
+        await term.resign()
+        for task, campaign in zip(waiting, campaigns, strict=True):
             won = await within(task, what="a candidate's term")
+            await campaign.aclose()
             await won.resign()
     shown = await arun("--url", server_url, "show", name, "--kind", "election", "--json")
     assert shown.json()["election"]["leader"] is None

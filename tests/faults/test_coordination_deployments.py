@@ -60,8 +60,10 @@ async def hand_over_and_observe(
     terms = first.campaign(value="first")
     try:
         term = await within(anext(terms), what="the first term")
+        await terms.aclose()
         assert await first.leader() == await second.leader() != None
-        waiting = asyncio.create_task(anext(second.campaign()))
+        second_terms = second.campaign()
+        waiting = asyncio.create_task(anext(second_terms))
         await eventually(lambda: len(seen) >= 2, what="the first leader observed")
 
         async def queued() -> bool:
@@ -82,6 +84,7 @@ async def hand_over_and_observe(
             (second.identity, taken.fencing_token),
         ]
         await taken.resign()
+        await second_terms.aclose()
     finally:
         await terms.aclose()
         observer.cancel()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import AsyncGenerator
 from typing import Self
 
 import pytest
@@ -74,12 +73,10 @@ class Observer:
         await eventually(lambda: len(self.seen) >= count, what=f"{what} ({self.seen})")
 
 
-async def first_term(
-    election: Election, **kwargs: str | None
-) -> tuple[Term, AsyncGenerator[Term, None]]:
-    """The first term `election` wins, and its campaign (to close)."""
-    terms = election.campaign(**kwargs)
-    return await within(anext(terms), what=f"{election.identity} to win a term"), terms
+async def first_term(election: Election, **kwargs: str | None) -> Term:
+    """The first term `election` wins (the caller's to resign; its campaign is closed)."""
+    async with contextlib.aclosing(election.campaign(**kwargs)) as terms:
+        return await within(anext(terms), what=f"{election.identity} to win a term")
 
 
 async def candidates_queued(client: redis.asyncio.Redis, election: Election, count: int) -> None:
@@ -146,26 +143,47 @@ async def test_a_term_left_unused_is_resigned_before_the_next_campaign(
     assert await election.leader() is None
 
 
-async def test_leaving_the_loop_resigns_the_term(client: redis.asyncio.Redis, name: str) -> None:
+async def test_leaving_the_loop_leaves_the_term_to_the_caller(
+    client: redis.asyncio.Redis, name: str
+) -> None:
     election = Election(client, name, ttl=10)
     terms = election.campaign()
     term = await anext(terms)
     await terms.aclose()
-    assert term.lease.released
+    assert term.held
+    assert described(await election.leader()) == (election.identity, None)
+    async with term:
+        pass
     assert await election.leader() is None
+
+
+async def test_leaving_the_loop_while_waiting_leaves_nothing_queued(
+    clients: list[redis.asyncio.Redis], name: str
+) -> None:
+    leader = await first_term(Election(clients[0], name, ttl=10))
+    candidate = Election(clients[1], name, ttl=10)
+    terms = candidate.campaign()
+    waiting = asyncio.create_task(anext(terms))
+    await candidates_queued(clients[0], candidate, 1)
+    waiting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiting
+    await terms.aclose()
+    assert await clients[0].zcard(candidate.key + ":queue") == 0
+    await leader.resign()
 
 
 async def test_a_task_holding_a_term_cannot_campaign_again(
     client: redis.asyncio.Redis, name: str
 ) -> None:
     election = Election(client, name, ttl=10)
-    term, terms = await first_term(election)
+    term = await first_term(election)
     try:
         async with term:
             with pytest.raises(RuntimeError, match="already held by this task"):
                 await anext(election.campaign())
     finally:
-        await terms.aclose()
+        await term.resign()
 
 
 # --------------------------------------------------------------------------- candidates
@@ -173,7 +191,7 @@ async def test_candidates_are_served_in_order_and_a_resign_hands_over_at_once(
     clients: list[redis.asyncio.Redis], name: str
 ) -> None:
     elections = [Election(c, name, ttl=10, identity=f"c{i}") for i, c in enumerate(clients)]
-    leader, leader_terms = await first_term(elections[0])
+    leader = await first_term(elections[0])
     order: list[str] = []
     numbers = [leader.fencing_token]
 
@@ -191,7 +209,6 @@ async def test_candidates_are_served_in_order_and_a_resign_hands_over_at_once(
         tasks.append(asyncio.create_task(candidate(elections[i])))
         await candidates_queued(clients[0], elections[0], len(tasks))
     await leader.resign()
-    await leader_terms.aclose()
     await within(asyncio.gather(*tasks), what="every candidate to lead in turn")
     assert order == ["c3", "c1", "c2"]
     assert numbers == sorted(numbers) and len(set(numbers)) == 4
@@ -207,10 +224,10 @@ async def test_a_resign_hands_the_term_over_with_one_notification(
     a, b = make_client(server_url), make_client(server_url, log)
     try:
         second = Election(b, name, ttl=10, identity="b")
-        warm, warm_terms = await first_term(second)  # b's scripts loaded
+        warm = await first_term(second)  # b's scripts loaded
         await warm.lease.extend()
-        await warm_terms.aclose()
-        first, first_terms = await first_term(Election(a, name, ttl=10, identity="a"))
+        await warm.resign()
+        first = await first_term(Election(a, name, ttl=10, identity="a"))
         second_terms = second.campaign()
         waiting = asyncio.create_task(anext(second_terms))
         await candidates_queued(a, second, 1)
@@ -220,7 +237,7 @@ async def test_a_resign_hands_the_term_over_with_one_notification(
         assert log.since(mark) == Counter({"EVALSHA renew": 1, "EVALSHA el_announce": 1})
         assert taken.fencing_token > first.fencing_token
         await second_terms.aclose()
-        await first_terms.aclose()
+        await taken.resign()
     finally:
         await a.aclose()
         await b.aclose()
@@ -229,7 +246,8 @@ async def test_a_resign_hands_the_term_over_with_one_notification(
 # --------------------------------------------------------------------------- loss
 async def test_a_lost_term_cancels_the_leaders_work(client: redis.asyncio.Redis, name: str) -> None:
     election = Election(client, name, ttl=scaled(1.0))
-    term, terms = await first_term(election)
+    terms = election.campaign()
+    term = await within(anext(terms), what="a term")
     with (
         recorded(EventKind.TERM_LOST, where=lambda event: event.name == name) as lost,
         pytest.raises(LeaseLostError) as caught,
@@ -245,18 +263,18 @@ async def test_a_lost_term_cancels_the_leaders_work(client: redis.asyncio.Redis,
     again = await within(anext(terms), what="the next term")
     assert again.fencing_token > term.fencing_token
     await terms.aclose()
+    await again.resign()
 
 
 async def test_proclaiming_after_the_term_ended_in_redis_is_refused(
     client: redis.asyncio.Redis, name: str
 ) -> None:
     election = Election(client, name, ttl=10)
-    term, terms = await first_term(election)
+    term = await first_term(election)
     await client.delete(election.key)
     with pytest.raises(LeaseLostError):
         await term.proclaim("mine")
     assert term.lost
-    await terms.aclose()
     assert await election.leader() is None
 
 
@@ -264,7 +282,7 @@ async def test_a_late_copy_of_a_proclamation_changes_nothing(
     client: redis.asyncio.Redis, name: str
 ) -> None:
     election = Election(client, name, ttl=10)
-    term, terms = await first_term(election, value="v0")
+    term = await first_term(election, value="v0")
     await term.proclaim("v1")
     await term.proclaim("v2")
     keys = [election.key, election.key + ":log"]
@@ -277,7 +295,7 @@ async def test_a_late_copy_of_a_proclamation_changes_nothing(
         assert int(reply[0]) == 1
     assert described(await election.leader()) == (election.identity, "v2")
     assert await client.xlen(election.key + ":log") == 3  # won, v1, v2
-    await terms.aclose()
+    await term.resign()
 
 
 # --------------------------------------------------------------------------- observers
@@ -288,15 +306,14 @@ async def test_observers_see_every_change_in_order(
     a = Election(clients[1], name, ttl=10, identity="a")
     b = Election(clients[2], name, ttl=10, identity="b")
     async with Observer(watcher) as observer:
-        term_a, terms_a = await first_term(a, value="a0")
+        term_a = await first_term(a, value="a0")
         await term_a.proclaim("a1")
-        waiting = asyncio.create_task(anext(b.campaign(value="b0")))
+        waiting = asyncio.create_task(first_term(b, value="b0"))
         await candidates_queued(clients[0], b, 1)
         await term_a.resign()
         term_b = await within(waiting, what="b to take over")
         await term_b.resign()
         await observer.saw(6, "six changes")
-        await terms_a.aclose()
     assert observer.described == [None, ("a", "a0"), ("a", "a1"), None, ("b", "b0"), None]
     terms = [leader.term for leader in observer.seen if leader is not None]
     assert terms == [term_a.fencing_token] * 2 + [term_b.fencing_token]
@@ -309,12 +326,13 @@ async def test_an_observer_sees_a_dead_leaders_term_end_without_a_message(
     term would have expired, and sees that nobody leads."""
     election = Election(clients[1], name, ttl=scaled(0.5), identity="dies")
     async with Observer(Election(clients[0], name, identity="watcher")) as observer:
-        _, terms = await first_term(election)
+        term = await first_term(election)
         await observer.saw(2, "the leader")
         await clients[1].pexpire(election.key, 1)  # as if its process had died
         await observer.saw(3, "the end of its term")
         assert observer.described == [None, ("dies", None), None]
-        await terms.aclose()
+        with pytest.raises(LeaseLostError):
+            await term.resign()
 
 
 @pytest.mark.real_only
@@ -329,15 +347,14 @@ async def test_an_observer_misses_no_change_while_its_connection_is_down(
             notifier = runtime_for(a).notifier
             assert await b.client_kill_filter(_type="pubsub") >= 1
             # Changes come while it reconnects (its backoff starts at 50 ms)...
-            term_b, terms_b = await first_term(Election(b, name, identity="b"), value="b0")
+            term_b = await first_term(Election(b, name, identity="b"), value="b0")
             await term_b.proclaim("b1")
             await term_b.resign()
-            _, terms_c = await first_term(Election(c, name, identity="c"))
+            term_c = await first_term(Election(c, name, identity="c"))
             await observer.saw(5, "every change, once subscribed again")
             assert observer.described == [None, ("b", "b0"), ("b", "b1"), None, ("c", None)]
             assert notifier.running
-            await terms_b.aclose()
-            await terms_c.aclose()
+            await term_c.resign()
     finally:
         for client in (a, b, c):
             await client.aclose()
@@ -351,7 +368,7 @@ async def test_an_observer_further_behind_than_the_log_sees_the_leader_now(
     election = Election(client, name, ttl=10)
     changes = election.observe()
     assert await anext(changes) is None
-    term, terms = await first_term(election, value="0")
+    term = await first_term(election, value="0")
     for i in range(1, LOG_KEPT + 10):
         await term.proclaim(str(i))
     now = await within(anext(changes), what="the leader now")
@@ -360,7 +377,7 @@ async def test_an_observer_further_behind_than_the_log_sees_the_leader_now(
     later = await within(anext(changes), what="the next change")
     assert described(later) == (election.identity, "last")
     await changes.aclose()
-    await terms.aclose()
+    await term.resign()
 
 
 # --------------------------------------------------------------------------- callbacks
@@ -438,20 +455,20 @@ async def test_what_a_term_costs(server: RedisServer, name: str) -> None:
     client = make_client(server.url)
     try:
         warm = Election(client, f"{name}:warm-up")
-        term, terms = await first_term(warm)
+        term = await first_term(warm)
         await term.proclaim("x")
-        await terms.aclose()
+        await term.resign()
         await warm.leader()
         election = Election(client, name, ttl=30)
         spent = []
         for step in ("win", "proclaim", "resign", "read"):
             before = commandstats(await client.info("commandstats"))
             if step == "win":
-                term, terms = await first_term(election)
+                term = await first_term(election)
             elif step == "proclaim":
                 await term.proclaim("v")
             elif step == "resign":
-                await terms.aclose()
+                await term.resign()
             else:
                 await election.leader()
             after = commandstats(await client.info("commandstats"))
