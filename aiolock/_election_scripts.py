@@ -32,6 +32,7 @@ from typing import Final
 from ._scripts import CONSTANTS, RELEASE, Script
 
 __all__ = (
+    "ACL_EXTRA",
     "CHANGED_SUFFIX",
     "EL_ANNOUNCE",
     "EL_PROCLAIM",
@@ -54,6 +55,9 @@ LOG_KEPT: Final = 100
 """Changes the log keeps: a reader further behind misses the oldest of them."""
 LOG_RETAIN_MS: Final = 86_400_000
 """How long the log lives after its last change (ms)."""
+ACL_EXTRA: Final = ("xadd", "xrange", "xrevrange")
+"""What an election's scripts call beyond a lock's (the change log): a least-privilege ACL
+user of aiolock needs them too to use elections."""
 
 
 def stored_value(value: str | None) -> str:
