@@ -29,6 +29,10 @@ A release from this same process wakes the local head directly, before the notif
 comes back from Redis; the notification that follows is recognised by its fencing token
 and ignored, so one release wakes one waiter.
 
+Watched channels (`Watch`, an election's observers) ride on the same connection: each
+message tells the watch, and so does every loss of the connection and every subscription
+made again on the next one, after which the reader reads the state it watches anew.
+
 Direct grants: each queue entry in Redis carries a fresh token registered by this process
 (a `Registration`). A release grants the lock to the first live entry's token, so the head
 of that process's queue holds the lock as soon as it hears of the grant, with no acquire
