@@ -22,7 +22,7 @@ async def test_a_paused_leader_is_fenced_off_and_killed_or_paused_leaders_are_re
         ttl=1.0,
         fault_every=(0.5, 1.0),
         kinds=("pause-leader", "kill-leader"),
-        kill_bound=scaled(0.2),
+        kill_bound=min(scaled(0.2), 0.4),  # a loaded machine's scheduling, within reason
         resign_bound=scaled(0.05),
     )
     report = await run(config)

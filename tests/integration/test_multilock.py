@@ -81,6 +81,24 @@ async def test_acquire_and_release_outside_a_block(client: redis.asyncio.Redis, 
     await nothing_left(client, names, "after release()")
 
 
+async def test_wait_lost_returns_when_a_name_is_lost_or_all_are_released(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    names = named(name, "x", "y")
+    held = await MultiLock(client, names, ttl=scaled(1.0)).acquire()
+    waiting = asyncio.create_task(held.wait_lost())
+    await client.delete(LockKeys.build("aiolock", names[1]).lock)
+    lost = await within(waiting, what="wait_lost() told of the loss")
+    assert isinstance(lost, LeaseLostError) and lost.name == names[1]
+    with pytest.raises(LeaseLostError):
+        await held.release()
+    held = await MultiLock(client, names, ttl=10).acquire()
+    waiting = asyncio.create_task(held.wait_lost())
+    await asyncio.sleep(0)
+    await held.release()
+    assert await within(waiting, what="wait_lost() told of the release") is None
+
+
 async def nothing_left_but(client: redis.asyncio.Redis, names: list[str]) -> None:
     """The names are held, and a try that failed left nobody queued."""
     for lock_name in names:
