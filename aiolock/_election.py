@@ -207,7 +207,7 @@ class Term:
         lease = self.lease
         if lease.released:
             raise RuntimeError(f"cannot proclaim: the term of election {self.name!r} was resigned")
-        if not lease.held:
+        if lease.lost or not lease.held:  # (reading `lost` declares a passed deadline)
             raise lease.loss_error()
         self._proclaims += 1
         election = self._election
@@ -582,7 +582,8 @@ class Election:
         Raises:
             TypeError: a callback that is not callable (nothing is sent).
             ConfigError: `value` out of range.
-            Whatever a callback raises.
+            Whatever a callback raises (in an `ExceptionGroup` when `on_new_leader`
+            raised it: it runs in a task of the run's own).
 
         Cancellation:
             Ends the run: the term held is resigned, nothing stays queued.

@@ -74,6 +74,17 @@ def start_candidate(url: str, run: str) -> None:
     asyncio.run(candidate(url, run))
 
 
+async def ticked(db: redis.asyncio.Redis, run: str, term: int, count: int) -> None:
+    """Wait until the leader of `term` has ticked `count` times (checked every 50 ms, 30 s
+    at most)."""
+    for _ in range(600):
+        ticks = await db.lrange(f"{run}:ticks", 0, -1)
+        if sum(tick.split()[0] == str(term) for tick in ticks) >= count:
+            return
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"the leader of term {term} did not tick {count} times in 30 s")
+
+
 def pid_of(leader: Leader) -> int:
     return int(leader.identity.rpartition(":")[2])
 
@@ -101,7 +112,7 @@ async def main() -> None:
                     takeovers.append(time.monotonic() - stopped_at)
                 leaders.append(leader)
                 print(f"leader: {leader.identity}, term {leader.term}")
-                await asyncio.sleep(0.5)  # it runs the scheduler for a while
+                await ticked(db, run, leader.term, 5)  # it runs the scheduler for a while
                 stopped_at = time.monotonic()
                 if action == "kill":
                     print(f"  killing {leader.identity} (SIGKILL): nobody resigns")
