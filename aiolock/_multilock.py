@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType, TracebackType
 from typing import Any, Final, final
@@ -62,6 +64,12 @@ async def _gathered(leases: Sequence[Lease]) -> list[BaseException | None]:
     return list(await asyncio.gather(*(_release_quietly(lease) for lease in leases)))
 
 
+def _lease_ended(ref: weakref.ref[MultiLease], lease: Lease) -> None:
+    held = ref()
+    if held is not None:
+        held._lease_ended(lease)
+
+
 @final
 class MultiLease:
     """Several locks' leases held as one: from `MultiLock.acquire()` or `async with
@@ -78,7 +86,16 @@ class MultiLease:
     Added in 0.3.
     """
 
-    __slots__ = ("_ended", "_first_loss", "_locks", "_scope", "_task", "leases", "names")
+    __slots__ = (
+        "__weakref__",
+        "_ended",
+        "_first_loss",
+        "_locks",
+        "_scope",
+        "_task",
+        "leases",
+        "names",
+    )
 
     def __init__(self, locks: Sequence[Lock], leases: Sequence[Lease]) -> None:
         self._locks = tuple(locks)
@@ -90,8 +107,9 @@ class MultiLease:
         self._task: asyncio.Task[Any] | None = None
         self._first_loss: Lease | None = None
         self._ended: asyncio.Event | None = None
+        ref = weakref.ref(self)  # a lease must not keep its MultiLease (nor so itself) alive
         for lease in leases:
-            lease._when_ended(self._lease_ended)
+            lease._when_ended(functools.partial(_lease_ended, ref))
 
     def _lease_ended(self, lease: Lease) -> None:
         if lease.lost and self._first_loss is None:
