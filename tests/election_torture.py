@@ -13,9 +13,9 @@ fenced log is a Lua script on the same server: it accepts a write only with a te
 the highest it has accepted, and notes whether the write was late: whether the writer's
 term had ended by then in Redis (the election's key no longer holds it: resigned, expired
 or taken over). Every candidate logs, on `time.monotonic()` (one clock for every process of
-the machine): each term won (once announced), each write and its outcome, each resignation
-(just before `resign()`), each loss. An observer in this process records what
-`Election.observe()` yields.
+the machine): each term won (once announced), each write as it is sent and its outcome
+(which a loss may cut short), each resignation (just before `resign()`), each loss. An
+observer in this process records what `Election.observe()` yields.
 
 The nemesis injects one fault at a time, every 1 to 2 s: SIGKILL of the leader (restarted
 0.3 s later), SIGSTOP of the leader for ttl + 0.5 to ttl + 1.5 s (then SIGCONT), or the same
@@ -137,6 +137,7 @@ async def _candidate(args: argparse.Namespace, out: Any) -> None:
                 seq = 0
                 while True:
                     seq += 1
+                    record("try", number, seq=seq)  # (its outcome may never come: a loss)
                     accepted, late = await write(keys=keys, args=[number, f"c{args.index}", seq])
                     record("write", number, seq=seq, accepted=int(accepted), late=int(late))
                     if seq >= last:
@@ -468,8 +469,8 @@ def check(
                 for e in events
                 if e["pid"] == fault.pid and e["term"] == term and e["t"] >= fault.end
             ]
-            writes = [e for e in after if e["ev"] == "write"]
-            counts["writes of paused leaders after resuming"] += len(writes)
+            writes = [e for e in after if e["ev"] == "try"]
+            counts["writes attempted by paused leaders after resuming"] += len(writes)
             if not any(e["ev"] == "lost" for e in after):
                 violations.append(f"the paused leader of term {term}: no loss after resuming")
             elif len(writes) > 1:
