@@ -219,9 +219,10 @@ class Report:
         for kind in sorted(self.takeovers):
             f = self.figures(kind)
             if f["count"]:
+                slowest = ", ".join(_ms(v) for v in sorted(self.takeovers[kind])[-3:][::-1])
                 lines.append(
                     f"  takeover after {kind}: n={f['count']}, p50 {_ms(f['p50'])}, "
-                    f"p99 {_ms(f['p99'])}, max {_ms(f['max'])}"
+                    f"p99 {_ms(f['p99'])}, max {_ms(f['max'])} (slowest: {slowest})"
                 )
         lines += [f"  VIOLATION: {violation}" for violation in self.violations]
         return "\n".join(lines)
