@@ -12,6 +12,8 @@ Public names are exported from here only; the modules behind them are private.
 
 from __future__ import annotations
 
+from ._election import Election as Election
+from ._election import Term as Term
 from ._engine import Busy as Busy
 from ._events import EventKind as EventKind
 from ._events import LockEvent as LockEvent
@@ -19,9 +21,12 @@ from ._events import add_listener as add_listener
 from ._info import LockInfo as LockInfo
 from ._inspect import HoldStats as HoldStats
 from ._inspect import hold_stats as hold_stats
+from ._leader import Leader as Leader
 from ._lease import Lease as Lease
 from ._lock import Lock as Lock
 from ._locked import locked as locked
+from ._multilock import MultiLease as MultiLease
+from ._multilock import MultiLock as MultiLock
 from ._once import DoneMarker as DoneMarker
 from ._once import OnceResult as OnceResult
 from ._once import OnceStatus as OnceStatus
@@ -52,8 +57,10 @@ __all__ = (
     "Busy",
     "ConfigError",
     "DoneMarker",
+    "Election",
     "EventKind",
     "HoldStats",
+    "Leader",
     "Lease",
     "LeaseLostError",
     "Lock",
@@ -61,6 +68,8 @@ __all__ = (
     "LockEvent",
     "LockInfo",
     "LossReason",
+    "MultiLease",
+    "MultiLock",
     "OnceResult",
     "OnceStatus",
     "ReadLock",
@@ -70,6 +79,7 @@ __all__ = (
     "ReplicationError",
     "Semaphore",
     "SemaphoreInfo",
+    "Term",
     "WriteLock",
     "__version__",
     "add_listener",

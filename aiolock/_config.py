@@ -10,22 +10,29 @@ from __future__ import annotations
 import functools
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ._layout import ABORT_RETAIN_MS, RETAIN_CAP, RETAIN_DEFAULT, RETAIN_MIN
 from .errors import ConfigError
 
 __all__ = (
+    "MAX_IDENTITY_LENGTH",
+    "MAX_NAMES",
     "MAX_NAME_LENGTH",
     "MAX_SECONDS",
+    "MAX_VALUE_LENGTH",
     "MIN_TTL",
     "LockConfig",
+    "check_identity",
     "check_limit",
     "check_name",
+    "check_names",
     "check_prefix",
     "check_replicas",
     "check_timeout",
     "check_token",
+    "check_value",
     "replica_wait_ms",
     "safety_margin",
 )
@@ -38,6 +45,15 @@ MAX_SECONDS = 365 * 86400.0
 
 MAX_NAME_LENGTH = 1000
 """Longest accepted lock name, in characters."""
+
+MAX_NAMES = 1000
+"""Most names a `MultiLock` takes."""
+
+MAX_IDENTITY_LENGTH = 1000
+"""Longest accepted identity of an election's candidate, in characters."""
+
+MAX_VALUE_LENGTH = 65536
+"""Longest accepted value an election's leader proclaims, in characters."""
 
 SERVE_LAYOUT1_WAITERS = os.environ.get("AIOLOCK_SERVE_LAYOUT1_WAITERS", "") not in ("", "0")
 """Set (`AIOLOCK_SERVE_LAYOUT1_WAITERS=1`) while processes of an older version, which write
@@ -188,6 +204,55 @@ def check_name(name: object) -> str:
             value=name,
         ) from None
     return name
+
+
+def check_names(names: object) -> tuple[str, ...]:
+    """A `MultiLock`'s names: a collection (not a single `str`) of 1 to MAX_NAMES lock names,
+    each as `check_name`; duplicates merged, sorted (the order every holder takes them in)."""
+    if isinstance(names, str | bytes | bytearray) or not isinstance(names, Iterable):
+        raise TypeError(
+            "names must be a collection of lock names (a list, a set...), got "
+            f"{type(names).__name__}"
+            + (": wrap a single name in a list" if isinstance(names, str) else "")
+        )
+    unique = {check_name(name) for name in names}
+    if not 1 <= len(unique) <= MAX_NAMES:
+        raise ConfigError(
+            f"names must hold 1 to {MAX_NAMES} distinct names, got {len(unique)}",
+            argument="names",
+            value=names,
+        )
+    return tuple(sorted(unique))
+
+
+def _check_text(argument: str, value: object, maximum: int, *, empty: bool) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{argument} must be a str, got {type(value).__name__}")
+    if not (0 if empty else 1) <= len(value) <= maximum:
+        raise ConfigError(
+            f"{argument} must be {0 if empty else 1} to {maximum} characters, got {len(value)}",
+            argument=argument,
+            value=value,
+        )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(
+            f"{argument} must be encodable as UTF-8 (it contains a lone surrogate)",
+            argument=argument,
+            value=value,
+        ) from None
+    return value
+
+
+def check_identity(identity: object) -> str:
+    """An election candidate's identity: 1 to MAX_IDENTITY_LENGTH characters of text."""
+    return _check_text("identity", identity, MAX_IDENTITY_LENGTH, empty=False)
+
+
+def check_value(value: object) -> str | None:
+    """A value a leader proclaims: None, or 0 to MAX_VALUE_LENGTH characters of text."""
+    return None if value is None else _check_text("value", value, MAX_VALUE_LENGTH, empty=True)
 
 
 def check_prefix(prefix: object) -> str:

@@ -7,7 +7,8 @@ Everything here reads (SCAN, one MULTI/EXEC snapshot per batch of names), except
 token. The hold-time maths are pure functions of the recorded durations, tested as units.
 
 Every primitive keeps the same set of keys, named with an infix of its own (`KINDS`: ""
-for a lock, "sem:" for a semaphore, "rw:" for a read-write lock); what differs is how its
+for a lock, "sem:" for a semaphore, "rw:" for a read-write lock, "el:" for an election,
+whose term is a lock's lease and whose leader's record lives beside it); what differs is how its
 state hash names its holders, and a read-write lock's second wait queue (its readers'). A
 new primitive is read back by adding a `Kind` (its label, its infix, and how to find its
 holders in the state) to `KINDS` and its label to `LockState.kind`.
@@ -37,11 +38,13 @@ from ._backend import AsyncClient, AsyncRedis, check_client, is_cluster, transla
 from ._config import check_prefix
 from ._info import LockInfo, text
 from ._layout import HOLD_FIXED, LockKeys
+from ._leader import Leader
 from ._runtime import runtime_for
 from ._scripts import RELEASE, release_args
 from .errors import ConfigError
 
 __all__ = (
+    "ELECTION",
     "KINDS",
     "LOCK",
     "READER_QUEUE",
@@ -234,7 +237,7 @@ class Reservation:
     expires_in: float
 
 
-KindLabel: TypeAlias = Literal["lock", "semaphore", "rwlock"]
+KindLabel: TypeAlias = Literal["lock", "semaphore", "rwlock", "election"]
 """What the command line calls each kind of primitive (`Kind.label`)."""
 
 
@@ -252,6 +255,8 @@ class Holders:
     """A read-write lock's readers, by fencing token (the order they came in)."""
     reserved_slots: Mapping[int, str] = field(default_factory=dict)
     """Slots kept for a queued process (a release handed them over): slot -> queue id."""
+    leader: Leader | None = None
+    """An election's leader, as its record names it (None: nobody leads, or another kind)."""
 
 
 @final
@@ -310,19 +315,27 @@ def _rw_holders(name: str, fields: Mapping[str, str], pttl: int, now_ms: int) ->
     )
 
 
+def _election_holders(name: str, fields: Mapping[str, str], pttl: int, now_ms: int) -> Holders:
+    # Its term is a lock's lease; the leader's record lives beside it (see `_election_scripts`).
+    term = _lock_holders(name, fields, pttl, now_ms)
+    leader = Leader.from_fields(name, fields) if pttl != -2 else None
+    return replace(term, leader=leader)
+
+
 READER_QUEUE: Final = (":rqueue", ":rwaiters")
 """Suffixes of a read-write lock's readers' wait queue (zset, hash) after its state key."""
 
 LOCK: Final = Kind(label="lock", infix="", shared=False, holders=_lock_holders)
 SEMAPHORE: Final = Kind(label="semaphore", infix="sem:", shared=True, holders=_permit_holders)
 RWLOCK: Final = Kind(label="rwlock", infix="rw:", shared=True, holders=_rw_holders, sides=True)
-KINDS: Final[tuple[Kind, ...]] = (LOCK, SEMAPHORE, RWLOCK)
+ELECTION: Final = Kind(label="election", infix="el:", shared=False, holders=_election_holders)
+KINDS: Final[tuple[Kind, ...]] = (LOCK, SEMAPHORE, RWLOCK, ELECTION)
 """Every kind of primitive the command line shows, in the order it lists them."""
 
 
 def kind_named(name: str) -> Kind:
     """The kind whose label or key infix is `name` ("lock" or "", "semaphore" or "sem:",
-    "rwlock" or "rw:")."""
+    "rwlock" or "rw:", "election" or "el:")."""
     for kind in KINDS:
         if name in (kind.label, kind.infix):
             return kind
@@ -363,6 +376,9 @@ class LockState:
     """The wait queue, in order (a read-write lock's writers')."""
     reader_queue: tuple[QueueEntry, ...] = ()
     """A read-write lock's readers' wait queue, in order (empty for the other kinds)."""
+    leader: Leader | None = None
+    """An election's leader (its term is `holder`'s lease; None: nobody leads, or another
+    kind); its candidates waiting are `queue`."""
     holds_ms: tuple[int, ...]
     """Recent hold durations in ms, newest first."""
     fixed_holds_ms: tuple[int, ...] = ()
@@ -615,6 +631,7 @@ def _parse(name: str, now_ms: int, replies: Sequence[Any], kind: Kind = LOCK) ->
         readers=found.readers,
         limit=_int(holder_fields["limit"]) if "limit" in holder_fields and pttl != -2 else None,
         reserved_slots=found.reserved_slots,
+        leader=found.leader,
         reservation=reservation,
         last_fencing_token=_int(holder_fields["fence"]) if "fence" in holder_fields else None,
         typical_hold=_int(holder_fields["h"]) / 1000 if holder_fields.get("h") else None,

@@ -64,7 +64,9 @@ layout-1 waiters to their own checks, at the holder's ttl at the latest.
 A semaphore's keys are the same under `PREFIX:sem:{NAME}`, a read-write lock's under
 `PREFIX:rw:{NAME}` (with a second wait queue, `:rqueue` and `:rwaiters`, and a second
 channel, `:rreleased`, for readers); their state hash holds every lease as a field
-`p:<token>` (see `_hash_scripts`, `_semaphore_scripts`, `_rwlock_scripts`).
+`p:<token>` (see `_hash_scripts`, `_semaphore_scripts`, `_rwlock_scripts`). An election's
+are a lock's under `PREFIX:el:{NAME}`, its state hash also holding the leader's record,
+with a change log `:log` and a channel `:changed` (see `_election_scripts`).
 
 `{NAME}` is a Redis Cluster hash tag: every key of one lock is in one slot. Names may hold
 any text except a leading "}". Match every aiolock lock's key with `SCAN MATCH PREFIX:{*`

@@ -151,6 +151,7 @@ class Lease:
         "_loss_cause",
         "_loss_reason",
         "_margin",
+        "_on_end",
         "_renew_error",
         "_renewal_stopped_by_max_hold",
         "_retargeted_at",
@@ -195,6 +196,7 @@ class Lease:
         self._renew_error: BaseException | None = None
         self._renewal_stopped_by_max_hold = False
         self._ended: asyncio.Event | None = None  # made by wait_lost(), when needed
+        self._on_end: list[Callable[[Lease], None]] | None = None  # see _when_ended
         self._scope: anyio.CancelScope | None = None
         self._guarded: asyncio.Task[Any] | None = None  # the task whose block it guards
         # Renewals sent and not answered yet, as (sent at, ttl): one of them may already be
@@ -673,6 +675,23 @@ class Lease:
         self._stop_renewal()
         if self._ended is not None and not self._loop.is_closed():
             self._ended.set()
+        callbacks, self._on_end = self._on_end, None
+        for callback in callbacks or ():
+            try:
+                callback(self)
+            except Exception:
+                logger.exception("aiolock: a callback at the end of lease %r failed", self)
+
+    def _when_ended(self, callback: Callable[[Lease], None]) -> None:
+        """Call `callback(self)` when the lease ends (released or lost), or at once if it has:
+        for what stands on leases (a `MultiLease`'s names, an election's `Term`). Called
+        synchronously, where the lease ends; a callback that raises is logged."""
+        if self._state is not _State.HELD:
+            callback(self)
+            return
+        if self._on_end is None:
+            self._on_end = []
+        self._on_end.append(callback)
 
     async def _cleanup_after_loss(self) -> None:
         with contextlib.suppress(AiolockError, TimeoutError):

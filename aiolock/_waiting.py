@@ -29,6 +29,10 @@ A release from this same process wakes the local head directly, before the notif
 comes back from Redis; the notification that follows is recognised by its fencing token
 and ignored, so one release wakes one waiter.
 
+Watched channels (`Watch`, an election's observers) ride on the same connection: each
+message tells the watch, and so does every loss of the connection and every subscription
+made again on the next one, after which the reader reads the state it watches anew.
+
 Direct grants: each queue entry in Redis carries a fresh token registered by this process
 (a `Registration`). A release grants the lock to the first live entry's token, so the head
 of that process's queue holds the lock as soon as it hears of the grant, with no acquire
@@ -57,7 +61,7 @@ if TYPE_CHECKING:
 
     from ._backend import Backend
 
-__all__ = ("Grant", "Notifier", "Registration", "WaitQueue", "Waiter")
+__all__ = ("Grant", "Notifier", "Registration", "WaitQueue", "Waiter", "Watch")
 
 logger = logging.getLogger("aiolock")
 
@@ -396,6 +400,50 @@ class WaitQueue:
             head.nudge()
 
 
+class Watch:
+    """A channel watched for its messages (an election's changes), not a wait queue.
+
+    Told of every message, and of every new subscription after a lost one (messages may
+    have been missed meanwhile): its reader then reads the state again. Made by
+    `Notifier.watch`, ended by `Notifier.unwatch`.
+    """
+
+    __slots__ = ("_told", "channel", "refusal", "subscribed")
+
+    def __init__(self, channel: str) -> None:
+        self.channel = channel
+        self._told = asyncio.Event()
+        self.subscribed = asyncio.Event()  # set once subscribed, or once refused
+        self.refusal: Exception | None = None
+
+    def tell(self) -> None:
+        self._told.set()
+
+    async def wait(self, timeout: float | None) -> bool:
+        """Sleep until told (True: cleared now) or until `timeout` passes (False).
+
+        Raises:
+            BackendError: the server refused the subscription.
+        """
+        if not self._told.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._told.wait()
+        self.check()
+        told = self._told.is_set()
+        self._told.clear()
+        return told
+
+    def check(self) -> None:
+        """Raise `BackendError` if the server refused the subscription."""
+        if self.refusal is not None:
+            raise BackendError(
+                f"subscription to {self.channel!r} was refused: {self.refusal}",
+                operation="subscribe",
+                name=None,
+            ) from self.refusal
+
+
 class Notifier:
     """The pub/sub subscription and wait queues of one backend."""
 
@@ -408,6 +456,8 @@ class Notifier:
         self._trying: dict[str, set[int]] = {}
         self._tried: dict[str, list[asyncio.Future[None]]] = {}
         self._subscribed: dict[str, float] = {}  # channel -> time it last had no waiters
+        self._watches: dict[str, list[Watch]] = {}  # see watch()
+        self._watch_requested: set[str] = set()  # watched channels SUBSCRIBEd on this connection
         self._pubsub: PubSub | None = None
         self._task: asyncio.Task[None] | None = None
         self.rng = random.Random()
@@ -640,14 +690,15 @@ class Notifier:
         ping_refused = False
         checked = loop.time()  # when the Sentinels were last asked where the master is
         try:
-            while self._queues or self._subscribed:
+            while self._queues or self._subscribed or self._watches:
                 pubsub = self._pubsub
                 assert pubsub is not None
                 try:
                     if not _connected(pubsub):
                         for queue in self._queues.values():
                             queue.requested = True
-                        await pubsub.subscribe(*self._queues, *self._subscribed)
+                        self._watch_requested = set(self._watches)
+                        await pubsub.subscribe(*self._queues, *self._subscribed, *self._watches)
                         heard, pinged = loop.time(), None
                     now = loop.time()
                     if pinged is not None and now - pinged >= every:
@@ -704,6 +755,7 @@ class Notifier:
                             queue.subscribed.set()
                             for waiter in queue.waiters:
                                 waiter.nudge()  # each raises the refusal as BackendError
+                        self._refuse_watches(exc)
                     else:
                         logger.warning("aiolock: pub/sub connection lost, reconnecting: %s", exc)
                         for queue in self._queues.values():
@@ -722,7 +774,7 @@ class Notifier:
                 await self._reset_pubsub(replace=False)
             finally:
                 self._task = None
-                if self._queues and not cancelled:
+                if (self._queues or self._watches) and not cancelled:
                     # Waiters arrived while the connection was closing: start over.
                     self._ensure_listener()
                     for queue in self._queues.values():
@@ -737,6 +789,7 @@ class Notifier:
             queue.reconnected = queue.reconnected or queue.subscribed.is_set()
             queue.subscribed.clear()
             queue.requested = False
+        self._unsubscribe_watches()
         if pubsub is not None:
             await pubsub.aclose()  # type: ignore[no-untyped-call]
 
@@ -745,6 +798,9 @@ class Notifier:
         channel = message["channel"]
         if isinstance(channel, bytes):
             channel = channel.decode()
+        if channel in self._watches:
+            self._watched(kind, channel)
+            return
         queue = self._queues.get(channel)
         if kind == "subscribe":
             if queue is None:
@@ -776,3 +832,81 @@ class Notifier:
                 if not self._backend.broken(exc):
                     raise
                 await self._reset_pubsub(replace=True)
+
+    # ----------------------------------------------------------------- watched channels
+    def watch(self, channel: str) -> Watch:
+        """Watch `channel` on this client's pub/sub connection, kept alive (and replaced
+        when silent) as for waiters; `watch_ready()` subscribes. The caller must
+        `unwatch()` it whatever happens next."""
+        watch = Watch(channel)
+        watchers = self._watches.setdefault(channel, [])
+        if self._subscribed.pop(channel, None) is not None or any(
+            other.subscribed.is_set() for other in watchers
+        ):
+            self._watch_requested.add(channel)  # still subscribed, from earlier watchers
+            watch.subscribed.set()
+        watchers.append(watch)
+        self._ensure_listener()
+        return watch
+
+    async def watch_ready(self, watch: Watch, *, timeout: float = SUBSCRIBE_TIMEOUT) -> None:
+        """Wait until `watch`'s channel is subscribed (at most `timeout`): from then on no
+        message is missed unnoticed (a lost connection tells the watch). Whatever it was
+        told before is forgotten: the caller reads the state after this.
+
+        Raises:
+            BackendError: the server refused the subscription.
+
+        Cancellation:
+            Safe; the watch stays for the caller to `unwatch()`.
+        """
+        channel = watch.channel
+        if not watch.subscribed.is_set():
+            pubsub = self._pubsub
+            if channel not in self._watch_requested and pubsub is not None and _connected(pubsub):
+                self._watch_requested.add(channel)
+                try:
+                    await pubsub.subscribe(channel)
+                except Exception as exc:
+                    if not self._backend.broken(exc):
+                        raise
+                    # The listener sees the broken connection too and subscribes again.
+                    logger.debug("aiolock: subscribe failed, the listener will retry: %s", exc)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await watch.subscribed.wait()
+        watch.check()
+        watch._told.clear()
+
+    def unwatch(self, watch: Watch) -> None:
+        """Stop watching; the channel is unsubscribed after LINGER seconds unwatched."""
+        watchers = self._watches.get(watch.channel)
+        if watchers is None or watch not in watchers:
+            return
+        watchers.remove(watch)
+        if not watchers:
+            del self._watches[watch.channel]
+            if watch.channel in self._watch_requested:
+                self._watch_requested.discard(watch.channel)
+                self._subscribed[watch.channel] = self._backend.loop.time()
+
+    def _watched(self, kind: str, channel: str) -> None:
+        for watch in self._watches[channel]:
+            if kind == "subscribe":
+                watch.subscribed.set()
+            watch.tell()
+
+    def _unsubscribe_watches(self) -> None:
+        """The connection was closed: every watch may miss a message until subscribed again."""
+        self._watch_requested.clear()
+        for watchers in self._watches.values():
+            for watch in watchers:
+                watch.subscribed.clear()
+                watch.tell()
+
+    def _refuse_watches(self, error: Exception) -> None:
+        for watchers in self._watches.values():
+            for watch in watchers:
+                watch.refusal = error
+                watch.subscribed.set()
+                watch.tell()

@@ -1,9 +1,9 @@
-"""`aiolock`: see the locks, semaphores and read-write locks in a Redis server, evict a stuck
-holder, run the demo.
+"""`aiolock`: see the locks, semaphores, read-write locks and elections in a Redis server,
+evict a stuck holder, run the demo.
 
 ```
 aiolock ls [PATTERN]              in use: holder(s), age, ttl left, fencing token, waiters
-aiolock show NAME                 everything known about one lock, semaphore or rwlock
+aiolock show NAME                 everything known about one lock, semaphore, rwlock or election
 aiolock release NAME --force      evict the holder of a lock (token-guarded, asks first)
 aiolock watch [PATTERN]           a live `ls` table, until Ctrl-C
 aiolock stats [PATTERN]           hold times per lock, semaphore and rwlock, and the ttl they suggest
@@ -14,15 +14,18 @@ aiolock demo                      a flash sale on a throwaway server, checked
 Options before or after the command: `--url` (default `$REDIS_URL`, else
 `redis://localhost:6379/0`), `--prefix` (default `aiolock`) and `--json` (machine-readable
 output instead of tables, on every command). `ls`, `show`, `watch` and `stats` take
-`--kind lock|semaphore|rwlock` (default: all three; rwlock: a read-write lock). A lock, a
-semaphore and a read-write lock may share a name: their keys differ (`PREFIX:{NAME}`,
-`PREFIX:sem:{NAME}`, `PREFIX:rw:{NAME}`), and `show` shows each, labelled.
+`--kind lock|semaphore|rwlock|election` (default: all four; rwlock: a read-write lock). A
+lock, a semaphore, a read-write lock and an election may share a name: their keys differ
+(`PREFIX:{NAME}`, `PREFIX:sem:{NAME}`, `PREFIX:rw:{NAME}`, `PREFIX:el:{NAME}`), and `show`
+shows each, labelled. An election's holder is its leader's term (a lease: its fencing
+token is the term's number), its waiters are its candidates.
 
 JSON output (`--json`); every key is always present, null where it does not apply.
 Durations are seconds, times Unix seconds on the server's clock.
 
 - `ls` (and each line of `watch`): a list of rows, by name, locks before semaphores before
-  read-write locks: `name`, `kind` ("lock", "semaphore" or "rwlock"), `state` ("held",
+  read-write locks before elections: `name`, `kind` ("lock", "semaphore", "rwlock" or
+  "election"), `state` ("held",
   "free", or "reserved": a lock handed over to a queued process that has not claimed it
   yet), `held` (permits taken, those handed over included; a lock: 1; a read-write lock:
   its writer or its readers), `limit` (a lock: 1; a semaphore: the limit in force; null
@@ -34,9 +37,11 @@ Durations are seconds, times Unix seconds on the server's clock.
   waiting, in queue entries that have not expired; a read-write lock's writers and readers),
   `writers_waiting` and `readers_waiting` (a read-write lock's; null for the other kinds),
   `holders` (a list: each holder, a semaphore's permits by slot, a read-write lock's writer
-  or readers, as in `show`).
+  or readers, as in `show`), `leader` (an election's leader's identity; null while nobody
+  leads, and for the other kinds).
 - `show`: `{"name": NAME, "lock": {...} or null, "semaphore": {...} or null, "rwlock":
-  {...} or null}`; null when Redis knows nothing of that kind under NAME (or `--kind` left
+  {...} or null, "election": {...} or null}`; null when Redis knows nothing of that kind
+  under NAME (or `--kind` left
   it out). Each object: `name`, `kind`, `key` (its state hash), `state` ("held",
   "reserved" or "free"), `limit`, `held`, `free` (permits free now; null for a lock or a
   read-write lock), `holder` (a lock's holder, a read-write lock's writer: `name`,
@@ -50,8 +55,10 @@ Durations are seconds, times Unix seconds on the server's clock.
   order: `queue_id`, `position`, `host`, `pid`, `count`, `expires_in`, `expired`; a
   read-write lock's writers), `reader_queue` (a read-write lock's readers, as `queue`; null
   for the other kinds), `recent_holds_ms` (newest first), `hold_stats` (as in `stats`),
-  `server_time`.
-- `stats`: a list, by name, locks before semaphores before read-write locks: `name`,
+  `leader` (an election's: `identity`, `term`, `since`, `value`; null while nobody leads,
+  and for the other kinds), `server_time`.
+- `stats`: a list, by name, locks before semaphores before read-write locks before
+  elections: `name`,
   `kind`, `count`, `p50`, `p99`, `max`, `ttl`, `fixed`, `fixed_p99`, `recommended_ttl`,
   `near_ttl`, `over_ttl`, `advice`.
 
@@ -69,7 +76,7 @@ error (unreachable server, not a Redis server); 130 interrupted (Ctrl-C, also th
 of `watch` without `--count`).
 
 Needs the `cli` extra (`pip install "aiolock-redis[cli]"`) for `rich`. Added in 0.1; semaphores,
-read-write locks and `--kind` in 0.2.
+read-write locks and `--kind` in 0.2; elections in 0.3.
 """
 
 from __future__ import annotations
@@ -195,8 +202,8 @@ def _parser() -> argparse.ArgumentParser:
     _connection_options(common, argparse.SUPPRESS)
     parser = argparse.ArgumentParser(
         prog="aiolock",
-        description="See and manage aiolock locks, semaphores and read-write locks in a Redis "
-        "server.",
+        description="See and manage aiolock locks, semaphores, read-write locks and elections in "
+        "a Redis server.",
         epilog="exit codes: 0 ok, 1 operation failed, 2 usage or connection error, 130 interrupted",
     )
     parser.add_argument(
@@ -208,12 +215,14 @@ def _parser() -> argparse.ArgumentParser:
     def command(name: str, help_: str) -> argparse.ArgumentParser:
         return commands.add_parser(name, help=help_, description=help_, parents=[common])
 
-    ls = command("ls", "list the locks, semaphores and read-write locks in use")
+    ls = command("ls", "list the locks, semaphores, read-write locks and elections in use")
     ls.add_argument("pattern", nargs="?", default="*", help="glob on names (default *)")
     _kind_option(ls)
 
-    show = command("show", "show everything known about one lock, semaphore or read-write lock")
-    show.add_argument("name", help="the lock's, semaphore's or read-write lock's name")
+    show = command(
+        "show", "show everything known about one lock, semaphore, read-write lock or election"
+    )
+    show.add_argument("name", help="the lock's, semaphore's, read-write lock's or election's name")
     _kind_option(show)
 
     release = command("release", "evict the holder of a lock (token-guarded)")
@@ -222,7 +231,8 @@ def _parser() -> argparse.ArgumentParser:
     release.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
 
     watch = command(
-        "watch", "a live table of the locks, semaphores and read-write locks in use, until Ctrl-C"
+        "watch",
+        "a live table of the locks, semaphores, read-write locks and elections in use, until Ctrl-C",
     )
     watch.add_argument("pattern", nargs="?", default="*", help="glob on names (default *)")
     _kind_option(watch)
@@ -230,7 +240,8 @@ def _parser() -> argparse.ArgumentParser:
     watch.add_argument("--count", type=_positive_int, default=None, help="refresh N times, exit")
 
     stats = command(
-        "stats", "hold times per lock, semaphore and read-write lock, and the ttl they suggest"
+        "stats",
+        "hold times per lock, semaphore, read-write lock and election, and the ttl they suggest",
     )
     stats.add_argument("pattern", nargs="?", default="*", help="glob on names (default *)")
     stats.add_argument(
@@ -555,6 +566,7 @@ def _row(state: LockState) -> dict[str, Any]:
         "waiters": state.waiters,
         **_sides_waiting(state),
         "holders": [_holder_dict(state, info) for info in state.holders],
+        "leader": state.leader.identity if state.leader else None,
     }
 
 
@@ -672,8 +684,10 @@ def _holder_cells(state: LockState) -> tuple[str | Text, ...]:
         )
     live = _live(state)
     processes = sorted({(info.host, info.pid) for info in live})
-    if len(processes) == 1:
-        holder: str | Text = f"{_shown(processes[0][0])}:{processes[0][1]}"
+    if state.leader is not None:  # an election's: its leader's identity
+        holder: str | Text = _shown(state.leader.identity)
+    elif len(processes) == 1:
+        holder = f"{_shown(processes[0][0])}:{processes[0][1]}"
     elif processes:
         holder = f"{len(processes)} processes"
     elif state.holders:  # every permit held is on its way to a queued process
@@ -784,6 +798,7 @@ def _show_dict(state: LockState, prefix: str, kind: Kind) -> dict[str, Any]:
         "reader_queue": _queue_list(state.reader_queue) if kind.sides else None,
         "recent_holds_ms": list(state.holds_ms),
         "hold_stats": _stats_dict(state.hold_stats()),
+        "leader": dataclasses.asdict(state.leader) if state.leader else None,
         "server_time": state.server_time,
     }
 
@@ -804,6 +819,8 @@ def _show_renderable(state: LockState, prefix: str) -> Group:
         _rw_facts(facts, state)
     elif kind_named(state.kind).shared:
         _permit_facts(facts, state)
+    elif state.kind == "election":
+        _election_facts(facts, state)
     else:
         _holder_facts(facts, state)
     last = state.last_fencing_token
@@ -819,6 +836,8 @@ def _show_renderable(state: LockState, prefix: str) -> Group:
     if _sides(state):
         parts.append(_queue_renderable(state.queue, "writers' queue"))
         parts.append(_queue_renderable(state.reader_queue, "readers' queue"))
+    elif state.kind == "election":
+        parts.append(_queue_renderable(state.queue, "candidates"))
     else:
         parts.append(_queue_renderable(state.queue, "queue"))
     parts.append(Text(f"recent holds: {_stats_line(state.hold_stats())}"))
@@ -845,6 +864,23 @@ def _holder_facts(facts: Table, state: LockState, label: str = "holder") -> None
             f"queue {_shown(state.reservation.queue_id)}, for "
             f"{_duration(state.reservation.expires_in)} more (a release handed it over)",
         )
+
+
+def _election_facts(facts: Table, state: LockState) -> None:
+    leader = state.leader
+    if leader is None:
+        facts.add_row(
+            "leader",
+            "nobody" if state.holder is None else "nobody yet (a term won, not announced)",
+        )
+    else:
+        facts.add_row("leader", _quoted(leader.identity))
+        facts.add_row("term", f"{leader.term} (its fencing token)")
+        age = max(state.server_time - leader.since, 0.0)
+        facts.add_row("since", f"{_utc(leader.since)} ({_duration(age)} ago)")
+        facts.add_row("value", "-" if leader.value is None else _quoted(leader.value))
+    _holder_facts(facts, state, "term held by")
+    facts.add_row("candidates", f"{state.waiters} waiting")
 
 
 def _rw_facts(facts: Table, state: LockState) -> None:

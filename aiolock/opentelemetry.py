@@ -15,6 +15,9 @@ uninstall = aiolock.opentelemetry.instrument()   # the global MeterProvider
 | `aiolock.renewals`         | counter   |      |                                |
 | `aiolock.renewal.failures` | counter   |      | (retried until the deadline)   |
 | `aiolock.losses`           | counter   |      | `aiolock.loss.reason`: not_owner, deadline, max_hold |
+| `aiolock.terms.won`        | counter   |      | an election's terms won        |
+| `aiolock.terms.lost`       | counter   |      | `aiolock.loss.reason`, as for `aiolock.losses` |
+| `aiolock.terms.resigned`   | counter   |      |                                |
 
 With `by_name=True` every measurement also carries `aiolock.lock.name`. Leave it off when
 lock names are per request: one series per name would grow without bound.
@@ -22,7 +25,7 @@ lock names are per request: one series per name would grow without bound.
 The measurements are recorded by an event listener (`aiolock.add_listener`), synchronously
 and in memory: they add no round trip to Redis. Needs the `otel` extra
 (`pip install "aiolock-redis[otel]"`, the API only; the SDK and exporters are yours to choose).
-Added in 0.1.
+Added in 0.1; the terms' counters in 0.3.
 """
 
 from __future__ import annotations
@@ -106,6 +109,17 @@ def instrument(
     losses = meter.create_counter(
         f"{namespace}.losses", unit="{lease}", description="Leases lost, by reason."
     )
+    terms_won = meter.create_counter(
+        f"{namespace}.terms.won", unit="{term}", description="Election terms won."
+    )
+    terms_lost = meter.create_counter(
+        f"{namespace}.terms.lost",
+        unit="{term}",
+        description="Election terms lost before their leader resigned, by reason.",
+    )
+    terms_resigned = meter.create_counter(
+        f"{namespace}.terms.resigned", unit="{term}", description="Election terms resigned."
+    )
 
     def on_event(event: LockEvent) -> None:
         attributes = {LOCK_NAME: event.name} if by_name else {}
@@ -123,8 +137,13 @@ def instrument(
             renewals.add(1, attributes)
         elif kind is EventKind.RENEWAL_FAILED:
             renewal_failures.add(1, attributes)
-        elif kind is EventKind.LOST:
+        elif kind is EventKind.LOST or kind is EventKind.TERM_LOST:
             reason = event.reason.value if event.reason is not None else "unknown"
-            losses.add(1, {**attributes, LOSS_REASON: reason})
+            counter = losses if kind is EventKind.LOST else terms_lost
+            counter.add(1, {**attributes, LOSS_REASON: reason})
+        elif kind is EventKind.TERM_WON:
+            terms_won.add(1, attributes)
+        elif kind is EventKind.TERM_RESIGNED:
+            terms_resigned.add(1, attributes)
 
     return add_listener(on_event)

@@ -15,6 +15,9 @@ uninstall = aiolock.prometheus.instrument()   # into prometheus_client.REGISTRY
 | `aiolock_renewals_total`          | counter   |                                  |
 | `aiolock_renewal_failures_total`  | counter   | (retried until the deadline)     |
 | `aiolock_losses_total`            | counter   | `reason`: not_owner, deadline, max_hold |
+| `aiolock_terms_won_total`         | counter   | an election's terms won          |
+| `aiolock_terms_lost_total`        | counter   | `reason`, as for `aiolock_losses_total` |
+| `aiolock_terms_resigned_total`    | counter   |                                  |
 
 With `by_name=True` every metric also has a `name` label (the lock's name). Leave it off
 when lock names are per request (`orders:42`, `orders:43`, ...): one series per name would
@@ -22,7 +25,7 @@ grow without bound.
 
 The metrics are updated by an event listener (`aiolock.add_listener`), synchronously and
 in memory: they add no round trip to Redis. Needs the `prometheus` extra
-(`pip install "aiolock-redis[prometheus]"`). Added in 0.1.
+(`pip install "aiolock-redis[prometheus]"`). Added in 0.1; the terms' counters in 0.3.
 """
 
 from __future__ import annotations
@@ -140,6 +143,33 @@ def instrument(
                 registry=target,
             )
         )
+        terms_won = made(
+            Counter(
+                "terms_won",
+                "Election terms won.",
+                name_label,
+                namespace=namespace,
+                registry=target,
+            )
+        )
+        terms_lost = made(
+            Counter(
+                "terms_lost",
+                "Election terms lost before their leader resigned, by reason.",
+                ("reason", *name_label),
+                namespace=namespace,
+                registry=target,
+            )
+        )
+        terms_resigned = made(
+            Counter(
+                "terms_resigned",
+                "Election terms resigned.",
+                name_label,
+                namespace=namespace,
+                registry=target,
+            )
+        )
     except BaseException:
         for metric in created:
             with contextlib.suppress(KeyError):
@@ -164,10 +194,14 @@ def instrument(
             child(renewals, event).inc()
         elif kind is EventKind.RENEWAL_FAILED:
             child(renewal_failures, event).inc()
-        elif kind is EventKind.LOST:
+        elif kind is EventKind.LOST or kind is EventKind.TERM_LOST:
             reason = event.reason.value if event.reason is not None else "unknown"
             labels = (reason, event.name) if by_name else (reason,)
-            losses.labels(*labels).inc()
+            (losses if kind is EventKind.LOST else terms_lost).labels(*labels).inc()
+        elif kind is EventKind.TERM_WON:
+            child(terms_won, event).inc()
+        elif kind is EventKind.TERM_RESIGNED:
+            child(terms_resigned, event).inc()
 
     remove = add_listener(on_event)
 

@@ -23,6 +23,7 @@ import redis.asyncio
 from redis.asyncio.connection import Connection
 
 from aiolock import _backend
+from aiolock._election_scripts import EL_ANNOUNCE, EL_PROCLAIM, EL_READ, EL_RELEASE
 from aiolock._hash_scripts import EXPIRE_LEASES
 from aiolock._rwlock_scripts import RW_ACQUIRE, RW_RELEASE
 from aiolock._scripts import ACQUIRE, INSPECT, RELEASE, RENEW, RESUME
@@ -35,6 +36,7 @@ pytest_plugins = ["pytester", "tests.hygiene"]
 SCRIPTS = (
     *(ACQUIRE, RELEASE, RENEW, RESUME, INSPECT),
     *(SEM_ACQUIRE, SEM_RELEASE, SEM_SET_LIMIT, *RW_ACQUIRE, *RW_RELEASE, EXPIRE_LEASES),
+    *(EL_ANNOUNCE, EL_PROCLAIM, EL_READ, EL_RELEASE),
 )
 SCRIPT_NAMES = {script.sha: script.name for script in SCRIPTS}
 HANDSHAKE = {"HELLO", "CLIENT", "SELECT", "AUTH", "READONLY"}

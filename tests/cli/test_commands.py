@@ -84,7 +84,7 @@ def test_ls_with_nothing_held(server_url: str, tag: str, run: RunCli) -> None:
     assert run("--url", server_url, "ls", f"{tag}:*", "--json").json() == []
     result = run("--url", server_url, "ls", f"{tag}:*")
     assert result.code == 0
-    assert "no locks, semaphores or rwlocks in use" in result.out
+    assert "no locks, semaphores, rwlocks or elections in use" in result.out
 
 
 async def test_show_tells_everything_about_one_lock(
@@ -174,6 +174,7 @@ def test_show_an_unknown_lock_fails(server_url: str, tag: str, run: RunCli) -> N
         "lock": None,
         "semaphore": None,
         "rwlock": None,
+        "election": None,
     }
 
 
@@ -288,7 +289,7 @@ def test_watch_refreshes_count_times(server_url: str, tag: str, run: RunCli) -> 
     assert result.out.splitlines() == ["[]", "[]", "[]"]
     table = run("--url", server_url, "watch", f"{tag}:*", "--count", "2", "--interval", "0.01")
     assert table.code == 0
-    assert "0 lock(s), 0 semaphore(s), 0 rwlock(s) in use" in table.out
+    assert "0 lock(s), 0 semaphore(s), 0 rwlock(s), 0 election(s) in use" in table.out
 
 
 @pytest.mark.parametrize("json_output", [True, False], ids=["json", "table"])

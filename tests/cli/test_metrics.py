@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -13,7 +14,15 @@ from prometheus_client import CollectorRegistry
 
 import aiolock.opentelemetry
 import aiolock.prometheus
-from aiolock import AcquireTimeoutError, EventKind, LeaseLostError, Lock, LockEvent, LossReason
+from aiolock import (
+    AcquireTimeoutError,
+    Election,
+    EventKind,
+    LeaseLostError,
+    Lock,
+    LockEvent,
+    LossReason,
+)
 from aiolock._events import emit
 
 from ..conftest import CommandLog, make_client
@@ -91,6 +100,9 @@ def test_prometheus_counts_every_event_kind(registry: CollectorRegistry) -> None
         assert value(registry, "aiolock_losses_total", reason="deadline") == 1
         assert value(registry, "aiolock_losses_total", reason="max_hold") == 1
         assert value(registry, "aiolock_hold_seconds_sum") == 1.5
+        assert value(registry, "aiolock_terms_won_total") == 2
+        assert value(registry, "aiolock_terms_lost_total", reason="deadline") == 1
+        assert value(registry, "aiolock_terms_resigned_total") == 1
     finally:
         uninstall()
 
@@ -116,6 +128,10 @@ def synthetic_events() -> Iterator[LockEvent]:
     yield LockEvent(kind=EventKind.LOST, name="a", reason=LossReason.DEADLINE, hold=2.0)
     yield LockEvent(kind=EventKind.LOST, name="a", reason=LossReason.MAX_HOLD, hold=9.0)
     yield LockEvent(kind=EventKind.RELEASED, name="a", hold=1.5)
+    yield LockEvent(kind=EventKind.TERM_WON, name="a", fencing_token=7, wait=0.5)
+    yield LockEvent(kind=EventKind.TERM_LOST, name="a", reason=LossReason.DEADLINE, hold=3.0)
+    yield LockEvent(kind=EventKind.TERM_WON, name="a", fencing_token=8, wait=0.1)
+    yield LockEvent(kind=EventKind.TERM_RESIGNED, name="a", fencing_token=8, hold=1.0)
 
 
 @pytest.fixture
@@ -188,6 +204,34 @@ def test_opentelemetry_by_name_and_every_kind(
     assert failures.value == 1
     (hold,) = points["app.hold.duration"]
     assert hold.sum == 1.5
+    (won,) = points["app.terms.won"]
+    (lost,) = points["app.terms.lost"]
+    (resigned,) = points["app.terms.resigned"]
+    assert (won.value, lost.value, resigned.value) == (2, 1, 1)
+    assert dict(lost.attributes) == {"aiolock.lock.name": "a", "aiolock.loss.reason": "deadline"}
+
+
+async def test_prometheus_counts_the_terms_of_an_election(
+    client: redis.asyncio.Redis, name: str, registry: CollectorRegistry
+) -> None:
+    uninstall = aiolock.prometheus.instrument(registry, by_name=True)
+    try:
+        election = Election(client, name, ttl=5)
+        async with contextlib.aclosing(election.campaign()) as terms:
+            async for term in terms:
+                async with term:
+                    pass
+                break
+        async with contextlib.aclosing(election.campaign()) as terms:
+            term = await anext(terms)
+            await client.delete(election.key)  # behind its back
+            with pytest.raises(LeaseLostError):
+                await term.resign()
+        assert value(registry, "aiolock_terms_won_total", name=name) == 2
+        assert value(registry, "aiolock_terms_resigned_total", name=name) == 1
+        assert value(registry, "aiolock_terms_lost_total", reason="not_owner", name=name) == 1
+    finally:
+        uninstall()
 
 
 @pytest.mark.real_only
@@ -200,6 +244,11 @@ async def test_metrics_add_no_round_trip(
             return aiolock.prometheus.instrument(CollectorRegistry())
         return aiolock.opentelemetry.instrument(otel[0])
 
+    warm = make_client(server_url)  # the scripts loaded: both runs are the steady state
+    try:
+        await lock_cycle(warm, f"{name}:warm-up")
+    finally:
+        await warm.aclose()
     counts = []
     for with_metrics in (False, True):
         log = CommandLog()

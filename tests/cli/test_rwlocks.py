@@ -162,7 +162,7 @@ async def test_ls_lists_rwlocks_beside_locks_and_semaphores(
         assert watched.code == 0, watched.err
         assert '"kind": "rwlock"' in watched.out and '"readers_waiting": 2' in watched.out
         live = await arun("--url", server_url, "watch", f"{tag}:*", "--count", "1")
-        assert "1 lock(s), 1 semaphore(s), 2 rwlock(s) in use" in live.out
+        assert "1 lock(s), 1 semaphore(s), 2 rwlock(s), 0 election(s) in use" in live.out
     finally:
         await release_all(leases, waiters)
 

@@ -160,7 +160,7 @@ async def test_locks_semaphores_and_rwlocks_work_on_every_primary(
                 async with rw.read(), ReadWriteLock(other, rw_name, ttl=10).read():
                     assert len((await rw.info()).readers) == 2
                     with pytest.raises(AcquireTimeoutError):
-                        await rw.write().acquire(timeout=BUSY)
+                        await rw.write().acquire(timeout=0)  # one try: this task reads
                 async with rw.write():
                     assert (await rw.info()).writer is not None
 

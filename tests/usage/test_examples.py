@@ -34,7 +34,7 @@ def test_every_example_is_listed_here() -> None:
     assert example_names() == [
         "aiohttp_app", "api_pool", "catalog", "cron_once", "fastapi_orders",
         "fenced_storage", "flash_sale", "idempotent_order", "long_job", "quickstart",
-        "worker_pool",
+        "scheduler", "worker_pool",
     ]  # fmt: skip
 
 
