@@ -134,6 +134,18 @@ def _ignored(fd: tuple[int, str]) -> bool:
     return number <= 2 or target == str(PROC / str(os.getpid()) / "fd")
 
 
+def _not_self_pipes(fds: set[tuple[int, str]]) -> set[tuple[int, str]]:
+    """`fds` without the pipes whose two ends are both here: a self-pipe, such as the one
+    uvloop (libuv) makes once per process for its signal handling and keeps. A child's
+    pipe has its other end in the child; a leaked event loop is told by its epoll
+    descriptor and its sockets."""
+    ends: dict[str, int] = {}
+    for _, target in fds:
+        if target.startswith("pipe:"):
+            ends[target] = ends.get(target, 0) + 1
+    return {fd for fd in fds if ends.get(fd[1], 0) < 2}
+
+
 def _collected_with_warnings() -> list[str]:
     """A garbage collection, and what the objects it collected complained of (a lease never
     released, a client never closed: their warnings, errors under `-W error`, would reach
@@ -299,7 +311,9 @@ class Hygiene:
         procs = now - self.before_procs - self._owned_procs()
         self._note(procs, item.nodeid)
         left = self._left_running(procs)
-        fds = {fd for fd in open_fds() - self.before_fds - self._owned_fds() if not _ignored(fd)}
+        fds = _not_self_pipes(
+            {fd for fd in open_fds() - self.before_fds - self._owned_fds() if not _ignored(fd)}
+        )
         open_left = self._left_open(fds)
         problems = [f"{proc} is still running" for proc in sorted(left, key=str)]
         problems += [f"descriptor {n} ({target}) is still open" for n, target in sorted(open_left)]

@@ -37,11 +37,13 @@ async def test_a_cycle_emits_acquired_renewed_released(
     assert kinds[0] is EventKind.ACQUIRED
     assert EventKind.RENEWED in kinds
     assert kinds[-1] is EventKind.RELEASED
-    acquired = next(e for e in events if e.kind is EventKind.ACQUIRED)
-    released = next(e for e in events if e.kind is EventKind.RELEASED)
+    acquired = next(e for e in events if e.kind is EventKind.ACQUIRED and e.name == name)
+    released = next(e for e in events if e.kind is EventKind.RELEASED and e.name == name)
     assert acquired.fencing_token == released.fencing_token == lease.fencing_token
-    assert acquired.attempts == 1
-    assert acquired.wait is not None and 0 <= acquired.wait < 1
+    # One try; two if its answer came after the lease's validity (a loaded machine's stall),
+    # which is given back and tried again.
+    assert acquired.attempts in (1, 2)
+    assert acquired.wait is not None and 0 <= acquired.wait < scaled(1.0)
     assert released.hold is not None and body <= released.hold < body + scaled(1.8)
 
 
