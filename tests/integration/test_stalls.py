@@ -20,6 +20,7 @@ import redis.asyncio
 
 from aiolock import Lease, LeaseLostError, Lock, LossReason
 from aiolock._layout import LockKeys
+from aiolock._runtime import runtime_for
 
 from ..conftest import CommandLog, make_client
 from ..faults.proxy import ThreadedProxy
@@ -50,10 +51,19 @@ async def pair(
         await b.aclose()
 
 
-async def queued(client: redis.asyncio.Redis, name: str) -> None:
+async def queued(
+    client: redis.asyncio.Redis, name: str, *, waiter: redis.asyncio.Redis | None = None
+) -> None:
+    """Wait until a waiter on `waiter` (default: `client`) is queued in Redis and has read the answer
+    that queued it: a release sent while its attempt is in flight does not put the
+    process's queue in line (the waiter is then granted as any other process is)."""
     keys = LockKeys.build("aiolock", name)
+    notifier = runtime_for(waiter or client).notifier
     async with asyncio.timeout(10):
-        while not await client.zcard(keys.queue):
+        while True:
+            queue = notifier.queue_for(keys.channel)
+            if queue is not None and not queue.attempting and await client.zcard(keys.queue):
+                return
             await asyncio.sleep(0.005)
 
 
@@ -72,7 +82,7 @@ async def test_a_lease_handed_over_by_another_process_survives_a_stall_at_entry(
     a, b, log = pair
     holder = await Lock(a, name, ttl=30).acquire()
     waiting = asyncio.create_task(Lock(b, name, ttl=30).acquire())
-    await queued(a, name)
+    await queued(a, name, waiter=b)
     mark = log.mark()
     await holder.release()
     lease = await asyncio.wait_for(waiting, 10)
@@ -148,6 +158,7 @@ async def test_a_renewal_confirmed_during_a_stall_is_not_a_loss(
     """The stall starts just after a renewal was written: Redis confirms it meanwhile, and
     the reply waits, unread, until the loop runs again, after the deadline it had before
     (but before the renewal's own)."""
+    await warm_up(client, name)  # the renewal script known: a NOSCRIPT would come too late
     lease = await Lock(client, name, ttl=1.0, renew_interval=0.5).acquire()
     old_deadline = lease.deadline
     mark = commands.mark()
@@ -313,7 +324,7 @@ async def _granted_then_stalled(
             assert lease.held
 
     task = asyncio.create_task(waiter())
-    await queued(holder_client, name)
+    await queued(holder_client, name, waiter=waiter_client)
     await asyncio.sleep(0.3)
     await proxy.do(lambda p: p.delay_replies(0.1))
     await holder.release()
