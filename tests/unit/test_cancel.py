@@ -150,7 +150,9 @@ async def test_outer_asyncio_timeout_still_fires_after_the_cleanup() -> None:
     with pytest.raises(TimeoutError) as info:
         await within(task, what="the shielded cleanup's caller to end")
     assert not task.cancelled()
-    assert isinstance(info.value.__cause__, asyncio.CancelledError)  # from asyncio.timeout
+    # Raised by asyncio.timeout's exit (3.11.2 raises it without a cause, later ones from
+    # the cancellation), not by run_shielded's own timeout.
+    assert info.traceback[-1].path.name == "timeouts.py"
     assert events == ["cleanup started", "cleanup finished"]
 
 
