@@ -5,6 +5,8 @@ held stays taken until its ttl runs out. `release_all` ends the holders properly
 
 1. the body of each `async with` holding a lease is cancelled (its task gets a
    `CancelledError`, as on any shutdown), so it stops while the lock still protects it;
+   a body still in its block half a second later is cancelled again (a cancellation can
+   be lost on the way), and so on;
 2. the `async with` releases its lease on the way out, as always (token-guarded);
 3. leases held outside `async with` (from `acquire()`), which have no body to cancel, are
    released directly; their holders see `lease.held` turn False;
@@ -31,6 +33,8 @@ __all__ = ("ReleaseReport", "release_all", "release_on_signals")
 logger = logging.getLogger("aiolock")
 
 _CANCEL_MESSAGE: Final = "aiolock: the process is shutting down (release_all)"
+REDELIVER_AFTER: Final = 0.5
+"""Seconds after which a body still in its block is cancelled again."""
 
 
 @final
@@ -55,21 +59,50 @@ def _body_task(lease: Lease) -> asyncio.Task[Any] | None:
     return lease._guarded
 
 
+async def _wait_for_bodies(cancelled: list[Lease], deadline: float) -> None:
+    """Wait until the cancelled bodies have ended and released their leases, or until
+    `deadline`. A body still in its block REDELIVER_AFTER seconds after its cancellation is
+    cancelled again, and so on: a cancellation can be lost on the way (redis-py's calls
+    lose one that lands mid-call now and then on Python 3.11), and the body then goes on
+    as if nothing had happened."""
+    loop = asyncio.get_running_loop()
+    ends = {loop.create_task(lease.wait_lost()): lease for lease in cancelled}
+    pending = set(ends)
+    try:
+        while pending:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            _, pending = await asyncio.wait(pending, timeout=min(remaining, REDELIVER_AFTER))
+            for end in pending:
+                task = _body_task(ends[end])
+                if task is not None and not task.done():
+                    task.cancel(_CANCEL_MESSAGE)
+    finally:
+        for end in ends:
+            end.cancel()
+
+
 async def release_all(*, timeout: float = 5.0) -> ReleaseReport:
     """Cancel the work of every lock this event loop holds, and release the locks.
 
     For a shutdown (SIGTERM) or a drain: see `release_on_signals` for the signal handler.
     Each `async with` body holding a lease gets a `CancelledError` (through its task, so
     the code after the block does not run as if the work had finished), and its block
-    releases the lease on the way out. Leases held outside `async with` are released
-    directly. Leases of other event loops are left alone.
+    releases the lease on the way out. A body still in its block `REDELIVER_AFTER` (0.5)
+    seconds later gets another, and so on until it leaves the block or the timeout
+    passes: redis-py's calls lose a cancellation that lands mid-call now and then on
+    Python 3.11, and the body then goes on as if nothing had happened. (A cleanup under
+    `except CancelledError` that awaits for longer than that is cancelled again too; run
+    one that must finish in a task of its own.) Leases held outside `async with` are
+    released directly. Leases of other event loops are left alone.
 
     Args:
         timeout: seconds to wait for the cancelled bodies to end and the releases to be
             confirmed (0.01 to 1 year).
 
     Returns:
-        A `ReleaseReport`. A body still running after `timeout` (it caught the
+        A `ReleaseReport`. A body still running after `timeout` (it caught every
         cancellation) keeps its lease, listed in `still_held`, as does a lease whose body
         is the caller itself.
 
@@ -103,12 +136,7 @@ async def release_all(*, timeout: float = 5.0) -> ReleaseReport:
             async with asyncio.timeout(max(remaining, 0.01)):
                 await lease.release()
     if cancelled:
-        ends = [loop.create_task(lease.wait_lost()) for lease in cancelled]
-        try:
-            await asyncio.wait(ends, timeout=max(deadline - loop.time(), 0))
-        finally:
-            for end in ends:
-                end.cancel()
+        await _wait_for_bodies(cancelled, deadline)
     still = [lease for lease in (*cancelled, *unguarded, *own) if lease.held]
     report = ReleaseReport(
         cancelled=tuple(lease.name for lease in cancelled if not lease.held),
