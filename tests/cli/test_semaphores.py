@@ -310,13 +310,14 @@ async def test_an_expired_permit_is_not_shown_as_held(
     # Not renewed, and nothing else touches the state: the expired permit stays in the
     # hash (kept alive by the other permit) until the next script reads it.
     loop = asyncio.get_running_loop()
-    short = await Semaphore(client, name, limit=3, ttl=0.5, renew=False).acquire()
-    await asyncio.sleep(0.3)
+    ttl = scaled(0.5)  # still valid when the next permit is taken, on a loaded machine
+    short = await Semaphore(client, name, limit=3, ttl=ttl, renew=False).acquire()
+    await asyncio.sleep(ttl * 0.6)
     before_kept = loop.time()
     kept = await Semaphore(client, name, limit=3, ttl=30, renew=False).acquire()
     try:
-        await asyncio.sleep(0.3)
-        assert short.lost  # its 0.5 s are over
+        await asyncio.sleep(ttl * 0.6)
+        assert short.lost  # its ttl is over
         assert await client.hexists(sem_keys(name).lock, f"p:{short.token}")
         (row,) = (await arun("--url", server_url, "ls", f"{tag}:*", "--json")).json()
         assert (row["held"], row["limit"]) == (1, 3)

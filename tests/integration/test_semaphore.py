@@ -237,11 +237,12 @@ async def test_waiting_processes_get_permits_in_arrival_order(
 async def test_a_newcomer_cannot_take_a_permit_freed_by_expiry_from_the_queue(
     clients: list[redis.asyncio.Redis], name: str
 ) -> None:
-    expiring = await Semaphore(clients[0], name, limit=1, ttl=0.5, renew=False).acquire()
+    ttl = scaled(0.5)  # the waiter queues before the permit expires, on a loaded machine
+    expiring = await Semaphore(clients[0], name, limit=1, ttl=ttl, renew=False).acquire()
     queued = asyncio.create_task(Semaphore(clients[1], name, limit=1, ttl=10).acquire())
     await queued_in_redis(clients[0], name, 1)
     newcomer = Semaphore(clients[2], name, limit=1, ttl=10)
-    expires_ms = await server_ms(clients[0]) + 500
+    expires_ms = await server_ms(clients[0]) + ttl * 1000
 
     async def expired() -> bool:
         return await server_ms(clients[0]) > expires_ms
@@ -259,8 +260,9 @@ async def test_a_newcomer_cannot_take_a_permit_freed_by_expiry_from_the_queue(
 async def test_permits_freed_at_once_go_to_the_queued_processes_in_order(
     clients: list[redis.asyncio.Redis], name: str
 ) -> None:
+    ttl = scaled(0.5)  # the four waiters queue before the permits expire, on a loaded machine
     expiring = [
-        await Semaphore(clients[0], name, limit=3, ttl=0.5, renew=False).acquire() for _ in range(3)
+        await Semaphore(clients[0], name, limit=3, ttl=ttl, renew=False).acquire() for _ in range(3)
     ]
     tasks = []
     for index in (1, 2, 3, 4):
