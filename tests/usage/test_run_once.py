@@ -39,16 +39,21 @@ async def test_three_servers_started_apart_run_the_job_once(
     client: redis.asyncio.Redis, name: str
 ) -> None:
     runs: list[int] = []
+    done = [asyncio.Event() for _ in range(3)]
 
     async def server(index: int) -> OnceResult[int]:
-        await asyncio.sleep(0.4 * index)  # started 0.4 s apart, as cron on three hosts
+        if index:  # started apart, as cron on three hosts: each after the one before ended
+            await done[index - 1].wait()
 
         async def job() -> int:
             runs.append(index)
-            await asyncio.sleep(0.05)  # done long before the next server starts
+            await asyncio.sleep(0.05)
             return index
 
-        return await run_once(client, name, job, retention=60, ttl=5)
+        try:
+            return await run_once(client, name, job, retention=60, ttl=5)
+        finally:
+            done[index].set()
 
     async with asyncio.timeout(10):
         results = await asyncio.gather(*(server(i) for i in range(3)))
