@@ -28,8 +28,10 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, final
 import anyio
 
 from . import _events as events
+from . import _renewal as renewal
 from ._cancel import run_shielded
-from ._config import MIN_TTL, check_seconds, safety_margin
+from ._config import MIN_TTL, check_seconds
+from ._renewal import safety_margin
 from ._settle import after_arrivals, arrivals
 from .errors import AiolockError, BackendError, LeaseLostError, LossReason
 
@@ -526,10 +528,11 @@ class Lease:
         self._arm_timer()
         if self._entry is not None:
             self._entry.ttl_ms = math.ceil(ttl * 1000)
-            self._entry.interval = min(self._entry.interval, ttl / 3)
+            self._entry.interval = min(self._entry.interval, renewal.default_interval(ttl))
             if self._scheduler is not None:
-                self._scheduler.postpone(self._entry, sent_at + self._entry.interval)
-                self._scheduler.hasten(self._entry, sent_at + self._entry.interval)
+                due = sent_at + self._entry.interval
+                self._scheduler.postpone(self._entry, due)
+                self._scheduler.hasten(self._entry, due)
         self._renew_error = None
         self._emit(events.EventKind.RENEWED)
 

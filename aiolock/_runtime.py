@@ -15,7 +15,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from ._backend import AsyncClient, Backend
-from ._waiting import Notifier
+from ._notifier import Notifier
 from ._watchdog import RenewalScheduler
 
 __all__ = ("Runtime", "runtime_for")

@@ -30,11 +30,11 @@ import asyncio
 import heapq
 import itertools
 import logging
-import math
 import random
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from . import _renewal as renewal
 from ._config import replica_wait_ms
 from ._retry import Backoff
 from ._scripts import RENEW
@@ -137,9 +137,7 @@ class RenewalEntry:
 
     def ttl_ms_at(self, now: float) -> int:
         """The expiry to set now: the ttl, or less once `stop_at` is nearer (0: stop)."""
-        if self.stop_at is None:
-            return self.ttl_ms
-        return max(0, min(self.ttl_ms, math.floor((self.stop_at - now) * 1000)))
+        return renewal.capped_ttl_ms(self.ttl_ms, self.stop_at, now)
 
 
 def _one_call_per_key(
@@ -253,7 +251,7 @@ class RenewalScheduler:
             if not entry.active or due != entry.due:
                 heapq.heappop(self._heap)  # removed, or rescheduled under a new heap item
                 continue
-            if due > now + entry.interval / 4:
+            if due > now + renewal.batch_window(entry.interval):
                 break
             heapq.heappop(self._heap)
             batch.append(entry)
@@ -400,7 +398,7 @@ class RenewalScheduler:
                     self.remove(entry)
                     lease._renewal_stopped()
                 else:
-                    self._reschedule(entry, sent_at + entry.interval * self.rng.uniform(0.9, 1.0))
+                    self._reschedule(entry, renewal.next_due(sent_at, entry.interval, self.rng))
             else:
                 self.remove(entry)
                 lease._not_owner()
@@ -445,9 +443,7 @@ class RenewalScheduler:
             if entry.active:
                 lease._renew_failed(exc)
                 if entry.backoff is None:
-                    entry.backoff = Backoff(
-                        base=min(0.05, entry.interval / 4), cap=entry.interval / 2, rng=self.rng
-                    )
+                    entry.backoff = renewal.failure_backoff(entry.interval, self.rng)
                 self._reschedule(entry, now + entry.backoff.next())
 
     async def _release_abandoned(self, entry: RenewalEntry) -> None:

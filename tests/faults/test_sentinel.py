@@ -31,8 +31,8 @@ from aiolock import (
     Semaphore,
 )
 from aiolock._layout import LockKeys
+from aiolock._notifier import Notifier
 from aiolock._runtime import runtime_for
-from aiolock._waiting import Notifier
 
 from ..load import scaled
 from ..recorded import recorded
