@@ -32,8 +32,8 @@ from types import TracebackType
 from typing import Any, Final
 
 from . import _renewal as renewal
-from ._backend import migrating, outcome_unknown
 from ._cancel import run_shielded
+from ._clients import migrating, outcome_unknown
 from ._config import check_timeout, check_token
 from ._granting import Granting
 from ._info import task_name

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final, final
 
 from . import _events as events
-from ._backend import AsyncClient, is_cluster
+from ._clients import AsyncClient, is_cluster
 from ._config import LockConfig
 from ._info import HOST, PID, LockInfo, text
 from ._layout import RESERVATION_MS

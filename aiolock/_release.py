@@ -13,8 +13,8 @@ import contextlib
 from collections.abc import Callable
 from typing import Final
 
-from ._backend import migrating
 from ._cancel import run_shielded
+from ._clients import migrating
 from ._config import check_token
 from ._info import task_name
 from ._lease import Lease

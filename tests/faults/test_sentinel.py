@@ -147,7 +147,7 @@ async def test_lock_and_semaphore_over_master_for_acquire_renew_wait_and_release
                     timeout=5.0,
                 )
                 assert not lease.lost
-                renewals = runtime_for(holder).backend._renew_client
+                renewals = runtime_for(holder).backend.transport._renew_client
                 assert renewals is not None
                 for connection in renewals.connection_pool._available_connections:
                     assert getattr(connection, "port", None) == group.master.port
