@@ -10,6 +10,7 @@ ask them and carry out the answer:
 - the caps: the safety margin taken off every validity (`safety_margin`), and the expiry a
   renewal sets near `max_hold` (`capped_ttl_ms`, `stop_at`);
 - the backoff of a failed renewal (`failure_backoff`);
+- what counts as a renewal of a lease, and until when it is valid (`Validity`);
 - the lease taken from a grant (`grant_timing`): whether it can be taken without an
   acquire, until when it is valid, when it is first renewed, and whether that renewal is
   written before `acquire()` returns (`renews_at_once`); a replicated grant is confirmed
@@ -26,6 +27,7 @@ from ._retry import Backoff
 
 __all__ = (
     "GrantTiming",
+    "Validity",
     "batch_window",
     "capped_ttl_ms",
     "default_interval",
@@ -124,3 +126,67 @@ def renews_at_once(expiry_ms: int, ttl_ms: int) -> bool:
     A grant of the full ttl (this process's own release) is left to the watchdog, however
     late it was heard of."""
     return expiry_ms < ttl_ms
+
+
+class Validity:
+    """How long one lease is valid, as its renewals say: the policy's account of a lease
+    (every time is given, no clock is read). The lease asks it and arms its timer.
+
+    A renewal counts from when it was *sent*: confirmed, it moves the deadline to its send
+    time + the expiry it set minus the margin. Renewals sent and not answered yet are kept: one
+    of them may already be confirmed by Redis when the deadline is noticed (its reply not
+    read yet), and so rescues the lease (`rescues`). A new ttl (`retarget`) counts the
+    shorter of it and the expiries still in flight until they are answered, and a renewal
+    sent before it is not counted.
+    """
+
+    __slots__ = ("deadline", "in_flight", "margin", "retargeted_at", "ttl")
+
+    def __init__(
+        self, *, sent_at: float, ttl: float, margin: float, deadline: float | None = None
+    ) -> None:
+        self.ttl = ttl
+        self.margin = margin
+        self.in_flight: list[tuple[float, float]] = []  # (sent at, ttl) of each renewal
+        self.retargeted_at = -math.inf  # when extend(ttl=...) last set a new ttl
+        # A lease granted directly starts with the grant's shorter validity, until renewed.
+        self.deadline = sent_at + ttl - margin if deadline is None else deadline
+
+    def sent(self, sent_at: float, ttl: float) -> None:
+        """A renewal setting the expiry to `ttl` was sent at `sent_at`."""
+        self.in_flight.append((sent_at, ttl))
+
+    def answered(self, sent_at: float) -> None:
+        """The renewal sent at `sent_at` was answered (or failed, or was given up)."""
+        for index, (sent, _) in enumerate(self.in_flight):
+            if sent == sent_at:
+                del self.in_flight[index]
+                return
+
+    def counts(self, sent_at: float) -> bool:
+        """Whether a renewal sent at `sent_at` counts: not sent with the ttl the lease had
+        before `retarget`."""
+        return sent_at >= self.retargeted_at
+
+    def renewed(self, sent_at: float, ttl: float | None) -> bool:
+        """A renewal sent at `sent_at` set the expiry to `ttl` (None: the lease's): True if
+        the deadline moved."""
+        deadline = sent_at + (self.ttl if ttl is None else ttl) - self.margin
+        if deadline > self.deadline:
+            self.deadline = deadline
+            return True
+        return False
+
+    def retarget(self, ttl: float, sent_at: float) -> None:
+        """The expiry was set to a new `ttl` by a request sent at `sent_at`: the lease has
+        that ttl from now on (its deadline may move back)."""
+        shortest = min([ttl, *(old for _, old in self.in_flight)])
+        self.ttl = ttl
+        self.margin = safety_margin(ttl)
+        self.retargeted_at = sent_at
+        self.deadline = sent_at + shortest - safety_margin(shortest)
+
+    def rescues(self, now: float) -> bool:
+        """Whether a renewal sent in time is unanswered: if Redis confirmed it, the lease
+        is valid past `now`."""
+        return any(sent + ttl - self.margin > now for sent, ttl in self.in_flight)

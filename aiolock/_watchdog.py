@@ -140,6 +140,10 @@ class RenewalEntry:
         return renewal.capped_ttl_ms(self.ttl_ms, self.stop_at, now)
 
 
+_Live = tuple[RenewalEntry, Renewable, int]
+"""An entry of a batch, its lease, and the expiry (ms) the batch sets."""
+
+
 def _one_call_per_key(
     keys: Sequence[str], args: Sequence[str | int]
 ) -> list[tuple[Sequence[str], Sequence[str | int]]]:
@@ -319,10 +323,11 @@ class RenewalScheduler:
                 if not cancelled and (self._active or self._abandoned):
                     self._ensure_running()  # work arrived while the connection was closing
 
-    async def _renew(self, batch: list[RenewalEntry]) -> None:
-        loop = self._backend.loop
-        live: list[tuple[RenewalEntry, Renewable, int]] = []
-        now = loop.time()
+    def _live(self, batch: list[RenewalEntry], now: float) -> list[_Live]:
+        """The entries of `batch` to renew now, with their leases and the expiry to set;
+        the others are abandoned (their lease was garbage-collected) or stopped (at their
+        `max_hold`)."""
+        live: list[_Live] = []
         for entry in batch:
             lease = entry.lease_ref()
             ttl_ms = entry.ttl_ms_at(now)
@@ -333,6 +338,11 @@ class RenewalScheduler:
                 lease._renewal_stopped()
             else:
                 live.append((entry, lease, ttl_ms))
+        return live
+
+    async def _renew(self, batch: list[RenewalEntry]) -> None:
+        loop = self._backend.loop
+        live = self._live(batch, loop.time())
         if not live:
             return
         # Bound the call by the deadlines of its own leases, so that a dead connection is
@@ -382,7 +392,15 @@ class RenewalScheduler:
             error = BackendError(f"renew failed: {exc!r}", operation="renew", name=None)
             self._failed(live, error, sent_at)
             return
-        short: list[tuple[RenewalEntry, Renewable, int]] = []
+        self._answered(live, replies, acked, sent_at, needed)
+
+    def _answered(
+        self, live: list[_Live], replies: Sequence[Any], acked: int, sent_at: float, needed: int
+    ) -> None:
+        """A batch sent at `sent_at` was answered `replies` (with `acked` replicas'
+        acknowledgement): each lease is renewed, lost, or (not confirmed by enough
+        replicas) retried like a failed batch."""
+        short: list[_Live] = []
         for (entry, lease, ttl_ms), reply in zip(live, replies, strict=True):
             if int(reply) == 1 and acked < entry.replicas:
                 short.append((entry, lease, ttl_ms))  # applied, but not confirmed: retried
@@ -413,7 +431,7 @@ class RenewalScheduler:
             self._failed(short, error, sent_at)
 
     async def _renew_per_slot(
-        self, live: list[tuple[RenewalEntry, Renewable, int]], args: list[str | int], timeout: float
+        self, live: list[_Live], args: list[str | int], timeout: float
     ) -> list[Any]:
         """On a cluster, a script's keys must share one slot: one RENEW call per slot,
         sent in one round trip per node; the replies in `live`'s order."""
@@ -434,9 +452,7 @@ class RenewalScheduler:
                 replies[index] = reply
         return replies
 
-    def _failed(
-        self, live: list[tuple[RenewalEntry, Renewable, int]], exc: BackendError, sent_at: float
-    ) -> None:
+    def _failed(self, live: list[_Live], exc: BackendError, sent_at: float) -> None:
         now = self._backend.loop.time()
         for entry, lease, _ in live:
             lease._renewal_answered(sent_at)
