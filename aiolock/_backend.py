@@ -129,12 +129,6 @@ class _Bound:
         self.backoff = self.backoff or Backoff(base=0.02, cap=0.25, rng=random.Random())
         await asyncio.sleep(self.backoff.next())
 
-    def end(self) -> None:
-        self.answered = True
-        self.timer.cancel()
-        if self.grace is not None:
-            self.grace.cancel()
-
 
 class Backend:
     """How aiolock talks to one redis client: script calls on its pool, and connections of
@@ -267,17 +261,30 @@ class Backend:
                 )
             finally:
                 await client.connection_pool.disconnect()
-        call = functools.partial(
-            self._call,
-            command=command,
-            script=script,
-            timeout=timeout,
-            operation=operation,
-            name=name,
-            on_sent=on_sent,
-            then=then,
-        )
-        reply = await self.transport.call_on(call, background=background)
+        target = self.transport.script_client(background=background)
+        if target is None:  # the transport lends a client for each call (a cluster's own)
+            call = functools.partial(
+                self._call,
+                command=command,
+                script=script,
+                timeout=timeout,
+                operation=operation,
+                name=name,
+                on_sent=on_sent,
+                then=then,
+            )
+            reply = await self.transport.call_on(call, background=background)
+        else:
+            reply = await self._call(
+                target,
+                command,
+                script=script,
+                timeout=timeout,
+                operation=operation,
+                name=name,
+                on_sent=on_sent,
+                then=then,
+            )
         if then is not None:
             return reply[0], int(reply[1])
         return reply
@@ -426,7 +433,10 @@ class Backend:
                 raise asyncio.CancelledError from exc
             raise self._failed(operation, name, timeout, exc, bound.waiting_out) from exc
         finally:
-            bound.end()
+            bound.answered = True
+            bound.timer.cancel()
+            if bound.grace is not None:
+                bound.grace.cancel()
         if bound.expired:
             task.uncancel()  # our timer's cancellation, swallowed: the answer came anyway
         if task.cancelling() > cancelling:

@@ -3,9 +3,10 @@
 A `Transport` is how one user client's script calls reach its server(s): the part of a
 `Backend` (`_backend`) that differs by deployment. The `Backend` bounds and retries every
 call, translates its errors and runs scripts; the transport says on which client a call
-goes (`call_on`), how a command is sent on it (`send`), which connections aiolock opens for
-itself (`connection_pool`, `background_client`, `new_pubsub`), and the few facts of its
-topology the bounded call asks (`retries_broken`, `waits_out`, `during_migration`).
+goes (`script_client`, or `call_on` for a client it lends per call), how a command is sent
+on it (`send`), which connections aiolock opens for itself (`connection_pool`,
+`background_client`, `new_pubsub`), and the few facts of its topology the bounded call
+asks (`retries_broken`, `waits_out`, `during_migration`).
 
 - `CommandTransport` (here): through the client's `execute_command`, for any client aiolock
   does not send on itself (fakeredis, a connection class of another kind);
@@ -210,13 +211,24 @@ class Transport:
         """One command (and `then` right after it, both replies returned) on `client`."""
         raise NotImplementedError
 
+    def script_client(self, *, background: bool) -> Client | None:
+        """The client a script call goes on: the user's, or for a `background` call (a
+        renewal) aiolock's own connections, never busy with the user's commands; None if
+        the transport lends one for each call (`call_on`)."""
+        if background:
+            return self.background_client()
+        client = self._client_ref()
+        if client is None:  # pragma: no cover - locks keep their client alive
+            raise RuntimeError("the redis client of this lock was garbage-collected")
+        return client
+
     def call_on(
         self, call: Callable[[Client], Awaitable[Any]], *, background: bool
     ) -> Awaitable[Any]:
-        """`call` run on the client a script call goes on: the user's, or for a
-        `background` call (a renewal) aiolock's own connections, never busy with the
-        user's commands."""
-        return call(self.background_client() if background else self.user_client())
+        """`call` run on the client a script call goes on (see `script_client`)."""
+        client = self.script_client(background=background)
+        assert client is not None
+        return call(client)
 
     def connection_pool(self, key: str | None = None) -> redis.asyncio.ConnectionPool:
         """A new pool with the user's connection settings and no retries of its own."""

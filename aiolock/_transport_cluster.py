@@ -131,6 +131,10 @@ class ClusterTransport(CommandTransport):
         assert isinstance(client, self.library.cluster)
         return client
 
+    def script_client(self, *, background: bool) -> Client | None:
+        """None: every call goes on aiolock's own cluster client, lent for it (`call_on`)."""
+        return None
+
     def call_on(
         self, call: Callable[[Client], Awaitable[Any]], *, background: bool
     ) -> Awaitable[Any]:
