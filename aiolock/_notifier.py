@@ -248,8 +248,7 @@ class Notifier:
         if queue is None:
             queue = self._queues[channel] = WaitQueue(channel)
             if self._subscribed.pop(channel, None) is not None:
-                queue.requested = True  # still subscribed from earlier waiters
-                queue.subscribed.set()
+                queue.subscription_kept()  # still subscribed from earlier waiters
         waiter = Waiter(queue, self.ticket() if ticket is None else ticket, accepts=accepts)
         waiters = queue.waiters
         position = len(waiters)
@@ -360,7 +359,7 @@ class Notifier:
         if queue.requested:
             return
         if self._pubsub is not None and _connected(self._pubsub):
-            queue.requested = True
+            queue.subscription_requested()
             try:
                 await self._pubsub.subscribe(queue.channel)
             except Exception as exc:
@@ -433,7 +432,7 @@ class Notifier:
         every = health.every
         if not _connected(pubsub):
             for queue in self._queues.values():
-                queue.requested = True
+                queue.subscription_requested()
             self._watch_requested = set(self._watches)
             await pubsub.subscribe(*self._queues, *self._subscribed, *self._watches)
             health.heard, health.pinged = loop.time(), None
@@ -485,10 +484,7 @@ class Notifier:
         if self._backend.refused(exc):
             logger.warning("aiolock: subscription refused: %s", exc)
             for queue in self._queues.values():
-                queue.refusal = exc
-                queue.subscribed.set()
-                for waiter in queue.waiters:
-                    waiter.nudge()  # each raises the refusal as BackendError
+                queue.subscription_refused(exc)
             self._refuse_watches(exc)
         else:
             logger.warning("aiolock: pub/sub connection lost, reconnecting: %s", exc)
@@ -501,9 +497,7 @@ class Notifier:
         self._pubsub = self._backend.new_pubsub() if replace else None
         self._subscribed = {}
         for queue in self._queues.values():
-            queue.reconnected = queue.reconnected or queue.subscribed.is_set()
-            queue.subscribed.clear()
-            queue.requested = False
+            queue.subscription_lost()
         self._unsubscribe_watches()
         if pubsub is not None:
             await pubsub.aclose()  # type: ignore[no-untyped-call]
@@ -520,15 +514,8 @@ class Notifier:
         if kind == "subscribe":
             if queue is None:
                 self._subscribed.setdefault(channel, self._backend.loop.time())
-            elif queue.subscribed.is_set():
-                queue.wake_head()  # a duplicate confirmation: check the lock, to be safe
             else:
-                queue.subscribed.set()
-                if queue.reconnected:
-                    # Subscribed again after a reconnect: a release may have come while
-                    # the channel was unheard, after the head's last try.
-                    queue.reconnected = False
-                    queue.wake_head()
+                queue.subscription_confirmed()
         elif kind == "message" and queue is not None:
             self.messages_received += 1
             data = message["data"]

@@ -323,6 +323,41 @@ class WaitQueue:
         self.requeued = requeued
         self.counted = max(self.counted - 1, 1) if requeued and self.counted else None
 
+    # ----------------------------------------------------------------- the subscription
+    def subscription_requested(self) -> None:
+        """SUBSCRIBE was sent for the queue's channel on the current connection."""
+        self.requested = True
+
+    def subscription_kept(self) -> None:
+        """The channel is still subscribed, from earlier waiters."""
+        self.requested = True
+        self.subscribed.set()
+
+    def subscription_confirmed(self) -> None:
+        """The server confirmed the subscription. A duplicate confirmation wakes the head
+        (to check the lock, to be safe), and so does one after a lost connection: a
+        release may have come while the channel was unheard, after the head's last try."""
+        if self.subscribed.is_set():
+            self.wake_head()
+            return
+        self.subscribed.set()
+        if self.reconnected:
+            self.reconnected = False
+            self.wake_head()
+
+    def subscription_lost(self) -> None:
+        """The connection was closed: the subscription must be made again."""
+        self.reconnected = self.reconnected or self.subscribed.is_set()
+        self.subscribed.clear()
+        self.requested = False
+
+    def subscription_refused(self, error: Exception) -> None:
+        """The server refused the subscription: every waiter raises it (`Waiter.check`)."""
+        self.refusal = error
+        self.subscribed.set()
+        for waiter in self.waiters:
+            waiter.nudge()
+
     # ----------------------------------------------------------------- the head's attempt
     def attempt_started(self, grant_ms: int, sent_at: float) -> tuple[list[str], Registration]:
         """The head sends an attempt: the tokens it claims (grants to earlier registrations)
