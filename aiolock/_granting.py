@@ -99,28 +99,28 @@ class Granting(Releasing):
     ) -> None:
         """The head takes `lease`, made from `grant`: the grant took the queue out of Redis
         (a next waiter puts it back, woken now if more may be free, else by the next
-        release). With `replicas=N` the lease is confirmed by the replicas; else, if the
-        policy says so, its first renewal is written before this returns.
+        release). Its first renewal is what the policy says (`renewal.first_renewal`):
+        confirmed by the replicas (`replicas=N`), written before this returns (a grant
+        shorter than the ttl), or left to the watchdog.
 
         Cancellation:
             The lease never reaches the caller: it is released under a shield first.
         """
         queue.took(grant, requeued=self._requeued_on_grant and grant.requeued)
         config = self._config
-        if config.replicas:
+        first = renewal.first_renewal(grant.expiry_ms, config.ttl_ms, replicas=config.replicas)
+        if first is renewal.FirstRenewal.CONFIRMED:
             await self._confirm_granted(runtime, lease)
-            return
-        try:
-            short = renewal.renews_at_once(grant.expiry_ms, config.ttl_ms)
-            await self._renew_granted(runtime, lease, short=short)
-        except asyncio.CancelledError:
-            await lease._cleanup_after_loss()  # never reached its caller
-            raise
+        elif first is renewal.FirstRenewal.WRITTEN:
+            try:
+                await self._renew_granted(runtime, lease)
+            except asyncio.CancelledError:
+                await lease._cleanup_after_loss()  # never reached its caller
+                raise
 
-    async def _renew_granted(self, runtime: Runtime, lease: Lease, *, short: bool) -> None:
-        """Renew a lease taken from a `short` grant (shorter than the ttl: another process's
-        release) to its full ttl, before its body runs. A grant of the full ttl (this
-        process's own release) is left to the watchdog, however late it was heard of.
+    async def _renew_granted(self, runtime: Runtime, lease: Lease) -> None:
+        """Renew a lease taken from a grant shorter than the ttl (another process's
+        release) to its full ttl, before its body runs.
 
         The renewal is sent on the user's client now, in a task of its own; this waits
         until it has been written (never for its answer), so that an event-loop stall at
@@ -137,7 +137,7 @@ class Granting(Releasing):
         config = self._config
         loop = runtime.loop
         entry = lease._entry
-        if entry is None or not short:
+        if entry is None:
             return
         backend = runtime.backend
         written = loop.create_future()

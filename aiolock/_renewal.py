@@ -13,12 +13,13 @@ ask them and carry out the answer:
 - what counts as a renewal of a lease, and until when it is valid (`Validity`);
 - the lease taken from a grant (`grant_timing`): whether it can be taken without an
   acquire, until when it is valid, when it is first renewed, and whether that renewal is
-  written before `acquire()` returns (`renews_at_once`); a replicated grant is confirmed
+  written before `acquire()` returns (`first_renewal`); a replicated grant is confirmed
   the same way, with the replicas' acknowledgement awaited.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 import random
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from ._retry import Backoff
 
 __all__ = (
+    "FirstRenewal",
     "GrantTiming",
     "Validity",
     "batch_window",
@@ -33,6 +35,7 @@ __all__ = (
     "default_interval",
     "failure_backoff",
     "first_due",
+    "first_renewal",
     "grant_timing",
     "next_due",
     "renews_at_once",
@@ -126,6 +129,29 @@ def renews_at_once(expiry_ms: int, ttl_ms: int) -> bool:
     A grant of the full ttl (this process's own release) is left to the watchdog, however
     late it was heard of."""
     return expiry_ms < ttl_ms
+
+
+class FirstRenewal(enum.Enum):
+    """What is done with a lease taken from a grant before `acquire()` returns."""
+
+    LEFT = "left"
+    """Nothing: the watchdog renews it on its schedule."""
+    WRITTEN = "written"
+    """Its renewal to the full ttl is written (its answer not awaited)."""
+    CONFIRMED = "confirmed"
+    """Its renewal to the full ttl and a WAIT for the replicas are awaited: the grant
+    counts only once the replicas have it."""
+
+
+def first_renewal(expiry_ms: int, ttl_ms: int, *, replicas: int) -> FirstRenewal:
+    """The first renewal of a lease taken from a grant with this expiry: confirmed by the
+    replicas if the primitive needs any (a grant written by any release), else written at
+    once if `renews_at_once`, else left to the watchdog."""
+    if replicas:
+        return FirstRenewal.CONFIRMED
+    if renews_at_once(expiry_ms, ttl_ms):
+        return FirstRenewal.WRITTEN
+    return FirstRenewal.LEFT
 
 
 class Validity:

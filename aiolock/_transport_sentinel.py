@@ -122,7 +122,8 @@ class SentinelTransport(Transport):
         it, about ten seconds later. Such a connection is closed and opened again, to the new
         master. When no Sentinel answers, the connection is used as it is (as redis-py would).
         A former master that was demoted already refuses writes with READONLY: redis-py's
-        connection then closes itself and raises `ConnectionError`, and `_call` sends again.
+        connection then closes itself and raises `ConnectionError`, and `Backend._call`
+        sends again.
         """
         pool: Any = client.connection_pool  # a Sentinel-managed pool, of either library
         address = await _master_address(pool)
