@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import secrets
 from collections.abc import Sequence
 from types import TracebackType
@@ -234,8 +235,9 @@ class Primitive(Granting):
         """Wait in the process's queue until `waiter` gets a lease: handed by a later caller,
         granted by a release, or got by its own attempt as the head."""
         queue = waiter.queue
-        trying_before = runtime.notifier.trying_before
-        unknown_pttl = Backoff(base=0.01, cap=1.0, rng=runtime.notifier.rng)
+        notifier = runtime.notifier
+        trying_before, rng = notifier.trying_before, notifier.rng
+        unknown_pttl = Backoff(base=0.01, cap=1.0, rng=rng)
         while True:
             if waiter.handed is not None:
                 # Handed by a task of this process that called later and got a lease.
@@ -272,7 +274,7 @@ class Primitive(Granting):
                         progress.took(more=attempt.free > 0)
                         return self._granted(attempt.lease, progress.waited(), progress.attempts)
                     continue
-            if await self._sleep(runtime, progress, waiter, unknown_pttl):
+            if await self._sleep(progress, waiter, unknown_pttl, rng):
                 must_try = True
 
     async def _wait_turn(self, progress: _Progress, waiter: Waiter) -> None:
@@ -307,7 +309,7 @@ class Primitive(Granting):
         return attempt
 
     async def _sleep(
-        self, runtime: Runtime, progress: _Progress, waiter: Waiter, unknown_pttl: Backoff
+        self, progress: _Progress, waiter: Waiter, unknown_pttl: Backoff, rng: random.Random
     ) -> bool:
         """Sleep until woken, nudged, or (the head) until the holder's key would expire;
         True if the head's timer ran out (it tries). Raises at the caller's timeout."""
@@ -319,7 +321,7 @@ class Primitive(Granting):
             # The backoff only paces checks of a key whose expiry is unknown.
             pttl_ms = progress.pttl_ms
             fallback = unknown_pttl.next() if pttl_ms <= 0 else 0.0
-            poll = poll_delay(pttl_ms, fallback=fallback, rng=runtime.notifier.rng)
+            poll = poll_delay(pttl_ms, fallback=fallback, rng=rng)
             if self._max_poll is not None:
                 poll = min(poll, self._max_poll)
             if waiter.queue.miscounted:

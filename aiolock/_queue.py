@@ -175,15 +175,15 @@ class WaitQueue:
     """The waiters of one lock name in this process, first come first served."""
 
     __slots__ = (
-        "_attempting",
         "_granted",
-        "_joining",
         "_recent",
         "_seq",
         "_spent",
+        "attempting",
         "channel",
         "counted",
         "grant",
+        "joining",
         "reconnected",
         "refusal",
         "registrations",
@@ -208,9 +208,9 @@ class WaitQueue:
         self.requeued = False
         # At most one command carrying a registration is in flight, so that Redis applies
         # them in the order they were made: the head's acquire, or a local release that
-        # puts the queue in line.
-        self._attempting = False
-        self._joining = False
+        # puts the queue in line. Read anywhere, changed only by the methods below.
+        self.attempting = False  # the head's attempt carrying a registration
+        self.joining = False  # a release of this process putting the queue in line
         # The number of waiters the queue's entry in Redis was last written with (None: no
         # entry, or not known): the head writes it again when the number here differs.
         self.counted: int | None = None
@@ -232,25 +232,10 @@ class WaitQueue:
         return bool(self.registrations) or self.requeued
 
     @property
-    def attempting(self) -> bool:
-        """Whether the head's attempt carrying a registration is in flight."""
-        return self._attempting
-
-    @property
-    def joining(self) -> bool:
-        """Whether a release of this process is putting the queue in line."""
-        return self._joining
-
-    @property
-    def in_flight(self) -> bool:
-        """Whether a command carrying a registration is in flight (at most one is)."""
-        return self._attempting or self._joining
-
-    @property
     def can_join(self) -> bool:
         """Whether a release of this process may put the queue in line now: someone waits,
         and no other command carrying a registration is in flight."""
-        return bool(self.waiters) and not self.in_flight
+        return bool(self.waiters) and not (self.attempting or self.joining)
 
     def nudge_head(self) -> None:
         if self.waiters:
@@ -365,12 +350,12 @@ class WaitQueue:
         it is answered or failed, and `attempt_answered()` or `attempt_refused()`."""
         claims = self.claim_tokens()
         registration = self.register(grant_ms, sent_at)
-        self._attempting = True
+        self.attempting = True
         return claims, registration
 
     def attempt_ended(self) -> None:
         """The head's attempt was answered or failed: a head that waited for it goes on."""
-        self._attempting = False
+        self.attempting = False
         self.nudge_head()
 
     def attempt_refused(self, registration: Registration) -> None:
@@ -397,18 +382,18 @@ class WaitQueue:
         The caller must call `joining_answered()` or `joining_failed()`."""
         claims = self.give_back() if give_back else []
         registration = self.register(grant_ms, sent_at)
-        self._joining = True
+        self.joining = True
         return claims, registration
 
     def joining_failed(self) -> None:
         """The release failed: whether it put the queue in line is unknown, the head tries."""
-        self._joining = False
+        self.joining = False
         self.wake_head()
 
     def joining_answered(self, registration: Registration, status: int, count: int) -> None:
         """The release carrying `registration` answered `status` (see RELEASE), having
         written `count` waiters into the entry if it released."""
-        self._joining = False
+        self.joining = False
         if status == 1:
             self.settle(registration, in_redis=True)
             self.counted = count
@@ -426,7 +411,7 @@ class WaitQueue:
             self.counted is not None
             and self.registered
             and self.counted != len(self.waiters)
-            and not self.in_flight
+            and not (self.attempting or self.joining)
         )
 
     def released(

@@ -149,7 +149,7 @@ def first_renewal(expiry_ms: int, ttl_ms: int, *, replicas: int) -> FirstRenewal
     once if `renews_at_once`, else left to the watchdog."""
     if replicas:
         return FirstRenewal.CONFIRMED
-    if renews_at_once(expiry_ms, ttl_ms):
+    if expiry_ms < ttl_ms:  # renews_at_once
         return FirstRenewal.WRITTEN
     return FirstRenewal.LEFT
 
