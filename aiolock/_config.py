@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ._layout import ABORT_RETAIN_MS, RETAIN_CAP, RETAIN_DEFAULT, RETAIN_MIN
+from ._renewal import default_interval, safety_margin
 from .errors import ConfigError
 
 __all__ = (
@@ -268,16 +269,6 @@ def check_prefix(prefix: object) -> str:
     return prefix
 
 
-def safety_margin(ttl: float) -> float:
-    """Seconds subtracted from a lease's validity: clock drift (1 %) plus 2 ms.
-
-    The 2 ms cover Redis's millisecond expiry precision and event-loop scheduling delay;
-    the 1 % covers rate differences between this machine's monotonic clock and the server's
-    wall clock. Never more than half the ttl.
-    """
-    return min(ttl * 0.01 + 0.002, ttl / 2)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LockConfig:
     """The validated settings of one `Lock`; shared by every lease it grants."""
@@ -353,7 +344,7 @@ class LockConfig:
         interval: float | None = None
         if renew:
             if renew_interval is None:
-                interval = ttl_s / 3
+                interval = default_interval(ttl_s)
             else:
                 interval = _number("renew_interval", renew_interval)
                 validity = ttl_s - safety_margin(ttl_s)

@@ -24,7 +24,8 @@ import redis.asyncio
 import redis.exceptions
 
 from . import _scripts
-from ._backend import Backend, translate_errors
+from ._backend import Backend
+from ._clients import translate_errors
 from ._info import text
 from ._layout import LockKeys
 from .errors import BackendError

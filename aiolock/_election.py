@@ -24,7 +24,7 @@ from types import TracebackType
 from typing import Final, final
 
 from . import _events as events
-from ._backend import AsyncClient, check_client
+from ._clients import AsyncClient, check_client
 from ._config import LockConfig, check_identity, check_name, check_value
 from ._election_scripts import (
     CHANGED_SUFFIX,

@@ -17,7 +17,7 @@ import string
 from collections.abc import Callable, Collection, Mapping
 from typing import Final, final
 
-from ._backend import AsyncClient, Client, check_client, library_of
+from ._clients import AsyncClient, Client, check_client, library_of
 from ._config import check_name
 from .errors import AcquireTimeoutError, ConfigError
 

@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal, TypeAlias, cast, final
 
-from ._backend import AsyncClient, AsyncRedis, check_client, is_cluster, translate_errors
+from ._clients import AsyncClient, AsyncRedis, check_client, is_cluster, translate_errors
 from ._config import check_prefix
 from ._info import LockInfo, text
 from ._layout import HOLD_FIXED, LockKeys

@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, final
 import anyio
 
 from . import _events as events
+from . import _renewal as renewal
 from ._cancel import run_shielded
-from ._config import MIN_TTL, check_seconds, safety_margin
+from ._config import MIN_TTL, check_seconds
 from ._settle import after_arrivals, arrivals
 from .errors import AiolockError, BackendError, LeaseLostError, LossReason
 
@@ -140,28 +141,24 @@ class Lease:
 
     __slots__ = (
         "__weakref__",
-        "_deadline",
         "_ended",
         "_entry",
         "_granted_at",
         "_guarded",
-        "_in_flight",
         "_issuer",
         "_loop",
         "_loss_cause",
         "_loss_reason",
-        "_margin",
         "_on_end",
         "_renew_error",
         "_renewal_stopped_by_max_hold",
-        "_retargeted_at",
         "_scheduler",
         "_scope",
         "_settling",
         "_stalled_for",
         "_state",
         "_timer",
-        "_ttl",
+        "_validity",
         "fencing_token",
         "name",
         "slot",
@@ -187,8 +184,9 @@ class Lease:
         self.token = token
         self.fencing_token = fencing_token
         self.slot = slot
-        self._ttl = ttl
-        self._margin = margin
+        self._validity = renewal.Validity(
+            sent_at=sent_at, ttl=ttl, margin=margin, deadline=deadline
+        )
         self._loop = asyncio.get_running_loop()
         self._state = _State.HELD
         self._loss_reason: LossReason | None = None
@@ -199,14 +197,8 @@ class Lease:
         self._on_end: list[Callable[[Lease], None]] | None = None  # see _when_ended
         self._scope: anyio.CancelScope | None = None
         self._guarded: asyncio.Task[Any] | None = None  # the task whose block it guards
-        # Renewals sent and not answered yet, as (sent at, ttl): one of them may already be
-        # confirmed by Redis when the deadline is noticed (its reply not read yet).
-        self._in_flight: list[tuple[float, float]] = []
         self._settling = False
         self._stalled_for: float | None = None  # how late a missed deadline was noticed
-        self._retargeted_at = -math.inf  # when extend(ttl=...) last set a new ttl
-        # A lease granted directly starts with the grant's shorter validity, until renewed.
-        self._deadline = sent_at + ttl - margin if deadline is None else deadline
         self._granted_at = self._loop.time()
         self._timer: asyncio.TimerHandle | None = None
         self._arm_timer()
@@ -225,14 +217,14 @@ class Lease:
         Moves forward with each confirmed renewal: time the renewal was *sent*, plus the ttl,
         minus a safety margin, so delays before the reply shorten validity, never lengthen it.
         """
-        return self._deadline
+        return self._validity.deadline
 
     def remaining(self) -> float:
         """Seconds of validity the holder can still count on; 0.0 once released or lost,
         or once the deadline has passed (whether or not the loss was declared yet)."""
         if self._state is not _State.HELD or self._loop.is_closed():
             return 0.0
-        return max(0.0, self._deadline - self._loop.time())
+        return max(0.0, self._validity.deadline - self._loop.time())
 
     def held_for(self) -> float:
         """Seconds since the lease was granted (local clock)."""
@@ -358,7 +350,7 @@ class Lease:
         await self._settle_deadline()
         if self._state is _State.LOST:
             raise self.loss_error()
-        target = self._ttl if new_ttl is None else new_ttl
+        target = self._validity.ttl if new_ttl is None else new_ttl
         sent_at = self._loop.time()
         self._renewal_sent(sent_at, target)
         try:
@@ -372,7 +364,7 @@ class Lease:
         elif new_ttl is not None and self._state is _State.HELD:
             self._retarget(new_ttl, sent_at)
         else:
-            self._renewed(sent_at, self._ttl)
+            self._renewed(sent_at, self._validity.ttl)
         if self.lost:
             raise self.loss_error()
 
@@ -402,7 +394,7 @@ class Lease:
         await self._settle_deadline()
         self._stop_renewal()
         was_lost = self._state is _State.LOST
-        timeout = min(max(self._ttl, 0.5), RELEASE_TIMEOUT)
+        timeout = min(max(self._validity.ttl, 0.5), RELEASE_TIMEOUT)
         try:
             try:
                 ours = await self._issuer._release_lease(self, timeout=timeout)
@@ -518,41 +510,33 @@ class Lease:
         own expiry last: until it is answered, the shorter of the two counts, and its
         answer (counted with the old ttl) is then ignored.
         """
-        shortest = min([ttl, *(old for _, old in self._in_flight)])
-        self._ttl = ttl
-        self._margin = safety_margin(ttl)
-        self._retargeted_at = sent_at
-        self._deadline = sent_at + shortest - safety_margin(shortest)
+        self._validity.retarget(ttl, sent_at)
         self._arm_timer()
         if self._entry is not None:
             self._entry.ttl_ms = math.ceil(ttl * 1000)
-            self._entry.interval = min(self._entry.interval, ttl / 3)
+            self._entry.interval = min(self._entry.interval, renewal.default_interval(ttl))
             if self._scheduler is not None:
-                self._scheduler.postpone(self._entry, sent_at + self._entry.interval)
-                self._scheduler.hasten(self._entry, sent_at + self._entry.interval)
+                due = sent_at + self._entry.interval
+                self._scheduler.postpone(self._entry, due)
+                self._scheduler.hasten(self._entry, due)
         self._renew_error = None
         self._emit(events.EventKind.RENEWED)
 
     def _renewal_sent(self, sent_at: float, ttl: float) -> None:
         """A renewal setting the expiry to `ttl` was sent at `sent_at`."""
-        self._in_flight.append((sent_at, ttl))
+        self._validity.sent(sent_at, ttl)
 
     def _renewal_answered(self, sent_at: float) -> None:
         """The renewal sent at `sent_at` was answered (or failed, or was given up)."""
-        for index, (sent, _) in enumerate(self._in_flight):
-            if sent == sent_at:
-                del self._in_flight[index]
-                return
+        self._validity.answered(sent_at)
 
     def _renewed(self, sent_at: float, ttl: float | None = None) -> None:
         """Redis confirmed a renewal sent at `sent_at` that set the expiry to `ttl`."""
         if self._state is not _State.HELD:
             return  # loss is final; a late success changes nothing
-        if sent_at < self._retargeted_at:
+        if not self._validity.counts(sent_at):
             return  # sent with the ttl the lease had before extend(ttl=...)
-        deadline = sent_at + (self._ttl if ttl is None else ttl) - self._margin
-        if deadline > self._deadline:
-            self._deadline = deadline
+        if self._validity.renewed(sent_at, ttl):
             self._arm_timer()
         self._renew_error = None
         self._emit(events.EventKind.RENEWED)
@@ -568,17 +552,12 @@ class Lease:
     def _not_owner(self) -> None:
         self._lose(LossReason.NOT_OWNER, None)
 
-    def _rescuable(self, now: float) -> bool:
-        """Whether a renewal sent in time is unanswered: if Redis confirmed it, the lease
-        is valid past `now`."""
-        return any(sent + ttl - self._margin > now for sent, ttl in self._in_flight)
-
     def _deadline_timer(self) -> None:
         # The loop may run a timer a clock tick early: the deadline counts as reached.
-        self._check_deadline(settle=True, now=max(self._loop.time(), self._deadline))
+        self._check_deadline(settle=True, now=max(self._loop.time(), self._validity.deadline))
 
     def _deadline_reached(self, now: float) -> None:
-        late = now - self._deadline
+        late = now - self._validity.deadline
         if late >= STALL:
             self._stalled_for = late
         if self._renewal_stopped_by_max_hold:
@@ -590,7 +569,9 @@ class Lease:
     def _arm_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        self._timer = self._loop.call_at(self._deadline, _deadline_passed, weakref.ref(self))
+        self._timer = self._loop.call_at(
+            self._validity.deadline, _deadline_passed, weakref.ref(self)
+        )
 
     def _check_deadline(
         self, *, settle: bool, in_doubt_ok: bool = False, now: float | None = None
@@ -609,9 +590,9 @@ class Lease:
             return
         if now is None:
             now = self._loop.time()
-        if now < self._deadline:
+        if now < self._validity.deadline:
             return
-        if self._rescuable(now):
+        if self._validity.rescues(now):
             if settle and not self._settling:
                 self._settling = True
                 after_arrivals(self._loop, functools.partial(_settled, weakref.ref(self)))
@@ -625,7 +606,7 @@ class Lease:
         and already confirmed by Redis is read before the loss is declared."""
         if self._state is _State.HELD and not self._loop.is_closed():
             now = self._loop.time()
-            if now >= self._deadline and self._rescuable(now):
+            if now >= self._validity.deadline and self._validity.rescues(now):
                 await arrivals()
         self._check_deadline(settle=False)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import final
 
-from ._backend import AsyncClient, check_client
+from ._clients import AsyncClient, check_client
 from ._config import LockConfig, check_name
 from ._engine import Call, Primitive
 from ._info import HOST, PID, LockInfo, text

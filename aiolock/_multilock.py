@@ -22,8 +22,8 @@ from typing import Any, Final, final
 
 import anyio
 
-from ._backend import AsyncClient, check_client
 from ._cancel import run_shielded
+from ._clients import AsyncClient, check_client
 from ._config import LockConfig, check_names, check_timeout
 from ._engine import UNSET, Unset
 from ._layout import RETAIN_DEFAULT

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final, Generic, TypeVar, final
 
-from ._backend import AsyncClient, check_client, translate_errors
+from ._clients import AsyncClient, check_client, translate_errors
 from ._config import MAX_NAME_LENGTH, MAX_SECONDS, check_seconds
 from ._info import LockInfo
 from ._lease import Lease

@@ -14,8 +14,9 @@ import weakref
 from collections.abc import Coroutine
 from typing import Any
 
-from ._backend import AsyncClient, Backend
-from ._waiting import Notifier
+from ._backend import Backend
+from ._clients import AsyncClient
+from ._notifier import Notifier
 from ._watchdog import RenewalScheduler
 
 __all__ = ("Runtime", "runtime_for")

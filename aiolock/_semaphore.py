@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import final
 
-from ._backend import AsyncClient, check_client
+from ._clients import AsyncClient, check_client
 from ._config import LockConfig, check_limit, check_name
 from ._engine import Call, Primitive
 from ._info import HOST, PID, LockInfo

@@ -30,11 +30,11 @@ import asyncio
 import heapq
 import itertools
 import logging
-import math
 import random
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from . import _renewal as renewal
 from ._config import replica_wait_ms
 from ._retry import Backoff
 from ._scripts import RENEW
@@ -137,9 +137,11 @@ class RenewalEntry:
 
     def ttl_ms_at(self, now: float) -> int:
         """The expiry to set now: the ttl, or less once `stop_at` is nearer (0: stop)."""
-        if self.stop_at is None:
-            return self.ttl_ms
-        return max(0, min(self.ttl_ms, math.floor((self.stop_at - now) * 1000)))
+        return renewal.capped_ttl_ms(self.ttl_ms, self.stop_at, now)
+
+
+_Live = tuple[RenewalEntry, Renewable, int]
+"""An entry of a batch, its lease, and the expiry (ms) the batch sets."""
 
 
 def _one_call_per_key(
@@ -253,7 +255,7 @@ class RenewalScheduler:
             if not entry.active or due != entry.due:
                 heapq.heappop(self._heap)  # removed, or rescheduled under a new heap item
                 continue
-            if due > now + entry.interval / 4:
+            if due > now + renewal.batch_window(entry.interval):
                 break
             heapq.heappop(self._heap)
             batch.append(entry)
@@ -321,10 +323,11 @@ class RenewalScheduler:
                 if not cancelled and (self._active or self._abandoned):
                     self._ensure_running()  # work arrived while the connection was closing
 
-    async def _renew(self, batch: list[RenewalEntry]) -> None:
-        loop = self._backend.loop
-        live: list[tuple[RenewalEntry, Renewable, int]] = []
-        now = loop.time()
+    def _live(self, batch: list[RenewalEntry], now: float) -> list[_Live]:
+        """The entries of `batch` to renew now, with their leases and the expiry to set;
+        the others are abandoned (their lease was garbage-collected) or stopped (at their
+        `max_hold`)."""
+        live: list[_Live] = []
         for entry in batch:
             lease = entry.lease_ref()
             ttl_ms = entry.ttl_ms_at(now)
@@ -335,6 +338,11 @@ class RenewalScheduler:
                 lease._renewal_stopped()
             else:
                 live.append((entry, lease, ttl_ms))
+        return live
+
+    async def _renew(self, batch: list[RenewalEntry]) -> None:
+        loop = self._backend.loop
+        live = self._live(batch, loop.time())
         if not live:
             return
         # Bound the call by the deadlines of its own leases, so that a dead connection is
@@ -384,7 +392,15 @@ class RenewalScheduler:
             error = BackendError(f"renew failed: {exc!r}", operation="renew", name=None)
             self._failed(live, error, sent_at)
             return
-        short: list[tuple[RenewalEntry, Renewable, int]] = []
+        self._answered(live, replies, acked, sent_at, needed)
+
+    def _answered(
+        self, live: list[_Live], replies: Sequence[Any], acked: int, sent_at: float, needed: int
+    ) -> None:
+        """A batch sent at `sent_at` was answered `replies` (with `acked` replicas'
+        acknowledgement): each lease is renewed, lost, or (not confirmed by enough
+        replicas) retried like a failed batch."""
+        short: list[_Live] = []
         for (entry, lease, ttl_ms), reply in zip(live, replies, strict=True):
             if int(reply) == 1 and acked < entry.replicas:
                 short.append((entry, lease, ttl_ms))  # applied, but not confirmed: retried
@@ -400,7 +416,7 @@ class RenewalScheduler:
                     self.remove(entry)
                     lease._renewal_stopped()
                 else:
-                    self._reschedule(entry, sent_at + entry.interval * self.rng.uniform(0.9, 1.0))
+                    self._reschedule(entry, renewal.next_due(sent_at, entry.interval, self.rng))
             else:
                 self.remove(entry)
                 lease._not_owner()
@@ -415,7 +431,7 @@ class RenewalScheduler:
             self._failed(short, error, sent_at)
 
     async def _renew_per_slot(
-        self, live: list[tuple[RenewalEntry, Renewable, int]], args: list[str | int], timeout: float
+        self, live: list[_Live], args: list[str | int], timeout: float
     ) -> list[Any]:
         """On a cluster, a script's keys must share one slot: one RENEW call per slot,
         sent in one round trip per node; the replies in `live`'s order."""
@@ -436,18 +452,14 @@ class RenewalScheduler:
                 replies[index] = reply
         return replies
 
-    def _failed(
-        self, live: list[tuple[RenewalEntry, Renewable, int]], exc: BackendError, sent_at: float
-    ) -> None:
+    def _failed(self, live: list[_Live], exc: BackendError, sent_at: float) -> None:
         now = self._backend.loop.time()
         for entry, lease, _ in live:
             lease._renewal_answered(sent_at)
             if entry.active:
                 lease._renew_failed(exc)
                 if entry.backoff is None:
-                    entry.backoff = Backoff(
-                        base=min(0.05, entry.interval / 4), cap=entry.interval / 2, rng=self.rng
-                    )
+                    entry.backoff = renewal.failure_backoff(entry.interval, self.rng)
                 self._reschedule(entry, now + entry.backoff.next())
 
     async def _release_abandoned(self, entry: RenewalEntry) -> None:

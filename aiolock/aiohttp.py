@@ -47,7 +47,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         'aiolock.aiohttp needs the "aiohttp" extra: pip install "aiolock-redis[aiohttp]"'
     ) from exc
 
-from ._backend import AsyncClient
+from ._clients import AsyncClient
 from ._config import LockConfig
 from ._glue import NameTemplate, client_source, retry_after_header
 from ._lease import Lease

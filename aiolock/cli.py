@@ -96,7 +96,8 @@ import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 
 from . import __version__
-from ._backend import AsyncClient, Backend, translate_errors
+from ._backend import Backend
+from ._clients import AsyncClient, translate_errors
 from ._config import MAX_NAME_LENGTH, LockConfig
 from ._demo import DemoConfig, DemoError, DemoSummary, demo_server, run_demo
 from ._doctor import Diagnosis, diagnose

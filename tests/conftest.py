@@ -22,7 +22,7 @@ import pytest
 import redis.asyncio
 from redis.asyncio.connection import Connection
 
-from aiolock import _backend
+from aiolock import _clients
 from aiolock._election_scripts import EL_ANNOUNCE, EL_PROCLAIM, EL_READ, EL_RELEASE
 from aiolock._hash_scripts import EXPIRE_LEASES
 from aiolock._rwlock_scripts import RW_ACQUIRE, RW_RELEASE
@@ -122,7 +122,7 @@ def counting_connection(log: CommandLog) -> type[Connection]:
             await super()._connect()  # type: ignore[no-untyped-call]
             self._writer = _RecordingWriter(self._writer, log)  # type: ignore[arg-type, assignment]
 
-    _backend.DIRECT_CONNECTIONS.add(CountingConnection)
+    _clients.DIRECT_CONNECTIONS.add(CountingConnection)
     return CountingConnection
 
 

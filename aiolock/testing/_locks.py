@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Final, cast, overload
 
-from .._backend import AsyncRedis, ValkeyClient, check_client, is_cluster
+from .._clients import AsyncRedis, ValkeyClient, check_client, is_cluster
 from .._config import check_name, check_prefix
 from .._hash_scripts import EXPIRE_LEASES
 from .._layout import LockKeys

@@ -34,10 +34,11 @@ from aiolock import (
     locked,
     run_once,
 )
-from aiolock._backend import _send_direct, _send_to_master
 from aiolock._inspect import read_locks, scan_lock_names
 from aiolock._layout import LockKeys
 from aiolock._runtime import runtime_for
+from aiolock._transport_direct import DirectTransport
+from aiolock._transport_sentinel import SentinelTransport
 from aiolock.testing import expire_now, hold_elsewhere
 
 from ..cli.conftest import closed_port
@@ -97,7 +98,7 @@ async def test_a_lock_cycle_is_one_round_trip_each_way_sent_directly(
     assert lease.released
     # valkey-py's own connection class: the scripts are packed by hiredis and written on
     # a pooled connection, as on redis-py's.
-    assert runtime_for(client).backend._send is _send_direct
+    assert type(runtime_for(client).backend.transport) is DirectTransport
     before = await commandstats(client)
     async with lock as lease:
         await lease.extend()
@@ -288,7 +289,7 @@ async def test_a_valkey_sentinel_client(valkey_binary: ServerBinary, name: str) 
         )
         one, two = sentinel.master_for(SERVICE), sentinel.master_for(SERVICE)
         try:
-            assert runtime_for(one).backend._send is _send_to_master
+            assert type(runtime_for(one).backend.transport) is SentinelTransport
             lease = await Lock(one, name, ttl=scaled(0.6)).acquire()
             waiting = asyncio.ensure_future(Lock(two, name, ttl=5).acquire(timeout=20))
             await eventually(

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from aiolock import EventKind, Lease, Lock, LockEvent, _engine, add_listener
+from aiolock import EventKind, Lease, Lock, LockEvent, _granting, add_listener
 
 from ..load import scaled
 from .test_network_faults import Proxied, proxied, until
@@ -66,7 +66,7 @@ async def test_a_release_stuck_on_a_dead_connection_does_not_cost_another_lease(
     background; that release hangs (for up to its bound, 1 s, made 5 s here so that the
     short lease's ttl can outlast the stalls of a loaded machine and still be shorter), and
     the other lease is renewed meanwhile."""
-    monkeypatch.setattr(_engine, "ABORT_TIMEOUT", 5.0)
+    monkeypatch.setattr(_granting, "ABORT_TIMEOUT", 5.0)
     short = await Lock(proxied.client, name, ttl=scaled(0.6)).acquire()
     dropped = await Lock(proxied.client, f"{name}:dropped", ttl=30).acquire()
     stuck = proxied.proxy.silence_next(dropped.token.encode())

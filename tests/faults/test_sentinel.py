@@ -31,8 +31,8 @@ from aiolock import (
     Semaphore,
 )
 from aiolock._layout import LockKeys
+from aiolock._notifier import Notifier
 from aiolock._runtime import runtime_for
-from aiolock._waiting import Notifier
 
 from ..load import scaled
 from ..recorded import recorded
@@ -147,7 +147,7 @@ async def test_lock_and_semaphore_over_master_for_acquire_renew_wait_and_release
                     timeout=5.0,
                 )
                 assert not lease.lost
-                renewals = runtime_for(holder).backend._renew_client
+                renewals = runtime_for(holder).backend.transport._renew_client
                 assert renewals is not None
                 for connection in renewals.connection_pool._available_connections:
                     assert getattr(connection, "port", None) == group.master.port

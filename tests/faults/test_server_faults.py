@@ -25,9 +25,10 @@ from redis.backoff import NoBackoff
 
 from aiolock import AcquireTimeoutError, BackendError, Lease, LeaseLostError, Lock, LossReason
 from aiolock._layout import LockKeys
+from aiolock._notifier import Notifier
+from aiolock._queue import Waiter
 from aiolock._runtime import runtime_for
 from aiolock._scripts import ACQUIRE, RELEASE, Script, acquire_args, release_args
-from aiolock._waiting import Notifier, Waiter
 
 from ..conftest import CommandLog, counting_connection, make_client
 from ..load import scaled

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import pytest
 import redis.asyncio
 
-from aiolock import Lock, _waiting
+from aiolock import Lock, _notifier
 from aiolock._layout import LockKeys
+from aiolock._notifier import HEALTH_INTERVAL
 from aiolock._runtime import runtime_for
-from aiolock._waiting import HEALTH_INTERVAL
 
 from ..conftest import CommandLog, make_client
 from ..servers import RedisServer
@@ -68,7 +68,7 @@ async def test_a_pub_sub_connection_that_answers_its_pings_is_kept(
     every PING: the notifier keeps that one connection (one SUBSCRIBE, the same client id
     on the server), replacing none."""
     interval = 0.3
-    monkeypatch.setattr(_waiting, "HEALTH_INTERVAL", interval)
+    monkeypatch.setattr(_notifier, "HEALTH_INTERVAL", interval)
     keys = LockKeys.build("aiolock", name)
     direct = make_client(server.url)
     client = make_client(server.url, commands)

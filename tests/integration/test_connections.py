@@ -17,9 +17,10 @@ import pytest
 import redis.asyncio
 from redis.asyncio.connection import Connection
 
-from aiolock import BackendError, Lock, _backend
-from aiolock._backend import _execute, _send_direct
+from aiolock import BackendError, Lock, _clients
 from aiolock._runtime import runtime_for
+from aiolock._transport import CommandTransport
+from aiolock._transport_direct import DirectTransport
 
 from ..conftest import make_client
 from ..servers import RedisServer
@@ -63,7 +64,7 @@ async def test_every_kind_of_client_locks_waits_and_hands_over(
     lock_name = f"{name}:é"  # not ASCII: both paths must encode it as the client does
     lock = Lock(client, lock_name, ttl=5)
     backend = runtime_for(client).backend
-    assert backend._send is (_send_direct if kind in DIRECT else _execute)
+    assert type(backend.transport) is (DirectTransport if kind in DIRECT else CommandTransport)
 
     first = await lock.acquire()
     waiter = asyncio.create_task(lock.acquire(timeout=5))
@@ -98,11 +99,11 @@ def reading() -> Iterator[type[Reading]]:
     class ReadingHere(Reading):
         pass
 
-    _backend.DIRECT_CONNECTIONS.add(ReadingHere)
+    _clients.DIRECT_CONNECTIONS.add(ReadingHere)
     try:
         yield ReadingHere
     finally:
-        _backend.DIRECT_CONNECTIONS.discard(ReadingHere)
+        _clients.DIRECT_CONNECTIONS.discard(ReadingHere)
 
 
 async def test_a_call_cut_off_mid_reply_leaves_the_pool_clean(
@@ -112,7 +113,7 @@ async def test_a_call_cut_off_mid_reply_leaves_the_pool_clean(
     back in the pool with the reply still to come, where the user's next command on that
     connection would read the script's reply as its own."""
     client = make_client(server.url, connection_class=reading)
-    assert runtime_for(client).backend._send is _send_direct
+    assert type(runtime_for(client).backend.transport) is DirectTransport
     try:
         lease = await Lock(client, name, ttl=30).acquire()  # one pooled connection, reused
         server.pause()

@@ -11,8 +11,8 @@ import redis.asyncio
 from aiolock import Lease, Lock, ReadLock, ReadWriteLock, Semaphore
 from aiolock._backend import Backend
 from aiolock._inspect import read_locks
+from aiolock._queue import Waiter
 from aiolock._runtime import Runtime, runtime_for
-from aiolock._waiting import Waiter
 
 from ..conftest import make_client
 from ..load import scaled

@@ -13,8 +13,10 @@ import pytest
 import redis.asyncio
 from redis.asyncio.connection import Connection
 
-from aiolock import Lock, _backend
+from aiolock import Lock, _clients
 from aiolock._runtime import runtime_for
+from aiolock._transport import CommandTransport
+from aiolock._transport_direct import DirectTransport
 
 from ..conftest import _commands_in, make_client
 from ..load import scaled
@@ -129,11 +131,11 @@ async def test_the_eval_fallback_is_not_sent_under_the_noscript_error(
             self._writer = Writer(self._writer)  # type: ignore[assignment]
 
     if send == "direct":
-        _backend.DIRECT_CONNECTIONS.add(Recording)
+        _clients.DIRECT_CONNECTIONS.add(Recording)
     client = make_client(server_url, connection_class=Recording)
     try:
-        assert runtime_for(client).backend._send is (
-            _backend._send_direct if send == "direct" else _backend._execute
+        assert type(runtime_for(client).backend.transport) is (
+            DirectTransport if send == "direct" else CommandTransport
         )
         await client.script_flush()
         lease = await Lock(client, name, ttl=5).acquire()
@@ -141,7 +143,7 @@ async def test_the_eval_fallback_is_not_sent_under_the_noscript_error(
         assert handled, "no EVAL was sent: the scripts were not flushed"
         assert handled == [None] * len(handled), f"EVAL sent while handling {handled}"
     finally:
-        _backend.DIRECT_CONNECTIONS.discard(Recording)
+        _clients.DIRECT_CONNECTIONS.discard(Recording)
         await client.aclose()
 
 

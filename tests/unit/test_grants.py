@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from aiolock._waiting import Grant, Registration, Waiter, WaitQueue
+from aiolock._queue import Grant, Registration, Waiter, WaitQueue
 
 
 def queue_with_waiter() -> tuple[WaitQueue, Waiter]:

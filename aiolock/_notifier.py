@@ -1,10 +1,9 @@
-"""Waiting for a lock without polling: one pub/sub subscription per client, local FIFO queues.
+"""Waiting for a lock without polling: one pub/sub subscription per client.
 
 Every release publishes on the lock's channel. Per backend, one `Notifier` holds one pub/sub
-connection (aiolock's own, never one from the user's pool) and a `WaitQueue` per lock name
-that has waiters in this process. Only the waiter at the head of a queue talks to Redis:
-a release wakes the head alone, and the others wait their turn without sending anything, so
-many waiters on one key cost Redis one attempt per release per process, not one per waiter.
+connection (aiolock's own, never one from the user's pool) and a `WaitQueue` (`_queue`) per
+lock name that has waiters in this process, and tells each queue what it hears: a release, a
+grant, a lost connection, a refused subscription.
 
 Expiry sends no notification, so the head also sleeps no longer than the holder's remaining
 ttl (plus a small random spread) before trying again. If the pub/sub connection breaks, every
@@ -32,27 +31,18 @@ and ignored, so one release wakes one waiter.
 Watched channels (`Watch`, an election's observers) ride on the same connection: each
 message tells the watch, and so does every loss of the connection and every subscription
 made again on the next one, after which the reader reads the state it watches anew.
-
-Direct grants: each queue entry in Redis carries a fresh token registered by this process
-(a `Registration`). A release grants the lock to the first live entry's token, so the head
-of that process's queue holds the lock as soon as it hears of the grant, with no acquire
-round trip. It counts its validity from when the registration was sent (the grant came
-later), so a grant heard too late is confirmed by an acquire that claims it instead.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import itertools
 import logging
 import random
-import secrets
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from ._layout import RESERVATION_MS
+from ._queue import Waiter, WaitQueue
 from ._retry import Backoff
 from .errors import BackendError
 
@@ -61,7 +51,7 @@ if TYPE_CHECKING:
 
     from ._backend import Backend
 
-__all__ = ("Grant", "Notifier", "Registration", "WaitQueue", "Waiter", "Watch")
+__all__ = ("Notifier", "Watch")
 
 logger = logging.getLogger("aiolock")
 
@@ -91,313 +81,17 @@ def _connected(pubsub: PubSub) -> bool:
     return getattr(pubsub, "connection", None) is not None
 
 
-MAX_REGISTRATIONS: Final = 4
-"""Registrations a queue remembers while their fate is unknown (a cancelled or failed
-attempt may or may not have put one in Redis). A grant to a forgotten one lapses after
-RESERVATION_MS."""
+class _Health:
+    """What the listener knows of its connection's health."""
 
+    __slots__ = ("checked", "every", "heard", "ping_refused", "pinged")
 
-@dataclass(frozen=True, slots=True)
-class Registration:
-    """A token this process put in a lock's queue in Redis, for the lock to be granted to."""
-
-    seq: int
-    token: str
-    sent_at: float  # local time the command carrying it was sent: before any grant to it
-    grant_ms: int  # how long a grant to it is held before it must be renewed
-
-
-@dataclass(frozen=True, slots=True)
-class Grant:
-    """The lock was granted to one of this queue's registrations."""
-
-    registration: Registration
-    fencing_token: int
-    sent_at: float  # latest local time known to precede the grant
-    expiry_ms: int  # the expiry the grant set on the key
-    slot: int | None = None  # the slot of a semaphore's permit
-    # What the grant left (a semaphore's, told by its release's reply): whether the queue
-    # was put back in line without a token, and whether more may be free for the next
-    # waiter. Unknown (a grant heard on the channel): both.
-    requeued: bool = True
-    more: bool = True
-
-    def valid_until(self, validity: float, margin: float) -> float:
-        return self.sent_at + validity - margin
-
-
-class Waiter:
-    """One task's place in a `WaitQueue`."""
-
-    __slots__ = (
-        "_future",
-        "_try_now",
-        "accepts",
-        "handed",
-        "poll_hint_ms",
-        "queue",
-        "task",
-        "ticket",
-    )
-
-    def __init__(self, queue: WaitQueue, ticket: int, *, accepts: bool = True) -> None:
-        self.queue = queue
-        self.task = asyncio.current_task()
-        self.ticket = ticket  # the order of its acquire() call among the process's calls
-        self.accepts = accepts  # takes a lease another task got (not under its own token)
-        self._future: asyncio.Future[None] | None = None
-        self._try_now = False
-        self.poll_hint_ms: int | None = None  # when to check next, if told by a notification
-        # A lease another task of this process got, and handed to this one (which called
-        # acquire() first): the engine's `Lease`, taken by the waiter's acquire.
-        self.handed: object | None = None
-
-    def hand(self, lease: object) -> None:
-        """Give this waiter a lease that another task of the process got."""
-        self.handed = lease
-        self.nudge()
-
-    @property
-    def is_head(self) -> bool:
-        return bool(self.queue.waiters) and self.queue.waiters[0] is self
-
-    def wake(self) -> None:
-        """Ask this waiter to try to acquire now (or as soon as it next waits)."""
-        self._try_now = True
-        self.nudge()
-
-    def nudge(self) -> None:
-        """Make a sleeping waiter re-evaluate its wait (it became head) without trying."""
-        if self._future is not None and not self._future.done():
-            self._future.set_result(None)
-
-    def take_wakeup(self) -> bool:
-        """Consume a pending "try now": True if there was one."""
-        pending, self._try_now = self._try_now, False
-        return pending
-
-    def check(self) -> None:
-        """Raise `BackendError` if notifications for this queue were refused by the server."""
-        refusal = self.queue.refusal
-        if refusal is not None:
-            raise BackendError(
-                f"subscription to {self.queue.channel!r} was refused: {refusal}",
-                operation="subscribe",
-                name=None,
-            ) from refusal
-
-    async def wait(self, timeout: float | None, *, pending_ok: bool = False) -> bool:
-        """Sleep until woken, nudged, or `timeout` passes; True if the timeout passed.
-
-        Returns at once if a wake-up is pending, unless `pending_ok` (it stays pending).
-        """
-        if self._try_now and not pending_ok:
-            return False
-        self._future = asyncio.get_running_loop().create_future()
-        try:
-            async with asyncio.timeout(timeout):
-                await self._future
-        except TimeoutError:
-            return True
-        finally:
-            self._future = None
-        return False
-
-
-class WaitQueue:
-    """The waiters of one lock name in this process, first come first served."""
-
-    __slots__ = (
-        "_granted",
-        "_recent",
-        "_seq",
-        "_spent",
-        "attempting",
-        "channel",
-        "counted",
-        "grant",
-        "joining",
-        "reconnected",
-        "refusal",
-        "registrations",
-        "requested",
-        "requeued",
-        "subscribed",
-        "waiters",
-        "wid",
-    )
-
-    def __init__(self, channel: str) -> None:
-        self.channel = channel
-        self.wid = secrets.token_hex(8)  # this queue's id in the lock's queue in Redis
-        # Registrations that may be in Redis, oldest first; a grant is only ever to one.
-        self.registrations: collections.deque[Registration] = collections.deque(
-            maxlen=MAX_REGISTRATIONS
-        )
-        self._seq = itertools.count(1)
-        self._spent = 0  # the highest registration whose grant a waiter took
-        self.grant: Grant | None = None  # heard of, not yet taken by the head
-        # Put back in line by the grant the head took, under no registration (a semaphore's).
-        self.requeued = False
-        # At most one command carrying a registration is in flight, so that Redis applies
-        # them in the order they were made: the head's acquire, or a local release that
-        # puts the queue in line.
-        self.attempting = False
-        self.joining = False
-        # The number of waiters the queue's entry in Redis was last written with (None: no
-        # entry, or not known): the head writes it again when the number here differs.
-        self.counted: int | None = None
-        self.reconnected = False  # lost its subscription: wake the head when it is back
-        self.waiters: collections.deque[Waiter] = collections.deque()
-        self.subscribed = asyncio.Event()  # set once subscribed, or once refused
-        self.requested = False  # SUBSCRIBE sent on the current connection
-        self.refusal: Exception | None = None
-        self._recent: collections.deque[str] = collections.deque(maxlen=8)
-        # Fencing tokens of the grants to this queue heard of: the channel and a release's
-        # reply may both tell of one.
-        self._granted: collections.deque[str] = collections.deque(maxlen=8)
-
-    @property
-    def registered(self) -> bool:
-        """Whether the queue may have an entry in Redis: every command that writes one
-        carries a registration, and each is kept until it is known not to be there; a
-        grant that put the queue back in line leaves one with none."""
-        return bool(self.registrations) or self.requeued
-
-    def wake_head(self) -> None:
-        if self.waiters:
-            self.waiters[0].wake()
-
-    def register(self, grant_ms: int, sent_at: float) -> Registration:
-        """A new token for the queue's entry in Redis; sent by the caller right away."""
-        registration = Registration(next(self._seq), secrets.token_hex(16), sent_at, grant_ms)
-        self.registrations.append(registration)
-        return registration
-
-    def settle(self, registration: Registration, *, in_redis: bool) -> None:
-        """A command carrying `registration` (the newest) was answered, and applied.
-
-        Older registrations are dead: the entry in Redis now holds the new one, and the
-        command claimed or gave back any grant to them. The new one is in Redis only if
-        `in_redis`; a grant to it may already have been heard of (a semaphore's acquire may
-        grant the permits left to its own queue's new entry).
-        """
-        self.registrations.clear()
-        self.requeued = False
-        if in_redis and registration.seq > self._spent:
-            # (a grant to it may already have been taken, if the command's answer came
-            # after the grant's news: it must not be claimed again)
-            self.registrations.append(registration)
-        grant = self.grant
-        if grant is not None and grant.registration.seq < registration.seq:
-            self.grant = None
-
-    def forget(self, registration: Registration) -> None:
-        """A command carrying `registration` was answered without putting it in Redis."""
-        with contextlib.suppress(ValueError):
-            self.registrations.remove(registration)
-
-    def give_back(self) -> list[str]:
-        """The tokens of every registration, forgotten here with any grant heard for them:
-        the command about to be sent gives back what was granted under them."""
-        tokens = self.claim_tokens()
-        self.registrations.clear()
-        self.grant = None
-        return tokens
-
-    def claim_tokens(self) -> list[str]:
-        """Tokens the lock may be granted under, for an acquire or withdrawal to claim."""
-        return [registration.token for registration in self.registrations]
-
-    def pop_grant(self) -> Grant | None:
-        """The grant heard of, if it could be taken without asking Redis; forgotten here.
-
-        Only a grant to the newest registration can: a later attempt whose answer was lost
-        (cancelled, failed) may have claimed a grant to an older one. For any other grant
-        (or one the caller declines) the head must try: its acquire claims the grant if it
-        is still there.
-        """
-        grant, self.grant = self.grant, None
-        if grant is None or not self.registrations:
-            return None
-        return grant if grant.registration is self.registrations[-1] else None
-
-    def took(self, grant: Grant, *, requeued: bool = False) -> None:
-        """The head took `grant` (from `pop_grant`) as its lease. The grant took the entry
-        out of the queue in Redis, or, if `requeued`, put it at the back (counting one
-        waiter less)."""
-        self._spent = max(self._spent, grant.registration.seq)
-        self.registrations.clear()
-        self.requeued = requeued
-        self.counted = max(self.counted - 1, 1) if requeued and self.counted else None
-
-    @property
-    def miscounted(self) -> bool:
-        """Whether the queue's entry in Redis counts another number of waiters than wait
-        here (some joined or left since it was written): the head writes it again."""
-        return (
-            self.counted is not None
-            and self.registered
-            and self.counted != len(self.waiters)
-            and not (self.attempting or self.joining)
-        )
-
-    def released(
-        self,
-        fence: str,
-        reserved_for: str,
-        *,
-        granted: str = "",
-        seq: str = "",
-        sent_at: float = 0.0,
-        expiry_ms: int = 0,
-        slot: str = "",
-        after: int = -1,
-    ) -> None:
-        """A release was seen, from this process's own release or from the channel.
-
-        `expiry_ms` is the grant's expiry as the release reported it (0: not reported, as
-        on the channel, where it is at most RESERVATION_MS); `after` what a semaphore's
-        grant to this queue left: -1 the queue put back in line (or not reported), else
-        the permits still free.
-
-        If the lock was granted to this queue, the grant is kept for the head to take. If
-        it was reserved for this queue or handed to nobody, the head is woken to try. If it
-        went to another process's queue, the head is told to check again once that grant
-        would have lapsed (in case that process died), and sleeps on.
-
-        Each release is seen twice when its holder is in this process (the release's
-        reply, then its echo on the channel, in either order): the first counts, the
-        second is recognised by the fencing token and ignored. A grant to this queue may
-        also be told twice, under different fencing tokens (a semaphore's release that
-        did not put this queue in line, yet granted to it): the grant's own token tells.
-        """
-        if fence in self._recent or not self.waiters:
-            return
-        self._recent.append(fence)
-        if granted and reserved_for == self.wid:
-            if granted in self._granted:
-                return
-            self._granted.append(granted)
-            for registration in self.registrations:
-                if str(registration.seq) == seq:
-                    expiry = expiry_ms or min(registration.grant_ms, RESERVATION_MS)
-                    self.grant = Grant(
-                        registration,
-                        int(granted),
-                        max(sent_at, registration.sent_at),
-                        expiry,
-                        int(slot) if slot.isdigit() else None,
-                        requeued=after < 0,
-                        more=after != 0,
-                    )
-            self.wake_head()
-        elif reserved_for in ("", self.wid):
-            self.wake_head()
-        else:
-            head = self.waiters[0]
-            head.poll_hint_ms = RESERVATION_MS
-            head.nudge()
+    def __init__(self, now: float, interval: float | None) -> None:
+        self.every = interval or HEALTH_INTERVAL
+        self.heard = now  # when Redis last said anything on this connection
+        self.pinged: float | None = None  # when the PING now unanswered was sent
+        self.ping_refused = False
+        self.checked = now  # when the Sentinels were last asked where the master is
 
 
 class Watch:
@@ -554,8 +248,7 @@ class Notifier:
         if queue is None:
             queue = self._queues[channel] = WaitQueue(channel)
             if self._subscribed.pop(channel, None) is not None:
-                queue.requested = True  # still subscribed from earlier waiters
-                queue.subscribed.set()
+                queue.subscription_kept()  # still subscribed from earlier waiters
         waiter = Waiter(queue, self.ticket() if ticket is None else ticket, accepts=accepts)
         waiters = queue.waiters
         position = len(waiters)
@@ -666,7 +359,7 @@ class Notifier:
         if queue.requested:
             return
         if self._pubsub is not None and _connected(self._pubsub):
-            queue.requested = True
+            queue.subscription_requested()
             try:
                 await self._pubsub.subscribe(queue.channel)
             except Exception as exc:
@@ -683,89 +376,36 @@ class Notifier:
     async def _listen(self) -> None:
         backoff = Backoff(base=0.05, cap=2.0, rng=self.rng)
         cancelled = False
-        loop = self._backend.loop
-        every = self._backend.health_interval or HEALTH_INTERVAL
-        heard = loop.time()  # when Redis last said anything on this connection
-        pinged: float | None = None  # when the PING now unanswered was sent
-        ping_refused = False
-        checked = loop.time()  # when the Sentinels were last asked where the master is
+        health = _Health(self._backend.loop.time(), self._backend.health_interval)
         try:
             while self._queues or self._subscribed or self._watches:
-                pubsub = self._pubsub
-                assert pubsub is not None
                 try:
-                    if not _connected(pubsub):
-                        for queue in self._queues.values():
-                            queue.requested = True
-                        self._watch_requested = set(self._watches)
-                        await pubsub.subscribe(*self._queues, *self._subscribed, *self._watches)
-                        heard, pinged = loop.time(), None
-                    now = loop.time()
-                    if pinged is not None and now - pinged >= every:
-                        raise _Silent(f"no answer to a PING within {every:g}s")
-                    if pinged is None and now - heard >= every:
-                        await pubsub.ping()
-                        pinged = now
-                    if self._backend.sentinel and now - checked >= every:
-                        checked = now
-                        if await self._backend.master_moved(pubsub):
-                            raise _Moved("the Sentinels name another master")
-                    wait = (pinged if pinged is not None else heard) + every - now
-                    if self._backend.sentinel:
-                        wait = min(wait, checked + every - now)
-                    message = await pubsub.get_message(timeout=max(min(LINGER, wait), 0.001))
-                    if message is not None:
-                        heard, pinged = loop.time(), None
+                    message = await self._next_message(health)
                 except _Moved as exc:
                     logger.warning("aiolock: pub/sub connection to a former master: %s", exc)
-                    await self._reset_pubsub(replace=True)
-                    for queue in self._queues.values():
-                        queue.wake_head()  # a release may have been missed
+                    await self._replace_lost()
                     continue
                 except _Silent as exc:
                     self.silent_connections += 1
                     logger.warning(
                         "aiolock: pub/sub connection silent for %.1fs, replacing it: %s",
-                        loop.time() - heard,
+                        self._backend.loop.time() - health.heard,
                         exc,
                     )
-                    await self._reset_pubsub(replace=True)
-                    for queue in self._queues.values():
-                        queue.wake_head()  # a release may have been missed
+                    await self._replace_lost()
                     continue
                 except Exception as exc:
                     if not self._backend.broken(exc):
                         raise
-                    if pinged is not None and self._backend.refused(exc) and "ping" in str(exc):
-                        # Refused by an ACL without +ping: an answer all the same.
-                        if not ping_refused:
-                            ping_refused = True
-                            logger.warning(
-                                "aiolock: PING refused on the pub/sub connection (add +ping to "
-                                "the user's ACL): %s",
-                                exc,
-                            )
-                        heard, pinged = loop.time(), None
+                    if health.pinged is not None and self._ping_refused(exc, health):
                         continue
-                    await self._reset_pubsub(replace=True)
-                    if self._backend.refused(exc):
-                        logger.warning("aiolock: subscription refused: %s", exc)
-                        for queue in self._queues.values():
-                            queue.refusal = exc
-                            queue.subscribed.set()
-                            for waiter in queue.waiters:
-                                waiter.nudge()  # each raises the refusal as BackendError
-                        self._refuse_watches(exc)
-                    else:
-                        logger.warning("aiolock: pub/sub connection lost, reconnecting: %s", exc)
-                        for queue in self._queues.values():
-                            queue.wake_head()  # a release may have been missed
+                    await self._connection_failed(exc)
                     await asyncio.sleep(backoff.next())
                     continue
                 backoff.reset()
                 if message is not None:
                     self._dispatch(message)
-                await self._drop_idle_channels(loop.time())
+                await self._drop_idle_channels(self._backend.loop.time())
         except asyncio.CancelledError:
             cancelled = True
             raise
@@ -780,15 +420,84 @@ class Notifier:
                     for queue in self._queues.values():
                         queue.wake_head()
 
+    async def _next_message(self, health: _Health) -> dict[str, Any] | None:
+        """Subscribe on a new connection, keep it checked (a PING after silence, the
+        Sentinels' master), and read the next message (None: none came in time).
+
+        Raises `_Silent` or `_Moved` for a connection to replace, and the connection's own
+        errors."""
+        pubsub = self._pubsub
+        assert pubsub is not None
+        loop = self._backend.loop
+        every = health.every
+        if not _connected(pubsub):
+            for queue in self._queues.values():
+                queue.subscription_requested()
+            self._watch_requested = set(self._watches)
+            await pubsub.subscribe(*self._queues, *self._subscribed, *self._watches)
+            health.heard, health.pinged = loop.time(), None
+        now = loop.time()
+        if health.pinged is not None and now - health.pinged >= every:
+            raise _Silent(f"no answer to a PING within {every:g}s")
+        if health.pinged is None and now - health.heard >= every:
+            await pubsub.ping()
+            health.pinged = now
+        if self._backend.sentinel and now - health.checked >= every:
+            health.checked = now
+            if await self._backend.master_moved(pubsub):
+                raise _Moved("the Sentinels name another master")
+        wait = (health.pinged if health.pinged is not None else health.heard) + every - now
+        if self._backend.sentinel:
+            wait = min(wait, health.checked + every - now)
+        message: dict[str, Any] | None = await pubsub.get_message(
+            timeout=max(min(LINGER, wait), 0.001)
+        )
+        if message is not None:
+            health.heard, health.pinged = loop.time(), None
+        return message
+
+    def _ping_refused(self, exc: Exception, health: _Health) -> bool:
+        """Whether `exc` is the PING refused by an ACL without +ping: an answer all the
+        same (warned about once)."""
+        if not (self._backend.refused(exc) and "ping" in str(exc)):
+            return False
+        if not health.ping_refused:
+            health.ping_refused = True
+            logger.warning(
+                "aiolock: PING refused on the pub/sub connection (add +ping to the user's ACL): %s",
+                exc,
+            )
+        health.heard, health.pinged = self._backend.loop.time(), None
+        return True
+
+    async def _replace_lost(self) -> None:
+        """Replace a connection taken for lost; every head tries (a release may have been
+        missed)."""
+        await self._reset_pubsub(replace=True)
+        for queue in self._queues.values():
+            queue.wake_head()
+
+    async def _connection_failed(self, exc: Exception) -> None:
+        """The connection broke, or the server refused the subscription: replace it, and
+        tell every waiter and watch."""
+        await self._reset_pubsub(replace=True)
+        if self._backend.refused(exc):
+            logger.warning("aiolock: subscription refused: %s", exc)
+            for queue in self._queues.values():
+                queue.subscription_refused(exc)
+            self._refuse_watches(exc)
+        else:
+            logger.warning("aiolock: pub/sub connection lost, reconnecting: %s", exc)
+            for queue in self._queues.values():
+                queue.wake_head()  # a release may have been missed
+
     async def _reset_pubsub(self, *, replace: bool) -> None:
         """Close the pub/sub connection; every subscription must be made again."""
         pubsub = self._pubsub
         self._pubsub = self._backend.new_pubsub() if replace else None
         self._subscribed = {}
         for queue in self._queues.values():
-            queue.reconnected = queue.reconnected or queue.subscribed.is_set()
-            queue.subscribed.clear()
-            queue.requested = False
+            queue.subscription_lost()
         self._unsubscribe_watches()
         if pubsub is not None:
             await pubsub.aclose()  # type: ignore[no-untyped-call]
@@ -805,15 +514,8 @@ class Notifier:
         if kind == "subscribe":
             if queue is None:
                 self._subscribed.setdefault(channel, self._backend.loop.time())
-            elif queue.subscribed.is_set():
-                queue.wake_head()  # a duplicate confirmation: check the lock, to be safe
             else:
-                queue.subscribed.set()
-                if queue.reconnected:
-                    # Subscribed again after a reconnect: a release may have come while
-                    # the channel was unheard, after the head's last try.
-                    queue.reconnected = False
-                    queue.wake_head()
+                queue.subscription_confirmed()
         elif kind == "message" and queue is not None:
             self.messages_received += 1
             data = message["data"]

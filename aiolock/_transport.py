@@ -1,0 +1,321 @@
+"""What every transport shares: the low-level sends, and the `Transport` a `Backend` holds.
+
+A `Transport` is how one user client's script calls reach its server(s): the part of a
+`Backend` (`_backend`) that differs by deployment. The `Backend` bounds and retries every
+call, translates its errors and runs scripts; the transport says on which client a call
+goes (`script_client`, or `call_on` for a client it lends per call), how a command is sent
+on it (`send`), which connections aiolock opens for itself (`connection_pool`,
+`background_client`, `new_pubsub`), and the few facts of its topology the bounded call
+asks (`retries_broken`, `waits_out`, `during_migration`).
+
+- `CommandTransport` (here): through the client's `execute_command`, for any client aiolock
+  does not send on itself (fakeredis, a connection class of another kind);
+- `DirectTransport` (`_transport_direct`): packed by hiredis on a pooled connection;
+- `SentinelTransport` (`_transport_sentinel`): to the master the Sentinels name now;
+- `ClusterTransport` (`_transport_cluster`): routed by slot through a cluster client of
+  aiolock's own.
+
+A deployment of another shape (several independent servers, say) is one more transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, ClassVar, Final
+
+import redis
+import redis.asyncio
+import redis.exceptions
+from redis.asyncio.client import PubSub
+
+from ._clients import REDIS, Client, ClientLibrary, Errors, closed_transport, valkey_libraries
+from ._scripts import Script
+
+__all__ = (
+    "Call",
+    "Command",
+    "CommandTransport",
+    "Sent",
+    "Transport",
+    "pooled",
+    "read_pair",
+    "reader",
+    "write",
+)
+
+Command = tuple[str | int, ...]
+
+Call = tuple[Sequence[str], Sequence[str | int]]
+"""One script call's KEYS and ARGV."""
+
+Sent = Callable[[], None] | None
+"""Called once the command has been written (on the direct and Sentinel paths; through
+`execute_command`, just before redis-py is handed it)."""
+
+
+async def pooled(pool: Any, command: str) -> Any:
+    """A connection of `pool` (named by the command, for the pools that want that)."""
+    if _names_connections(pool):
+        return await pool.get_connection(command)
+    return await pool.get_connection()
+
+
+def _names_connections(pool: Any) -> bool:
+    if isinstance(pool, redis.asyncio.ConnectionPool):
+        return REDIS.names_connections
+    return any(
+        isinstance(pool, lib.connection_pool) and lib.names_connections
+        for lib in valkey_libraries()
+    )
+
+
+_DRAIN_ABOVE: Final = 65536
+"""Bytes buffered in a connection's transport above which a write waits for them to drain."""
+
+
+async def write(connection: redis.asyncio.connection.AbstractConnection, packed: bytes) -> None:
+    """Write `packed` on `connection` as its `send_packed_command` would, without the task
+    redis-py's socket timeout wraps around every write on Python 3.11 (`asyncio.wait_for`):
+    aiolock bounds the whole call itself. A connection that checks its health before
+    writes (`health_check_interval`), or without a stream writer, goes redis-py's way.
+
+    On any error the connection is closed, as redis-py closes it."""
+    writer: asyncio.StreamWriter | None = getattr(connection, "_writer", None)
+    if writer is None or getattr(connection, "health_check_interval", None):
+        await connection.send_packed_command(packed)
+        return
+    try:
+        writer.write(packed)
+        if writer.transport.get_write_buffer_size() > _DRAIN_ABOVE:
+            await writer.drain()
+    except OSError as exc:
+        await connection.disconnect(nowait=True)
+        raise redis.exceptions.ConnectionError(f"error while writing to the socket: {exc}") from exc
+    except BaseException:
+        await connection.disconnect(nowait=True)
+        raise
+
+
+_NO_READ_TIMEOUT: Final = 1e9
+"""The read timeout aiolock's calls pass to a connection whose client has a socket timeout:
+none that matters (every call is bounded as a whole by aiolock). A socket timeout shorter
+than an event-loop stall would fire as the loop resumes, before the reply that arrived
+during the stall is read, and drop it (a renewal Redis confirmed, counted as missing). A
+finite number: some event loops cannot schedule a timer at infinity."""
+
+
+def reader(
+    connection: redis.asyncio.connection.AbstractConnection,
+) -> Callable[[], Awaitable[Any]]:
+    """How to read a reply on `connection`: without its client's socket timeout."""
+    if getattr(connection, "socket_timeout", None) is None:
+        return connection.read_response
+    return functools.partial(connection.read_response, timeout=_NO_READ_TIMEOUT)
+
+
+async def read_pair(
+    connection: redis.asyncio.connection.AbstractConnection, read: Callable[[], Awaitable[Any]]
+) -> tuple[Any, Any]:
+    """The replies to a command and the `WAIT` sent right after it on `connection` (read by
+    `read`, see `reader`). The
+    second is read even when the first is an error reply, so that no reply is left unread
+    on a connection that goes back to its pool; except after NOSCRIPT: that WAIT waits for
+    nothing (the script did not run) and would answer only at its timeout, leaving too
+    little of the call's bound for the EVAL and its own WAIT. The connection is closed
+    instead, its reply unread."""
+    try:
+        first = await read()
+    except Errors.noscript:
+        await connection.disconnect(nowait=True)
+        raise
+    except Errors.response as exc:
+        await read()
+        raise exc from None
+    return first, await read()
+
+
+class Transport:
+    """How one client's script calls reach its server(s); see the module docstring.
+
+    Holds the client weakly (the `Backend` does too), and keeps the user's connection
+    settings, so that a lingering background task never needs the client itself.
+    """
+
+    sees_writes: ClassVar[bool] = True
+    """Whether `send` calls `on_sent` once the command was written (aiolock sends it on a
+    connection itself), rather than when redis-py is handed it (`execute_command`)."""
+    sentinel: ClassVar[bool] = False
+    """Whether the client is a Sentinel-managed one (`Sentinel.master_for`)."""
+    cluster: ClassVar[bool] = False
+    """Whether the client is a cluster's: a script call's keys must then share one slot."""
+    retries_broken: ClassVar[bool] = False
+    """Whether a call on a broken connection is sent again as often as its bound allows
+    (else once, at once)."""
+
+    __slots__ = (
+        "_client_ref",
+        "_renew_client",
+        "connection_class",
+        "connection_kwargs",
+        "library",
+        "loop",
+    )
+
+    def __init__(
+        self,
+        library: ClientLibrary,
+        client: weakref.ref[Client],
+        *,
+        connection_class: type[redis.asyncio.connection.AbstractConnection],
+        connection_kwargs: dict[str, Any],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.library = library
+        self._client_ref = client
+        self.connection_class = connection_class
+        self.connection_kwargs = connection_kwargs
+        self.loop = loop
+        self._renew_client: redis.asyncio.Redis | None = None
+
+    @classmethod
+    def for_client(
+        cls, library: ClientLibrary, client: redis.asyncio.Redis, loop: asyncio.AbstractEventLoop
+    ) -> Transport:
+        """The transport of a client of one server: aiolock's own connections use the
+        client's settings, without its retries."""
+        pool = client.connection_pool
+        kwargs = dict(pool.connection_kwargs)
+        kwargs["retry"] = library.no_retry()
+        return cls(
+            library,
+            weakref.ref(client),
+            connection_class=pool.connection_class,
+            connection_kwargs=kwargs,
+            loop=loop,
+        )
+
+    def user_client(self) -> Client:
+        """The user's client (held weakly: locks hold it strongly)."""
+        client = self._client_ref()
+        if client is None:  # pragma: no cover - locks keep their client alive
+            raise RuntimeError("the redis client of this lock was garbage-collected")
+        return client
+
+    async def send(
+        self, client: Client, command: Command, on_sent: Sent, then: Command | None = None
+    ) -> Any:
+        """One command (and `then` right after it, both replies returned) on `client`."""
+        raise NotImplementedError
+
+    def script_client(self, *, background: bool) -> Client | None:
+        """The client a script call goes on: the user's, or for a `background` call (a
+        renewal) aiolock's own connections, never busy with the user's commands; None if
+        the transport lends one for each call (`call_on`)."""
+        if background:
+            return self.background_client()
+        client = self._client_ref()
+        if client is None:  # pragma: no cover - locks keep their client alive
+            raise RuntimeError("the redis client of this lock was garbage-collected")
+        return client
+
+    def call_on(
+        self, call: Callable[[Client], Awaitable[Any]], *, background: bool
+    ) -> Awaitable[Any]:
+        """`call` run on the client a script call goes on (see `script_client`)."""
+        client = self.script_client(background=background)
+        assert client is not None
+        return call(client)
+
+    def connection_pool(self, key: str | None = None) -> redis.asyncio.ConnectionPool:
+        """A new pool with the user's connection settings and no retries of its own."""
+        return self.library.connection_pool(
+            connection_class=self.connection_class, **self.connection_kwargs
+        )
+
+    def background_client(self) -> Client:
+        if self._renew_client is None:
+            self._renew_client = self.library.client(connection_pool=self.connection_pool())
+        return self._renew_client
+
+    async def close_background(self) -> None:
+        """Close the renewal connections; called when no lease needs renewing."""
+        client, self._renew_client = self._renew_client, None
+        if client is not None:
+            await client.connection_pool.disconnect()
+
+    def new_pubsub(self) -> PubSub:
+        """A pub/sub session on a connection of its own."""
+        return self.library.pubsub(connection_pool=self.connection_pool())
+
+    async def master_moved(self, pubsub: PubSub) -> bool:
+        """Whether `pubsub`'s connection is open to a former master (Sentinel only)."""
+        return False
+
+    def waits_out(self, error: BaseException) -> bool:
+        """Whether a call refused with `error` is sent again after a pause, within its
+        bound (a cluster slot that migrates): noted as met."""
+        return False
+
+    def during_migration(self, waiting_out: bool) -> bool:
+        """Whether a call that failed now is taken for a consequence of a migration."""
+        return False
+
+    @contextlib.asynccontextmanager
+    async def node_clients(self, key: str | None) -> AsyncIterator[list[redis.asyncio.Redis]]:
+        """A client of the one server holding `key` (None: of every primary): the user's
+        client here; a cluster's transport opens clients of its own, closed on exit."""
+        client = self.user_client()
+        assert isinstance(client, self.library.client)
+        yield [client]
+
+    async def run_each(
+        self,
+        script: Script,
+        calls: Sequence[Call],
+        *,
+        call: Callable[..., Awaitable[Any]],
+        send_once: Callable[..., Awaitable[Any]],
+        timeout: float,
+        operation: str,
+        split: Callable[[Sequence[str], Sequence[str | int]], list[Call]] | None,
+    ) -> list[Any]:
+        """Several calls of one script, in one round trip per node (a cluster's only)."""
+        raise TypeError("several script calls in one round trip are sent on a cluster only")
+
+
+class CommandTransport(Transport):
+    """Through the client's `execute_command`: any client aiolock does not send on itself
+    (fakeredis, a connection class of another kind, another encoding)."""
+
+    sees_writes = False
+    __slots__ = ()
+
+    async def send(
+        self, client: Client, command: Command, on_sent: Sent, then: Command | None = None
+    ) -> Any:
+        # Called before redis-py is handed the command: when it is written is not known here
+        # (see `sees_writes`).
+        if on_sent is not None:
+            on_sent()
+        try:
+            if then is not None:
+                # Both on one connection, in one round trip (not a transaction: WAIT may not run
+                # in one).
+                async with client.pipeline(transaction=False) as pipe:
+                    pipe.execute_command(*command)
+                    pipe.execute_command(*then)
+                    first, acked = await pipe.execute(raise_on_error=False)
+                for reply in (first, acked):
+                    if isinstance(reply, Exception):
+                        raise reply
+                return first, acked
+            executor: Any = client  # redis-py types one client's execute_command, not the other's
+            return await executor.execute_command(*command)
+        except (RuntimeError, AttributeError, TypeError) as exc:
+            if not closed_transport(exc):
+                raise
+            raise redis.exceptions.ConnectionError(f"the connection was closed: {exc!r}") from exc

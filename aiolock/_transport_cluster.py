@@ -1,0 +1,330 @@
+"""Cluster routing: every script call of a `RedisCluster` client goes through a cluster client
+of aiolock's own, which routes it by its keys' slot and follows MOVED and ASK.
+
+aiolock's own cluster client has the user's connection settings that a `RedisCluster` takes,
+the nodes the user's client knows, no pool limit, and `OWN_REDIRECTIONS` tries per command;
+it is closed `OWN_IDLE` seconds after its last call once no lease needs renewing. Several
+calls of one script (a renewal batch, one call per slot) go as one cluster pipeline per
+node (`run_each`). While a slot migrates, a refused call is waited out by the `Backend`
+(`waits_out`), and what fails meanwhile is marked (`during_migration`). The pub/sub
+connection is aiolock's own, to one primary (a `PUBLISH` reaches every node), and readers of
+many names get a client of their own per node (`node_clients`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import math
+import random
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Final
+
+import redis
+import redis.asyncio
+from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+from ._clients import Client, ClientLibrary, Errors, migrating_refusal
+from ._scripts import Script
+from ._transport import Call, CommandTransport, Transport
+
+__all__ = ("MIGRATION_MEMORY", "OWN_IDLE", "OWN_REDIRECTIONS", "ClusterTransport")
+
+OWN_REDIRECTIONS: Final = 2
+"""Tries aiolock's own cluster client makes of one command before it reports it (redis-py's
+default: 16), enough to follow one MOVED or ASK. A migrating slot's refusal (TRYAGAIN) is
+then waited out by aiolock, with backoff; redis-py's own quick tries would go on to the
+importing node without ASKING, meet MOVED replies, and close every connection of the
+client to find the nodes again, other calls' included."""
+
+OWN_IDLE: Final = 2.0
+"""Seconds aiolock's own cluster client stays open after its last call, once no lease needs
+renewing."""
+
+MIGRATION_MEMORY: Final = 5.0
+"""Seconds after a cluster client last met a migrating slot during which a call's failure is
+taken for a consequence of the migration."""
+
+_CLUSTER_SETTINGS: Final = frozenset(inspect.signature(RedisCluster.__init__).parameters)
+"""What a `RedisCluster` takes: of a user's cluster client's connection settings, those
+that aiolock's own cluster client is made with."""
+
+_NOT_COPIED: Final = frozenset(
+    {"self", "host", "port", "startup_nodes", "max_connections", "retry", "read_from_replicas"}
+)
+"""Settings of the user's cluster client that aiolock's own does not take: it is made with
+the nodes the user's client knows, without the user's pool limit or retries (its calls are
+bounded by aiolock), and reads from primaries only."""
+
+
+def _some_node(client: RedisCluster) -> ClusterNode:
+    """A node of the cluster, to copy connection settings from (known before the client
+    first asked the cluster for its nodes: one it was created with)."""
+    node: ClusterNode | None = client.get_default_node()
+    if node is None:  # not yet asked the cluster for its nodes
+        node = next(iter(client.nodes_manager.startup_nodes.values()))
+    return node
+
+
+def _node_for(client: RedisCluster, key: str | None, avoid: str | None = None) -> ClusterNode:
+    """The primary serving `key`'s slot as the client knows it, or a random primary (other
+    than the one named `avoid`, if there is another)."""
+    if key is not None:
+        with contextlib.suppress(*Errors.cluster, LookupError):
+            node = client.get_node_from_key(key)
+            if node is not None:
+                return node
+    primaries = client.get_primaries()
+    others = [node for node in primaries if node.name != avoid]
+    return random.choice(others or primaries) if primaries else _some_node(client)
+
+
+class ClusterTransport(CommandTransport):
+    """A cluster client's calls: see the module docstring."""
+
+    cluster = True
+    retries_broken = True
+    __slots__ = (
+        "_migration_seen",
+        "_own",
+        "_own_calls",
+        "_own_closer",
+        "_own_pinned",
+        "_own_used",
+        "_pubsub_node",
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._migration_seen = -math.inf  # when a call last met a migrating cluster slot
+        # aiolock's own cluster client: calls in flight on it, when it was last used,
+        # whether leases need it (renewals), and the task that closes it once idle.
+        self._own: RedisCluster | None = None
+        self._own_calls = 0
+        self._own_used = -math.inf
+        self._own_pinned = False
+        self._own_closer: asyncio.Task[None] | None = None
+        self._pubsub_node: str | None = None
+
+    @classmethod
+    def for_client(  # type: ignore[override]
+        cls, library: ClientLibrary, client: RedisCluster, loop: asyncio.AbstractEventLoop
+    ) -> Transport:
+        """Script calls go through a cluster client of aiolock's own, made with the
+        connection settings of a node of the user's."""
+        node = _some_node(client)
+        kwargs = {k: v for k, v in node.connection_kwargs.items() if k not in ("host", "port")}
+        kwargs["retry"] = library.no_retry()
+        return cls(
+            library,
+            weakref.ref(client),
+            connection_class=node.connection_class,
+            connection_kwargs=kwargs,
+            loop=loop,
+        )
+
+    def _cluster_client(self) -> RedisCluster:
+        client = self.user_client()
+        assert isinstance(client, self.library.cluster)
+        return client
+
+    def script_client(self, *, background: bool) -> Client | None:
+        """None: every call goes on aiolock's own cluster client, lent for it (`call_on`)."""
+        return None
+
+    def call_on(
+        self, call: Callable[[Client], Awaitable[Any]], *, background: bool
+    ) -> Awaitable[Any]:
+        """`call` run on aiolock's own cluster client (see `_own_cluster`)."""
+        return self._call_on_own(call, pin=background)
+
+    async def _call_on_own(self, call: Callable[[Client], Awaitable[Any]], *, pin: bool) -> Any:
+        async with self._own_in_use(pin=pin) as own:
+            return await call(own)
+
+    def connection_pool(self, key: str | None = None) -> redis.asyncio.ConnectionPool:
+        """A pool of the primary that serves `key` (a random primary without one)."""
+        return self.node_pool(_node_for(self._cluster_client(), key))
+
+    def node_pool(self, node: ClusterNode) -> redis.asyncio.ConnectionPool:
+        """A new pool of connections to one cluster node, with the user's settings."""
+        return self.library.connection_pool(
+            connection_class=self.connection_class,
+            host=node.host,
+            port=node.port,
+            **self.connection_kwargs,
+        )
+
+    def new_pubsub(self) -> PubSub:
+        """A pub/sub session on a connection of its own, to a primary other than the
+        previous session's: a session is replaced when its node stopped answering, which the
+        cluster client may not know yet."""
+        node = _node_for(self._cluster_client(), None, avoid=self._pubsub_node)
+        self._pubsub_node = node.name
+        return self.library.pubsub(connection_pool=self.node_pool(node))
+
+    async def close_background(self) -> None:
+        """No lease needs renewing: aiolock's own cluster client closes once idle."""
+        await super().close_background()
+        self._own_pinned = False
+
+    def waits_out(self, error: BaseException) -> bool:
+        """The slot migrates, a name's keys on both sides: nothing was applied, and it will
+        be once the migration ends."""
+        if not migrating_refusal(error):
+            return False
+        self._migration_seen = self.loop.time()
+        return True
+
+    def during_migration(self, waiting_out: bool) -> bool:
+        """A call that met a migrating slot, or failed while a slot of this cluster was
+        migrating (its redirections make redis-py's cluster client close its connections,
+        and find the nodes again)."""
+        return waiting_out or self.loop.time() - self._migration_seen < MIGRATION_MEMORY
+
+    @contextlib.asynccontextmanager
+    async def node_clients(self, key: str | None) -> AsyncIterator[list[redis.asyncio.Redis]]:
+        """A client of aiolock's own to the node serving `key`'s slot (None: to each
+        primary), asked once the cluster client knows which node serves which slot, closed
+        on exit."""
+        cluster = self._cluster_client()
+        await cluster.initialize()  # nothing is sent if it knows its nodes already
+        nodes = cluster.get_primaries() if key is None else [_node_for(cluster, key)]
+        own = [self.library.client(connection_pool=self.node_pool(node)) for node in nodes]
+        try:
+            yield own
+        finally:
+            for one in own:
+                await one.connection_pool.disconnect()
+
+    async def run_each(
+        self,
+        script: Script,
+        calls: Sequence[Call],
+        *,
+        call: Callable[..., Awaitable[Any]],
+        send_once: Callable[..., Awaitable[Any]],
+        timeout: float,
+        operation: str,
+        split: Callable[[Sequence[str], Sequence[str | int]], list[Call]] | None,
+    ) -> list[Any]:
+        """Several calls of one script in one round trip per node (redis-py's cluster
+        pipeline) on aiolock's own cluster client, bounded by `call` (the `Backend`'s
+        bounded call) as a whole; `send_once` sends one on its own. See `Backend.run_each`.
+        """
+        commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
+        async with self._own_in_use(pin=True) as client:
+
+            async def pipelined() -> list[Any]:
+                pipe = client.pipeline()
+                for command in commands:
+                    pipe.execute_command(*command)
+                try:
+                    replies: list[Any] = await pipe.execute(raise_on_error=False)
+                except (*Errors.connection, *Errors.timeout) as exc:
+                    return [exc] * len(commands)
+                return replies
+
+            async def alone(index: int, failed: BaseException) -> Any:
+                command = commands[index]
+                if isinstance(failed, Errors.noscript):
+                    command = ("EVAL", script.source, *command[2:])
+                try:
+                    return await send_once(client, command, script, None, None)
+                except (*Errors.try_again, *Errors.cluster_failure) as exc:
+                    keys, args = calls[index]
+                    if split is None or len(keys) < 2 or not migrating_refusal(exc):
+                        raise
+                pieces = split(keys, args)
+                answers = await asyncio.gather(
+                    *(
+                        send_once(
+                            client, ("EVALSHA", script.sha, len(k), *k, *a), script, None, None
+                        )
+                        for k, a in pieces
+                    )
+                )
+                return [reply for answer in answers for reply in answer]
+
+            async def send() -> list[Any]:
+                replies = await pipelined()
+                again = [i for i, reply in enumerate(replies) if isinstance(reply, BaseException)]
+                if again:
+                    answers = await asyncio.gather(*(alone(i, replies[i]) for i in again))
+                    for i, answer in zip(again, answers, strict=True):
+                        replies[i] = answer
+                return replies
+
+            result: list[Any] = await call(
+                client,
+                (),
+                script=script,
+                timeout=timeout,
+                operation=operation,
+                name=None,
+                send=send,
+            )
+            return result
+
+    @contextlib.asynccontextmanager
+    async def _own_in_use(self, *, pin: bool) -> AsyncIterator[RedisCluster]:
+        """aiolock's own cluster client, made if need be, for one call; kept open while
+        calls use it, while leases need renewing (`pin`: a renewal's call), and for
+        OWN_IDLE seconds after the last call, then closed by a task of its own (which the
+        event loop's shutdown also ends, closing it)."""
+        if self._own is None:
+            self._own = self._own_cluster()
+        if self._own_closer is None:
+            self._own_closer = self.loop.create_task(
+                self._close_own_cluster_when_idle(), name="aiolock-cluster-client"
+            )
+        if pin:
+            self._own_pinned = True
+        self._own_calls += 1
+        try:
+            yield self._own
+        finally:
+            self._own_calls -= 1
+            self._own_used = self.loop.time()
+
+    async def _close_own_cluster_when_idle(self) -> None:
+        try:
+            while True:
+                await asyncio.sleep(OWN_IDLE)
+                idle = self.loop.time() - self._own_used >= OWN_IDLE
+                if not self._own_pinned and self._own_calls == 0 and idle:
+                    return
+        finally:
+            own, self._own = self._own, None
+            self._own_closer = None
+            if own is not None:
+                await own.aclose()
+
+    def _own_cluster(self) -> RedisCluster:
+        """A cluster client of aiolock's own, for every script call on a cluster: the
+        user's connection settings (those a `RedisCluster` takes), connections of its own
+        (the user's pool limit is not its own, and a pool exhausted by the user's commands
+        does not hold renewals up), and the nodes the user's client knows to start from.
+        It routes by slot and follows redirections itself, OWN_REDIRECTIONS at a time."""
+        user = self.user_client()
+        assert isinstance(user, self.library.cluster)
+        settings = {
+            key: value
+            for key, value in self.connection_kwargs.items()
+            if key in _CLUSTER_SETTINGS and key not in _NOT_COPIED
+        }
+        if issubclass(self.connection_class, self.library.ssl_connection):
+            settings["ssl"] = True
+        known = user.get_primaries() or list(user.nodes_manager.startup_nodes.values())
+        manager = user.nodes_manager
+        own = self.library.cluster(
+            startup_nodes=[type(node)(node.host, node.port) for node in known],
+            require_full_coverage=manager.require_full_coverage,
+            address_remap=getattr(manager, "address_remap", None),
+            **settings,
+        )
+        own.RedisClusterRequestTTL = OWN_REDIRECTIONS
+        return own

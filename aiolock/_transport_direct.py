@@ -1,0 +1,80 @@
+"""Direct sends: a script call packed by hiredis and written on a pooled connection of the
+user's client, its reply read there, without redis-py's command layers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+import redis.asyncio
+import redis.exceptions
+
+from ._clients import ClientLibrary, closed_transport
+from ._transport import Command, Sent, Transport, pooled, read_pair, reader, write
+
+try:
+    import hiredis
+except ImportError:  # pragma: no cover - hiredis is a dependency, but may be missing
+    hiredis = None  # type: ignore[assignment]
+
+__all__ = ("DirectTransport", "sends_directly")
+
+
+def sends_directly(client: redis.asyncio.Redis, library: ClientLibrary) -> bool:
+    """Whether aiolock may send its scripts on `client`'s connections itself.
+
+    A script call through `execute_command` packs its arguments in Python and goes through
+    redis-py's retry and instrumentation layers, which aiolock replaces with its own
+    bounds; sending on a pooled connection directly, packed by hiredis, costs a fraction.
+    Only the library's own connection classes with the default UTF-8 encoding qualify: any
+    other connection (fakeredis, Sentinel-managed, a subclass), encoding, or a client
+    bound to a single connection goes through `execute_command`.
+    """
+    pool = client.connection_pool
+    kwargs = pool.connection_kwargs
+    return (
+        hiredis is not None
+        and not client.single_connection_client
+        and pool.connection_class in library.direct
+        and str(kwargs.get("encoding", "utf-8")).lower().replace("_", "-") in ("utf-8", "utf8")
+        and kwargs.get("encoding_errors", "strict") == "strict"
+    )
+
+
+class DirectTransport(Transport):
+    """Script calls sent on the user's pooled connections by aiolock itself."""
+
+    __slots__ = ()
+
+    async def send(
+        self,
+        client: redis.asyncio.Redis,  # type: ignore[override]
+        command: Command,
+        on_sent: Sent,
+        then: Command | None = None,
+    ) -> Any:
+        """One command on a connection of `client`'s pool: packed by hiredis, sent, answered.
+        With `then` (a `WAIT`), both are written at once and both replies returned.
+
+        On any error or cancellation while sending or reading, redis-py's connection closes
+        itself, so a half-read reply never goes back to the pool.
+        """
+        pool = client.connection_pool
+        connection = await pooled(pool, str(command[0]))
+        try:
+            packed: bytes = hiredis.pack_command(command)  # type: ignore[arg-type]
+            if then is not None:
+                packed += hiredis.pack_command(then)  # type: ignore[arg-type]
+            await write(connection, packed)
+            if on_sent is not None:
+                on_sent()
+            read = reader(connection)
+            if then is not None:
+                return await read_pair(connection, read)
+            return await read()
+        except (RuntimeError, AttributeError, TypeError) as exc:
+            if not closed_transport(exc):
+                raise
+            raise redis.exceptions.ConnectionError(f"the connection was closed: {exc!r}") from exc
+        finally:
+            await pool.release(connection)
