@@ -595,7 +595,7 @@ class Primitive(Granting):
         except BaseException:
             await lease._cleanup_after_loss()
             raise
-        self._held.append((task, lease))
+        self._held.entered(task, lease)
         return lease
 
     async def __aexit__(
@@ -605,11 +605,7 @@ class Primitive(Granting):
         tb: TracebackType | None,
     ) -> None:
         """Release the current task's lease; see `Lease.__aexit__` for what is raised."""
-        task = asyncio.current_task()
-        for index in range(len(self._held) - 1, -1, -1):
-            if self._held[index][0] is task:
-                lease = self._held.pop(index)[1]
-                break
-        else:
+        lease = self._held.left(asyncio.current_task())
+        if lease is None:
             raise RuntimeError(f"{self._what} {self._name!r} is not held by the current task")
         await lease.__aexit__(exc_type, exc, tb)

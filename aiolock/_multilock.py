@@ -22,6 +22,7 @@ from typing import Any, Final, final
 
 import anyio
 
+from ._blocks import Blocks
 from ._cancel import run_shielded
 from ._clients import AsyncClient, check_client
 from ._config import LockConfig, check_names, check_timeout
@@ -371,7 +372,7 @@ class MultiLock:
             )
             for name in ordered
         )
-        self._held: list[tuple[asyncio.Task[Any], MultiLease]] = []
+        self._held: Blocks[MultiLease] = Blocks()
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -482,7 +483,7 @@ class MultiLock:
             with contextlib.suppress(AiolockError, TimeoutError):
                 await held.release()
             raise
-        self._held.append((task, held))
+        self._held.entered(task, held)
         return held
 
     async def __aexit__(
@@ -492,11 +493,7 @@ class MultiLock:
         tb: TracebackType | None,
     ) -> None:
         """Release the current task's leases; see `MultiLease.__aexit__`."""
-        task = asyncio.current_task()
-        for index in range(len(self._held) - 1, -1, -1):
-            if self._held[index][0] is task:
-                held = self._held.pop(index)[1]
-                break
-        else:
+        held = self._held.left(asyncio.current_task())
+        if held is None:
             raise RuntimeError("this MultiLock is not held by the current task")
         await held.__aexit__(exc_type, exc, tb)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final, final
 
 from . import _events as events
+from ._blocks import Blocks
 from ._clients import AsyncClient, is_cluster
 from ._config import LockConfig
 from ._info import HOST, PID, LockInfo, text
@@ -132,7 +133,7 @@ class PrimitiveBase(abc.ABC):
     _key: str
     _channel: str
     _release_keys: Sequence[str]
-    _held: list[tuple[asyncio.Task[Any], Lease]]
+    _held: Blocks[Lease]
 
     def __init__(
         self,
@@ -160,7 +161,7 @@ class PrimitiveBase(abc.ABC):
         self._key = key
         self._channel = channel
         self._release_keys = release_keys
-        self._held = []  # (task, lease) of each `async with` block in progress
+        self._held = Blocks()  # the lease of each `async with` block in progress
 
     # ----------------------------------------------------------------- what a primitive supplies
     @abc.abstractmethod

@@ -30,6 +30,7 @@ LAYERS: dict[str, int] = {
     "_info": DATA,
     "_events": DATA,
     "_cancel": DATA,
+    "_blocks": DATA,
     "_settle": DATA,
     "_scripts": DATA,
     "_hash_scripts": DATA,
