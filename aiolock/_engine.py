@@ -583,18 +583,32 @@ class Primitive(Granting):
         its own and cannot release this one. It is not reentrant: entering it again in the
         task that holds it raises `RuntimeError` instead of waiting forever.
 
+        A lease lost before the body began (the event loop held between the acquire and
+        the block, past the lease's validity; or a grant that lapsed before its first
+        renewal reached Redis) protected no work: it is acquired again, within what is
+        left of the timeout.
+
         Cancellation:
             As for `acquire()`.
         """
         task = asyncio.current_task()
         if task is None:  # pragma: no cover - asyncio always runs coroutines in a task
             raise RuntimeError(f"{type(self).__name__} must be used from an asyncio task")
+        loop = asyncio.get_running_loop()
+        timeout = self._config.timeout
+        started = loop.time()
         lease = await self.acquire()
-        try:
-            await lease.__aenter__()
-        except BaseException:
-            await lease._cleanup_after_loss()
-            raise
+        while True:
+            try:
+                await lease.__aenter__()
+                break
+            except LeaseLostError:
+                await lease._cleanup_after_loss()
+            except BaseException:
+                await lease._cleanup_after_loss()
+                raise
+            left = None if timeout is None else max(timeout - (loop.time() - started), 0.0)
+            lease = await self.acquire(timeout=left)
         self._held.entered(task, lease)
         return lease
 

@@ -361,3 +361,28 @@ async def test_a_granted_lease_survives_a_stall_with_its_reply_waiting(
     """The plain case: the renewal is confirmed during the stall, its reply read after."""
     lease = await _granted_then_stalled(slow_pair, name)
     assert lease.released
+
+
+async def test_a_lease_lost_before_its_block_began_is_acquired_again(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    """A stall between the acquire and the start of the body (a grant that lapsed before
+    its renewal reached Redis, on a loaded machine) loses the lease before any work ran
+    under it: `async with` acquires again, within its timeout, instead of raising."""
+    taken: list[Lease] = []
+
+    class StalledAfterAcquire(Lock):  # type: ignore[misc]  # a stall, where it can happen
+        async def acquire(self, **kwargs: Any) -> Lease:
+            lease = await super().acquire(**kwargs)
+            if not taken:
+                time.sleep(0.5)  # the loop is held past the lease's 0.3 s
+            taken.append(lease)
+            return lease
+
+    lock = StalledAfterAcquire(client, name, ttl=0.3, renew=False, timeout=10)
+    async with lock as lease:
+        assert lease.held
+    assert len(taken) == 2
+    assert taken[0].lost and taken[0].loss_reason is LossReason.DEADLINE
+    assert lease.fencing_token > taken[0].fencing_token
+    assert lease.released
