@@ -130,8 +130,8 @@ class Primitive(Granting):
             AcquireTimeoutError: it stayed held by others for the whole timeout.
             BackendError: Redis could not be reached or refused the command.
             LeaseLostError: `token` was used for a lease that has ended by a release or an
-                abort (and is still remembered, see the README's Retention): a token is
-                never granted twice.
+                abort (and is still remembered: see the documentation's Data in Redis,
+                Retention): a token is never granted twice.
             RuntimeError: the current task holds it in an `async with` block (through any
                 object of this name on this client), and `timeout` is not 0: waiting
                 would never end (or always time out). Nothing is sent. A single try

@@ -321,7 +321,7 @@ class RedisServer:
 
     def stop(self) -> None:
         """SIGTERM (after SIGCONT, if paused), then SIGKILL if it has not exited within
-        STOP_TIMEOUT; its directory is removed. `start()` may be called again."""
+        10 s (STOP_TIMEOUT); its directory is removed. `start()` may be called again."""
         if self._process is not None:
             self._end_watcher()
             process, self._process = self._process, None
