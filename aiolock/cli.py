@@ -101,11 +101,11 @@ from ._clients import AsyncClient, translate_errors
 from ._config import MAX_NAME_LENGTH, LockConfig
 from ._demo import DemoConfig, DemoError, DemoSummary, demo_server, run_demo
 from ._doctor import Diagnosis, diagnose
+from ._holdstats import HoldStats
 from ._info import LockInfo
 from ._inspect import (
     KINDS,
     ForceRelease,
-    HoldStats,
     Kind,
     LockState,
     QueueEntry,
