@@ -582,8 +582,8 @@ class Election:
         Raises:
             TypeError: a callback that is not callable (nothing is sent).
             ConfigError: `value` out of range.
-            Whatever a callback raises (in an `ExceptionGroup` when `on_new_leader`
-            raised it: it runs in a task of the run's own).
+            Exception: whatever a callback raises (in an `ExceptionGroup` when
+                `on_new_leader` raised it: it runs in a task of the run's own).
 
         Cancellation:
             Ends the run: the term held is resigned, nothing stays queued.
