@@ -18,8 +18,8 @@ from ._engine import Busy as Busy
 from ._events import EventKind as EventKind
 from ._events import LockEvent as LockEvent
 from ._events import add_listener as add_listener
+from ._holdstats import HoldStats as HoldStats
 from ._info import LockInfo as LockInfo
-from ._inspect import HoldStats as HoldStats
 from ._inspect import hold_stats as hold_stats
 from ._leader import Leader as Leader
 from ._lease import Lease as Lease

@@ -33,7 +33,8 @@ from typing import Any, Final
 import redis.asyncio
 
 from . import _events as events
-from ._inspect import HoldStats, hold_stats, nearest_rank
+from ._holdstats import HoldStats, nearest_rank
+from ._inspect import hold_stats
 from ._layout import LockKeys
 from ._lock import Lock
 from .errors import BackendError, LeaseLostError

@@ -1,5 +1,5 @@
 """The package's shape, as ARCHITECTURE.md draws it: its layers, read from the imports, and
-the sizes of the core's modules and functions.
+the sizes of its modules (every one) and of the core's functions.
 
 Layers, bottom to top: data -> I/O -> engine -> primitives -> CLI and integrations. A module
 imports modules of its own layer or of layers below it, never above (every import counts:
@@ -38,6 +38,7 @@ LAYERS: dict[str, int] = {
     "_rwlock_scripts": DATA,
     "_election_scripts": DATA,
     "_queue": DATA,
+    "_holdstats": DATA,
     # I/O: the client libraries, the transports, the per-client runtime, the lease.
     "_clients": IO,
     "_transport": IO,
@@ -248,6 +249,16 @@ def test_the_imports_make_no_circle() -> None:
 
 def test_the_core_modules_and_functions_are_small() -> None:
     assert size_violations(PACKAGE, CORE) == []
+
+
+def test_no_module_is_over_the_size_limit() -> None:
+    """Every module of the package, a subpackage's (the command line's) included."""
+    too_long = [
+        f"{path.relative_to(PACKAGE)} has {lines} lines (at most {MAX_MODULE_LINES})"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    ]
+    assert too_long == []
 
 
 @pytest.fixture

@@ -11,9 +11,11 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
-from aiolock import LeaseLostError, Lock, LossReason, cli
+from aiolock import LeaseLostError, Lock, LossReason
 from aiolock._layout import LockKeys
 from aiolock._runtime import runtime_for
+from aiolock.cli import _inspection
+from aiolock.cli._parser import build_parser
 
 from ..conftest import make_client
 from ..load import scaled
@@ -314,10 +316,10 @@ async def test_watch_ends_on_a_cancellation_a_library_swallowed(
                 await asyncio.sleep(0)
         return []
 
-    monkeypatch.setattr(cli, "_held", held_swallowing_a_cancellation)
+    monkeypatch.setattr(_inspection, "_held", held_swallowing_a_cancellation)
     argv = ["--url", server_url, "watch", f"{tag}:*", "--interval", "0.01"]
-    args = cli._parser().parse_args(argv + (["--json"] if json_output else []))
-    watching = asyncio.create_task(cli._watch(args, server_url))
+    args = build_parser().parse_args(argv + (["--json"] if json_output else []))
+    watching = asyncio.create_task(_inspection.watch_command(args, server_url))
     try:
         with pytest.raises(asyncio.CancelledError):
             await within(asyncio.shield(watching), what="watch to end after the cancellation")

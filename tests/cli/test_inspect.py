@@ -12,7 +12,8 @@ import redis.asyncio
 
 import aiolock
 from aiolock import LeaseLostError, Lock, LockInfo, LossReason, ReadWriteLock, Semaphore
-from aiolock._inspect import force_release, read_locks, recommend_ttl_ms, scan_lock_names
+from aiolock._holdstats import recommend_ttl_ms
+from aiolock._inspect import force_release, read_locks, scan_lock_names
 from aiolock._layout import LockKeys
 
 from ..load import scaled
