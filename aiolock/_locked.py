@@ -6,12 +6,12 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable, Coroutine
-from typing import Any, Literal, ParamSpec, Protocol, TypeVar, overload
+from typing import Any, Literal, ParamSpec, Protocol, TypeVar, Unpack, overload
 
-from ._config import LockConfig
 from ._glue import ClientSource, NameTemplate, client_source
 from ._lease import Lease
 from ._lock import Lock
+from ._options import LockOptions, lock_config
 from .errors import AcquireTimeoutError, ConfigError
 
 __all__ = ("locked",)
@@ -60,14 +60,7 @@ def locked(
     *,
     client: ClientSource,
     on_busy: Literal["skip"],
-    ttl: float = ...,
-    timeout: float | None = ...,
-    renew: bool = ...,
-    renew_interval: float | None = ...,
-    max_hold: float | None = ...,
-    prefix: str = ...,
-    replicas: int = ...,
-    replica_timeout: float | None = ...,
+    **options: Unpack[LockOptions],
 ) -> _LockedOrSkipped: ...
 
 
@@ -77,14 +70,7 @@ def locked(
     *,
     client: ClientSource,
     on_busy: Literal["raise"] | None = ...,
-    ttl: float = ...,
-    timeout: float | None = ...,
-    renew: bool = ...,
-    renew_interval: float | None = ...,
-    max_hold: float | None = ...,
-    prefix: str = ...,
-    replicas: int = ...,
-    replica_timeout: float | None = ...,
+    **options: Unpack[LockOptions],
 ) -> _Locked: ...
 
 
@@ -93,14 +79,7 @@ def locked(
     *,
     client: ClientSource,
     on_busy: Literal["raise", "skip"] | None = None,
-    ttl: float = 30.0,
-    timeout: float | None = None,
-    renew: bool = True,
-    renew_interval: float | None = None,
-    max_hold: float | None = None,
-    prefix: str = "aiolock",
-    replicas: int = 0,
-    replica_timeout: float | None = None,
+    **options: Unpack[LockOptions],
 ) -> _Locked | _LockedOrSkipped:
     """Decorate an async function so each call runs holding a lock named from its arguments.
 
@@ -135,14 +114,9 @@ def locked(
             `timeout`: `"raise"` `AcquireTimeoutError`, or `"skip"` the call and return
             None. Required when `timeout` is not None (there is no default guess);
             may be left out with `timeout=None`, where a call waits until it gets the lock.
-        ttl: as for `Lock`.
-        timeout: as for `Lock` (None: wait as long as it takes).
-        renew: as for `Lock`.
-        renew_interval: as for `Lock`.
-        max_hold: as for `Lock`.
-        prefix: as for `Lock`.
-        replicas: as for `Lock` (0: wait for no replica).
-        replica_timeout: as for `Lock`.
+        options: the settings of each call's `Lock`, `LockOptions`, with their defaults:
+            `ttl`, `renew`, `renew_interval`, `timeout` (None: wait as long as it takes),
+            `max_hold`, `prefix`, `retain`, `hold_stats`, `replicas`, `replica_timeout`.
 
     Raises:
         TypeError: at decoration, a function that is not `async def`, a `lease` parameter
@@ -157,20 +131,13 @@ def locked(
         As for `async with Lock(...)`: a call cancelled while waiting leaves no lock held;
         one cancelled while running releases the lock before the cancellation propagates.
 
-    Added in 0.2; a `lease` parameter without a default in 0.3.
+    Added in 0.2; a `lease` parameter without a default in 0.3; `retain` and `hold_stats`
+    in 0.3.
     """
     template = NameTemplate(name)
     source = client_source(client)
-    LockConfig.cached(
-        ttl=ttl,
-        renew=renew,
-        renew_interval=renew_interval,
-        timeout=timeout,
-        max_hold=max_hold,
-        prefix=prefix,
-        replicas=replicas,
-        replica_timeout=replica_timeout,
-    )
+    lock_config("locked()", options)
+    timeout = options.get("timeout")
     if on_busy is None:
         if timeout is not None:
             raise ConfigError(
@@ -220,18 +187,7 @@ def locked(
             except TypeError as exc:
                 raise TypeError(f"{fn.__qualname__}(): {exc}{refusal}") from None
             bound.apply_defaults()
-            lock = Lock(
-                source(),
-                template.format(bound.arguments),
-                ttl=ttl,
-                renew=renew,
-                renew_interval=renew_interval,
-                timeout=timeout,
-                max_hold=max_hold,
-                prefix=prefix,
-                replicas=replicas,
-                replica_timeout=replica_timeout,
-            )
+            lock = Lock(source(), template.format(bound.arguments), **options)
             try:
                 lease = await lock.acquire()
             except AcquireTimeoutError as exc:
