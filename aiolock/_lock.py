@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Unpack, final
 
@@ -9,6 +10,7 @@ from ._clients import AsyncClient, check_client
 from ._config import check_name
 from ._engine import Call, Primitive
 from ._info import HOST, PID, LockInfo, text
+from ._inspect import _queue as read_queue
 from ._layout import LockKeys
 from ._options import LockOptions, lock_config
 from ._runtime import runtime_for
@@ -105,7 +107,11 @@ class Lock(Primitive):
         return holder is not None or reserved
 
     async def info(self) -> LockInfo | None:
-        """The current holder as recorded in Redis, or None if the lock is free.
+        """The current holder as recorded in Redis, with the tasks waiting (`waiting`), or
+        None if the lock is free. One round trip.
+
+        Its `holders`, `waiting` and `free` answer as a `SemaphoreInfo`'s and a
+        `ReadWriteInfo`'s do.
 
         Raises:
             BackendError: Redis could not be reached.
@@ -144,8 +150,24 @@ class Lock(Primitive):
         return holder, "reserved" in fields
 
     async def _inspect_fields(self) -> tuple[LockInfo | None, dict[str, str]]:
-        reply = await runtime_for(self._client).backend.run(
-            INSPECT, self._keys.state, [], timeout=5.0, operation="inspect", name=self._name
+        """The holder (or None), with the tasks waiting, and the fields of the state."""
+        keys = self._keys
+        pttl, raw, queue, entries, (seconds, micros) = await runtime_for(self._client).backend.run(
+            INSPECT,
+            (keys.lock, keys.queue, keys.waiters),
+            [],
+            timeout=5.0,
+            operation="inspect",
+            name=self._name,
         )
-        fields = {text(k): text(v) for k, v in zip(reply[1::2], reply[2::2], strict=True)}
-        return LockInfo.from_fields(self._name, fields, int(reply[0])), fields
+        fields = {text(k): text(v) for k, v in zip(raw[::2], raw[1::2], strict=True)}
+        holder = LockInfo.from_fields(self._name, fields, int(pttl))
+        if holder is None:
+            return None, fields
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        waiting = sum(
+            entry.count
+            for entry in read_queue(queue, zip(entries[::2], entries[1::2], strict=True), now_ms)
+            if not entry.expired
+        )
+        return dataclasses.replace(holder, waiting=waiting), fields

@@ -50,6 +50,9 @@ class _RWKeys:
 class ReadWriteInfo:
     """What Redis says about a read-write lock right now (never a secret token).
 
+    `holders`, `waiting` and `free` are the fields every primitive's `info()` has, with
+    the same meanings (`LockInfo`, `SemaphoreInfo`).
+
     Added in 0.2.
     """
 
@@ -61,6 +64,28 @@ class ReadWriteInfo:
     """Tasks waiting to write, summed over the queued processes whose entries are live."""
     readers_waiting: int
     last_fencing_token: int | None
+
+    @property
+    def holders(self) -> tuple[LockInfo, ...]:
+        """Who holds the lock: the writer alone, or the readers (empty: free).
+
+        Added in 0.3."""
+        return (self.writer,) if self.writer is not None else self.readers
+
+    @property
+    def waiting(self) -> int:
+        """Tasks waiting, on either side: `writers_waiting` plus `readers_waiting`.
+
+        Added in 0.3."""
+        return self.writers_waiting + self.readers_waiting
+
+    @property
+    def free(self) -> int:
+        """1 when nobody holds either side (a writer may enter at once), else 0: as a
+        lock's, since the write side is the exclusive one.
+
+        Added in 0.3."""
+        return 0 if self.holders else 1
 
 
 class _Side(Primitive):
@@ -224,3 +249,18 @@ class ReadWriteLock:
             readers_waiting=state.readers_waiting,
             last_fencing_token=state.last_fencing_token,
         )
+
+    async def locked(self) -> bool:
+        """Whether the lock is held right now on either side: by a writer or by any reader
+        (one round trip). True means that a writer could not enter at once; a reader may
+        still, unless the holder is a writer or a writer waits (writers come first).
+
+        Raises:
+            BackendError: Redis could not be reached or refused the command.
+
+        Cancellation:
+            Safe to cancel: it only reads.
+
+        Added in 0.3.
+        """
+        return (await self.info()).free == 0

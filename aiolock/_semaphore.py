@@ -24,6 +24,9 @@ __all__ = ("Semaphore", "SemaphoreInfo")
 class SemaphoreInfo:
     """What Redis says about a semaphore right now (never a secret token).
 
+    `holders`, `waiting` and `free` are the fields every primitive's `info()` has, with
+    the same meanings (`LockInfo`, `ReadWriteInfo`).
+
     Added in 0.2.
     """
 
