@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Literal, ParamSpec, Protocol, TypeVar, Unpack, overload
 
-from ._glue import ClientSource, NameTemplate, client_source
+from ._glue import NOTHING, ClientSource, NameTemplate, client_source, client_then_name
 from ._lease import Lease
 from ._lock import Lock
 from ._options import LockOptions, lock_config
@@ -56,6 +56,28 @@ class _LockedOrSkipped(Protocol):
 
 @overload
 def locked(
+    client: ClientSource,
+    name: str,
+    /,
+    *,
+    on_busy: Literal["skip"],
+    **options: Unpack[LockOptions],
+) -> _LockedOrSkipped: ...
+
+
+@overload
+def locked(
+    client: ClientSource,
+    name: str,
+    /,
+    *,
+    on_busy: Literal["raise"] | None = ...,
+    **options: Unpack[LockOptions],
+) -> _Locked: ...
+
+
+@overload
+def locked(
     name: str,
     *,
     client: ClientSource,
@@ -75,16 +97,19 @@ def locked(
 
 
 def locked(
-    name: str,
+    first: Any = NOTHING,
+    second: Any = NOTHING,
+    /,
     *,
-    client: ClientSource,
+    name: Any = NOTHING,
+    client: Any = NOTHING,
     on_busy: Literal["raise", "skip"] | None = None,
     **options: Unpack[LockOptions],
 ) -> _Locked | _LockedOrSkipped:
     """Decorate an async function so each call runs holding a lock named from its arguments.
 
     ```python
-    @locked("orders:{order_id}", client=get_redis, ttl=10, timeout=0, on_busy="skip")
+    @locked(get_redis, "orders:{order_id}", ttl=10, timeout=0, on_busy="skip")
     async def fulfil(lease: Lease, order_id: int) -> None:
         await db.ship(order_id, fence=lease.fencing_token)
 
@@ -104,12 +129,15 @@ def locked(
     first one (a `ParamSpec` cannot lose a later parameter): elsewhere, declare it
     `lease: Lease | None = None` so that type-checked callers may leave it out.
 
+    The client comes first, as for `Lock` (`locked(redis, "orders:{order_id}")`), or by
+    keyword after the name (`locked("orders:{order_id}", client=redis)`).
+
     Args:
-        name: the lock name template; every field must name a parameter of the function.
         client: a `redis.asyncio.Redis` or `RedisCluster` (or valkey-py's
             `valkey.asyncio.Valkey` or `ValkeyCluster`), or a function of no arguments
             returning one, called at each call (for a client created at application
             startup).
+        name: the lock name template; every field must name a parameter of the function.
         on_busy: what a call does when the lock stays held by someone else for the whole
             `timeout`: `"raise"` `AcquireTimeoutError`, or `"skip"` the call and return
             None. Required when `timeout` is not None (there is no default guess);
@@ -131,9 +159,10 @@ def locked(
         As for `async with Lock(...)`: a call cancelled while waiting leaves no lock held;
         one cancelled while running releases the lock before the cancellation propagates.
 
-    Added in 0.2; a `lease` parameter without a default in 0.3; `retain` and `hold_stats`
-    in 0.3.
+    Added in 0.2; a `lease` parameter without a default in 0.3; `retain`, `hold_stats`
+    and the client first in 0.3.
     """
+    client, name = client_then_name("locked()", first, second, name, client)
     template = NameTemplate(name)
     source = client_source(client)
     lock_config("locked()", options)

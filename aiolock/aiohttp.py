@@ -48,7 +48,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 from ._clients import AsyncClient
-from ._glue import NameTemplate, client_source, retry_after_header
+from ._glue import NOTHING, NameTemplate, client_source, client_then_name, retry_after_header
 from ._lease import Lease
 from ._lock import Lock
 from ._options import LockOptions, lock_config
@@ -110,22 +110,49 @@ class _Decorator:
         return self._wrap(handler, len(positional) == 2)  # type: ignore[return-value]
 
 
+@overload
+def locked_handler(
+    client: ClientOption,
+    name: str,
+    /,
+    *,
+    busy_status: Literal[409, 429] = ...,
+    **options: Unpack[LockOptions],
+) -> _Decorator: ...
+
+
+@overload
 def locked_handler(
     name: str,
     *,
     client: ClientOption,
+    busy_status: Literal[409, 429] = ...,
+    **options: Unpack[LockOptions],
+) -> _Decorator: ...
+
+
+def locked_handler(
+    first: Any = NOTHING,
+    second: Any = NOTHING,
+    /,
+    *,
+    name: Any = NOTHING,
+    client: Any = NOTHING,
     busy_status: Literal[409, 429] = 409,
     **options: Unpack[LockOptions],
 ) -> _Decorator:
     """Decorate an aiohttp handler so it runs holding a lock named from the request.
 
+    The client comes first, as for `Lock` (`locked_handler(REDIS, "orders:{order_id}")`),
+    or by keyword after the name (`locked_handler("orders:{order_id}", client=REDIS)`).
+
     Args:
-        name: a template such as `"orders:{order_id}"`; each field is read from the
-            request's `match_info`, else from its query string.
         client: a `redis.asyncio.Redis` or `RedisCluster` (or valkey-py's
             `valkey.asyncio.Valkey` or `ValkeyCluster`); a function of no arguments
             returning one; or a `web.AppKey` under which the application (or a parent
             application) keeps it.
+        name: a template such as `"orders:{order_id}"`; each field is read from the
+            request's `match_info`, else from its query string.
         busy_status: 409 (Conflict) or 429 (Too Many Requests), with `Retry-After`
             (whole seconds, at least 1), for a request that did not get the lock in time.
         options: the settings of each request's `Lock`, `LockOptions`, with their
@@ -137,8 +164,9 @@ def locked_handler(
         TypeError, ConfigError: bad arguments, or a handler that is not `async def` or
             does not take `(request)` or `(request, lease)`, at decoration.
 
-    Added in 0.2; `retain` and `hold_stats` in 0.3.
+    Added in 0.2; `retain`, `hold_stats` and the client first in 0.3.
     """
+    client, name = client_then_name("locked_handler()", first, second, name, client)
     if busy_status not in BUSY_STATUSES:
         raise ConfigError(
             f"busy_status must be 409 or 429, got {busy_status!r}",

@@ -41,7 +41,7 @@ from __future__ import annotations
 import inspect
 import keyword
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Final, Literal, Unpack
+from typing import Any, Final, Literal, TypeAlias, Unpack, overload
 
 try:
     import fastapi
@@ -51,7 +51,14 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         'aiolock.fastapi needs the "fastapi" extra: pip install "aiolock-redis[fastapi]"'
     ) from exc
 
-from ._glue import ClientSource, NameTemplate, client_source, retry_after_header
+from ._glue import (
+    NOTHING,
+    ClientSource,
+    NameTemplate,
+    client_source,
+    client_then_name,
+    retry_after_header,
+)
 from ._lease import Lease
 from ._lock import Lock
 from ._options import LockOptions, lock_config
@@ -64,10 +71,38 @@ LOST_STATUS: Final = 503
 _NAME_PARAMETER: Final = "aiolock_lock_name"
 
 
+NameSource: TypeAlias = str | Callable[..., str] | Callable[..., Awaitable[str]]
+"""A lock name template, or a function FastAPI resolves as a dependency."""
+
+
+@overload
 def locked_request(
-    name: str | Callable[..., str] | Callable[..., Awaitable[str]],
+    client: ClientSource,
+    name: NameSource,
+    /,
+    *,
+    busy_status: Literal[409, 429] = ...,
+    **options: Unpack[LockOptions],
+) -> Any: ...
+
+
+@overload
+def locked_request(
+    name: NameSource,
     *,
     client: ClientSource,
+    busy_status: Literal[409, 429] = ...,
+    **options: Unpack[LockOptions],
+) -> Any: ...
+
+
+def locked_request(
+    first: Any = NOTHING,
+    second: Any = NOTHING,
+    /,
+    *,
+    name: Any = NOTHING,
+    client: Any = NOTHING,
     busy_status: Literal[409, 429] = 409,
     **options: Unpack[LockOptions],
 ) -> Any:
@@ -76,12 +111,15 @@ def locked_request(
     Use it as a parameter's default (`lease: Lease = locked_request(...)`), in
     `Annotated[Lease, locked_request(...)]`, or in a route's `dependencies=[...]`.
 
+    The client comes first, as for `Lock` (`locked_request(get_redis, "orders:{id}")`), or
+    by keyword after the name (`locked_request("orders:{id}", client=get_redis)`).
+
     Args:
-        name: a template such as `"orders:{order_id}"` whose fields are path or query
-            parameters, or a function FastAPI resolves as a dependency, returning the name.
         client: a `redis.asyncio.Redis` or `RedisCluster` (or valkey-py's
             `valkey.asyncio.Valkey` or `ValkeyCluster`), or a function of no arguments
             returning one (`lambda: app.state.redis` for a client made at startup).
+        name: a template such as `"orders:{order_id}"` whose fields are path or query
+            parameters, or a function FastAPI resolves as a dependency, returning the name.
         busy_status: the status of a request that did not get the lock in time: 409
             (Conflict: someone else is changing this resource) or 429 (Too Many
             Requests: slow down). Both carry `Retry-After` (whole seconds, at least 1).
@@ -96,8 +134,9 @@ def locked_request(
     Raises:
         TypeError, ConfigError: bad arguments, when the route is declared.
 
-    Added in 0.2; `retain` and `hold_stats` in 0.3.
+    Added in 0.2; `retain`, `hold_stats` and the client first in 0.3.
     """
+    client, name = client_then_name("locked_request()", first, second, name, client)
     if busy_status not in BUSY_STATUSES:
         raise ConfigError(
             f"busy_status must be 409 or 429, got {busy_status!r}",

@@ -166,3 +166,42 @@ def test_an_options_dict_is_reused_across_primitives(fake: fakeredis.FakeAsyncRe
     assert Lock(fake, "n", **options).key.startswith("shop:")
     assert Semaphore(fake, "n", limit=3, **options).key.startswith("shop:")
     assert ReadWriteLock(fake, "n", **options).key.startswith("shop:")
+
+
+# ------------------------------------------------------------------- the client first
+async def test_locked_takes_the_client_first_as_lock_does(fake: fakeredis.FakeAsyncRedis) -> None:
+    @locked(fake, "orders:{order_id}", timeout=0, on_busy="raise")
+    async def ship(lease: aiolock.Lease, order_id: int) -> str:
+        return lease.name
+
+    @locked("orders:{order_id}", client=fake)
+    async def bill(lease: aiolock.Lease, order_id: int) -> str:
+        return lease.name
+
+    @locked(name="orders:{order_id}", client=fake)
+    async def pack(lease: aiolock.Lease, order_id: int) -> str:
+        return lease.name
+
+    assert [await ship(1), await bill(2), await pack(3)] == ["orders:1", "orders:2", "orders:3"]
+    await fake.aclose()
+
+
+@pytest.mark.parametrize("helper", [locked, locked_request, locked_handler])
+def test_the_web_helpers_take_the_client_first_or_by_keyword(
+    fake: fakeredis.FakeAsyncRedis, helper: Any
+) -> None:
+    helper(fake, "orders:{order_id}", ttl=5)
+    helper("orders:{order_id}", client=fake, ttl=5)
+    helper(name="orders:{order_id}", client=fake, ttl=5)
+    where = f"{helper.__name__}()"
+    with pytest.raises(TypeError, match=rf"^{where[:-2]}\(\) missing required argument: 'client'"):
+        helper("orders:{order_id}")
+    with pytest.raises(TypeError, match="missing required argument: 'name'"):
+        helper(client=fake)
+    with pytest.raises(TypeError, match="multiple values for argument 'client'"):
+        helper(fake, "orders:{order_id}", client=fake)
+    with pytest.raises(TypeError, match="multiple values for argument 'name'"):
+        helper("orders:{order_id}", name="orders:{order_id}", client=fake)
+    with pytest.raises(ConfigError) as info:
+        helper(fake, "orders:{order_id}", ttl=0)
+    assert info.value.argument == "ttl"
