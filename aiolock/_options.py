@@ -44,6 +44,10 @@ class LockOptions(TypedDict, total=False):
         replica_timeout: seconds (0.001 to ttl/2) to wait for those acknowledgements;
             default None: a quarter of the ttl, at most 1 s. Only with `replicas`.
 
+    An `Election` takes five of them as its own keywords, with the same meanings: `ttl`
+    (default 10 there), `renew_interval`, `prefix`, `replicas` and `replica_timeout` (a
+    term is always renewed, and a candidate waits as long as its campaign runs).
+
     A type checker checks the names and types of these keywords at every call (PEP 692);
     at run time an unknown keyword raises `TypeError` and a value out of range
     `ConfigError` naming the argument and the range, at the call.
