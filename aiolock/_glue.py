@@ -160,8 +160,16 @@ def retry_after_header(error: AcquireTimeoutError) -> str:
     return str(max(1, math.ceil(hint)))
 
 
-NOTHING: Final = object()
-"""No argument given (None may be a value)."""
+@final
+class _Nothing:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<not given>"
+
+
+NOTHING: Final = _Nothing()
+"""No argument given (None may be a value); shown as `<not given>` in a signature."""
 
 
 def client_then_name(

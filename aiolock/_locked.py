@@ -97,8 +97,8 @@ def locked(
 
 
 def locked(
-    first: Any = NOTHING,
-    second: Any = NOTHING,
+    client_or_name: Any = NOTHING,
+    name_after_client: Any = NOTHING,
     /,
     *,
     name: Any = NOTHING,
@@ -162,7 +162,7 @@ def locked(
     Added in 0.2; a `lease` parameter without a default in 0.3; `retain`, `hold_stats`
     and the client first in 0.3.
     """
-    client, name = client_then_name("locked()", first, second, name, client)
+    client, name = client_then_name("locked()", client_or_name, name_after_client, name, client)
     template = NameTemplate(name)
     source = client_source(client)
     lock_config("locked()", options)

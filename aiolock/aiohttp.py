@@ -132,8 +132,8 @@ def locked_handler(
 
 
 def locked_handler(
-    first: Any = NOTHING,
-    second: Any = NOTHING,
+    client_or_name: Any = NOTHING,
+    name_after_client: Any = NOTHING,
     /,
     *,
     name: Any = NOTHING,
@@ -166,7 +166,9 @@ def locked_handler(
 
     Added in 0.2; `retain`, `hold_stats` and the client first in 0.3.
     """
-    client, name = client_then_name("locked_handler()", first, second, name, client)
+    client, name = client_then_name(
+        "locked_handler()", client_or_name, name_after_client, name, client
+    )
     if busy_status not in BUSY_STATUSES:
         raise ConfigError(
             f"busy_status must be 409 or 429, got {busy_status!r}",

@@ -97,8 +97,8 @@ def locked_request(
 
 
 def locked_request(
-    first: Any = NOTHING,
-    second: Any = NOTHING,
+    client_or_name: Any = NOTHING,
+    name_after_client: Any = NOTHING,
     /,
     *,
     name: Any = NOTHING,
@@ -136,7 +136,9 @@ def locked_request(
 
     Added in 0.2; `retain`, `hold_stats` and the client first in 0.3.
     """
-    client, name = client_then_name("locked_request()", first, second, name, client)
+    client, name = client_then_name(
+        "locked_request()", client_or_name, name_after_client, name, client
+    )
     if busy_status not in BUSY_STATUSES:
         raise ConfigError(
             f"busy_status must be 409 or 429, got {busy_status!r}",
