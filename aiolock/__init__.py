@@ -31,6 +31,7 @@ from ._once import DoneMarker as DoneMarker
 from ._once import OnceResult as OnceResult
 from ._once import OnceStatus as OnceStatus
 from ._once import run_once as run_once
+from ._options import LockOptions as LockOptions
 from ._rwlock import ReadLock as ReadLock
 from ._rwlock import ReadWriteInfo as ReadWriteInfo
 from ._rwlock import ReadWriteLock as ReadWriteLock
@@ -67,6 +68,7 @@ __all__ = (
     "LockError",
     "LockEvent",
     "LockInfo",
+    "LockOptions",
     "LossReason",
     "MultiLease",
     "MultiLock",

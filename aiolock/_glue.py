@@ -15,13 +15,20 @@ import math
 import re
 import string
 from collections.abc import Callable, Collection, Mapping
-from typing import Final, final
+from typing import Any, Final, final
 
 from ._clients import AsyncClient, Client, check_client, library_of
 from ._config import check_name
 from .errors import AcquireTimeoutError, ConfigError
 
-__all__ = ("ClientSource", "NameTemplate", "client_source", "retry_after_header")
+__all__ = (
+    "NOTHING",
+    "ClientSource",
+    "NameTemplate",
+    "client_source",
+    "client_then_name",
+    "retry_after_header",
+)
 
 ClientSource = AsyncClient | Callable[[], AsyncClient]
 """A client, or a function of no arguments returning one (called at each use)."""
@@ -151,3 +158,37 @@ def retry_after_header(error: AcquireTimeoutError) -> str:
     if hint is None or not math.isfinite(hint):
         return "1"
     return str(max(1, math.ceil(hint)))
+
+
+@final
+class _Nothing:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<not given>"
+
+
+NOTHING: Final = _Nothing()
+"""No argument given (None may be a value); shown as `<not given>` in a signature."""
+
+
+def client_then_name(
+    where: str, first: Any, second: Any, name: Any, client: Any
+) -> tuple[Any, Any]:
+    """The (client, name) of a decorator called as a `Lock` is, `where(client, name, ...)`,
+    or by keyword, `where(name, client=...)` (each `NOTHING` when not given); `TypeError`
+    as Python raises it for an argument given twice or missing."""
+    if second is not NOTHING:  # where(client, name, ...)
+        for keyword, value in (("client", client), ("name", name)):
+            if value is not NOTHING:
+                raise TypeError(f"{where} got multiple values for argument {keyword!r}")
+        return first, second
+    if first is not NOTHING:  # where(name, client=...)
+        if name is not NOTHING:
+            raise TypeError(f"{where} got multiple values for argument 'name'")
+        name = first
+    if name is NOTHING:
+        raise TypeError(f"{where} missing required argument: 'name'")
+    if client is NOTHING:
+        raise TypeError(f"{where} missing required argument: 'client'")
+    return client, name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import socket
 from collections.abc import Mapping
@@ -31,7 +32,11 @@ def task_name(task: asyncio.Task[object] | None = None) -> str:
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LockInfo:
-    """What Redis knows about the current holder of a lock (never the secret token)."""
+    """What Redis knows about the current holder of a lock (never the secret token).
+
+    `holders`, `waiting` and `free` are the fields every primitive's `info()` has, with
+    the same meanings (`SemaphoreInfo`, `ReadWriteInfo`).
+    """
 
     name: str
     fencing_token: int
@@ -46,6 +51,28 @@ class LockInfo:
     """Seconds until the key expires unless renewed."""
     slot: int | None = None
     """A semaphore permit's slot (None for a lock's holder)."""
+    waiting: int = dataclasses.field(default=0, compare=False)
+    """Tasks waiting for the lock, summed over the queued processes whose entries have
+    not expired, as `Lock.info()` reads them; 0 in a holder listed by a `SemaphoreInfo` or
+    a `ReadWriteInfo`, whose own `waiting` counts them.
+
+    Added in 0.3."""
+
+    @property
+    def holders(self) -> tuple[LockInfo, ...]:
+        """This holder alone: the holders of a lock, as `SemaphoreInfo.holders` and
+        `ReadWriteInfo.holders` give theirs.
+
+        Added in 0.3."""
+        return (self,)
+
+    @property
+    def free(self) -> int:
+        """0: a lock that has a holder has no place free (`Lock.info()` returns None when
+        the lock is free), as `SemaphoreInfo.free` counts permits.
+
+        Added in 0.3."""
+        return 0
 
     @classmethod
     def from_fields(cls, name: str, fields: Mapping[str, str], pttl_ms: int) -> LockInfo | None:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from typing import final
+from typing import Unpack, final
 
 from ._clients import AsyncClient, check_client
-from ._config import LockConfig, check_name
+from ._config import check_name
 from ._engine import Call, Primitive
 from ._info import HOST, PID, LockInfo, text
-from ._layout import RETAIN_DEFAULT, LockKeys
+from ._inspect import _queue as read_queue
+from ._layout import LockKeys
+from ._options import LockOptions, lock_config
 from ._runtime import runtime_for
 from ._scripts import ACQUIRE, INSPECT, RELEASE, acquire_args
 
@@ -42,33 +45,13 @@ class Lock(Primitive):
             them (on a cluster, renewals go through the cluster client).
         name: the lock's name; any non-empty text up to 1000 characters not starting
             with "}".
-        ttl: seconds the key lives without renewal (0.01 to 1 year). Bounds how long a
-            crashed holder blocks others.
-        renew: renew the lease in the background while held.
-        renew_interval: seconds between renewals; default ttl/3. Must be less than the ttl.
-        timeout: seconds `async with` and `acquire()` wait for the lock; None waits
-            forever, 0 tries once.
-        max_hold: seconds (≥ ttl) after which renewal stops: the last renewal sets the
-            expiry up to this point, so a hung holder keeps the lock at most this long
-            (its lease is lost then, `LossReason.MAX_HOLD`) instead of forever.
-        prefix: prefix of every Redis key of this lock (see ARCHITECTURE.md for the layout).
-        retain: seconds (5 to 86400) the lock's state (its last fencing token and the
-            records that recognise late copies of commands, about 190 bytes) stays after
-            a release, when the ttl is shorter than this or longer than an hour; otherwise
-            it stays until the released lease would have expired. See `_layout`.
-        hold_stats: record every hold's duration for `aiolock stats` and `hold_stats()`
-            (one more command per release).
-        replicas: replicas (0 to 100) that must have each acquire and each renewal
-            before it counts: a `WAIT` follows the script on the same connection, in the
-            same round trip. An acquire not confirmed in time is given back and raises
-            `ReplicationError`; a renewal not confirmed is retried, and the lease is lost
-            at its deadline if none is. A failover to a replica that acknowledged cannot
-            lose the key (see the README's "Deployments"). 0 (the default) waits for none.
-        replica_timeout: seconds (0.001 to ttl/2) to wait for those acknowledgements;
-            default a quarter of the ttl, at most 1 s. Only with `replicas`.
+        options: the lock's settings, `LockOptions` (their meanings, ranges and defaults
+            there): `ttl`, `renew`, `renew_interval`, `timeout`, `max_hold`, `prefix`,
+            `retain`, `hold_stats`, `replicas`, `replica_timeout`.
 
     Raises:
-        TypeError: a wrong type (a `bytes` name, a synchronous client, ...).
+        TypeError: a wrong type (a `bytes` name, a synchronous client, ...), or an unknown
+            keyword.
         ConfigError: a value out of range; the message names the argument and the range.
     """
 
@@ -80,31 +63,10 @@ class Lock(Primitive):
         self,
         client: AsyncClient,
         name: str,
-        *,
-        ttl: float = 30.0,
-        renew: bool = True,
-        renew_interval: float | None = None,
-        timeout: float | None = None,
-        max_hold: float | None = None,
-        prefix: str = "aiolock",
-        retain: float = RETAIN_DEFAULT,
-        hold_stats: bool = False,
-        replicas: int = 0,
-        replica_timeout: float | None = None,
+        **options: Unpack[LockOptions],
     ) -> None:
         checked_client, checked_name = check_client(client), check_name(name)
-        config = LockConfig.cached(
-            ttl=ttl,
-            renew=renew,
-            renew_interval=renew_interval,
-            timeout=timeout,
-            max_hold=max_hold,
-            prefix=prefix,
-            retain=retain,
-            hold_stats=hold_stats,
-            replicas=replicas,
-            replica_timeout=replica_timeout,
-        )
+        config = lock_config("Lock()", options)
         keys = self._keys = LockKeys.build(config.prefix, checked_name)
         super().__init__(
             checked_client,
@@ -145,7 +107,11 @@ class Lock(Primitive):
         return holder is not None or reserved
 
     async def info(self) -> LockInfo | None:
-        """The current holder as recorded in Redis, or None if the lock is free.
+        """The current holder as recorded in Redis, with the tasks waiting (`waiting`), or
+        None if the lock is free. One round trip.
+
+        Its `holders`, `waiting` and `free` answer as a `SemaphoreInfo`'s and a
+        `ReadWriteInfo`'s do.
 
         Raises:
             BackendError: Redis could not be reached.
@@ -184,8 +150,24 @@ class Lock(Primitive):
         return holder, "reserved" in fields
 
     async def _inspect_fields(self) -> tuple[LockInfo | None, dict[str, str]]:
-        reply = await runtime_for(self._client).backend.run(
-            INSPECT, self._keys.state, [], timeout=5.0, operation="inspect", name=self._name
+        """The holder (or None), with the tasks waiting, and the fields of the state."""
+        keys = self._keys
+        pttl, raw, queue, entries, (seconds, micros) = await runtime_for(self._client).backend.run(
+            INSPECT,
+            (keys.lock, keys.queue, keys.waiters),
+            [],
+            timeout=5.0,
+            operation="inspect",
+            name=self._name,
         )
-        fields = {text(k): text(v) for k, v in zip(reply[1::2], reply[2::2], strict=True)}
-        return LockInfo.from_fields(self._name, fields, int(reply[0])), fields
+        fields = {text(k): text(v) for k, v in zip(raw[::2], raw[1::2], strict=True)}
+        holder = LockInfo.from_fields(self._name, fields, int(pttl))
+        if holder is None:
+            return None, fields
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        waiting = sum(
+            entry.count
+            for entry in read_queue(queue, zip(entries[::2], entries[1::2], strict=True), now_ms)
+            if not entry.expired
+        )
+        return dataclasses.replace(holder, waiting=waiting), fields

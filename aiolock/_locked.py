@@ -6,12 +6,12 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable, Coroutine
-from typing import Any, Literal, ParamSpec, Protocol, TypeVar, overload
+from typing import Any, Literal, ParamSpec, Protocol, TypeVar, Unpack, overload
 
-from ._config import LockConfig
-from ._glue import ClientSource, NameTemplate, client_source
+from ._glue import NOTHING, ClientSource, NameTemplate, client_source, client_then_name
 from ._lease import Lease
 from ._lock import Lock
+from ._options import LockOptions, lock_config
 from .errors import AcquireTimeoutError, ConfigError
 
 __all__ = ("locked",)
@@ -56,18 +56,33 @@ class _LockedOrSkipped(Protocol):
 
 @overload
 def locked(
+    client: ClientSource,
+    name: str,
+    /,
+    *,
+    on_busy: Literal["skip"],
+    **options: Unpack[LockOptions],
+) -> _LockedOrSkipped: ...
+
+
+@overload
+def locked(
+    client: ClientSource,
+    name: str,
+    /,
+    *,
+    on_busy: Literal["raise"] | None = ...,
+    **options: Unpack[LockOptions],
+) -> _Locked: ...
+
+
+@overload
+def locked(
     name: str,
     *,
     client: ClientSource,
     on_busy: Literal["skip"],
-    ttl: float = ...,
-    timeout: float | None = ...,
-    renew: bool = ...,
-    renew_interval: float | None = ...,
-    max_hold: float | None = ...,
-    prefix: str = ...,
-    replicas: int = ...,
-    replica_timeout: float | None = ...,
+    **options: Unpack[LockOptions],
 ) -> _LockedOrSkipped: ...
 
 
@@ -77,35 +92,24 @@ def locked(
     *,
     client: ClientSource,
     on_busy: Literal["raise"] | None = ...,
-    ttl: float = ...,
-    timeout: float | None = ...,
-    renew: bool = ...,
-    renew_interval: float | None = ...,
-    max_hold: float | None = ...,
-    prefix: str = ...,
-    replicas: int = ...,
-    replica_timeout: float | None = ...,
+    **options: Unpack[LockOptions],
 ) -> _Locked: ...
 
 
 def locked(
-    name: str,
+    client_or_name: Any = NOTHING,
+    name_after_client: Any = NOTHING,
+    /,
     *,
-    client: ClientSource,
+    name: Any = NOTHING,
+    client: Any = NOTHING,
     on_busy: Literal["raise", "skip"] | None = None,
-    ttl: float = 30.0,
-    timeout: float | None = None,
-    renew: bool = True,
-    renew_interval: float | None = None,
-    max_hold: float | None = None,
-    prefix: str = "aiolock",
-    replicas: int = 0,
-    replica_timeout: float | None = None,
+    **options: Unpack[LockOptions],
 ) -> _Locked | _LockedOrSkipped:
     """Decorate an async function so each call runs holding a lock named from its arguments.
 
     ```python
-    @locked("orders:{order_id}", client=get_redis, ttl=10, timeout=0, on_busy="skip")
+    @locked(get_redis, "orders:{order_id}", ttl=10, timeout=0, on_busy="skip")
     async def fulfil(lease: Lease, order_id: int) -> None:
         await db.ship(order_id, fence=lease.fencing_token)
 
@@ -125,24 +129,22 @@ def locked(
     first one (a `ParamSpec` cannot lose a later parameter): elsewhere, declare it
     `lease: Lease | None = None` so that type-checked callers may leave it out.
 
+    The client comes first, as for `Lock` (`locked(redis, "orders:{order_id}")`), or by
+    keyword after the name (`locked("orders:{order_id}", client=redis)`).
+
     Args:
-        name: the lock name template; every field must name a parameter of the function.
         client: a `redis.asyncio.Redis` or `RedisCluster` (or valkey-py's
             `valkey.asyncio.Valkey` or `ValkeyCluster`), or a function of no arguments
             returning one, called at each call (for a client created at application
             startup).
+        name: the lock name template; every field must name a parameter of the function.
         on_busy: what a call does when the lock stays held by someone else for the whole
             `timeout`: `"raise"` `AcquireTimeoutError`, or `"skip"` the call and return
             None. Required when `timeout` is not None (there is no default guess);
             may be left out with `timeout=None`, where a call waits until it gets the lock.
-        ttl: as for `Lock`.
-        timeout: as for `Lock` (None: wait as long as it takes).
-        renew: as for `Lock`.
-        renew_interval: as for `Lock`.
-        max_hold: as for `Lock`.
-        prefix: as for `Lock`.
-        replicas: as for `Lock` (0: wait for no replica).
-        replica_timeout: as for `Lock`.
+        options: the settings of each call's `Lock`, `LockOptions`, with their defaults:
+            `ttl`, `renew`, `renew_interval`, `timeout` (None: wait as long as it takes),
+            `max_hold`, `prefix`, `retain`, `hold_stats`, `replicas`, `replica_timeout`.
 
     Raises:
         TypeError: at decoration, a function that is not `async def`, a `lease` parameter
@@ -157,20 +159,14 @@ def locked(
         As for `async with Lock(...)`: a call cancelled while waiting leaves no lock held;
         one cancelled while running releases the lock before the cancellation propagates.
 
-    Added in 0.2; a `lease` parameter without a default in 0.3.
+    Added in 0.2; a `lease` parameter without a default in 0.3; `retain`, `hold_stats`
+    and the client first in 0.3.
     """
+    client, name = client_then_name("locked()", client_or_name, name_after_client, name, client)
     template = NameTemplate(name)
     source = client_source(client)
-    LockConfig.cached(
-        ttl=ttl,
-        renew=renew,
-        renew_interval=renew_interval,
-        timeout=timeout,
-        max_hold=max_hold,
-        prefix=prefix,
-        replicas=replicas,
-        replica_timeout=replica_timeout,
-    )
+    lock_config("locked()", options)
+    timeout = options.get("timeout")
     if on_busy is None:
         if timeout is not None:
             raise ConfigError(
@@ -220,18 +216,7 @@ def locked(
             except TypeError as exc:
                 raise TypeError(f"{fn.__qualname__}(): {exc}{refusal}") from None
             bound.apply_defaults()
-            lock = Lock(
-                source(),
-                template.format(bound.arguments),
-                ttl=ttl,
-                renew=renew,
-                renew_interval=renew_interval,
-                timeout=timeout,
-                max_hold=max_hold,
-                prefix=prefix,
-                replicas=replicas,
-                replica_timeout=replica_timeout,
-            )
+            lock = Lock(source(), template.format(bound.arguments), **options)
             try:
                 lease = await lock.acquire()
             except AcquireTimeoutError as exc:

@@ -18,18 +18,18 @@ import logging
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType, TracebackType
-from typing import Any, Final, final
+from typing import Any, Final, Unpack, final
 
 import anyio
 
 from ._blocks import Blocks
 from ._cancel import run_shielded
 from ._clients import AsyncClient, check_client
-from ._config import LockConfig, check_names, check_timeout
+from ._config import check_names, check_timeout
 from ._engine import UNSET, Unset
-from ._layout import RETAIN_DEFAULT
 from ._lease import RELEASE_TIMEOUT, Lease
 from ._lock import Lock
+from ._options import LockOptions, lock_config
 from .errors import AcquireTimeoutError, AiolockError, LeaseLostError, LossReason
 
 __all__ = ("MultiLease", "MultiLock")
@@ -304,17 +304,10 @@ class MultiLock:
             for `Lock`.
         names: the locks' names (1 to 1000; each as a `Lock`'s name). Duplicates are
             merged: a name listed twice is held once.
-        ttl: seconds each name's key lives without renewal, as for `Lock`.
-        timeout: seconds `async with` and `acquire()` wait for all the names together;
-            None waits forever, 0 tries each once.
-        renew: renew the leases in the background while held.
-        renew_interval: seconds between renewals; default ttl/3.
-        max_hold: seconds (≥ ttl) after which renewal stops, as for `Lock`.
-        prefix: prefix of every Redis key of the locks.
-        retain: seconds each lock's state stays after a release, as for `Lock`.
-        hold_stats: record every hold's duration, as for `Lock`.
-        replicas: replicas that must acknowledge each acquire and renewal, as for `Lock`.
-        replica_timeout: how long to wait for them, as for `Lock`.
+        options: the settings of every name's lock, `LockOptions`, as for `Lock`: `ttl`,
+            `renew`, `renew_interval`, `timeout`, `max_hold`, `prefix`, `retain`,
+            `hold_stats`, `replicas`, `replica_timeout`. The `timeout` covers all the
+            names together (0 tries each once).
 
     Raises:
         TypeError: a wrong type (`names` a single `str`, say).
@@ -329,49 +322,14 @@ class MultiLock:
         self,
         client: AsyncClient,
         names: Iterable[str],
-        *,
-        ttl: float = 30.0,
-        timeout: float | None = None,
-        renew: bool = True,
-        renew_interval: float | None = None,
-        max_hold: float | None = None,
-        prefix: str = "aiolock",
-        retain: float = RETAIN_DEFAULT,
-        hold_stats: bool = False,
-        replicas: int = 0,
-        replica_timeout: float | None = None,
+        **options: Unpack[LockOptions],
     ) -> None:
         checked_client = check_client(client)
         ordered = check_names(names)
-        config = LockConfig.cached(
-            ttl=ttl,
-            renew=renew,
-            renew_interval=renew_interval,
-            timeout=timeout,
-            max_hold=max_hold,
-            prefix=prefix,
-            retain=retain,
-            hold_stats=hold_stats,
-            replicas=replicas,
-            replica_timeout=replica_timeout,
-        )
+        config = lock_config("MultiLock()", options)
+        each: LockOptions = {**options, "timeout": None}  # the MultiLock keeps the timeout
         self._timeout = config.timeout
-        self._locks = tuple(
-            Lock(
-                checked_client,
-                name,
-                ttl=ttl,
-                renew=renew,
-                renew_interval=renew_interval,
-                max_hold=max_hold,
-                prefix=prefix,
-                retain=retain,
-                hold_stats=hold_stats,
-                replicas=replicas,
-                replica_timeout=replica_timeout,
-            )
-            for name in ordered
-        )
+        self._locks = tuple(Lock(checked_client, name, **each) for name in ordered)
         self._held: Blocks[MultiLease] = Blocks()
 
     @property

@@ -22,13 +22,14 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Final, Generic, TypeVar, final
+from typing import Final, Generic, TypeVar, Unpack, final
 
 from ._clients import AsyncClient, check_client, translate_errors
 from ._config import MAX_NAME_LENGTH, MAX_SECONDS, check_seconds
 from ._info import LockInfo
 from ._lease import Lease
 from ._lock import Lock
+from ._options import LockOptions, lock_config
 from .errors import AcquireTimeoutError, ConfigError
 
 __all__ = ("DoneMarker", "OnceResult", "OnceStatus", "run_once")
@@ -177,9 +178,7 @@ async def run_once(
     fn: Callable[[], Awaitable[T]] | Callable[[Lease], Awaitable[T]],
     *,
     retention: float,
-    ttl: float = 30.0,
-    timeout: float | None = 0,
-    prefix: str = "aiolock",
+    **options: Unpack[LockOptions],
 ) -> OnceResult[T]:
     """Run `fn` unless the job `job_key` is done or running elsewhere; mark it done.
 
@@ -218,11 +217,11 @@ async def run_once(
             a lambda's result is checked when it is called, under the lock: one that is
             not awaitable raises `TypeError` there (released, not marked done).
         retention: seconds the done marker is kept (0.001 to 1 year).
-        ttl: the lock's ttl, seconds; the watchdog renews it while `fn` runs.
-        timeout: seconds to wait for a job running elsewhere (default 0: do not wait).
-            After a wait, a job that finished there is ALREADY_DONE, and one that failed
-            there runs here.
-        prefix: key prefix, as for `Lock`.
+        options: the settings of the job's `Lock`, `LockOptions`, with their defaults but
+            one: `timeout`, the seconds to wait for a job running elsewhere, is 0 (do not
+            wait). After a wait, a job that finished there is ALREADY_DONE, and one that
+            failed there runs here. `ttl`, `renew`, `renew_interval`, `timeout`,
+            `max_hold`, `prefix`, `retain`, `hold_stats`, `replicas`, `replica_timeout`.
 
     Returns:
         An `OnceResult`: `status`, and `value` (what `fn` returned) when it ran.
@@ -238,13 +237,16 @@ async def run_once(
     Cancellation:
         A cancelled call leaves no lock held and writes no marker.
 
-    Added in 0.2.
+    Added in 0.2; every setting of `LockOptions` besides `ttl`, `timeout` and `prefix` in
+    0.3.
     """
     client = check_client(client)
     job_key = _check_job_key(job_key)
     pass_lease = _check_fn(fn)
     retention_s = check_seconds("retention", retention, minimum=0.001, maximum=MAX_SECONDS)
-    lock = Lock(client, _NAME_PREFIX + job_key, ttl=ttl, timeout=timeout, prefix=prefix)
+    lock_config("run_once()", options, timeout=0)
+    settings: LockOptions = {"timeout": 0, **options}
+    lock = Lock(client, _NAME_PREFIX + job_key, **settings)
     marker_key = f"{lock.key}:done"
 
     async def read_marker() -> DoneMarker | None:

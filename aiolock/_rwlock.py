@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, final
+from typing import ClassVar, Unpack, final
 
 from ._clients import AsyncClient, check_client
-from ._config import LockConfig, check_name
+from ._config import check_name
 from ._engine import Call, Primitive
 from ._info import HOST, PID, LockInfo
 from ._inspect import READER_QUEUE, read_locks
-from ._layout import RETAIN_DEFAULT
+from ._options import LockOptions, lock_config
 from ._runtime import runtime_for
 from ._rwlock_scripts import RW_ACQUIRE, RW_RELEASE, WRITER_MARK_MS
 from ._scripts import acquire_args
@@ -50,6 +50,9 @@ class _RWKeys:
 class ReadWriteInfo:
     """What Redis says about a read-write lock right now (never a secret token).
 
+    `holders`, `waiting` and `free` are the fields every primitive's `info()` has, with
+    the same meanings (`LockInfo`, `SemaphoreInfo`).
+
     Added in 0.2.
     """
 
@@ -61,6 +64,28 @@ class ReadWriteInfo:
     """Tasks waiting to write, summed over the queued processes whose entries are live."""
     readers_waiting: int
     last_fencing_token: int | None
+
+    @property
+    def holders(self) -> tuple[LockInfo, ...]:
+        """Who holds the lock: the writer alone, or the readers (empty: free).
+
+        Added in 0.3."""
+        return (self.writer,) if self.writer is not None else self.readers
+
+    @property
+    def waiting(self) -> int:
+        """Tasks waiting, on either side: `writers_waiting` plus `readers_waiting`.
+
+        Added in 0.3."""
+        return self.writers_waiting + self.readers_waiting
+
+    @property
+    def free(self) -> int:
+        """1 when nobody holds either side (a writer may enter at once), else 0: as a
+        lock's, since the write side is the exclusive one.
+
+        Added in 0.3."""
+        return 0 if self.holders else 1
 
 
 class _Side(Primitive):
@@ -160,21 +185,12 @@ class ReadWriteLock:
         client: a redis-py or valkey-py asyncio client, of one server or of a cluster,
             as for `Lock`.
         name: the lock's name, as for `Lock` (its keys do not clash with a lock's).
-        ttl: seconds a reader's or writer's lease lives without renewal (as for `Lock`).
-        renew: renew each lease in the background while held.
-        renew_interval: seconds between renewals; default ttl/3.
-        timeout: seconds `async with` and `acquire()` wait, on either side; None waits
-            forever, 0 tries once.
-        max_hold: seconds (≥ ttl) after which a lease's renewal stops.
-        prefix: prefix of every Redis key of this lock.
-        retain: seconds (5 to 86400) the state stays after the last release (as for `Lock`).
-        hold_stats: record every hold's duration for `aiolock stats`.
-        replicas: replicas that must acknowledge each acquire and renewal, as for
-            `Lock`.
-        replica_timeout: how long to wait for them, as for `Lock`.
+        options: the settings of every reader's and writer's lease, `LockOptions`, as
+            for `Lock`: `ttl`, `renew`, `renew_interval`, `timeout` (on either side),
+            `max_hold`, `prefix`, `retain`, `hold_stats`, `replicas`, `replica_timeout`.
 
     Raises:
-        TypeError: a wrong type.
+        TypeError: a wrong type, or an unknown keyword.
         ConfigError: a value out of range; the message names the argument and the range.
 
     Added in 0.2.
@@ -186,32 +202,11 @@ class ReadWriteLock:
         self,
         client: AsyncClient,
         name: str,
-        *,
-        ttl: float = 30.0,
-        renew: bool = True,
-        renew_interval: float | None = None,
-        timeout: float | None = None,
-        max_hold: float | None = None,
-        prefix: str = "aiolock",
-        retain: float = RETAIN_DEFAULT,
-        hold_stats: bool = False,
-        replicas: int = 0,
-        replica_timeout: float | None = None,
+        **options: Unpack[LockOptions],
     ) -> None:
         self._client: AsyncClient = check_client(client)
         self._name = check_name(name)
-        self._config = LockConfig.cached(
-            ttl=ttl,
-            renew=renew,
-            renew_interval=renew_interval,
-            timeout=timeout,
-            max_hold=max_hold,
-            prefix=prefix,
-            retain=retain,
-            hold_stats=hold_stats,
-            replicas=replicas,
-            replica_timeout=replica_timeout,
-        )
+        self._config = lock_config("ReadWriteLock()", options)
         self._keys = _RWKeys.build(self._config.prefix, self._name)
         self._read = ReadLock(self)
         self._write = WriteLock(self)
@@ -254,3 +249,18 @@ class ReadWriteLock:
             readers_waiting=state.readers_waiting,
             last_fencing_token=state.last_fencing_token,
         )
+
+    async def locked(self) -> bool:
+        """Whether the lock is held right now on either side: by a writer or by any reader
+        (one round trip). True means that a writer could not enter at once; a reader may
+        still, unless the holder is a writer or a writer waits (writers come first).
+
+        Raises:
+            BackendError: Redis could not be reached or refused the command.
+
+        Cancellation:
+            Safe to cancel: it only reads.
+
+        Added in 0.3.
+        """
+        return (await self.info()).free == 0

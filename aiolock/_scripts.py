@@ -612,13 +612,15 @@ return {1, tonumber(fence), tonumber(slot)}
 INSPECT = Script(
     "inspect",
     """
--- KEYS[1] state hash
--- Returns {pttl ms, field1, value1, ...}: pttl -2 and no fields when nothing is stored.
-local out = {redis.call('PTTL', KEYS[1])}
-local fields = redis.call('HGETALL', KEYS[1])
-for i = 1, #fields do
-  out[i + 1] = fields[i]
-end
-return out
+-- KEYS[1] state hash, KEYS[2] wait queue (zset), KEYS[3] its entries (hash)
+-- Returns {pttl ms, {field1, value1, ...}, {queue ids, in order}, {id1, entry1, ...},
+-- {server time: s, us}}: pttl -2 and no fields when no state is stored.
+return {
+  redis.call('PTTL', KEYS[1]),
+  redis.call('HGETALL', KEYS[1]),
+  redis.call('ZRANGE', KEYS[2], 0, -1),
+  redis.call('HGETALL', KEYS[3]),
+  redis.call('TIME'),
+}
 """,
 )

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import final
+from typing import Unpack, final
 
 from ._clients import AsyncClient, check_client
-from ._config import LockConfig, check_limit, check_name
+from ._config import check_limit, check_name
 from ._engine import Call, Primitive
 from ._info import HOST, PID, LockInfo
 from ._inspect import read_locks
-from ._layout import RETAIN_DEFAULT, LockKeys
+from ._layout import LockKeys
+from ._options import LockOptions, lock_config
 from ._runtime import runtime_for
 from ._semaphore_scripts import SEM_ACQUIRE, SEM_RELEASE, SEM_SET_LIMIT, sem_acquire_args
 
@@ -22,6 +23,9 @@ __all__ = ("Semaphore", "SemaphoreInfo")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SemaphoreInfo:
     """What Redis says about a semaphore right now (never a secret token).
+
+    `holders`, `waiting` and `free` are the fields every primitive's `info()` has, with
+    the same meanings (`LockInfo`, `ReadWriteInfo`).
 
     Added in 0.2.
     """
@@ -77,20 +81,12 @@ class Semaphore(Primitive):
             as for `Lock`.
         name: the semaphore's name, as for `Lock` (its keys do not clash with a lock's).
         limit: permits held at once at most (1 to 10,000), if no other limit is stored.
-        ttl: seconds a permit lives without renewal (as for `Lock`).
-        renew: renew each permit in the background while held.
-        renew_interval: seconds between renewals; default ttl/3.
-        timeout: seconds `async with` and `acquire()` wait; None waits forever, 0 tries once.
-        max_hold: seconds (≥ ttl) after which a permit's renewal stops.
-        prefix: prefix of every Redis key of this semaphore.
-        retain: seconds (5 to 86400) the state stays after the last release (as for `Lock`).
-        hold_stats: record every hold's duration for `aiolock stats`.
-        replicas: replicas that must acknowledge each acquire and renewal, as for
-            `Lock`.
-        replica_timeout: how long to wait for them, as for `Lock`.
+        options: the settings of each permit, `LockOptions`, as for `Lock`: `ttl`,
+            `renew`, `renew_interval`, `timeout`, `max_hold`, `prefix`, `retain`,
+            `hold_stats`, `replicas`, `replica_timeout`. `limit` is the semaphore's own.
 
     Raises:
-        TypeError: a wrong type.
+        TypeError: a wrong type, or an unknown keyword.
         ConfigError: a value out of range; the message names the argument and the range.
 
     Added in 0.2.
@@ -111,31 +107,11 @@ class Semaphore(Primitive):
         name: str,
         *,
         limit: int,
-        ttl: float = 30.0,
-        renew: bool = True,
-        renew_interval: float | None = None,
-        timeout: float | None = None,
-        max_hold: float | None = None,
-        prefix: str = "aiolock",
-        retain: float = RETAIN_DEFAULT,
-        hold_stats: bool = False,
-        replicas: int = 0,
-        replica_timeout: float | None = None,
+        **options: Unpack[LockOptions],
     ) -> None:
         checked_client, checked_name = check_client(client), check_name(name)
         self._limit = check_limit(limit)
-        config = LockConfig.cached(
-            ttl=ttl,
-            renew=renew,
-            renew_interval=renew_interval,
-            timeout=timeout,
-            max_hold=max_hold,
-            prefix=prefix,
-            retain=retain,
-            hold_stats=hold_stats,
-            replicas=replicas,
-            replica_timeout=replica_timeout,
-        )
+        config = lock_config("Semaphore()", options)
         keys = self._keys = LockKeys.build(config.prefix, checked_name, "sem:")
         super().__init__(
             checked_client,

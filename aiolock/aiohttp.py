@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, Literal, TypeAlias, TypeVar, overload
+from typing import Any, Final, Literal, TypeAlias, TypeVar, Unpack, overload
 
 import redis.asyncio
 
@@ -48,10 +48,10 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 from ._clients import AsyncClient
-from ._config import LockConfig
-from ._glue import NameTemplate, client_source, retry_after_header
+from ._glue import NOTHING, NameTemplate, client_source, client_then_name, retry_after_header
 from ._lease import Lease
 from ._lock import Lock
+from ._options import LockOptions, lock_config
 from .errors import AcquireTimeoutError, ConfigError, LeaseLostError
 
 __all__ = ("locked_handler",)
@@ -110,47 +110,65 @@ class _Decorator:
         return self._wrap(handler, len(positional) == 2)  # type: ignore[return-value]
 
 
+@overload
+def locked_handler(
+    client: ClientOption,
+    name: str,
+    /,
+    *,
+    busy_status: Literal[409, 429] = ...,
+    **options: Unpack[LockOptions],
+) -> _Decorator: ...
+
+
+@overload
 def locked_handler(
     name: str,
     *,
     client: ClientOption,
-    ttl: float = 30.0,
-    timeout: float | None = 0,
+    busy_status: Literal[409, 429] = ...,
+    **options: Unpack[LockOptions],
+) -> _Decorator: ...
+
+
+def locked_handler(
+    client_or_name: Any = NOTHING,
+    name_after_client: Any = NOTHING,
+    /,
+    *,
+    name: Any = NOTHING,
+    client: Any = NOTHING,
     busy_status: Literal[409, 429] = 409,
-    renew: bool = True,
-    renew_interval: float | None = None,
-    max_hold: float | None = None,
-    prefix: str = "aiolock",
-    replicas: int = 0,
-    replica_timeout: float | None = None,
+    **options: Unpack[LockOptions],
 ) -> _Decorator:
     """Decorate an aiohttp handler so it runs holding a lock named from the request.
 
+    The client comes first, as for `Lock` (`locked_handler(REDIS, "orders:{order_id}")`),
+    or by keyword after the name (`locked_handler("orders:{order_id}", client=REDIS)`).
+
     Args:
-        name: a template such as `"orders:{order_id}"`; each field is read from the
-            request's `match_info`, else from its query string.
         client: a `redis.asyncio.Redis` or `RedisCluster` (or valkey-py's
             `valkey.asyncio.Valkey` or `ValkeyCluster`); a function of no arguments
             returning one; or a `web.AppKey` under which the application (or a parent
             application) keeps it.
-        ttl: the lock's ttl, seconds; renewed while the handler runs.
-        timeout: seconds a request waits for the lock (default 0: one try, fail fast;
-            None waits as long as it takes).
+        name: a template such as `"orders:{order_id}"`; each field is read from the
+            request's `match_info`, else from its query string.
         busy_status: 409 (Conflict) or 429 (Too Many Requests), with `Retry-After`
             (whole seconds, at least 1), for a request that did not get the lock in time.
-        renew: as for `Lock`.
-        renew_interval: as for `Lock`.
-        max_hold: as for `Lock`.
-        prefix: as for `Lock`.
-        replicas: as for `Lock` (0: wait for no replica).
-        replica_timeout: as for `Lock`.
+        options: the settings of each request's `Lock`, `LockOptions`, with their
+            defaults but one: `timeout` is 0 (one try, fail fast; None waits as long as it
+            takes). `ttl`, `renew`, `renew_interval`, `timeout`, `max_hold`, `prefix`,
+            `retain`, `hold_stats`, `replicas`, `replica_timeout`.
 
     Raises:
         TypeError, ConfigError: bad arguments, or a handler that is not `async def` or
             does not take `(request)` or `(request, lease)`, at decoration.
 
-    Added in 0.2.
+    Added in 0.2; `retain`, `hold_stats` and the client first in 0.3.
     """
+    client, name = client_then_name(
+        "locked_handler()", client_or_name, name_after_client, name, client
+    )
     if busy_status not in BUSY_STATUSES:
         raise ConfigError(
             f"busy_status must be 409 or 429, got {busy_status!r}",
@@ -158,16 +176,8 @@ def locked_handler(
             value=busy_status,
         )
     template = NameTemplate(name)
-    LockConfig.cached(
-        ttl=ttl,
-        renew=renew,
-        renew_interval=renew_interval,
-        timeout=timeout,
-        max_hold=max_hold,
-        prefix=prefix,
-        replicas=replicas,
-        replica_timeout=replica_timeout,
-    )
+    lock_config("locked_handler()", options, timeout=0)
+    settings: LockOptions = {"timeout": 0, **options}
     if isinstance(client, web.AppKey):
         app_key: web.AppKey[Any] = client
 
@@ -208,18 +218,7 @@ def locked_handler(
     ) -> Handler[web.StreamResponse]:
         @functools.wraps(handler)
         async def locked(request: web.Request) -> web.StreamResponse:
-            lock = Lock(
-                resolve(request),
-                lock_name(request),
-                ttl=ttl,
-                renew=renew,
-                renew_interval=renew_interval,
-                timeout=timeout,
-                max_hold=max_hold,
-                prefix=prefix,
-                replicas=replicas,
-                replica_timeout=replica_timeout,
-            )
+            lock = Lock(resolve(request), lock_name(request), **settings)
             try:
                 lease = await lock.acquire()
             except AcquireTimeoutError as exc:

@@ -41,7 +41,7 @@ from __future__ import annotations
 import inspect
 import keyword
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeAlias, Unpack, overload
 
 try:
     import fastapi
@@ -51,10 +51,17 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         'aiolock.fastapi needs the "fastapi" extra: pip install "aiolock-redis[fastapi]"'
     ) from exc
 
-from ._config import LockConfig
-from ._glue import ClientSource, NameTemplate, client_source, retry_after_header
+from ._glue import (
+    NOTHING,
+    ClientSource,
+    NameTemplate,
+    client_source,
+    client_then_name,
+    retry_after_header,
+)
 from ._lease import Lease
 from ._lock import Lock
+from ._options import LockOptions, lock_config
 from .errors import AcquireTimeoutError, ConfigError, LeaseLostError
 
 __all__ = ("locked_request",)
@@ -64,43 +71,62 @@ LOST_STATUS: Final = 503
 _NAME_PARAMETER: Final = "aiolock_lock_name"
 
 
+NameSource: TypeAlias = str | Callable[..., str] | Callable[..., Awaitable[str]]
+"""A lock name template, or a function FastAPI resolves as a dependency."""
+
+
+@overload
 def locked_request(
-    name: str | Callable[..., str] | Callable[..., Awaitable[str]],
+    client: ClientSource,
+    name: NameSource,
+    /,
+    *,
+    busy_status: Literal[409, 429] = ...,
+    **options: Unpack[LockOptions],
+) -> Any: ...
+
+
+@overload
+def locked_request(
+    name: NameSource,
     *,
     client: ClientSource,
-    ttl: float = 30.0,
-    timeout: float | None = 0,
+    busy_status: Literal[409, 429] = ...,
+    **options: Unpack[LockOptions],
+) -> Any: ...
+
+
+def locked_request(
+    client_or_name: Any = NOTHING,
+    name_after_client: Any = NOTHING,
+    /,
+    *,
+    name: Any = NOTHING,
+    client: Any = NOTHING,
     busy_status: Literal[409, 429] = 409,
-    renew: bool = True,
-    renew_interval: float | None = None,
-    max_hold: float | None = None,
-    prefix: str = "aiolock",
-    replicas: int = 0,
-    replica_timeout: float | None = None,
+    **options: Unpack[LockOptions],
 ) -> Any:
     """A FastAPI dependency that holds a lock while the handler runs; its value is the `Lease`.
 
     Use it as a parameter's default (`lease: Lease = locked_request(...)`), in
     `Annotated[Lease, locked_request(...)]`, or in a route's `dependencies=[...]`.
 
+    The client comes first, as for `Lock` (`locked_request(get_redis, "orders:{id}")`), or
+    by keyword after the name (`locked_request("orders:{id}", client=get_redis)`).
+
     Args:
-        name: a template such as `"orders:{order_id}"` whose fields are path or query
-            parameters, or a function FastAPI resolves as a dependency, returning the name.
         client: a `redis.asyncio.Redis` or `RedisCluster` (or valkey-py's
             `valkey.asyncio.Valkey` or `ValkeyCluster`), or a function of no arguments
             returning one (`lambda: app.state.redis` for a client made at startup).
-        ttl: the lock's ttl, seconds; renewed while the handler runs.
-        timeout: seconds a request waits for the lock (default 0: one try, fail fast;
-            None waits as long as it takes).
+        name: a template such as `"orders:{order_id}"` whose fields are path or query
+            parameters, or a function FastAPI resolves as a dependency, returning the name.
         busy_status: the status of a request that did not get the lock in time: 409
             (Conflict: someone else is changing this resource) or 429 (Too Many
             Requests: slow down). Both carry `Retry-After` (whole seconds, at least 1).
-        renew: as for `Lock`.
-        renew_interval: as for `Lock`.
-        max_hold: as for `Lock`.
-        prefix: as for `Lock`.
-        replicas: as for `Lock` (0: wait for no replica).
-        replica_timeout: as for `Lock`.
+        options: the settings of each request's `Lock`, `LockOptions`, with their
+            defaults but one: `timeout` is 0 (one try, fail fast; None waits as long as it
+            takes). `ttl`, `renew`, `renew_interval`, `timeout`, `max_hold`, `prefix`,
+            `retain`, `hold_stats`, `replicas`, `replica_timeout`.
 
     Returns:
         A `fastapi.params.Depends` with `scope="function"`.
@@ -108,8 +134,11 @@ def locked_request(
     Raises:
         TypeError, ConfigError: bad arguments, when the route is declared.
 
-    Added in 0.2.
+    Added in 0.2; `retain`, `hold_stats` and the client first in 0.3.
     """
+    client, name = client_then_name(
+        "locked_request()", client_or_name, name_after_client, name, client
+    )
     if busy_status not in BUSY_STATUSES:
         raise ConfigError(
             f"busy_status must be 409 or 429, got {busy_status!r}",
@@ -117,16 +146,8 @@ def locked_request(
             value=busy_status,
         )
     source = client_source(client)
-    LockConfig.cached(
-        ttl=ttl,
-        renew=renew,
-        renew_interval=renew_interval,
-        timeout=timeout,
-        max_hold=max_hold,
-        prefix=prefix,
-        replicas=replicas,
-        replica_timeout=replica_timeout,
-    )
+    lock_config("locked_request()", options, timeout=0)
+    settings: LockOptions = {"timeout": 0, **options}
     template: NameTemplate | None = None
     parameters: list[inspect.Parameter] = []
     if isinstance(name, str):
@@ -161,18 +182,7 @@ def locked_request(
                 lock_name = template.format(values)
             except ConfigError as exc:
                 raise HTTPException(status_code=422, detail=str(exc)) from None
-        lock = Lock(
-            source(),
-            lock_name,
-            ttl=ttl,
-            renew=renew,
-            renew_interval=renew_interval,
-            timeout=timeout,
-            max_hold=max_hold,
-            prefix=prefix,
-            replicas=replicas,
-            replica_timeout=replica_timeout,
-        )
+        lock = Lock(source(), lock_name, **settings)
         try:
             lease = await lock.acquire()
         except AcquireTimeoutError as exc:

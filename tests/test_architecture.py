@@ -27,6 +27,7 @@ LAYERS: dict[str, int] = {
     "_retry": DATA,
     "_renewal": DATA,
     "_config": DATA,
+    "_options": DATA,
     "_info": DATA,
     "_events": DATA,
     "_cancel": DATA,

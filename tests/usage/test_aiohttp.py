@@ -146,7 +146,7 @@ async def test_a_client_under_an_app_key_of_a_parent_app(
 
 def test_bad_declarations_fail_at_decoration(client: redis.asyncio.Redis) -> None:
     with pytest.raises(ConfigError) as info:
-        locked_handler("x", client=client, busy_status=500)  # type: ignore[arg-type]
+        locked_handler("x", client=client, busy_status=500)  # type: ignore[call-overload]
     assert info.value.argument == "busy_status"
     with pytest.raises(ConfigError) as info:
         locked_handler("x:{}", client=client)

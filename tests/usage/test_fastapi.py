@@ -226,7 +226,7 @@ async def test_errors_of_the_handler_pass_through_and_release(
 
 def test_bad_declarations_fail_when_the_route_is_declared(client: redis.asyncio.Redis) -> None:
     with pytest.raises(ConfigError) as info:
-        locked_request("orders:{id}", client=client, busy_status=500)  # type: ignore[arg-type]
+        locked_request("orders:{id}", client=client, busy_status=500)  # type: ignore[call-overload]
     assert info.value.argument == "busy_status"
     with pytest.raises(ConfigError) as info:
         locked_request("orders:{order-id}", client=client)
@@ -238,9 +238,9 @@ def test_bad_declarations_fail_when_the_route_is_declared(client: redis.asyncio.
         locked_request("orders:{id}", client=client, replica_timeout=1)
     assert info.value.argument == "replica_timeout"
     with pytest.raises(TypeError):
-        locked_request(42, client=client)  # type: ignore[arg-type]
+        locked_request(42, client=client)  # type: ignore[call-overload]
     with pytest.raises(TypeError):
-        locked_request("orders:{id}", client="redis://x")  # type: ignore[arg-type]
+        locked_request("orders:{id}", client="redis://x")  # type: ignore[call-overload]
 
 
 async def test_another_locks_loss_raised_by_the_handler_is_not_this_requests_loss(
