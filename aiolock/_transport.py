@@ -20,6 +20,7 @@ A deployment of another shape (several independent servers, say) is one more tra
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import functools
@@ -138,7 +139,7 @@ async def read_pair(
     return first, await read()
 
 
-class Transport:
+class Transport(abc.ABC):
     """How one client's script calls reach its server(s); see the module docstring.
 
     Holds the client weakly (the `Backend` does too), and keeps the user's connection
@@ -205,11 +206,11 @@ class Transport:
             raise RuntimeError("the redis client of this lock was garbage-collected")
         return client
 
+    @abc.abstractmethod
     async def send(
         self, client: Client, command: Command, on_sent: Sent, then: Command | None = None
     ) -> Any:
         """One command (and `then` right after it, both replies returned) on `client`."""
-        raise NotImplementedError
 
     def script_client(self, *, background: bool) -> Client | None:
         """The client a script call goes on: the user's, or for a `background` call (a
