@@ -77,7 +77,8 @@ async def test_frozen_server_loses_the_lease_at_its_local_deadline(
         # before it: the acquire (sent after `before`) or a renewal. The server cannot
         # have executed that command before it was sent, so its key outlives the deadline.
         assert before + ttl - 0.01 <= lease.deadline <= paused_at + ttl
-        assert lease.deadline <= lost_at <= lease.deadline + SCHEDULING_BOUND
+        # (A timer may fire up to a millisecond early by uvloop's millisecond clock.)
+        assert lease.deadline - 0.001 <= lost_at <= lease.deadline + SCHEDULING_BOUND
     finally:
         server.resume()
 
