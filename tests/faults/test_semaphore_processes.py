@@ -27,6 +27,7 @@ from aiolock._rwlock import _RWKeys
 from aiolock._rwlock_scripts import WRITER_MARK_MS
 
 from ..conftest import make_client
+from ..integration.test_semaphore import every_permit_free
 from ..servers import RedisServer
 from ..waits import eventually, within
 from .test_process_faults import Holder
@@ -218,7 +219,7 @@ async def test_waiters_in_three_processes_are_served_in_queue_order(
         code = await within(worker.process.wait(), what="a waiter process to exit")
         assert code == 0
     await held.pop().release()
-    assert (await semaphore.info()).holders == ()
+    await every_permit_free(semaphore)
 
 
 async def test_a_waiting_writer_whose_process_died_stops_blocking_readers(
