@@ -32,6 +32,9 @@ from ._once import OnceResult as OnceResult
 from ._once import OnceStatus as OnceStatus
 from ._once import run_once as run_once
 from ._options import LockOptions as LockOptions
+from ._redlock import Redlock as Redlock
+from ._redlock import RedlockInfo as RedlockInfo
+from ._redlock import RedlockNode as RedlockNode
 from ._rwlock import ReadLock as ReadLock
 from ._rwlock import ReadWriteInfo as ReadWriteInfo
 from ._rwlock import ReadWriteLock as ReadWriteLock
@@ -49,6 +52,7 @@ from .errors import ConfigError as ConfigError
 from .errors import LeaseLostError as LeaseLostError
 from .errors import LockError as LockError
 from .errors import LossReason as LossReason
+from .errors import QuorumError as QuorumError
 from .errors import ReplicationError as ReplicationError
 
 __all__ = (
@@ -74,9 +78,13 @@ __all__ = (
     "MultiLock",
     "OnceResult",
     "OnceStatus",
+    "QuorumError",
     "ReadLock",
     "ReadWriteInfo",
     "ReadWriteLock",
+    "Redlock",
+    "RedlockInfo",
+    "RedlockNode",
     "ReleaseReport",
     "ReplicationError",
     "Semaphore",

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import heapq
 import random
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -46,6 +47,7 @@ from ._clients import (
 from ._retry import Backoff
 from ._scripts import Script
 from ._settle import after_arrivals
+from ._shard_scripts import for_cluster
 from ._transport import Call, Command, CommandTransport, Sent, Transport
 from ._transport_cluster import ClusterTransport
 from ._transport_direct import DirectTransport, sends_directly
@@ -77,8 +79,8 @@ def transport_for(
 
 
 class _Bound:
-    """One call's bound: the timer that cancels it when it falls due, and what a migrating
-    cluster slot the call meets allows (see `Backend._call`)."""
+    """One call's bound: when it falls due, the call is cancelled (see `_Deadlines`); and
+    what a migrating cluster slot the call meets allows (see `Backend._call`)."""
 
     __slots__ = (
         "answered",
@@ -87,19 +89,18 @@ class _Bound:
         "grace",
         "loop",
         "overdue",
+        "queued",
         "refused",
         "task",
-        "timer",
         "waiting_out",
     )
 
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], timeout: float
-    ) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
         self.loop = loop
-        self.task = task
+        self.task: asyncio.Task[Any] | None = task
         self.expired = False
         self.answered = False
+        self.queued = True  # in its `_Deadlines`' heap, not yet fallen due
         # While a migrating cluster slot refuses the call, it is sent again after pauses.
         # The bound then ends it between two tries (every one refused: nothing applied), or
         # lets the try in flight end first (redis-py's own few tries, each refused or
@@ -109,11 +110,9 @@ class _Bound:
         self.refused: BaseException | None = None  # set while pausing after such a refusal
         self.overdue = False  # the bound passed while a try of a migration waited out was sent
         self.grace: asyncio.TimerHandle | None = None
-        # What asyncio.timeout does, for a fraction of its cost on this hot path.
-        self.timer = loop.call_later(timeout, after_arrivals, loop, self.give_up)
 
     def give_up(self) -> None:
-        if self.answered:
+        if self.answered or self.task is None:
             return
         if self.waiting_out and self.refused is None and not self.overdue:
             self.overdue = True
@@ -130,6 +129,78 @@ class _Bound:
         await asyncio.sleep(self.backoff.next())
 
 
+_COMPACT_ABOVE: Final = 64
+"""Ended calls whose entries `_Deadlines` keeps before it drops them all at once (when
+they are also most of its entries)."""
+
+
+class _Deadlines:
+    """The bounds of the calls in flight on one event loop, in the order of their deadlines,
+    watched by one loop timer armed for the earliest: a call costs an entry in a heap, not a
+    timer of its own (what `asyncio.timeout` does, for a fraction of its cost on this hot
+    path). A bound falls due exactly when a timer of its own would have: the loop runs the
+    timer at the earliest deadline, which gives up every call then due (once the loop has
+    read what had arrived, `after_arrivals`), and is armed again for the next. The entry of
+    a call that ended stays until it comes first, or until ended calls are most of the
+    entries, when they are dropped together."""
+
+    __slots__ = ("_count", "_ended", "_heap", "_loop", "_timer", "_when")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._heap: list[tuple[float, int, _Bound]] = []
+        self._count = 0  # entries added: equal deadlines fall due in the order of their calls
+        self._ended = 0  # entries of calls that ended
+        self._timer: asyncio.TimerHandle | None = None
+        self._when = 0.0  # when the timer is armed for
+
+    def start(self, task: asyncio.Task[Any], timeout: float) -> _Bound:
+        """The bound of a call of `task` that falls due `timeout` seconds from now."""
+        bound = _Bound(self._loop, task)
+        when = self._loop.time() + timeout
+        self._count += 1
+        heapq.heappush(self._heap, (when, self._count, bound))
+        if self._timer is None or when < self._when:
+            self._arm(when)
+        return bound
+
+    def end(self, bound: _Bound) -> None:
+        """`bound`'s call ended (answered, failed or given up)."""
+        bound.answered = True
+        bound.task = None
+        if bound.grace is not None:
+            bound.grace.cancel()
+        if not bound.queued:
+            return
+        self._ended += 1
+        heap = self._heap
+        if self._ended > _COMPACT_ABOVE and 2 * self._ended > len(heap):
+            heap[:] = [entry for entry in heap if not entry[2].answered]
+            heapq.heapify(heap)
+            self._ended = 0
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._when = when
+        self._timer = self._loop.call_at(when, self._fall_due)
+
+    def _fall_due(self) -> None:
+        self._timer = None
+        heap = self._heap
+        # What the loop ran this timer for is due; so is anything before it.
+        now = max(self._loop.time(), self._when)
+        while heap and heap[0][0] <= now:
+            bound = heapq.heappop(heap)[2]
+            bound.queued = False
+            if bound.answered:
+                self._ended -= 1
+            else:
+                after_arrivals(self._loop, bound.give_up)
+        if heap:
+            self._arm(heap[0][0])
+
+
 class Backend:
     """How aiolock talks to one redis client: script calls on its pool, and connections of
     aiolock's own with its settings.
@@ -140,7 +211,15 @@ class Backend:
 
     broken = staticmethod(broken)
 
-    __slots__ = ("__weakref__", "_client_ref", "_library", "_send", "loop", "transport")
+    __slots__ = (
+        "__weakref__",
+        "_client_ref",
+        "_deadlines",
+        "_library",
+        "_send",
+        "loop",
+        "transport",
+    )
 
     def __init__(self, client: AsyncClient) -> None:
         library = library_of(client)
@@ -153,6 +232,7 @@ class Backend:
         self.loop = asyncio.get_running_loop()
         self.transport = transport_for(client, library, self.loop)
         self._send = self.transport.send
+        self._deadlines = _Deadlines(self.loop)
 
     @property
     def sees_writes(self) -> bool:
@@ -233,7 +313,12 @@ class Backend:
         connection and in the same round trip (WAIT cannot run inside a script), and
         returns `(the script's reply, how many replicas acknowledged its writes)`. `ms`
         must be at least 1 (`WAIT` with 0 would block for ever) and well within `timeout`.
+
+        A cluster runs each script's variant that publishes on shard channels
+        (`_shard_scripts`), chosen here without asking the server.
         """
+        if self.transport.cluster:
+            script = for_cluster(script)
         command: Command = (
             ("EVAL", script.source, len(keys), *keys, *args)
             if by_text
@@ -312,7 +397,7 @@ class Backend:
         refuses), their replies put together, if `split` is given.
         """
         return await self.transport.run_each(
-            script,
+            for_cluster(script) if self.transport.cluster else script,
             calls,
             call=self._call,
             send_once=self._send_once,
@@ -380,7 +465,7 @@ class Backend:
         if task is None:  # pragma: no cover - asyncio always runs coroutines in a task
             raise RuntimeError("aiolock must be used from an asyncio task")
         cancelling = task.cancelling()
-        bound = _Bound(self.loop, task, timeout)
+        bound = self._deadlines.start(task, timeout)
         try:
             retried = False
             while True:
@@ -433,10 +518,7 @@ class Backend:
                 raise asyncio.CancelledError from exc
             raise self._failed(operation, name, timeout, exc, bound.waiting_out) from exc
         finally:
-            bound.answered = True
-            bound.timer.cancel()
-            if bound.grace is not None:
-                bound.grace.cancel()
+            self._deadlines.end(bound)
         if bound.expired:
             task.uncancel()  # our timer's cancellation, swallowed: the answer came anyway
         if task.cancelling() > cancelling:

@@ -26,6 +26,7 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.backoff import NoBackoff
 
+from ._pubsub import PubSubSession
 from .errors import BackendError
 
 __all__ = (
@@ -140,7 +141,7 @@ REDIS: Final = ClientLibrary(
     sync_clients=(redis.Redis, redis.RedisCluster),
     connection_pool=redis.asyncio.ConnectionPool,
     sentinel_pool=SentinelConnectionPool,
-    pubsub=PubSub,
+    pubsub=PubSubSession,
     no_retry=lambda: Retry(NoBackoff(), 0),
     direct=DIRECT_CONNECTIONS,
     connection_module="redis.asyncio.connection",

@@ -285,6 +285,9 @@ class LockConfig:
     """Replicas that must acknowledge each acquire and renewal (`WAIT`) before it counts."""
     replica_timeout: float = 0.0
     """Longest wait for that acknowledgement, in seconds (0 when `replicas` is 0)."""
+    drift: float | None = None
+    """Seconds subtracted from a lease's validity instead of the safety margin (a
+    `Redlock`'s `drift`); None: the safety margin."""
     ttl_ms: int = field(init=False)
     """The ttl sent to Redis, rounded up so the server never expires before we think."""
     margin: float = field(init=False)
@@ -299,7 +302,8 @@ class LockConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ttl_ms", math.ceil(self.ttl * 1000))
-        object.__setattr__(self, "margin", safety_margin(self.ttl))
+        margin = safety_margin(self.ttl) if self.drift is None else self.drift
+        object.__setattr__(self, "margin", margin)
         own_expiry = self.retain <= self.ttl <= RETAIN_CAP
         object.__setattr__(self, "retain_ms", None if own_expiry else math.ceil(self.retain * 1000))
         abort_ms = max(math.ceil(self.retain * 1000), min(2 * self.ttl_ms, ABORT_RETAIN_MS))

@@ -123,6 +123,7 @@ EL_RELEASE = Script(
 -- First, when the holder ends an announced term (a release, an abort or an eviction by
 -- its token), its record is removed and its end logged and published: HMGET, then HDEL,
 -- XREVRANGE, XADD, PEXPIRE, PUBLISH (1 call, 6 when a term ends); then RELEASE's own.
+-- Every PUBLISH here (SPUBLISH on a cluster of Redis 7+ or Valkey: the variant of `_shard_scripts`).
 """
     + CONSTANTS
     + "local LOG = 5\n"
@@ -157,6 +158,7 @@ EL_ANNOUNCE = Script(
 --           expired unannounced as ended, "expired", first) and published; or it was
 --           already, by an earlier copy of this call (nothing changed);
 --         {0}: no term is held under the token (it ended).
+-- PUBLISH (SPUBLISH on a cluster of Redis 7+ or Valkey: the variant of `_shard_scripts`).
 -- Calls: HMGET, TIME, HSET, XREVRANGE, XADD, PEXPIRE, PUBLISH (7; 9 when an expired term
 -- is logged first); HMGET alone for a copy.
 """
@@ -194,6 +196,7 @@ EL_PROCLAIM = Script(
 -- Returns {1}: the value is the term's now (or a later proclamation was made already: a
 --           late copy changes nothing); logged ("value") and published if it changed;
 --         {0}: no announced term is held under the token.
+-- PUBLISH (SPUBLISH on a cluster of Redis 7+ or Valkey: the variant of `_shard_scripts`).
 -- Calls: HMGET, HSET, XREVRANGE, XADD, PEXPIRE, PUBLISH (6); HMGET, HSET when the value
 -- is the one proclaimed already; HMGET alone for a late copy or a refusal.
 """

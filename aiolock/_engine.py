@@ -44,6 +44,7 @@ from ._queue import Registration, Released, Waiter, WaitQueue
 from ._release import ABORT_TIMEOUT, cleanup_budget
 from ._retry import Backoff, poll_delay
 from ._runtime import Runtime, runtime_for
+from ._scripts import acquired
 from .errors import AcquireTimeoutError, BackendError, LeaseLostError, LossReason
 
 __all__ = ("MIN_ATTEMPT_TIMEOUT", "UNSET", "Busy", "Call", "Primitive", "Released", "Unset")
@@ -542,6 +543,7 @@ class Primitive(Granting):
         acked = config.replicas
         if wait is not None:
             reply, acked = reply
+        reply = acquired(reply)
         status, value = int(reply[0]), int(reply[1])
         if queue is not None and registration is not None and status != -1:
             queue.attempt_answered(registration, queued=status == 0, behind=behind)

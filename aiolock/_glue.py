@@ -3,7 +3,9 @@
 - `NameTemplate`: a lock name like `"orders:{order_id}"`, parsed and checked when it is
   declared, formatted from a call's arguments or a request's parameters when used.
 - `client_source`: a client given as a client (redis-py's or valkey-py's) or as a zero-argument factory
-  (so an application can create its client at startup, after the decorators ran).
+  (so an application can create its client at startup, after the decorators ran), or the
+  clients of a Redlock's independent servers, as a list or tuple;
+- `lock_for`: a `Lock` on one client, or a `Redlock` over several.
 - `retry_after_header`: the `Retry-After` value for a busy lock.
 
 Nothing here sends anything to Redis.
@@ -14,24 +16,32 @@ from __future__ import annotations
 import math
 import re
 import string
-from collections.abc import Callable, Collection, Mapping
-from typing import Any, Final, final
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, Final, Unpack, final
 
 from ._clients import AsyncClient, Client, check_client, library_of
 from ._config import check_name
+from ._lock import Lock
+from ._options import LockOptions
+from ._redlock import Redlock, check_clients
 from .errors import AcquireTimeoutError, ConfigError
 
 __all__ = (
     "NOTHING",
     "ClientSource",
     "NameTemplate",
+    "check_for",
     "client_source",
     "client_then_name",
+    "lock_for",
     "retry_after_header",
 )
 
-ClientSource = AsyncClient | Callable[[], AsyncClient]
-"""A client, or a function of no arguments returning one (called at each use)."""
+ClientSource = AsyncClient | Sequence[AsyncClient] | Callable[[], AsyncClient]
+"""A client, or a function of no arguments returning one (called at each use), or the
+clients of a Redlock's independent servers (a list or tuple)."""
+Clients = Client | tuple[AsyncClient, ...]
+"""One client (a `Lock`'s), or a Redlock's clients."""
 
 _BASE_NAME: Final = re.compile(r"[^.\[]+")
 
@@ -119,13 +129,16 @@ class NameTemplate:
             ) from None
 
 
-def client_source(client: object, *, argument: str = "client") -> Callable[[], Client]:
+def client_source(client: object, *, argument: str = "client") -> Callable[[], Clients]:
     """A function returning the client (a `redis.asyncio.Redis` or `RedisCluster`, or
     valkey-py's `valkey.asyncio.Valkey` or `ValkeyCluster`), checked: `TypeError` for
-    anything else.
+    anything else; or, given a list or tuple of clients, those clients (a Redlock's).
 
     A client is checked now; a factory's result is checked each time it is called.
     """
+    if isinstance(client, (list, tuple)):
+        clients = check_clients(client)
+        return lambda: clients
     if library_of(client) is not None:
         checked = check_client(client)
         return lambda: checked
@@ -143,6 +156,20 @@ def client_source(client: object, *, argument: str = "client") -> Callable[[], C
         return check_client(made)
 
     return resolve
+
+
+def lock_for(clients: Clients, name: str, **options: Unpack[LockOptions]) -> Lock | Redlock:
+    """A `Lock` on one client, or a `Redlock` over a Redlock's clients."""
+    if isinstance(clients, tuple):
+        return Redlock(clients, name, **options)
+    return Lock(clients, name, **options)
+
+
+def check_for(client: object, options: LockOptions) -> None:
+    """Refuse now the settings a Redlock does not take, when `client` is a Redlock's
+    clients (nothing is sent)."""
+    if isinstance(client, (list, tuple)):
+        lock_for(check_clients(client), "-", **options)
 
 
 def retry_after_header(error: AcquireTimeoutError) -> str:

@@ -9,7 +9,6 @@ confirmed by the replicas). Every timing decision is the renewal policy's (`_ren
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import weakref
 
 from . import _renewal as renewal
@@ -21,6 +20,11 @@ from ._watchdog import RenewalEntry
 from .errors import BackendError
 
 __all__ = ("Granting",)
+
+
+def _done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class Granting(Releasing):
@@ -179,10 +183,18 @@ class Granting(Releasing):
             else:
                 lease._not_owner()
 
-        runtime.spawn(renew())
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(max(lease.deadline - loop.time(), 0) / 2):
-                await (written if backend.sees_writes else answered)
+        # Started at once (an eager task): the renewal is then written before this goes
+        # on, and the body starts without waiting for the loop's next turns.
+        runtime.spawn(renew(), eager=True)
+        waited = written if backend.sees_writes else answered
+        if waited.done():
+            return
+        # Bounded by a timer that ends the wait, rather than asyncio.timeout's cancellation.
+        timer = loop.call_later(max(lease.deadline - loop.time(), 0) / 2, _done, waited)
+        try:
+            await waited
+        finally:
+            timer.cancel()
 
     async def _confirm_granted(self, runtime: Runtime, lease: Lease) -> None:
         """With `replicas=N`, a lease taken from a grant (written by a release, of this

@@ -1,5 +1,7 @@
-"""Lua shared by the primitives whose leases are fields of one hash (`Semaphore`,
-`ReadWriteLock`), in the conventions of `_scripts`.
+"""Lua of the primitives whose leases are fields of one hash, read whole (`ReadWriteLock`),
+in the conventions of `_scripts`. A `Semaphore` keeps its permits in the same fields but
+reads them through an index (`_permit_index`, which takes the bounds of `r` from here);
+`EXPIRE_LEASES` serves both.
 
 The state hash (KEYS[1]) holds the primitive's own fields (`fence`, `q`, `r`, `ru`, `h`,
 `a:<token>`/`ac`, and what the primitive adds) and one field per lease held, `p:<token>` =
@@ -25,7 +27,10 @@ __all__ = (
     "RECENT_ENTRY",
     "RECENT_KEPT",
     "RECENT_MAX",
+    "RECENT_MERGED",
+    "RELEASE_HELPERS",
     "STATE",
+    "end_lease",
 )
 
 RECENT_KEPT = 16
@@ -60,7 +65,63 @@ local last_fence, queued, limit = state.fence, state.q, nil
 """
 )
 
-LEASES = """
+# Shared by the scripts of both layouts (`LEASES` here, `_permit_index.INDEX`), last: the
+# leases a release forgets, and the release-style reply.
+RELEASE_HELPERS = """-- A release: the leases (permits) granted under the tokens ARGV[first..] (registrations the
+-- caller's queue forgets), and `also` if held, as a set of field names; and whether any.
+local function forgotten(first, also)
+  local names, any = {}, false
+  if also and state[also] then
+    names[also], any = true, true
+  end
+  for i = first, #ARGV do
+    if state['p:' .. ARGV[i]] then
+      names['p:' .. ARGV[i]], any = true, true
+    end
+  end
+  return names, any
+end
+-- A release-style reply: {status, queue id, granted fencing token, seq, expiry ms, slot[,
+-- after]}; `after` (a semaphore's grant to the releasing process's own queue): the permits
+-- left free, or -1 if that queue was put back in line.
+local function reply(status, grant, after)
+  if not grant then
+    return {status, '', '', '', 0, ''}
+  end
+  return {status, grant[1], grant[2], grant[3], grant[4], grant[5], after}
+end
+"""
+
+RECENT_MERGED = """-- `r` with the tokens gathered in `recent` put first. When `r` holds the most, it is
+-- pruned to three quarters of the most (those past their time dropped, then the oldest),
+-- so that this runs once per many releases.
+local function recent_merged()
+  local kept, older = table.concat(recent, ' '), state.r
+  if older and #older >= RECENT_MAX * RECENT_ENTRY then
+    local now_s, left = now_ms / 1000, {}
+    for entry in string.gmatch(older, '%S+') do
+      local until_s = tonumber(string.match(entry, '%.(%d+)$'))
+      if until_s and until_s >= now_s then
+        left[#left + 1] = entry
+        if #left >= RECENT_MAX * 3 / 4 - #recent then
+          break
+        end
+      end
+    end
+    older = table.concat(left, ' ')
+  end
+  if older and older ~= '' then
+    kept = kept .. ' ' .. older
+  end
+  return kept
+end
+"""
+"""Lua: `r` (the ended tokens) with those gathered in `recent` added, pruned when full;
+shared by the read-write lock's leases and the semaphore's permit index (after their
+`recent`, `state` and `now_ms`)."""
+
+LEASES = (
+    """
 local live, used, latest = 0, {}, 0
 local soonest
 local writes, removed, recent = {}, {}, {}
@@ -144,30 +205,14 @@ local function line_up(wid, until_ms, count, tail)
     queue_until = until_ms + 1000
   end
 end
--- Write what was gathered. `retain`: the state's lifetime if no permit is left ('' or nil:
+"""
+    + RECENT_MERGED
+    + """-- Write what was gathered. `retain`: the state's lifetime if no permit is left ('' or nil:
 -- unchanged). The key always outlives its permits and its wait queue.
 local function flush(retain)
   if #recent > 0 then
-    local kept, older = table.concat(recent, ' '), state.r
-    if older and #older >= RECENT_MAX * RECENT_ENTRY then
-      -- Pruned to three quarters of the most, so that this runs once per many releases.
-      local now_s, left = now_ms / 1000, {}
-      for entry in string.gmatch(older, '%S+') do
-        local until_s = tonumber(string.match(entry, '%.(%d+)$'))
-        if until_s and until_s >= now_s then
-          left[#left + 1] = entry
-          if #left >= RECENT_MAX * 3 / 4 - #recent then
-            break
-          end
-        end
-      end
-      older = table.concat(left, ' ')
-    end
-    if older and older ~= '' then
-      kept = kept .. ' ' .. older
-    end
     writes[#writes + 1] = 'r'
-    writes[#writes + 1] = kept
+    writes[#writes + 1] = recent_merged()
     writes[#writes + 1] = 'ru'
     writes[#writes + 1] = recent_until
   end
@@ -223,42 +268,28 @@ local function keep_ours(ttl)
   hold(ARGV[1], tonumber(fence), ttl, ttl, holder, tonumber(slot), tonumber(at))
   return tonumber(fence), tonumber(slot)
 end
--- A release: the leases granted under the tokens ARGV[first..] (registrations the
--- caller's queue forgets), and `also` if held, as a set of field names; and whether any.
-local function forgotten(first, also)
-  local names, any = {}, false
-  if also and state[also] then
-    names[also], any = true, true
-  end
-  for i = first, #ARGV do
-    if state['p:' .. ARGV[i]] then
-      names['p:' .. ARGV[i]], any = true, true
-    end
-  end
-  return names, any
-end
--- A release-style reply: {status, queue id, granted fencing token, seq, expiry ms, slot[,
--- after]}; `after` (a semaphore's grant to the releasing process's own queue): the permits
--- left free, or -1 if that queue was put back in line.
-local function reply(status, grant, after)
-  if not grant then
-    return {status, '', '', '', 0, ''}
-  end
-  return {status, grant[1], grant[2], grant[3], grant[4], grant[5], after}
-end
 """
+    + RELEASE_HELPERS
+)
 
-# Shared by the release scripts, after LEASES (with FORBID and HOLDS): ARGV as RELEASE's.
-END_LEASE = """
+
+def end_lease(drop: str) -> str:
+    """The release scripts' end of a lease, after the state's helpers (with FORBID and
+    HOLDS; ARGV as RELEASE's): `drop` names the Lua function that forgets the leases in a
+    set of field names (`scan` here, `drop_permits` for the permit index)."""
+    return _END_LEASE.replace("DROP(drop)", f"{drop}(drop)")
+
+
+_END_LEASE = """
 local mode, retain, held = ARGV[2] or '', ARGV[3] or '', ARGV[4] or ''
 local own = ARGV[6] or ''
--- Release the lease in field `field` (held now) and those in `drop`: forgotten (its token
+-- Release the lease (a permit) in field `field` (held now) and those in `drop`: forgotten (its token
 -- remembered); forbidden too if aborted; else its hold recorded (the typical hold `h`, a
 -- moving average over contended releases, 1/8 each; the holds list if asked).
 local function end_lease(field, drop)
   local acquired = tonumber(string.match(state[field], '^%d+ %d+ %d+ (%d+) '))
   drop[field] = true
-  scan(drop)
+  DROP(drop)
   if mode == 'abort' then
     forbid(ARGV[1], true)
     return
@@ -274,6 +305,9 @@ local function end_lease(field, drop)
 end
 """
 
+# Shared by the release scripts, after LEASES (with FORBID and HOLDS): ARGV as RELEASE's.
+END_LEASE = end_lease("scan")
+
 # For `aiolock.testing.expire_now`: leases made to expire now, as if their holders had
 # stopped renewing them (the next script that reads the state forgets them, remembering
 # their tokens; a renewal finds them expired and reports the loss). One round trip; safe
@@ -281,7 +315,8 @@ end
 EXPIRE_LEASES = Script(
     "expire_leases",
     """
--- KEYS[1] the state hash
+-- KEYS[1] the state hash; KEYS[2] a semaphore's index of permits (`_permit_index`), whose
+-- members of the leases expired get the score 10000 (HELD there: the lowest expiry)
 -- ARGV[1] the slot (a semaphore's permit) or side (a read-write lock's: 0 read, 1 write)
 -- of the leases to expire; '' for every lease
 -- Returns the number of leases that were held (not expired yet) and are expired now.
@@ -297,6 +332,9 @@ for i = 1, #fields, 2 do
     local slot, expires, rest = string.match(fields[i + 1], '^(%d+) (%d+) (.*)$')
     if slot and (ARGV[1] == '' or slot == ARGV[1]) and tonumber(expires) > now_ms then
       redis.call('HSET', KEYS[1], name, slot .. ' 0 ' .. rest)
+      if KEYS[2] then
+        redis.call('ZADD', KEYS[2], 'XX', 10000, slot)
+      end
       expired = expired + 1
     end
   end

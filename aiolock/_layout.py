@@ -64,7 +64,11 @@ layout-1 waiters to their own checks, at the holder's ttl at the latest.
 A semaphore's keys are the same under `PREFIX:sem:{NAME}`, a read-write lock's under
 `PREFIX:rw:{NAME}` (with a second wait queue, `:rqueue` and `:rwaiters`, and a second
 channel, `:rreleased`, for readers); their state hash holds every lease as a field
-`p:<token>` (see `_hash_scripts`, `_semaphore_scripts`, `_rwlock_scripts`). An election's
+`p:<token>` (see `_hash_scripts`, `_semaphore_scripts`, `_rwlock_scripts`). A semaphore's
+permits are also indexed by expiry in `PREFIX:sem:{NAME}:permits` (a sorted set of its
+slots, living as long as the state; `permits_key`), so that no script of it reads every
+permit (see `_permit_index`, which also says how it stays right beside processes of the
+version before it, which do not know the index). An election's
 are a lock's under `PREFIX:el:{NAME}`, its state hash also holding the leader's record,
 with a change log `:log` and a channel `:changed` (see `_election_scripts`).
 
@@ -89,6 +93,7 @@ __all__ = (
     "RETAIN_DEFAULT",
     "RETAIN_MIN",
     "LockKeys",
+    "permits_key",
 )
 
 FORMAT_VERSION = 2
@@ -161,3 +166,9 @@ class LockKeys:
             holds=f"{base}:holds",
             channel=f"{base}:released",
         )
+
+
+def permits_key(state: str) -> str:
+    """The index of a semaphore's permits (a sorted set of slots by expiry, in the same
+    cluster slot as its state hash `state`: see `_permit_index`)."""
+    return f"{state}:permits"

@@ -8,9 +8,16 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Literal, ParamSpec, Protocol, TypeVar, Unpack, overload
 
-from ._glue import NOTHING, ClientSource, NameTemplate, client_source, client_then_name
+from ._glue import (
+    NOTHING,
+    ClientSource,
+    NameTemplate,
+    check_for,
+    client_source,
+    client_then_name,
+    lock_for,
+)
 from ._lease import Lease
-from ._lock import Lock
 from ._options import LockOptions, lock_config
 from .errors import AcquireTimeoutError, ConfigError
 
@@ -136,7 +143,8 @@ def locked(
         client: a `redis.asyncio.Redis` or `RedisCluster` (or valkey-py's
             `valkey.asyncio.Valkey` or `ValkeyCluster`), or a function of no arguments
             returning one, called at each call (for a client created at application
-            startup).
+            startup); or a list or tuple of clients of independent servers, for a
+            `Redlock` over them.
         name: the lock name template; every field must name a parameter of the function.
         on_busy: what a call does when the lock stays held by someone else for the whole
             `timeout`: `"raise"` `AcquireTimeoutError`, or `"skip"` the call and return
@@ -166,6 +174,7 @@ def locked(
     template = NameTemplate(name)
     source = client_source(client)
     lock_config("locked()", options)
+    check_for(client, options)
     timeout = options.get("timeout")
     if on_busy is None:
         if timeout is not None:
@@ -216,7 +225,7 @@ def locked(
             except TypeError as exc:
                 raise TypeError(f"{fn.__qualname__}(): {exc}{refusal}") from None
             bound.apply_defaults()
-            lock = Lock(source(), template.format(bound.arguments), **options)
+            lock = lock_for(source(), template.format(bound.arguments), **options)
             try:
                 lease = await lock.acquire()
             except AcquireTimeoutError as exc:

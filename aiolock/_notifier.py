@@ -31,6 +31,11 @@ and ignored, so one release wakes one waiter.
 Watched channels (`Watch`, an election's observers) ride on the same connection: each
 message tells the watch, and so does every loss of the connection and every subscription
 made again on the next one, after which the reader reads the state it watches anew.
+
+On a cluster the "connection" is a session per node (`_cluster_pubsub`, sharded pub/sub),
+read as one: it tells of a channel it lost on its own (its slot moved, its node went
+silent) with a message of kind "lost", treated as a lost connection for that channel's
+waiters and watches; it subscribes the channel again by itself.
 """
 
 from __future__ import annotations
@@ -516,6 +521,12 @@ class Notifier:
                 self._subscribed.setdefault(channel, self._backend.loop.time())
             else:
                 queue.subscription_confirmed()
+        elif kind == "lost" and queue is not None:
+            # A cluster's sharded session lost the channel (its slot moved, its node went
+            # silent) and subscribes it again: the head tries now and once it is heard.
+            queue.subscription_lost()
+            queue.subscription_requested()
+            queue.wake_head()
         elif kind == "message" and queue is not None:
             self.messages_received += 1
             data = message["data"]
@@ -596,6 +607,8 @@ class Notifier:
         for watch in self._watches[channel]:
             if kind == "subscribe":
                 watch.subscribed.set()
+            elif kind == "lost":
+                watch.subscribed.clear()
             watch.tell()
 
     def _unsubscribe_watches(self) -> None:

@@ -20,9 +20,9 @@ import json
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Final, Generic, TypeVar, Unpack, final
+from typing import Any, Final, Generic, TypeVar, Unpack, final
 
 from ._clients import AsyncClient, check_client, translate_errors
 from ._config import MAX_NAME_LENGTH, MAX_SECONDS, check_seconds
@@ -30,7 +30,8 @@ from ._info import LockInfo
 from ._lease import Lease
 from ._lock import Lock
 from ._options import LockOptions, lock_config
-from .errors import AcquireTimeoutError, ConfigError
+from ._redlock import Redlock, check_clients
+from .errors import AcquireTimeoutError, BackendError, ConfigError
 
 __all__ = ("DoneMarker", "OnceResult", "OnceStatus", "run_once")
 
@@ -172,8 +173,50 @@ def _parse_marker(raw: bytes | str | None) -> DoneMarker | None:
         return DoneMarker(finished_at=0.0, host="", pid=0, fencing_token=0)
 
 
+class _Markers:
+    """Where the done marker lives: one client's server, or a Redlock's nodes (written to
+    every node, counted once a quorum stored it; read from every node, done if any has it,
+    unknown if fewer than a quorum answered)."""
+
+    __slots__ = ("clients", "key", "name")
+
+    def __init__(self, clients: tuple[AsyncClient, ...], key: str, name: str) -> None:
+        self.clients, self.key, self.name = clients, key, name
+
+    @property
+    def quorum(self) -> int:
+        return len(self.clients) // 2 + 1
+
+    async def _each(self, operation: str, call: Callable[[Any], Awaitable[object]]) -> list[object]:
+        async def one(client: AsyncClient) -> object:
+            with translate_errors(operation, self.name, _MARKER_TIMEOUT):
+                async with asyncio.timeout(_MARKER_TIMEOUT):
+                    return await call(client)
+
+        if len(self.clients) == 1:
+            return [await one(self.clients[0])]
+        answers = await asyncio.gather(*map(one, self.clients), return_exceptions=True)
+        failed = [a for a in answers if isinstance(a, BaseException)]
+        for error in failed:
+            if not isinstance(error, BackendError):
+                raise error
+        if len(answers) - len(failed) < self.quorum:
+            raise failed[0]
+        return [a for a in answers if not isinstance(a, BaseException)]
+
+    async def read(self) -> DoneMarker | None:
+        answers = await self._each("read the done marker", lambda c: c.get(self.key))
+        for raw in answers:
+            if raw is not None:
+                return _parse_marker(raw)  # type: ignore[arg-type]
+        return None
+
+    async def write(self, payload: str, px: int) -> None:
+        await self._each("write the done marker", lambda c: c.set(self.key, payload, px=px))
+
+
 async def run_once(
-    client: AsyncClient,
+    client: AsyncClient | Sequence[AsyncClient],
     job_key: str,
     fn: Callable[[], Awaitable[T]] | Callable[[Lease], Awaitable[T]],
     *,
@@ -207,7 +250,10 @@ async def run_once(
 
     Args:
         client: a `redis.asyncio.Redis` or `RedisCluster` (or valkey-py's
-            `valkey.asyncio.Valkey` or `ValkeyCluster`).
+            `valkey.asyncio.Valkey` or `ValkeyCluster`); or a list or tuple of clients of
+            independent servers: the job's lock is then a `Redlock` over them, and the
+            marker is written to every node (done once a quorum stored it) and read from
+            every node (done if any has it; `BackendError` if fewer than a quorum answer).
         job_key: the job's identity for this run (1 to 995 characters).
         fn: the job, called with no arguments, or with one: the `Lease` (for its
             `fencing_token`). An `async def` function or method, a `functools.partial`
@@ -240,20 +286,21 @@ async def run_once(
     Added in 0.2; every setting of `LockOptions` besides `ttl`, `timeout` and `prefix` in
     0.3.
     """
-    client = check_client(client)
+    clients = (
+        check_clients(client) if isinstance(client, (list, tuple)) else (check_client(client),)
+    )
     job_key = _check_job_key(job_key)
     pass_lease = _check_fn(fn)
     retention_s = check_seconds("retention", retention, minimum=0.001, maximum=MAX_SECONDS)
     lock_config("run_once()", options, timeout=0)
     settings: LockOptions = {"timeout": 0, **options}
-    lock = Lock(client, _NAME_PREFIX + job_key, **settings)
-    marker_key = f"{lock.key}:done"
-
-    async def read_marker() -> DoneMarker | None:
-        with translate_errors("read the done marker", lock.name, _MARKER_TIMEOUT):
-            async with asyncio.timeout(_MARKER_TIMEOUT):
-                raw = await client.get(marker_key)
-        return _parse_marker(raw)
+    lock: Lock | Redlock
+    if isinstance(client, (list, tuple)):
+        lock = Redlock(clients, _NAME_PREFIX + job_key, **settings)
+    else:
+        lock = Lock(clients[0], _NAME_PREFIX + job_key, **settings)
+    markers = _Markers(clients, f"{lock.key}:done", lock.name)
+    read_marker = markers.read
 
     found = await read_marker()
     if found is not None:
@@ -290,7 +337,5 @@ async def run_once(
                 "fencing_token": marker.fencing_token,
             }
         )
-        with translate_errors("write the done marker", lock.name, _MARKER_TIMEOUT):
-            async with asyncio.timeout(_MARKER_TIMEOUT):
-                await client.set(marker_key, payload, px=max(1, round(retention_s * 1000)))
+        await markers.write(payload, max(1, round(retention_s * 1000)))
     return OnceResult(status=OnceStatus.RAN, job_key=job_key, value=value, marker=marker)

@@ -25,8 +25,9 @@ from ._info import HOST, PID, LockInfo, text
 from ._layout import RESERVATION_MS
 from ._lease import Lease
 from ._queue import Registration, Released
+from ._quorum import Quorum
 from ._runtime import Runtime, runtime_for
-from ._scripts import RENEW, RESUME, Script, release_args
+from ._scripts import RENEW, RESUME, Script, release_args, released
 from .errors import AcquireTimeoutError, ConfigError, ReplicationError
 
 __all__ = ("UNSET", "Attempt", "Busy", "Call", "PrimitiveBase", "Unset", "busy_hint")
@@ -127,7 +128,7 @@ class PrimitiveBase(abc.ABC):
     _max_poll: ClassVar[float | None] = None
     """Longest sleep of a waiting head between its tries (a waiting writer's refresh)."""
 
-    _client: AsyncClient
+    _client: AsyncClient | Quorum
     _name: str
     _config: LockConfig
     _key: str
@@ -137,7 +138,7 @@ class PrimitiveBase(abc.ABC):
 
     def __init__(
         self,
-        client: AsyncClient,
+        client: AsyncClient | Quorum,
         name: str,
         config: LockConfig,
         *,
@@ -145,7 +146,7 @@ class PrimitiveBase(abc.ABC):
         channel: str,
         release_keys: Sequence[str],
     ) -> None:
-        """`key`: the key a lease's token lives in, which its renewals extend; `channel`:
+        """`client`: a client, or a Redlock's `Quorum` of clients; `key`: the key a lease's token lives in, which its renewals extend; `channel`:
         where grants to this primitive's waiters are announced; `release_keys`: KEYS of its
         release script (as RELEASE's). The client and the name are checked already."""
         if config.replicas and is_cluster(client):
@@ -284,6 +285,7 @@ class PrimitiveBase(abc.ABC):
             fresh=fresh,
             on_sent=on_sent,
         )
+        reply = released(reply)
         slot = text(reply[5]) if len(reply) > 5 else ""
         after = int(reply[6]) if len(reply) > 6 else -1
         return Released(

@@ -87,6 +87,7 @@ class Waiter:
 
     __slots__ = (
         "_future",
+        "_time_up",
         "_try_now",
         "accepts",
         "handed",
@@ -102,6 +103,7 @@ class Waiter:
         self.ticket = ticket  # the order of its acquire() call among the process's calls
         self.accepts = accepts  # takes a lease another task got (not under its own token)
         self._future: asyncio.Future[None] | None = None
+        self._time_up = False  # the timeout of the wait in progress passed
         self._try_now = False
         self.poll_hint_ms: int | None = None  # when to check next, if told by a notification
         # A lease another task of this process got, and handed to this one (which called
@@ -160,15 +162,25 @@ class Waiter:
         """
         if self._try_now and not pending_ok:
             return False
-        self._future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self._future = loop.create_future()
+        self._time_up = False
+        # A timer that ends the wait, rather than asyncio.timeout's cancellation of the task.
+        timer = None if timeout is None else loop.call_later(timeout, self._timeout_passed)
         try:
-            async with asyncio.timeout(timeout):
-                await self._future
-        except TimeoutError:
-            return True
+            await self._future
         finally:
             self._future = None
-        return False
+            if timer is not None:
+                timer.cancel()
+        return self._time_up
+
+    def _timeout_passed(self) -> None:
+        """The timeout of the wait in progress passed (before the waiter went on: then it
+        counts even if it was woken or nudged in the meantime, as a cancellation by
+        asyncio.timeout would)."""
+        self._time_up = True
+        self.nudge()
 
 
 class WaitQueue:

@@ -1,6 +1,7 @@
 """Per redis client and event loop: the background work aiolock runs for every lock.
 
-A `Runtime` holds the client's `Backend` (the I/O seam), its `RenewalScheduler` (one task
+A `Runtime` holds the client's `Backend` (the I/O seam; a `QuorumBackend` for a Redlock's
+`Quorum` of clients), its `RenewalScheduler` (one task
 renewing every lease) and its `Notifier` (one pub/sub subscription for every waiter), each
 made on first use; which tasks of this process hold which lock in an `async with` block
 (to refuse a wait that would never end); and the short tasks it starts on the side (a
@@ -16,7 +17,9 @@ from typing import Any
 
 from ._backend import Backend
 from ._clients import AsyncClient
+from ._eager import start_eagerly
 from ._notifier import Notifier
+from ._quorum import Quorum, QuorumBackend
 from ._watchdog import RenewalScheduler
 
 __all__ = ("Runtime", "runtime_for")
@@ -27,8 +30,8 @@ class Runtime:
 
     __slots__ = ("__weakref__", "_notifier", "_scheduler", "_spawned", "backend", "guards", "loop")
 
-    def __init__(self, client: AsyncClient) -> None:
-        self.backend = Backend(client)
+    def __init__(self, client: AsyncClient | Quorum) -> None:
+        self.backend = QuorumBackend(client) if isinstance(client, Quorum) else Backend(client)
         self.loop = self.backend.loop
         self._scheduler: RenewalScheduler | None = None
         self._notifier: Notifier | None = None
@@ -64,19 +67,42 @@ class Runtime:
         if not tasks:
             self.guards.pop(key, None)
 
-    def spawn(self, call: Coroutine[Any, Any, None]) -> None:
-        """Run `call` in a task of its own, kept until it ends (it must bound itself)."""
-        task = self.loop.create_task(call)
+    def spawn(self, call: Coroutine[Any, Any, None], *, eager: bool = False) -> None:
+        """Run `call` in a task of its own, kept until it ends (it must bound itself).
+
+        `eager`: `call` runs at once, up to its first suspension, before this returns (a
+        command it writes is written by then; see `_eager`); else it starts at the loop's
+        next turn, as any task."""
+        if eager:
+            task = start_eagerly(self.loop, call)
+            if task.done():
+                return
+        else:
+            task = self.loop.create_task(call)
         self._spawned.add(task)
         task.add_done_callback(self._spawned.discard)
 
 
-_runtimes: weakref.WeakKeyDictionary[AsyncClient, Runtime] = weakref.WeakKeyDictionary()
+_runtimes: weakref.WeakKeyDictionary[AsyncClient | Quorum, Runtime] = weakref.WeakKeyDictionary()
 
 
-def runtime_for(client: AsyncClient) -> Runtime:
-    """The runtime of `client` in the running event loop, created on first use."""
+_last: tuple[weakref.ref[Any], weakref.ref[Runtime]] | None = None
+"""The client and the runtime `runtime_for` found last (weakly): an acquisition asks for the
+same one several times."""
+
+
+def runtime_for(client: AsyncClient | Quorum) -> Runtime:
+    """The runtime of `client` (or of a Redlock's quorum of clients) in the running event
+    loop, created on first use."""
+    global _last  # noqa: PLW0603 - a cache of one entry
+    loop = asyncio.get_running_loop()
+    last = _last
+    if last is not None and last[0]() is client:
+        runtime = last[1]()
+        if runtime is not None and runtime.loop is loop:
+            return runtime
     runtime = _runtimes.get(client)
-    if runtime is None or runtime.loop is not asyncio.get_running_loop():
+    if runtime is None or runtime.loop is not loop:
         runtime = _runtimes[client] = Runtime(client)
+    _last = (weakref.ref(client), weakref.ref(runtime))
     return runtime

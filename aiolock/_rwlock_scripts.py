@@ -61,7 +61,8 @@ local function first_writer()
   end
 end
 -- Grant a lease of side `side` to queue `wid` (taken out of queue `zkey`/`hkey`), held under
--- its entry's token for at most RESERVATION ms, announced unless `wid` is `quiet`. Returns
+-- its entry's token for at most RESERVATION ms, announced unless `wid` is `quiet`
+-- (SPUBLISH on a cluster of Redis 7+ or Valkey: the variant of `_shard_scripts`). Returns
 -- {queue id, granted fencing token, seq, expiry ms, ''}, or nil for an entry without token.
 local function grant(wid, entry, side, zkey, hkey, quiet)
   redis.call('ZREM', zkey, wid)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ._layout import (
     ABORT_RETAIN_MS,
@@ -41,8 +42,10 @@ __all__ = (
     "RESUME",
     "Script",
     "acquire_args",
+    "acquired",
     "kept",
     "release_args",
+    "released",
 )
 
 
@@ -177,8 +180,10 @@ ACQUIRE = Script(
 -- "<host> <pid> <seq> <grant ms> <ttl ms> <grant token> <task>", ARGV[7..] tokens the lock
 -- may have been granted to (earlier entries of the same queue): a lock held under one of
 -- them is claimed, keeping its fencing token
--- Returns {1, fencing token}: acquired (also when a retry finds the key already ours: its
---           expiry is reset to the ttl);
+-- Returns the fencing token, an integer: acquired free by a caller that does not queue, or
+--           found already ours (a retry after a lost reply; its expiry is reset to the
+--           ttl); a plain integer costs the server less than a table;
+--         {1, fencing token}: acquired otherwise (a caller that queues);
 --         {0, pttl ms, fencing token, holder, acquired ms, ttl ms, typical hold ms}: held,
 --           or reserved for another queue, by the holder described ('' where unknown); the
 --           caller's queue entry is added (at the back) or refreshed, and lives until
@@ -194,7 +199,7 @@ local current, reserved = s[1], s[2]
 if current == ARGV[1] then
   -- Already ours: a retry after a lost reply, or a caller's token (acquire-or-extend).
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, tonumber(s[3])}
+  return tonumber(s[3])
 end
 local mine = string.sub(ARGV[1], 1, KEPT)
 if s[6] or s[4] == mine or s[5] == mine then
@@ -207,13 +212,18 @@ if not current and not reserved and wid == '' then
   local t = redis.call('TIME')
   local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local fence = (tonumber(s[3] or '') or 0) + 1
+  -- The clock's digits written as TIME gave them: cheaper than a number's conversion.
+  local micro = string.rep('0', 6 - #t[2]) .. t[2]
+  local digits
   if fence < us then
-    fence = us
+    fence, digits = us, t[1] .. micro
+  else
+    digits = string.format('%.0f', fence)
   end
-  redis.call('HSET', KEYS[1], 'token', ARGV[1], 'fence', fence, 'k', mine, 'm', ARGV[3],
-    'a', math.floor(us / 1000), 't', ARGV[2])
+  redis.call('HSET', KEYS[1], 'token', ARGV[1], 'fence', digits, 'k', mine, 'm', ARGV[3],
+    'a', t[1] .. string.sub(micro, 1, 3), 't', ARGV[2])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, fence}
+  return fence
 end
 """
     + COMMON
@@ -259,6 +269,18 @@ return {1, fence}
 )
 
 
+def acquired(reply: Any) -> Sequence[Any]:
+    """ACQUIRE's reply as a sequence: the fencing token alone (acquired, on the uncontended
+    path) read as {1, fencing token}."""
+    return [1, reply] if isinstance(reply, int) else reply
+
+
+def released(reply: Any) -> Sequence[Any]:
+    """RELEASE's reply as a sequence: the status alone (released, on the uncontended path)
+    read as {status, '', '', '', 0}."""
+    return [reply, b"", b"", b"", 0] if isinstance(reply, int) else reply
+
+
 def acquire_args(
     token: str,
     ttl_ms: int,
@@ -297,7 +319,9 @@ RELEASE = Script(
 -- ARGV[9..] when withdrawing: tokens the lock may have been granted to under that queue
 -- A hold that refused an acquire (state `b`, see ACQUIRE) or was handed on is measured:
 -- the typical hold `h` moves 1/8 of the way to it.
--- Returns {status, queue id, granted fencing token, granted seq, grant expiry ms}, status
+-- Returns 1 alone when the holder released it and nobody queued (the uncontended path: a
+-- plain integer costs the server less than a table), else
+--         {status, queue id, granted fencing token, granted seq, grant expiry ms}, status
 --         1: released now and handed to that queue ('' if none waited);
 --         2: released already, by an earlier attempt of this same call;
 --         3: the queue was withdrawn; if the lock was reserved or granted to it, it was
@@ -310,7 +334,7 @@ RELEASE = Script(
 -- entry's full ttl: that process is alive, and its waiter takes it without a message.
 -- Unless the queue is the releasing process's own, this is announced on the channel
 -- KEYS[1]:released as "<released fencing token> <queue id>[ <granted fencing token>
--- <granted seq>]".
+-- <granted seq>]" (SPUBLISH on a cluster of Redis 7+ or Valkey: the variant of `_shard_scripts`).
 """
     + CONSTANTS
     + """
@@ -324,7 +348,7 @@ if ARGV[1] ~= '' and s[1] == ARGV[1] and mode == '' and held == '' and own == ''
   if retain ~= '' then
     redis.call('PEXPIRE', KEYS[1], retain)
   end
-  return {1, '', '', '', 0}
+  return 1
 end
 local mine = string.sub(ARGV[1], 1, KEPT)
 """
@@ -536,8 +560,15 @@ RENEW = Script(
 -- KEYS[1..N] the keys holding the leases (one slot per call on Cluster)
 -- ARGV[3i-2] token of the lease in KEYS[i], ARGV[3i-1] its ttl (ms), ARGV[3i] its kind:
 -- '' for a state hash holding it under `token` (a lock); 'p' for a hash holding it in the
--- field 'p:<token>', "<slot> <expires at, ms> <rest>" (a semaphore's permit), the key
--- living at least as long as each such lease
+-- field 'p:<token>', "<slot> <expires at, ms> <rest>" (a read-write lock's lease), the key
+-- living at least as long as each such lease; 'ps' for a semaphore's permit, held so, and
+-- its slot's score in the index `KEYS[i]:permits` (a sorted set in the same slot, living
+-- as long as the key: see `_permit_index`) set to the new expiry; 'r<fencing token>' for a Redlock's state on
+-- one of its nodes (see `_redlock_scripts`): held as a lock's, and if the node lost it (it
+-- restarted empty) and no other token holds it there, held again under `token` with that
+-- fencing token, the node's counter raised to it (not for a token released or aborted
+-- here), and a node that granted it after the token was agreed given the agreed one; 'r'
+-- alone renews only
 -- Returns {r1..rN}: 1 = expiry reset to the ttl, 0 = not the owner (nothing changed).
 if redis.replicate_commands then redis.replicate_commands() end
 local out = {}
@@ -547,6 +578,26 @@ for i = 1, #KEYS do
   out[i] = 0
   if kind == '' then
     if redis.call('HGET', KEYS[i], 'token') == token then
+      redis.call('PEXPIRE', KEYS[i], ttl)
+      out[i] = 1
+    end
+  elseif string.sub(kind, 1, 1) == 'r' then
+    local s = redis.call('HMGET', KEYS[i], 'token', 'k', 'n', 'a:' .. token, 'fence')
+    if s[1] == token then
+      redis.call('PEXPIRE', KEYS[i], ttl)
+      if #kind > 1 and s[5] ~= string.sub(kind, 2) then
+        -- Granted here after the token was agreed (a late answer): the agreed one.
+        local fence = tonumber(string.sub(kind, 2))
+        redis.call('HSET', KEYS[i], 'fence', fence,
+          'n', math.max(tonumber(s[3] or '') or 0, fence))
+      end
+      out[i] = 1
+    elseif not s[1] and not s[4] and #kind > 1 and s[2] ~= string.sub(token, 1, #(s[2] or '')) then
+      local fence = tonumber(string.sub(kind, 2))
+      local t = redis.call('TIME')
+      redis.call('HSET', KEYS[i], 'token', token, 'fence', fence,
+        'n', math.max(tonumber(s[3] or '') or 0, fence), 'm', '', 'a',
+        tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), 't', ttl)
       redis.call('PEXPIRE', KEYS[i], ttl)
       out[i] = 1
     end
@@ -563,8 +614,16 @@ for i = 1, #KEYS do
     end
     if expires and tonumber(expires) > now_ms then
       redis.call('HSET', KEYS[i], field, string.format('%s %.0f %s', slot, now_ms + ttl, rest))
-      if redis.call('PTTL', KEYS[i]) < ttl then
+      local longer = redis.call('PTTL', KEYS[i]) < ttl
+      if longer then
         redis.call('PEXPIRE', KEYS[i], ttl)
+      end
+      if kind == 'ps' then
+        local permits = KEYS[i] .. ':permits'
+        redis.call('ZADD', permits, 'XX', now_ms + ttl, slot)
+        if longer then
+          redis.call('PEXPIRE', permits, ttl)
+        end
       end
       out[i] = 1
     end

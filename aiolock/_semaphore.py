@@ -11,7 +11,7 @@ from ._config import check_limit, check_name
 from ._engine import Call, Primitive
 from ._info import HOST, PID, LockInfo
 from ._inspect import read_locks
-from ._layout import LockKeys
+from ._layout import LockKeys, permits_key
 from ._options import LockOptions, lock_config
 from ._runtime import runtime_for
 from ._semaphore_scripts import SEM_ACQUIRE, SEM_RELEASE, SEM_SET_LIMIT, sem_acquire_args
@@ -92,11 +92,11 @@ class Semaphore(Primitive):
     Added in 0.2.
     """
 
-    __slots__ = ("_keys", "_limit")
+    __slots__ = ("_keys", "_limit", "_script_keys")
 
     _what = "semaphore"
     _release_script = SEM_RELEASE
-    _renew_kind = "p"
+    _renew_kind = "ps"  # a permit, and its slot in the index (`_permit_index`)
     _exclusive = False
     _guard_reentry = False  # a task may hold several permits
     _requeued_on_grant = True
@@ -113,13 +113,14 @@ class Semaphore(Primitive):
         self._limit = check_limit(limit)
         config = lock_config("Semaphore()", options)
         keys = self._keys = LockKeys.build(config.prefix, checked_name, "sem:")
+        self._script_keys = (*keys.scripts, permits_key(keys.lock))
         super().__init__(
             checked_client,
             checked_name,
             config,
             key=keys.lock,
             channel=keys.channel,
-            release_keys=keys.scripts,
+            release_keys=self._script_keys,
         )
 
     @property
@@ -149,7 +150,7 @@ class Semaphore(Primitive):
             token, self._config.ttl_ms, holder, self._limit, queue=queue, claims=claims
         )
         # Every acquire may serve the queue (a permit that expired goes to its head first).
-        return SEM_ACQUIRE, self._keys.scripts[:3], args
+        return SEM_ACQUIRE, self._script_keys, args
 
     # ----------------------------------------------------------------- limit, inspection
     async def set_limit(self, limit: int) -> int | None:
@@ -174,7 +175,7 @@ class Semaphore(Primitive):
         retain_ms = round(self._config.retain * 1000)
         reply = await runtime_for(self._client).backend.run(
             SEM_SET_LIMIT,
-            self._keys.scripts[:3],
+            self._script_keys,
             ["", limit, retain_ms],
             timeout=5.0,
             operation="set_limit",

@@ -9,22 +9,26 @@ KEYS[1] `PREFIX:sem:{NAME}`, the state hash: `limit` (the limit in force), `fenc
 fencing token issued), `q` (the wait queue may have entries), `r` and `ru` (the tokens of
 leases ended by a release, each kept until the lease would have expired: see `LEASES` in
 `_hash_scripts`), `h` (the typical hold, ms),
-`a:<token>`/`ac` (aborted acquires, as a lock's), and one field per permit held,
+`a:<token>`/`ac` (aborted acquires, as a lock's), one field per permit held,
 `p:<token>` = "<slot> <expires at, server ms> <fencing token> <acquired at, ms> <ttl ms>
-<host> <pid> <task>". The key lives at least as long as every permit in it.
+<host> <pid> <task>", and the index's fields (`s<slot>`, `n`, `c`, `x`: `_permit_index`).
+The key lives at least as long as every permit in it.
 KEYS[2] `...:queue` and KEYS[3] `...:waiters`: the wait queue, as a lock's.
 KEYS[4] `...:holds`: recent holds, with `hold_stats=True` (release only).
+KEYS[5] `...:permits`: the permits' index, a sorted set of slots by expiry (`_permit_index`).
 
-A permit that expired is removed by the next script that reads the state, and the permits
-that are free go to the processes queued first (granted to their queue entries' tokens, as
-a lock's release grants, and announced on `...:released`), before any other acquirer.
+No script reads every permit: the index gives the lowest free slot and the soonest
+expiry. A permit that expired counts until the semaphore is full; then the next script
+reaps it. The permits that are free go to the processes queued first (granted to their
+queue entries' tokens, as a lock's release grants, and announced on `...:released`),
+before any other acquirer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ._hash_scripts import END_LEASE, LEASES, STATE
+from ._permit_index import END_PERMIT, INDEX
 from ._scripts import COMMON, CONSTANTS, FORBID, HOLDS, Script
 
 __all__ = ("SEM_ACQUIRE", "SEM_RELEASE", "SEM_SET_LIMIT", "sem_acquire_args")
@@ -58,11 +62,21 @@ end
 -- refreshes it (or its withdrawal takes it out, when it has no other waiter). Met again in
 -- the same call, it gets a reservation if it has other waiters and none yet (one
 -- reservation field per queue), else it keeps its place and the next one is served. Each grant is
--- announced as "g<fencing token> <queue id> <granted fencing token> <seq> <slot>", a
+-- announced (SPUBLISH on a cluster of Redis 7+ or Valkey: the variant of `_shard_scripts`) as "g<fencing token> <queue id> <granted fencing token> <seq> <slot>", a
 -- reservation as "g<fencing token> <queue id>" (the "g" keeps it apart from a local
 -- release of the lease under that token, told by the fencing token alone),
 -- except to queue `quiet` (the caller's own, told by the reply). Returns the first grant
 -- and the grant to `quiet`, if any.
+local looked = {}
+-- Whether a permit is reserved for queue `wid` now (its field read once per call).
+local function reserved(wid)
+  local name = 'p:q' .. wid
+  if state[name] == nil and not looked[name] then
+    looked[name] = true
+    state[name] = redis.call('HGET', KEYS[1], name) or nil
+  end
+  return holding(name)
+end
 local function serve(stop, quiet)
   local first, own_grant
   if not queued then
@@ -87,7 +101,7 @@ local function serve(stop, quiet)
     local until_ms, count, tail = string.match(entry, '^(%d+) (%d+) (.*)$')
     local tokenless = tail and not string.match(tail, '^%S+ %S+ %d+ %d+ %d+ %x+ ')
     if until_ms and tonumber(until_ms) >= now_ms
-        and (left[head] == 0 or (tokenless and (state['p:q' .. head] or reserving[head]))) then
+        and (left[head] == 0 or (tokenless and (reserving[head] or reserved(head)))) then
       index = index + 1  -- nothing more for it now: it keeps its place
     elseif not (until_ms and tonumber(until_ms) >= now_ms) then
       dequeue(head)
@@ -120,7 +134,8 @@ end
 SEM_ACQUIRE = Script(
     "semaphore-acquire",
     """
--- KEYS[1] state, KEYS[2] waiter queue, KEYS[3] waiter entries (see `_semaphore_scripts`)
+-- KEYS[1] state, KEYS[2] waiter queue, KEYS[3] waiter entries, KEYS[4] recent holds (not
+-- used here), KEYS[5] the permits' index (see `_semaphore_scripts`)
 -- ARGV[1] token, ARGV[2] ttl (ms), ARGV[3] the holder, "<host> <pid> <task>", ARGV[4] the
 -- caller's limit (stored if no limit is in force); only when the caller queues: ARGV[5]
 -- its wait queue's id, ARGV[6] waiters of that process queued behind the caller, ARGV[7]
@@ -134,22 +149,31 @@ SEM_ACQUIRE = Script(
 --         {-1, 0}: this token was aborted by its owner, or already used.
 """
     + CONSTANTS
-    + STATE
     + COMMON
-    + LEASES
+    + INDEX
     + _SERVE
     + """
-limit = tonumber(state.limit or '')
+local wid = ARGV[5] or ''
+local claims, extra = {}, {'a:' .. ARGV[1], 'p:' .. ARGV[1]}
+if wid ~= '' then
+  claims[1] = 'p:q' .. wid
+  for i = 8, #ARGV do
+    claims[#claims + 1] = 'p:' .. ARGV[i]
+  end
+  for _, name in ipairs(claims) do
+    extra[#extra + 1] = name
+  end
+end
+begin(extra)
 if not limit then
   limit = tonumber(ARGV[4])
-  writes[1], writes[2] = 'limit', limit
+  writes[#writes + 1] = 'limit'
+  writes[#writes + 1] = limit
 end
 local ttl = tonumber(ARGV[2])
 if refused() then
   return {-1, 0}
 end
-scan()
-local wid = ARGV[5] or ''
 local behind = tonumber(ARGV[6] or '0')
 local kept, kept_slot = keep_ours(ttl)
 if kept then
@@ -169,31 +193,27 @@ local function taken(fence, slot)
   flush()
   return {1, fence, slot, math.max(limit - live, 0)}
 end
-if wid ~= '' then
-  -- A permit reserved for the caller's queue, or granted to one of its registrations:
-  -- taken under the caller's token, keeping its slot and fencing token.
-  local names = {'p:q' .. wid}
-  for i = 8, #ARGV do
-    names[#names + 1] = 'p:' .. ARGV[i]
-  end
-  for _, name in ipairs(names) do
-    local claimed = state[name]
-    if claimed then
-      local slot, fence = string.match(claimed, '^(%d+) %d+ (%d+) ')
-      removed[#removed + 1] = name
-      live = live - 1
-      used[tonumber(slot)] = nil
-      hold(ARGV[1], tonumber(fence), ttl, ttl, ARGV[3], tonumber(slot))
-      return taken(tonumber(fence), tonumber(slot))
-    end
+-- A permit reserved for the caller's queue, or granted to one of its registrations: taken
+-- under the caller's token, keeping its slot and fencing token.
+for _, name in ipairs(claims) do
+  if holding(name) then
+    local slot, fence = string.match(state[name], '^(%d+) %d+ (%d+) ')
+    removed[#removed + 1] = name
+    state[name] = nil
+    live = live - 1
+    hold(ARGV[1], tonumber(fence), ttl, ttl, ARGV[3], tonumber(slot))
+    return taken(tonumber(fence), tonumber(slot))
   end
 end
--- The processes queued before the caller get the free permits first.
+-- Full: the permits that expired are reaped. The processes queued before the caller get
+-- the free permits first.
+settle()
 serve(wid ~= '' and wid or nil)
 if live < limit then
   local fence = issue()
   return taken(fence, hold(ARGV[1], fence, ttl, ttl, ARGV[3]))
 end
+local soonest = soonest_expiry()
 local wait = soonest and soonest - now_ms or -1
 if wid ~= '' then
   line_up(wid, now_ms + math.max(wait, 0) + GRACE, behind + 1, ARGV[7])
@@ -206,7 +226,8 @@ return {0, wait, '', '', '', '', state.h or ''}
 SEM_RELEASE = Script(
     "semaphore-release",
     """
--- KEYS[1] state, KEYS[2] waiter queue, KEYS[3] waiter entries, KEYS[4] recent holds (list)
+-- KEYS[1] state, KEYS[2] waiter queue, KEYS[3] waiter entries, KEYS[4] recent holds (list),
+-- KEYS[5] the permits' index
 -- ARGV as RELEASE's: ARGV[1] token ('' when only withdrawing a queue), ARGV[2] mode ('' or
 -- 'abort'), ARGV[3] retention (ms) of the state once no permit is held ('': unchanged),
 -- ARGV[4] the hold (ms) to record ('' for none), ARGV[5] a queue to withdraw, ARGV[6] the
@@ -222,20 +243,24 @@ SEM_RELEASE = Script(
 -- releasing process's own queue).
 """
     + CONSTANTS
-    + STATE
     + COMMON
     + FORBID
     + HOLDS
-    + LEASES
-    + END_LEASE
+    + INDEX
+    + END_PERMIT
     + _SERVE
     + """
-limit = tonumber(state.limit or '') or 1
 local field = 'p:' .. ARGV[1]
 -- A withdrawn queue gives back the permits granted under its registrations, and the one
 -- reserved for it.
 local withdraw = ARGV[5] or ''
 local reserved = withdraw ~= '' and 'p:q' .. withdraw or nil
+local extra = {field, reserved}
+for i = 9, #ARGV do
+  extra[#extra + 1] = 'p:' .. ARGV[i]
+end
+begin(extra)
+limit = limit or 1
 if ARGV[1] ~= '' and holding(field) then
   end_lease(field, (forgotten(9, reserved)))
   if own ~= '' then
@@ -259,7 +284,7 @@ if withdraw ~= '' then
   dequeue(withdraw)
   local drop, granted = forgotten(9, reserved)
   if granted then
-    scan(drop)
+    drop_permits(drop)
     local first = serve()
     flush()
     return reply(3, first)
@@ -279,22 +304,24 @@ return reply(0)
 SEM_SET_LIMIT = Script(
     "semaphore-set-limit",
     """
--- KEYS[1] state, KEYS[2] waiter queue, KEYS[3] waiter entries
+-- KEYS[1] state, KEYS[2] waiter queue, KEYS[3] waiter entries, KEYS[4] recent holds (not
+-- used), KEYS[5] the permits' index
 -- ARGV[1] '' (no token), ARGV[2] the new limit, ARGV[3] how long (ms) the state lives if
 -- no permit is held
 -- Returns {previous limit or '', permits held, first grant's queue id, ...}: permits freed
 -- by a raised limit go to the queued processes at once (announced).
 """
     + CONSTANTS
-    + STATE
     + COMMON
-    + LEASES
+    + INDEX
     + _SERVE
     + """
+begin({})
 local previous = state.limit or ''
 limit = tonumber(ARGV[2])
-writes[1], writes[2] = 'limit', limit
-scan()
+writes[#writes + 1] = 'limit'
+writes[#writes + 1] = limit
+settle()
 serve()
 flush(ARGV[3])
 return {previous, live}

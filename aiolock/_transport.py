@@ -24,9 +24,12 @@ import abc
 import asyncio
 import contextlib
 import functools
+import inspect
+import math
+import types
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, cast
 
 import redis
 import redis.asyncio
@@ -58,11 +61,41 @@ Sent = Callable[[], None] | None
 `execute_command`, just before redis-py is handed it)."""
 
 
-async def pooled(pool: Any, command: str) -> Any:
+def pooled(pool: Any, command: str) -> Awaitable[Any]:
     """A connection of `pool` (named by the command, for the pools that want that)."""
+    if "get_connection" in getattr(pool, "__dict__", ()):  # replaced on this pool object
+        if _names_connections(pool):
+            return cast(Awaitable[Any], pool.get_connection(command))
+        return cast(Awaitable[Any], pool.get_connection())
+    checkout = _CHECKOUTS.get(type(pool))
+    if checkout is None:
+        checkout = _CHECKOUTS[type(pool)] = _checkout(pool)
+    return checkout(pool, command)
+
+
+_CHECKOUTS: dict[type[Any], Callable[[Any, str], Awaitable[Any]]] = {}
+"""How a connection is taken from a pool of each class (see `_checkout`)."""
+
+
+def _checkout(pool: Any) -> Callable[[Any, str], Awaitable[Any]]:
+    """How to take a connection from a pool of `pool`'s class: its `get_connection`, called
+    past the wrapper redis-py 5.3+ puts around it (`deprecated_args`, which warns about
+    arguments aiolock never passes, at the cost of a coroutine and a dict per call). Any
+    other wrapper (instrumentation, say) is called as it is."""
+    method = type(pool).get_connection
+    inner = getattr(method, "__wrapped__", None)
+    if (
+        type(method) is types.FunctionType
+        and method.__code__.co_name == "async_wrapper"
+        and type(inner) is types.FunctionType
+        and inner.__name__ == "get_connection"
+        and inspect.iscoroutinefunction(inner)
+    ):
+        method = inner
+    get: Callable[..., Awaitable[Any]] = method
     if _names_connections(pool):
-        return await pool.get_connection(command)
-    return await pool.get_connection()
+        return get
+    return lambda pool, command: get(pool)
 
 
 def _names_connections(pool: Any) -> bool:
@@ -109,12 +142,31 @@ during the stall is read, and drop it (a renewal Redis confirmed, counted as mis
 finite number: some event loops cannot schedule a timer at infinity."""
 
 
+def _reads_unbounded_at_inf(version: str) -> bool:
+    """Whether redis-py `version` reads with no timer at all when given `math.inf` as the
+    read timeout (8.1 and later; its default socket timeout is 5 s since 8.0, so every
+    read would otherwise arm and cancel a timer of its own)."""
+    try:
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (8, 1)
+
+
+_UNBOUNDED_READ: Final = math.inf if _reads_unbounded_at_inf(redis.__version__) else None
+"""The read timeout that means none to redis-py's own connections, if it has one."""
+
+
 def reader(
     connection: redis.asyncio.connection.AbstractConnection,
 ) -> Callable[[], Awaitable[Any]]:
     """How to read a reply on `connection`: without its client's socket timeout."""
     if getattr(connection, "socket_timeout", None) is None:
         return connection.read_response
+    if _UNBOUNDED_READ is not None and isinstance(
+        connection, redis.asyncio.connection.AbstractConnection
+    ):
+        return functools.partial(connection.read_response, timeout=_UNBOUNDED_READ)
     return functools.partial(connection.read_response, timeout=_NO_READ_TIMEOUT)
 
 

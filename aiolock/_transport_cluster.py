@@ -6,9 +6,12 @@ the nodes the user's client knows, no pool limit, and `OWN_REDIRECTIONS` tries p
 it is closed `OWN_IDLE` seconds after its last call once no lease needs renewing. Several
 calls of one script (a renewal batch, one call per slot) go as one cluster pipeline per
 node (`run_each`). While a slot migrates, a refused call is waited out by the `Backend`
-(`waits_out`), and what fails meanwhile is marked (`during_migration`). The pub/sub
-connection is aiolock's own, to one primary (a `PUBLISH` reaches every node), and readers of
-many names get a client of their own per node (`node_clients`).
+(`waits_out`), and what fails meanwhile is marked (`during_migration`). The scripts
+publish on shard channels where the servers have them (`_shard_scripts`, chosen in
+`Backend.run`), and the notifier's pub/sub is a session of aiolock's own per node serving
+a channel wanted (`_cluster_pubsub`: `SSUBSCRIBE`, or one classic session to a primary for
+nodes without sharded pub/sub, whose `PUBLISH` reaches every node). Readers of many names
+get a client of their own per node (`node_clients`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import math
 import random
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import redis
 import redis.asyncio
@@ -28,6 +31,7 @@ from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from ._clients import Client, ClientLibrary, Errors, migrating_refusal
+from ._cluster_pubsub import HEALTH_INTERVAL, Placement, ShardedPubSub
 from ._scripts import Script
 from ._transport import Call, CommandTransport, Transport
 
@@ -94,6 +98,7 @@ class ClusterTransport(CommandTransport):
         "_own_closer",
         "_own_pinned",
         "_own_used",
+        "_placement",
         "_pubsub_node",
     )
 
@@ -108,6 +113,7 @@ class ClusterTransport(CommandTransport):
         self._own_pinned = False
         self._own_closer: asyncio.Task[None] | None = None
         self._pubsub_node: str | None = None
+        self._placement = Placement()  # what the pub/sub sessions learned of the cluster
 
     @classmethod
     def for_client(  # type: ignore[override]
@@ -151,20 +157,58 @@ class ClusterTransport(CommandTransport):
 
     def node_pool(self, node: ClusterNode) -> redis.asyncio.ConnectionPool:
         """A new pool of connections to one cluster node, with the user's settings."""
+        return self._pool_at(node.host, node.port)
+
+    def _pool_at(
+        self, host: str, port: str | int, *, pubsub: bool = False
+    ) -> redis.asyncio.ConnectionPool:
+        kwargs = self.connection_kwargs
+        if pubsub:
+            # The sessions check their nodes themselves: redis-py's own check would read
+            # its PING's answer as a command's reply, and could take a message for it (it
+            # knows nothing of the subscriptions, made by command).
+            kwargs = {k: v for k, v in kwargs.items() if k != "health_check_interval"}
         return self.library.connection_pool(
-            connection_class=self.connection_class,
-            host=node.host,
-            port=node.port,
-            **self.connection_kwargs,
+            connection_class=self.connection_class, host=host, port=port, **kwargs
         )
 
     def new_pubsub(self) -> PubSub:
-        """A pub/sub session on a connection of its own, to a primary other than the
-        previous session's: a session is replaced when its node stopped answering, which the
-        cluster client may not know yet."""
-        node = _node_for(self._cluster_client(), None, avoid=self._pubsub_node)
-        self._pubsub_node = node.name
-        return self.library.pubsub(connection_pool=self.node_pool(node))
+        """The notifier's pub/sub: a session per node serving a channel wanted, read as one
+        (`_cluster_pubsub`); pinged after the client's health interval of silence."""
+        every = float(self.connection_kwargs.get("health_check_interval") or 0)
+        pubsub = ShardedPubSub(
+            open_session=self._open_session,
+            owner=self._owner_of,
+            refresh=self._refresh_slots,
+            placement=self._placement,
+            every=every or HEALTH_INTERVAL,
+            rng=random.Random(),
+        )
+        return cast(PubSub, pubsub)
+
+    def _open_session(self, address: str | None) -> PubSub:
+        """A pub/sub session on a connection of its own: to the node `address`
+        ("host:port"), or for None (classic pub/sub, heard on every node) to a primary
+        other than the previous such session's: one is replaced when its node stopped
+        answering, which the cluster client may not know yet."""
+        if address is None:
+            node = _node_for(self._cluster_client(), None, avoid=self._pubsub_node)
+            self._pubsub_node = address = str(node.name)
+        host, _, port = address.rpartition(":")
+        return self.library.pubsub(connection_pool=self._pool_at(host, port, pubsub=True))
+
+    async def _refresh_slots(self) -> None:
+        """The user's cluster client asks the cluster which node serves which slot (as it
+        does itself after a connection error)."""
+        await self._cluster_client().nodes_manager.initialize()
+
+    async def _owner_of(self, channel: str) -> str:
+        """The address of the primary serving `channel`'s slot, as the user's cluster
+        client knows it (asked for its nodes first, if it never was)."""
+        cluster = self._cluster_client()
+        with contextlib.suppress(*Errors.any):
+            await cluster.initialize()  # nothing is sent if it knows its nodes already
+        return str(_node_for(cluster, channel).name)
 
     async def close_background(self) -> None:
         """No lease needs renewing: aiolock's own cluster client closes once idle."""

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, Literal, TypeAlias, TypeVar, Unpack, overload
 
 import redis.asyncio
@@ -48,9 +48,17 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 from ._clients import AsyncClient
-from ._glue import NOTHING, NameTemplate, client_source, client_then_name, retry_after_header
+from ._glue import (
+    NOTHING,
+    Clients,
+    NameTemplate,
+    check_for,
+    client_source,
+    client_then_name,
+    lock_for,
+    retry_after_header,
+)
 from ._lease import Lease
-from ._lock import Lock
 from ._options import LockOptions, lock_config
 from .errors import AcquireTimeoutError, ConfigError, LeaseLostError
 
@@ -63,6 +71,7 @@ Handler: TypeAlias = Callable[[web.Request], Awaitable[ResponseT]]
 HandlerWithLease: TypeAlias = Callable[[web.Request, Lease], Awaitable[ResponseT]]
 ClientOption: TypeAlias = (
     AsyncClient
+    | Sequence[AsyncClient]
     | Callable[[], AsyncClient]
     | web.AppKey[redis.asyncio.Redis]
     | web.AppKey[redis.asyncio.RedisCluster]
@@ -178,10 +187,11 @@ def locked_handler(
     template = NameTemplate(name)
     lock_config("locked_handler()", options, timeout=0)
     settings: LockOptions = {"timeout": 0, **options}
+    check_for(client, settings)
     if isinstance(client, web.AppKey):
         app_key: web.AppKey[Any] = client
 
-        def resolve(request: web.Request) -> AsyncClient:
+        def resolve(request: web.Request) -> Clients:
             try:
                 made = request.config_dict[app_key]
             except KeyError:
@@ -194,7 +204,7 @@ def locked_handler(
     else:
         source = client_source(client)
 
-        def resolve(request: web.Request) -> AsyncClient:
+        def resolve(request: web.Request) -> Clients:
             return source()
 
     busy_error = web.HTTPConflict if busy_status == 409 else web.HTTPTooManyRequests
@@ -218,7 +228,7 @@ def locked_handler(
     ) -> Handler[web.StreamResponse]:
         @functools.wraps(handler)
         async def locked(request: web.Request) -> web.StreamResponse:
-            lock = Lock(resolve(request), lock_name(request), **settings)
+            lock = lock_for(resolve(request), lock_name(request), **settings)
             try:
                 lease = await lock.acquire()
             except AcquireTimeoutError as exc:

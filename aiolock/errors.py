@@ -9,7 +9,8 @@ AiolockError
 │   └── LeaseLostError                           .reason, .fencing_token, .stalled_for,
 │                                                .body_completed
 └── BackendError                                 .operation, .name; __cause__ = the redis error
-    └── ReplicationError                         .replicas, .acknowledged
+    ├── ReplicationError                         .replicas, .acknowledged
+    └── QuorumError                              .quorum, .nodes
 ```
 
 "Busy" and "broken" never share a class: a lock held by someone else for longer than you
@@ -37,6 +38,7 @@ __all__ = (
     "LeaseLostError",
     "LockError",
     "LossReason",
+    "QuorumError",
     "ReplicationError",
 )
 
@@ -203,3 +205,33 @@ class ReplicationError(BackendError):
         super().__init__(message, operation=operation, name=name)
         self.replicas = replicas
         self.acknowledged = acknowledged
+
+
+class QuorumError(BackendError):
+    """A `Redlock`'s call could not gather a quorum of its servers, for or against.
+
+    Too many of its nodes were unreachable, refused the command or did not answer within
+    their `node_timeout`: neither "acquired" (or "renewed", "released") nor "held by
+    someone else" can be told. An acquire that raises it has been given back on every node
+    (a token-guarded abort, under a shield), and nothing runs under it; as the cause of a
+    lease's loss, it says that no quorum confirmed its renewals before its deadline.
+
+    `quorum` is how many nodes must agree (N // 2 + 1); `nodes` maps each node ("host:port")
+    to what it answered ("ok", "refused", ...), the error it raised ("error: ..."), or "not
+    awaited" (the answer was known without it).
+
+    Added in 0.3.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        operation: str,
+        name: str | None = None,
+        quorum: int,
+        nodes: dict[str, str],
+    ) -> None:
+        super().__init__(message, operation=operation, name=name)
+        self.quorum = quorum
+        self.nodes = nodes

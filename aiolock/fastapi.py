@@ -55,12 +55,13 @@ from ._glue import (
     NOTHING,
     ClientSource,
     NameTemplate,
+    check_for,
     client_source,
     client_then_name,
+    lock_for,
     retry_after_header,
 )
 from ._lease import Lease
-from ._lock import Lock
 from ._options import LockOptions, lock_config
 from .errors import AcquireTimeoutError, ConfigError, LeaseLostError
 
@@ -148,6 +149,7 @@ def locked_request(
     source = client_source(client)
     lock_config("locked_request()", options, timeout=0)
     settings: LockOptions = {"timeout": 0, **options}
+    check_for(client, settings)
     template: NameTemplate | None = None
     parameters: list[inspect.Parameter] = []
     if isinstance(name, str):
@@ -182,7 +184,7 @@ def locked_request(
                 lock_name = template.format(values)
             except ConfigError as exc:
                 raise HTTPException(status_code=422, detail=str(exc)) from None
-        lock = Lock(source(), lock_name, **settings)
+        lock = lock_for(source(), lock_name, **settings)
         try:
             lease = await lock.acquire()
         except AcquireTimeoutError as exc:

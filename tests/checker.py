@@ -6,6 +6,7 @@ python -m tests.checker --processes 4 --tasks 8 --names 3 --minutes 1 [--url red
 python -m tests.checker --seconds 10 --faults      # its own server, paused and restarted
 python -m tests.checker --old-python OLD/venv/bin/python --old-tree OLD --old-processes 2
 python -m tests.checker --seconds 60 --cluster --faults   # a 3+3 Redis Cluster of its own
+python -m tests.checker --redlock 5 --faults --minutes 10 --fault-every 5   # a Redlock
 ```
 
 With `--cluster` the workers use a `RedisCluster` client on a cluster the checker builds
@@ -14,6 +15,18 @@ of the primary serving one of the names (shorter than the node timeout), a coord
 failover of one (`CLUSTER FAILOVER` on its replica), a resharding of a name's slot to
 another primary, and one held open for 3 s with half the slot's keys moved (every script
 naming several keys of the name is answered TRYAGAIN meanwhile), in turn.
+
+With `--redlock N` the workers contend with `aiolock.Redlock` over N servers the checker
+starts (`tests/faults/quorum.py`), each worker with a client of every node, two of the nodes
+reached through a fault proxy. The faults stay within the algorithm's assumptions, one at a
+time, each undone before the next, so that at most a minority of the nodes (two of five) is
+affected at any moment: a node paused (SIGSTOP) for twice the ttl; a node killed and started
+again, empty, 1.5 ttl later (the delayed restart; the node's fencing counter is lost, its
+clock floor covers it); a node restarted empty at once (a held lease is still on the other
+nodes and gets its key back there at its next renewal); the replies of the two proxied nodes
+delayed by 30 % of the ttl (longer than the default per-node bound of a tenth of it) for
+twice the ttl. The nodes are picked at random (`--seed`). The sweep of check 3 reads every
+node.
 
 Without `--url` the checker starts a throwaway server of its own (`aiolock.testing`), and
 only then may it inject faults (`--faults`): SIGSTOP the server briefly, restart it empty.
@@ -74,6 +87,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from aiolock import AcquireTimeoutError, BackendError, LeaseLostError
 from tests.faults.cluster import ClusterGroup
+from tests.faults.quorum import ServerGroup
 
 __all__ = (
     "CheckerConfig",
@@ -92,6 +106,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_LOCK = "aiolock:Lock"
 DEFAULT_SEMAPHORE = "aiolock:Semaphore"
 DEFAULT_RWLOCK = "aiolock:ReadWriteLock"
+DEFAULT_REDLOCK = "aiolock:Redlock"
+REDLOCK_PROXIED = (0, 1)
+"""The nodes of a `--redlock` run reached through a fault proxy (whose replies are delayed)."""
 WRITE_SHARE = 0.25
 """With `--rw`, the share of sections that write."""
 SERVE_LAYOUT1 = "AIOLOCK_SERVE_LAYOUT1_WAITERS"
@@ -99,7 +116,8 @@ SERVE_LAYOUT1 = "AIOLOCK_SERVE_LAYOUT1_WAITERS"
 LockFactory = Callable[..., AbstractAsyncContextManager[Any]]
 """`factory(client, name, *, ttl=, timeout=)` (and `limit=` for a semaphore): an async
 context manager whose value has a `fencing_token` (and a `slot`). `aiolock.Lock` is one;
-the tests pass deliberately broken ones."""
+the tests pass deliberately broken ones. With `--redlock`, `client` is the list of the
+clients of every node (`aiolock.Redlock(clients, name, ...)`)."""
 
 
 # =========================================================================== the history
@@ -300,13 +318,24 @@ def _check_limit(history: list[Section], limit: int, verdict: Verdict) -> None:
 
 
 # =========================================================================== configuration
+FaultKind = Literal["pause", "restart", "failover", "reshard", "slow-reshard", "kill", "delay"]
+REDLOCK_FAULTS: tuple[FaultKind, ...] = ("pause", "kill", "restart", "delay")
+"""The faults of a `--redlock` run (each on a minority of the nodes)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Fault:
-    """`at` seconds after the start: "pause" the server for `length` s, or "restart" it empty."""
+    """`at` seconds after the start: "pause" the server for `length` s, or "restart" it empty.
+
+    Of a Redlock's servers (one picked at random, or the two proxied ones): "pause" one for
+    `length` s, "kill" one and start it again (empty) `length` s later, "restart" one empty
+    at once, "delay" the replies of the two proxied ones by `amount` s for `length` s.
+    """
 
     at: float
-    kind: Literal["pause", "restart", "failover", "reshard", "slow-reshard"]
+    kind: FaultKind
     length: float = 0.0
+    amount: float = 0.0
 
     def __str__(self) -> str:
         if self.kind == "pause":
@@ -315,6 +344,10 @@ class Fault:
             return f"reshard held open {self.length:g}s at {self.at:g}s"
         if self.kind == "restart":
             return f"restart empty at {self.at:g}s"
+        if self.kind == "kill":
+            return f"kill, restart empty {self.length:g}s later at {self.at:g}s"
+        if self.kind == "delay":
+            return f"replies delayed {self.amount:g}s for {self.length:g}s at {self.at:g}s"
         return f"{self.kind} at {self.at:g}s"
 
 
@@ -336,12 +369,21 @@ def fault_summary(injected: Sequence[str]) -> list[str]:
 
 
 def periodic_faults(
-    duration: float, ttl: float, *, every: float = 5.0, cluster: bool = False
+    duration: float,
+    ttl: float,
+    *,
+    every: float = 5.0,
+    cluster: bool = False,
+    redlock: bool = False,
 ) -> list[Fault]:
     """A pause of 30 % of the ttl and an empty restart, alternately, every `every` seconds;
     on a cluster a pause, a failover, a resharding and a resharding held open for
-    SLOW_RESHARD seconds in turn."""
-    kinds: list[Literal["pause", "restart", "failover", "reshard", "slow-reshard"]] = (
+    SLOW_RESHARD seconds in turn; of a Redlock's servers (`redlock`), a pause of twice the
+    ttl, a kill with a restart 1.5 ttl later, an empty restart and reply delays of 30 % of
+    the ttl for twice the ttl, in turn (see the module docstring)."""
+    if redlock:
+        return _redlock_faults(duration, ttl, every)
+    kinds: list[FaultKind] = (
         ["pause", "failover", "reshard", "slow-reshard"] if cluster else ["pause", "restart"]
     )
     faults: list[Fault] = []
@@ -350,6 +392,28 @@ def periodic_faults(
         kind = kinds[len(faults) % len(kinds)]
         length = {"pause": round(ttl * 0.3, 3), "slow-reshard": SLOW_RESHARD}.get(kind, 0.0)
         faults.append(Fault(at, kind, length))
+        at += every
+    return faults
+
+
+def _redlock_faults(duration: float, ttl: float, every: float) -> list[Fault]:
+    if every < 2.5 * ttl:
+        # Each fault must end, and the leases held meanwhile be renewed (a node restarted
+        # empty gets its keys back), before the next: else more than a minority of the
+        # nodes could be missing a lease's key at once.
+        raise ValueError(f"faults of a Redlock's servers need --fault-every >= {2.5 * ttl:g}")
+    lengths: dict[FaultKind, float] = {
+        "pause": round(2 * ttl, 3),
+        "kill": round(1.5 * ttl, 3),
+        "restart": 0.0,
+        "delay": round(2 * ttl, 3),
+    }
+    faults: list[Fault] = []
+    at = min(2.0, duration / 4)
+    while at < duration - 2.0 - 2 * ttl:
+        kind = REDLOCK_FAULTS[len(faults) % len(REDLOCK_FAULTS)]
+        amount = round(0.3 * ttl, 3) if kind == "delay" else 0.0
+        faults.append(Fault(at, kind, lengths[kind], amount))
         at += every
     return faults
 
@@ -390,8 +454,22 @@ class CheckerConfig:
     cluster: bool = False
     """On a Redis Cluster the checker builds (three primaries, three replicas), through a
     `RedisCluster` client in every worker."""
+    redlock: int = 0
+    """A Redlock over this many servers the checker starts (by default then the factory is
+    `aiolock:Redlock`, called with the list of a client per node); 0: one server."""
 
     def __post_init__(self) -> None:
+        if self.redlock:
+            if self.redlock < 1 or self.limit or self.rw or self.cluster or self.old_processes:
+                raise ValueError("redlock: N >= 1 servers, a lock (no limit, rw, cluster)")
+            if self.url is not None:
+                raise ValueError("redlock: the checker starts the servers (no url)")
+            if self.lock == DEFAULT_LOCK:
+                object.__setattr__(self, "lock", DEFAULT_REDLOCK)
+            if self.redlock < 3 and any(f.kind == "delay" for f in self.faults):
+                raise ValueError("redlock: delays on two nodes need at least three")
+        elif any(f.kind in ("kill", "delay") for f in self.faults):
+            raise ValueError("kill and delay faults are for a Redlock's servers (redlock=N)")
         if self.limit and self.lock == DEFAULT_LOCK:
             object.__setattr__(self, "lock", DEFAULT_SEMAPHORE)
         if self.rw and self.lock == DEFAULT_LOCK:
@@ -456,7 +534,9 @@ class Report:
                 f"checker: {c.processes} processes x {tasks} tasks x {c.duration:g}s on "
                 f"{c.names} names ({'semaphore' if c.limit else 'read-write lock' if c.rw else 'lock'} "
                 f"{c.lock}"
-                f"{f', limit {c.limit}' if c.limit else ''}, ttl {c.ttl:g}s, seed {c.seed}); "
+                f"{f', limit {c.limit}' if c.limit else ''}"
+                f"{f' over {c.redlock} servers' if c.redlock else ''}, ttl {c.ttl:g}s, "
+                f"seed {c.seed}); "
                 f"{self.elapsed:.1f}s in all"
             ),
             (
@@ -582,8 +662,15 @@ async def _worker(args: argparse.Namespace) -> None:
     go = sys.stdin.readline()  # before any task runs: nothing else waits meanwhile
     end_at = float(go.split()[1])
     counters: Counter[str] = Counter()
+    nodes: list[redis.asyncio.Redis] = [
+        redis.asyncio.Redis.from_url(url) for url in (args.urls or "").split(",") if url
+    ]
     client: Any = (
-        RedisCluster.from_url(args.url) if args.cluster else redis.asyncio.Redis.from_url(args.url)
+        nodes
+        if nodes
+        else RedisCluster.from_url(args.url)
+        if args.cluster
+        else redis.asyncio.Redis.from_url(args.url)
     )
     try:
         with _open_log(args.out, "a") as out:
@@ -606,7 +693,8 @@ async def _worker(args: argparse.Namespace) -> None:
                         )
                     )
     finally:
-        await client.aclose()
+        for each in nodes or [client]:
+            await each.aclose()
     _say(json.dumps({"event": "done", "counters": dict(counters)}))
 
 
@@ -647,6 +735,11 @@ async def _nemesis(
             done = await server.inject(fault.kind, rng.choice(list(names)), fault.length)
             log.append(f"{fault} ({done})")
             continue
+        if isinstance(server, ServerGroup):
+            assert rng is not None
+            done = await _group_fault(server, fault, rng)
+            log.append(f"{fault} ({done})")
+            continue
         if fault.kind == "pause":
             server.pause()
             try:
@@ -656,6 +749,41 @@ async def _nemesis(
         else:
             await asyncio.to_thread(server.restart_empty)
         log.append(str(fault))
+
+
+async def _group_fault(group: ServerGroup, fault: Fault, rng: random.Random) -> str:
+    """Inject `fault` into one node of `group` picked by `rng` (into two proxied ones for a
+    delay), and undo it before returning (on every path): where it was done."""
+    try:
+        if fault.kind == "delay":
+            nodes = sorted(rng.sample(group.proxied, 2))
+            await group.delay(nodes, fault.amount)
+            try:
+                await asyncio.sleep(fault.length)
+            finally:
+                await group.undelay()
+            return f"nodes {nodes[0]} and {nodes[1]}"
+        node = rng.randrange(len(group))
+        if fault.kind == "pause":
+            group.pause(node)
+            try:
+                await asyncio.sleep(fault.length)
+            finally:
+                group.resume(node)
+        elif fault.kind == "kill":
+            group.kill(node)
+            try:
+                await asyncio.sleep(fault.length)
+            finally:
+                await group.start(node)
+        elif fault.kind == "restart":
+            await group.restart_empty(node)
+        else:
+            raise ValueError(f"{fault.kind} is not a fault of a Redlock's servers")
+        return f"node {node}"
+    finally:
+        for proxy in group.proxies.values():
+            proxy.arrivals.clear()  # a long run would keep every request otherwise
 
 
 def _worker_command(config: CheckerConfig, index: int) -> tuple[str, Path, dict[str, str]]:
@@ -677,7 +805,7 @@ def _worker_command(config: CheckerConfig, index: int) -> tuple[str, Path, dict[
 
 
 async def _spawn(
-    config: CheckerConfig, url: str, names: Sequence[str], index: int, directory: Path
+    config: CheckerConfig, urls: Sequence[str], names: Sequence[str], index: int, directory: Path
 ) -> tuple[asyncio.subprocess.Process, Path, Any]:
     out = directory / f"worker-{index}.jsonl"
     stderr = _open_log(directory / f"worker-{index}.stderr", "wb")  # closed by run()
@@ -688,7 +816,8 @@ async def _spawn(
         "tests.checker",
         "--worker",
         "--url",
-        url,
+        urls[0],
+        *(("--urls", ",".join(urls)) if config.redlock else ()),
         "--names",
         ",".join(names),
         "--tasks",
@@ -735,19 +864,36 @@ async def run(config: CheckerConfig, *, server: Any = None) -> Report:
         except BaseException:
             server.stop()
             raise
+    elif config.redlock and server is None:
+        from aiolock.testing import find_binaries
+
+        proxied = [i for i in REDLOCK_PROXIED if i < config.redlock]
+        group = ServerGroup(find_binaries()[0], config.redlock, proxied=proxied)
+        own_server = server = await group.__aenter__()
     elif server is None and config.url is None:
         from aiolock.testing import RedisServer, find_binaries
 
         own_server = server = RedisServer(find_binaries()[0]).start()
     if config.faults and server is None:
         raise ValueError("faults need a server the checker may pause and restart (no --url)")
+    if config.redlock and not isinstance(server, ServerGroup):
+        raise ValueError("a Redlock run needs a ServerGroup of its servers")
     ports: list[int] = []
+    nodes: list[str] = []
     url: str | None
+    urls: list[str]
     if isinstance(server, ClusterGroup):
         url = f"redis://127.0.0.1:{server.servers[0].port}/0"
         ports = [s.port for s in server.servers]
+        urls = [url]
+    elif isinstance(server, ServerGroup):
+        urls = server.urls
+        url = urls[0]
+        nodes = server.direct_urls
     else:
         url = config.url if server is None else server.url
+        assert url is not None
+        urls = [url]
     assert url is not None
     run_id = uuid.uuid4().hex[:8]
     names = [f"checker-{run_id}:{i}" for i in range(config.names)]
@@ -764,7 +910,7 @@ async def run(config: CheckerConfig, *, server: Any = None) -> Report:
         directory = Path(tmp)
         try:
             workers = [
-                await _spawn(config, url, names, i, directory) for i in range(config.processes)
+                await _spawn(config, urls, names, i, directory) for i in range(config.processes)
             ]
             for process, _, _ in workers:
                 ready = await _line(process, 60)
@@ -815,7 +961,7 @@ async def run(config: CheckerConfig, *, server: Any = None) -> Report:
             ]
             sections.sort(key=lambda s: (s.enter, s.exit))
             verdict = verify(sections, limit=max(config.limit, 1), rw=config.rw)
-            held, leaked = await _sweep(url, names, config.ttl, ports)
+            held, leaked = await _sweep(url, names, config.ttl, ports, nodes=nodes)
         finally:
             for process, _, stderr in workers:
                 if process.returncode is None:
@@ -829,7 +975,9 @@ async def run(config: CheckerConfig, *, server: Any = None) -> Report:
             for index, (process, _, _) in enumerate(workers):
                 if process.returncode not in (0, None) and not failures:
                     failures.append(f"worker {index} exited with {process.returncode}")
-            if own_server is not None:
+            if isinstance(own_server, ServerGroup):
+                await own_server.aclose()
+            elif own_server is not None:
                 own_server.stop()
         for index in range(len(workers)):
             log = (directory / f"worker-{index}.stderr").read_text(errors="replace")
@@ -861,22 +1009,32 @@ def _labelled(section: Section, config: CheckerConfig, index: int) -> Section:
 
 
 async def _sweep(
-    url: str, names: Sequence[str], ttl: float, ports: Sequence[int] = ()
+    url: str,
+    names: Sequence[str],
+    ttl: float,
+    ports: Sequence[int] = (),
+    *,
+    nodes: Sequence[str] = (),
 ) -> tuple[list[str], list[str]]:
     """Keys of the run held right at the end, and those still held after their ttl (on a
-    cluster, `ports` are its nodes: the primaries among them are scanned)."""
+    cluster, `ports` are its nodes: the primaries among them are scanned; of a Redlock,
+    `nodes` are its servers' URLs: every one is scanned, and a key is named with its node's
+    index, "node 3: KEY")."""
     prefix = names[0].rsplit(":", 1)[0]
-    patterns = tuple(f"aiolock:{kind}{{{prefix}:*" for kind in ("", "sem:", "rw:"))
-    clients = [redis.asyncio.Redis(port=port) for port in ports] or [
-        redis.asyncio.Redis.from_url(url)
-    ]
+    patterns = tuple(f"aiolock:{kind}{{{prefix}:*" for kind in ("", "sem:", "rw:", "rl:"))
+    clients = (
+        [redis.asyncio.Redis(port=port) for port in ports]
+        or [redis.asyncio.Redis.from_url(node) for node in nodes]
+        or [redis.asyncio.Redis.from_url(url)]
+    )
 
     async def held_now() -> list[str]:
         found: list[str] = []
-        for client in clients:
+        for index, client in enumerate(clients):
             if ports and (await client.info("replication")).get("role") != "master":
                 continue
-            found += [key for pattern in patterns for key in await _held_keys(client, pattern)]
+            keys = [key for pattern in patterns for key in await _held_keys(client, pattern)]
+            found += [f"node {index}: {key}" for key in keys] if nodes else keys
         return found
 
     try:
@@ -931,6 +1089,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="on a Redis Cluster of the checker's own (3 primaries, 3 replicas)",
     )
+    parser.add_argument(
+        "--redlock",
+        type=int,
+        default=0,
+        metavar="N",
+        help=f"check a Redlock ({DEFAULT_REDLOCK} unless --lock says) over N servers of its own",
+    )
     parser.add_argument("--seed", default="0")
     parser.add_argument(
         "--old-processes",
@@ -948,6 +1113,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     # Internal: what the orchestrator passes to a worker process.
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--urls", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -958,6 +1124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.cluster and args.url:
         sys.stderr.write("--cluster builds a cluster of the checker's own: leave out --url\n")
+        return 2
+    if args.redlock and args.url:
+        sys.stderr.write("--redlock starts servers of the checker's own: leave out --url\n")
         return 2
     if args.faults and args.url:
         sys.stderr.write("--faults needs a server of the checker's own: leave out --url\n")
@@ -974,11 +1143,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         hold=args.hold,
         url=args.url,
         faults=tuple(
-            periodic_faults(duration, args.ttl, every=args.fault_every, cluster=args.cluster)
+            periodic_faults(
+                duration,
+                args.ttl,
+                every=args.fault_every,
+                cluster=args.cluster,
+                redlock=bool(args.redlock),
+            )
         )
         if args.faults
         else (),
         cluster=args.cluster,
+        redlock=args.redlock,
         lock=args.lock,
         limit=args.limit,
         rw=args.rw,

@@ -35,21 +35,29 @@ LAYERS: dict[str, int] = {
     "_settle": DATA,
     "_scripts": DATA,
     "_hash_scripts": DATA,
+    "_permit_index": DATA,
     "_semaphore_scripts": DATA,
+    "_redlock_scripts": DATA,
     "_rwlock_scripts": DATA,
     "_election_scripts": DATA,
+    "_shard_scripts": DATA,
     "_queue": DATA,
     "_holdstats": DATA,
     # I/O: the client libraries, the transports, the per-client runtime, the lease.
     "_clients": IO,
+    "_pubsub": IO,
     "_transport": IO,
     "_transport_direct": IO,
     "_transport_sentinel": IO,
     "_transport_cluster": IO,
+    "_quorum": IO,
+    "_quorum_pubsub": IO,
+    "_cluster_pubsub": IO,
     "_backend": IO,
     "_lease": IO,
     "_watchdog": IO,
     "_notifier": IO,
+    "_eager": IO,
     "_runtime": IO,
     # The engine every leased primitive shares.
     "_primitive": ENGINE,
@@ -59,6 +67,7 @@ LAYERS: dict[str, int] = {
     # The primitives, and what reads or composes them.
     "_lock": PRIMITIVES,
     "_semaphore": PRIMITIVES,
+    "_redlock": PRIMITIVES,
     "_rwlock": PRIMITIVES,
     "_election": PRIMITIVES,
     "_leader": PRIMITIVES,
@@ -98,6 +107,9 @@ CORE = (
     "_transport_sentinel",
     "_transport_cluster",
     "_backend",
+    "_quorum",
+    "_quorum_pubsub",
+    "_cluster_pubsub",
 )
 """The engine, lease, waiting, renewal and backend modules: kept small enough to read."""
 

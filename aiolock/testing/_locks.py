@@ -10,7 +10,7 @@ from typing import Final, cast, overload
 from .._clients import AsyncRedis, ValkeyClient, check_client, is_cluster
 from .._config import check_name, check_prefix
 from .._hash_scripts import EXPIRE_LEASES
-from .._layout import LockKeys
+from .._layout import LockKeys, permits_key
 from .._lease import Lease
 from .._lock import Lock
 from .._runtime import runtime_for
@@ -264,13 +264,13 @@ async def expire_now(
         return bool(await checked.delete(key))
     if isinstance(target, Semaphore):
         which = "" if slot is None else str(slot)
-        key = target.key
+        keys = [target.key, permits_key(target.key)]
     else:
         which = "0" if isinstance(target, ReadLock) else "1"
-        key = target.lock.key
+        keys = [target.lock.key]
     expired = await runtime_for(checked).backend.run(
         EXPIRE_LEASES,
-        [key],
+        keys,
         [which],
         timeout=_TIMEOUT,
         operation="expire",

@@ -128,9 +128,9 @@ async def test_locks_semaphores_and_rwlocks_work_on_every_primary(
     cluster: ClusterGroup, name: str
 ) -> None:
     """On names served by each of the three primaries: a lease is renewed past its ttl,
-    a waiter of another client is woken by the release's notification (the pub/sub
-    connection is to one primary; a publish reaches every node), and `info()` reads the
-    name's keys from its node."""
+    a waiter of another client is woken by the release's notification (on Redis 7 and
+    Valkey a sharded one, heard on a session per primary), and `info()` reads the name's
+    keys from its node."""
     async with clients(cluster, 2) as (client, other):
         with recorded(EventKind.RENEWED) as renewed:
             for lock_name in names_in_thirds(name):

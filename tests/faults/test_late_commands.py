@@ -20,9 +20,17 @@ import redis.asyncio
 
 from aiolock import BackendError, Lock
 from aiolock._hash_scripts import RECENT_ENTRY, RECENT_KEPT, RECENT_MAX
-from aiolock._layout import ABORTS_KEPT, LockKeys
+from aiolock._layout import ABORTS_KEPT, LockKeys, permits_key
 from aiolock._runtime import runtime_for
-from aiolock._scripts import ACQUIRE, RELEASE, Script, acquire_args, release_args
+from aiolock._scripts import (
+    ACQUIRE,
+    RELEASE,
+    Script,
+    acquire_args,
+    acquired,
+    release_args,
+    released,
+)
 from aiolock._semaphore_scripts import SEM_ACQUIRE, SEM_RELEASE, sem_acquire_args
 
 from ..conftest import make_client
@@ -51,13 +59,13 @@ class Replay:
     async def acquire(self, token: str) -> int:
         """The status of an acquire with `token`: 1 acquired, 0 busy, -1 refused for good."""
         args = acquire_args(token, 5000, f"host {os.getpid()} task")
-        return int((await self.run(ACQUIRE, args))[0])
+        return int(acquired(await self.run(ACQUIRE, args))[0])
 
     async def abort(self, token: str) -> int:
-        return int((await self.run(RELEASE, release_args(token=token, abort=True)))[0])
+        return int(released(await self.run(RELEASE, release_args(token=token, abort=True)))[0])
 
     async def release(self, token: str) -> int:
-        return int((await self.run(RELEASE, release_args(token=token, held_ms=1)))[0])
+        return int(released(await self.run(RELEASE, release_args(token=token, held_ms=1)))[0])
 
     async def holder(self) -> bytes | None:
         value = await self.client.hget(self.keys.lock, "token")
@@ -159,6 +167,7 @@ class SemaphoreReplay:
         self.name = name
         self.limit = limit
         self.keys = LockKeys.build("aiolock", name, "sem:")
+        self.script_keys = (*self.keys.scripts, permits_key(self.keys.lock))
 
     async def run(self, script: Script, keys: tuple[str, ...], args: list[str | int]) -> Any:
         return await runtime_for(self.client).backend.run(
@@ -167,11 +176,11 @@ class SemaphoreReplay:
 
     async def acquire(self, token: str, ttl_ms: int = 5000) -> int:
         args = sem_acquire_args(token, ttl_ms, f"host {os.getpid()} task", self.limit)
-        return int((await self.run(SEM_ACQUIRE, self.keys.scripts[:3], args))[0])
+        return int((await self.run(SEM_ACQUIRE, self.script_keys, args))[0])
 
     async def release(self, token: str) -> int:
         args = release_args(token=token, retain_ms=10_000, held_ms=1)
-        return int((await self.run(SEM_RELEASE, self.keys.scripts, args))[0])
+        return int((await self.run(SEM_RELEASE, self.script_keys, args))[0])
 
     async def cycle(self) -> None:
         token = secrets.token_hex(16)

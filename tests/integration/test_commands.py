@@ -87,6 +87,27 @@ async def test_an_uncontended_cycle_costs_the_server_eight_commands(
         await client.aclose()
 
 
+async def test_the_uncontended_path_stores_the_fencing_token_it_answers(
+    server: RedisServer, name: str
+) -> None:
+    """The uncontended acquire writes the server clock's digits as TIME gave them (not a
+    number's conversion) and answers the fencing token as a number: the two must be the
+    same token, and the acquisition time its milliseconds. Over 300 cycles the clock's
+    microseconds fall below 100000 (digits to pad) many times."""
+    client = make_client(server.url)
+    lock = Lock(client, name, ttl=30)
+    try:
+        for _ in range(300):
+            async with lock as lease:
+                stored = await client.hmget(f"aiolock:{{{name}}}", ["fence", "a"])
+                assert [int(v or -1) for v in stored] == [
+                    lease.fencing_token,
+                    lease.fencing_token // 1000,
+                ]
+    finally:
+        await client.aclose()
+
+
 async def test_a_refused_single_try_marks_the_hold_once_and_its_release_measures_it(
     server: RedisServer, name: str
 ) -> None:
@@ -255,8 +276,8 @@ async def test_one_release_wakes_one_of_many_local_waiters(
     await lease.release()
 
 
-@pytest.mark.parametrize("kind", ["semaphore", "read", "write"])
-async def test_an_uncontended_cycle_of_a_semaphore_or_read_write_lock_costs_ten_commands(
+@pytest.mark.parametrize("kind", ["read", "write"])
+async def test_an_uncontended_cycle_of_a_read_write_lock_costs_ten_commands(
     server: RedisServer, name: str, kind: str
 ) -> None:
     """The two script calls, and inside them: HGETALL (the state and every lease in it),
@@ -265,9 +286,7 @@ async def test_an_uncontended_cycle_of_a_semaphore_or_read_write_lock_costs_ten_
     client = make_client(server.url)
     try:
 
-        def primitive(lock_name: str) -> Semaphore | ReadLock | WriteLock:
-            if kind == "semaphore":
-                return Semaphore(client, lock_name, limit=3, ttl=30)
+        def primitive(lock_name: str) -> ReadLock | WriteLock:
             rw = ReadWriteLock(client, lock_name, ttl=30)
             return rw.read() if kind == "read" else rw.write()
 
@@ -284,5 +303,75 @@ async def test_an_uncontended_cycle_of_a_semaphore_or_read_write_lock_costs_ten_
             assert spent == Counter(
                 {"evalsha": 2, "hgetall": 2, "time": 2, "hset": 2, "pexpire": 1, "hdel": 1}
             ), lock_name
+    finally:
+        await client.aclose()
+
+
+async def cycle_commands(client: redis.asyncio.Redis, semaphore: Semaphore) -> Counter[str]:
+    """What the server executes for one permit taken and given back (`INFO commandstats`)."""
+    before = commandstats(await client.info("commandstats"))
+    async with semaphore:
+        pass
+    spent = commandstats(await client.info("commandstats")) - before
+    spent.pop("info", None)
+    return spent
+
+
+SEMAPHORE_CYCLE = Counter(
+    {
+        "evalsha": 2,
+        # acquire: the state's own fields and the caller's (a free slot among them), the
+        # clock, the permit (and its slot's holder), its slot's expiry in the index, how
+        # long the keys live (they are extended, by twice the ttl, only once the next
+        # permit would outlive them); release: the same reads, the permit and its slot's
+        # holder deleted, the released token (for late copies) and the count, the slot free
+        # in the index
+        "hmget": 2,
+        "time": 2,
+        "hset": 2,
+        "zadd": 2,
+        "pttl": 1,
+        "hdel": 1,
+    }
+)
+"""A permit's cycle when the semaphore has a free slot, whatever its limit."""
+
+
+@pytest.mark.parametrize("limit", [4, 256])
+async def test_a_permit_costs_the_same_commands_at_any_limit(
+    server: RedisServer, name: str, limit: int
+) -> None:
+    """With every permit but one held by others, a permit taken and given back costs the
+    server the same commands at limit 4 and at limit 256: no script reads every permit
+    (no HGETALL), the index gives the free slot."""
+    client = make_client(server.url)
+    try:
+        await warm_up(client, name)
+        semaphore = Semaphore(client, name, limit=limit, ttl=60)
+        others = [await semaphore.acquire() for _ in range(limit - 1)]
+        await cycle_commands(client, semaphore)  # its slot used once: a member of the index
+        for _ in range(3):
+            assert await cycle_commands(client, semaphore) == SEMAPHORE_CYCLE
+        for lease in others:
+            await lease.release()
+    finally:
+        await client.aclose()
+
+
+async def test_an_uncontended_semaphore_cycle_on_a_new_name_and_on_one_used_before(
+    server: RedisServer, name: str
+) -> None:
+    """On a name used before, `SEMAPHORE_CYCLE`. On a new one, the acquire looks for
+    permits an older version may have written (HGETALL of the empty state, DEL of any
+    index left behind), takes slot 0, and gives both keys their expiry."""
+    client = make_client(server.url)
+    try:
+        await warm_up(client, name)
+        async with Semaphore(client, f"{name}:warm-up", limit=3, ttl=30):
+            pass
+        new = SEMAPHORE_CYCLE + Counter({"hgetall": 1, "del": 1, "pexpire": 2})
+        for lock_name, expected in ((name, new), (f"{name}:2", new), (name, SEMAPHORE_CYCLE)):
+            spent = await cycle_commands(client, Semaphore(client, lock_name, limit=3, ttl=30))
+            assert spent == expected, lock_name
     finally:
         await client.aclose()

@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio
 
 from aiolock import ConfigError, Lease, LeaseLostError, Lock, LossReason, Semaphore
-from aiolock._layout import LockKeys
+from aiolock._layout import LockKeys, permits_key
 from aiolock._runtime import runtime_for
 
 from ..conftest import CommandLog, make_client
@@ -432,8 +432,16 @@ async def test_nothing_is_left_but_the_state_after_the_last_release(
     fields = {
         key.decode() if isinstance(key, bytes) else key for key in await client.hkeys(keys.lock)
     }
-    assert fields <= {"limit", "fence", "r", "ru", "h", "q"}
+    # The index's own fields: the slots used so far (each free now), the count, the fence.
+    assert fields <= {"limit", "fence", "r", "ru", "h", "q", "n", "c", "x", "xr", "l"}
+    assert await client.hmget(keys.lock, ["n", "c"]) in ([b"3", b"0"], ["3", "0"])
     assert 0 < await client.pttl(keys.lock) <= 5000
+    index = permits_key(keys.lock)
+    assert await client.zrange(index, 0, -1, withscores=True) in (
+        [(b"0", 0.0), (b"1", 1.0), (b"2", 2.0)],
+        [("0", 0.0), ("1", 1.0), ("2", 2.0)],
+    )
+    assert 0 < await client.pttl(index) <= 5000
 
 
 @pytest.mark.real_only

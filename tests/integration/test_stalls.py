@@ -19,8 +19,10 @@ import pytest
 import redis.asyncio
 
 from aiolock import Lease, LeaseLostError, Lock, LossReason
+from aiolock._granting import Granting
 from aiolock._layout import LockKeys
 from aiolock._runtime import runtime_for
+from aiolock._transport import pooled
 
 from ..conftest import CommandLog, make_client
 from ..faults.proxy import ThreadedProxy
@@ -91,6 +93,71 @@ async def test_a_lease_handed_over_by_another_process_survives_a_stall_at_entry(
     # ...and its renewal to the full ttl left before the body, so the stall is survived.
     await stall_at_entry(lease)
     assert lease.released
+
+
+async def test_a_granted_lease_writes_its_renewal_without_waiting_for_the_loop(
+    pair: tuple[redis.asyncio.Redis, redis.asyncio.Redis, CommandLog],
+    name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Taking another process's grant writes the renewal to the full ttl at once (an eager
+    task), so the body starts without the loop turning in between: a cross-process
+    hand-off costs no extra turns of a busy loop."""
+    a, b, _ = pair
+    loop = asyncio.get_running_loop()
+    if await _checkout_turns(b):
+        pytest.skip("this redis-py's pool waits for the loop to hand out a connection (5.0)")
+    turns = 0
+
+    def tick() -> None:
+        nonlocal turns
+        turns += 1
+        if not done.is_set():
+            loop.call_soon(tick)
+
+    taking: list[int] = []
+    take_grant = Granting._take_grant
+
+    async def counted(self: Any, *args: Any) -> None:
+        before = turns
+        await take_grant(self, *args)
+        taking.append(turns - before)
+
+    monkeypatch.setattr(Granting, "_take_grant", counted)
+    done = asyncio.Event()
+    holder = await Lock(a, name, ttl=30).acquire()
+    waiting = asyncio.create_task(Lock(b, name, ttl=30).acquire())
+    await queued(a, name, waiter=b)
+    loop.call_soon(tick)
+    try:
+        await holder.release()
+        lease = await asyncio.wait_for(waiting, 10)
+    finally:
+        done.set()
+    assert taking == [0], "the loop turned while the grant was taken"
+    await lease.release()
+
+
+async def _checkout_turns(client: redis.asyncio.Redis) -> int:
+    """How often the loop turns while `client`'s pool hands out an open connection: redis-py
+    5.0 reads the socket with a zero timeout first, which waits for the loop."""
+    loop = asyncio.get_running_loop()
+    await client.ping()  # a connection open in the pool
+    turns, counting = 0, True
+
+    def tick() -> None:
+        nonlocal turns
+        turns += 1
+        if counting:
+            loop.call_soon(tick)
+
+    loop.call_soon(tick)
+    await asyncio.sleep(0)  # the counter runs
+    before = turns
+    connection = await pooled(client.connection_pool, "PING")
+    counting, taken = False, turns - before
+    await client.connection_pool.release(connection)
+    return taken
 
 
 @pytest.mark.parametrize("heard_late", [False, True], ids=["at-once", "heard-late"])

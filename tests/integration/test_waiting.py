@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio
+from redis.asyncio.client import PubSub
 
 from aiolock import Lease, Lock, ReadLock, ReadWriteLock, Semaphore
 from aiolock._backend import Backend
@@ -145,6 +146,43 @@ async def test_a_broken_subscription_does_not_strand_waiters(
     finally:
         await client.aclose()
         await admin.aclose()
+
+
+@pytest.mark.real_only
+async def test_a_release_notification_is_read_past_redis_pys_message_layers(
+    server: RedisServer, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each waiting process reads every release of its names: the notifier's session reads
+    a plain message from the connection itself, not through redis-py's retry and
+    observability layers and its handler dispatch (`PubSub.handle_message`)."""
+    handled: list[Any] = []
+    handle_message = PubSub.handle_message
+
+    async def counted(self: PubSub, response: Any, *args: Any) -> Any:
+        handled.append(response)
+        return await handle_message(self, response, *args)  # type: ignore[no-untyped-call]
+
+    monkeypatch.setattr(PubSub, "handle_message", counted)
+    client = make_client(server.url)
+    other = make_client(server.url)
+    channel = f"aiolock:{{{name}}}:released"
+    try:
+        notifier = runtime_for(client).notifier
+        for _ in range(3):
+            holder = await Lock(other, name, ttl=30).acquire()
+            waiting = asyncio.create_task(Lock(client, name, ttl=30).acquire())
+            await queued(client, Lock(client, name), 1)
+            await eventually(lambda: notifier.is_subscribed(channel), what="subscribed")
+            await holder.release()
+            lease = await asyncio.wait_for(waiting, 5)  # (a notification: the ttl is 30 s)
+            await lease.release()
+        assert notifier.messages_received == 3
+        kinds = [response[0] for response in handled if isinstance(response, list)]
+        assert b"subscribe" in kinds, "subscription answers still take redis-py's path"
+        assert b"message" not in kinds
+    finally:
+        await client.aclose()
+        await other.aclose()
 
 
 KINDS = ("lock", "semaphore", "read")

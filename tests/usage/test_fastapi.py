@@ -240,7 +240,7 @@ def test_bad_declarations_fail_when_the_route_is_declared(client: redis.asyncio.
     with pytest.raises(TypeError):
         locked_request(42, client=client)  # type: ignore[call-overload]
     with pytest.raises(TypeError):
-        locked_request("orders:{id}", client="redis://x")  # type: ignore[call-overload]
+        locked_request("orders:{id}", client="redis://x")  # type: ignore[arg-type]
 
 
 async def test_another_locks_loss_raised_by_the_handler_is_not_this_requests_loss(

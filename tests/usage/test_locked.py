@@ -86,7 +86,7 @@ def test_bad_decorations_fail_before_any_call(client: redis.asyncio.Redis) -> No
     with pytest.raises(TypeError, match="name must be a str"):
         locked(b"jobs", client=client)  # type: ignore[call-overload]
     with pytest.raises(TypeError, match=r"redis\.asyncio\.Redis"):
-        locked("jobs", client="redis://localhost")  # type: ignore[call-overload]
+        locked("jobs", client="redis://localhost")  # type: ignore[arg-type]
     with pytest.raises(ConfigError) as info:
         locked("jobs", client=client, ttl=0)
     assert info.value.argument == "ttl"

@@ -1,0 +1,64 @@
+"""The pub/sub session aiolock's notifier reads: redis-py's `PubSub`, with the messages of
+a plain subscription read straight from the connection.
+
+Every release that someone waits for is a message to every process subscribed to the
+name, so each waiting process reads one per release. redis-py reads each through its retry
+layer (which reconnects and subscribes again without saying so), its observability hooks
+and its handler dispatch; here a message is read from the connection and returned as the
+same dict, and anything else (subscription answers, PONGs, a handler's channel, a
+connection with redis-py's own health check) takes redis-py's path. A read that fails
+raises at once: the notifier replaces the session and tells its waiters that a release may
+have been missed, which is what a silent reconnection would have hidden.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from redis.asyncio.client import PubSub
+
+__all__ = ("PubSubSession",)
+
+_MESSAGE = (b"message", "message")
+"""A plain subscription's message, as bytes or decoded (`decode_responses=True`)."""
+
+
+class PubSubSession(PubSub):
+    """redis-py's `PubSub`, reading a plain subscription's messages itself (see above)."""
+
+    async def get_message(
+        self, ignore_subscribe_messages: bool = False, timeout: float | None = 0.0
+    ) -> dict[str, Any] | None:
+        """The next message, or None if none came within `timeout` seconds.
+
+        Cancellation:
+            A read cancelled midway closes the connection (nothing half-read is left on
+            it); a read that timed out leaves it as it was.
+        """
+        connection: Any = self.connection  # (None until the first subscription)
+        if (
+            timeout is None
+            or connection is None
+            or not connection.is_connected
+            or connection.health_check_interval
+        ):
+            message: dict[str, Any] | None = await super().get_message(
+                ignore_subscribe_messages=ignore_subscribe_messages, timeout=timeout
+            )
+            return message
+        response: Any = await connection.read_response(
+            timeout=timeout, disconnect_on_error=True, push_request=True
+        )
+        if response is None:
+            return None
+        if (
+            isinstance(response, list)
+            and len(response) == 3
+            and response[0] in _MESSAGE
+            and self.channels.get(response[1]) is None
+        ):
+            return {"type": "message", "pattern": None, "channel": response[1], "data": response[2]}
+        handled: dict[str, Any] | None = await self.handle_message(  # type: ignore[no-untyped-call]
+            response, ignore_subscribe_messages
+        )
+        return handled

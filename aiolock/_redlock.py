@@ -1,0 +1,431 @@
+"""`Redlock`: one lease over N independent Redis servers, held while a quorum holds it.
+
+Its keys and scripts (`_redlock_scripts`) on each node; the quorum's calls and votes are
+`_quorum`'s; the acquisition, the lease, the watchdog and the events are the engine's, as
+for every primitive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, Unpack, final
+
+from ._clients import AsyncClient, check_client, is_cluster
+from ._config import check_name, check_seconds
+from ._engine import Call, Primitive
+from ._info import HOST, PID, LockInfo, text
+from ._layout import LockKeys
+from ._lease import Lease
+from ._options import LockOptions, lock_config
+from ._primitive import UNSET, Unset
+from ._quorum import Quorum, QuorumBackend
+from ._redlock_scripts import RL_ACQUIRE, RL_RELEASE
+from ._runtime import Runtime, runtime_for
+from ._scripts import INSPECT, RENEW, RESUME, release_args
+from ._watchdog import RenewalEntry
+from .errors import BackendError, ConfigError, QuorumError
+
+__all__ = ("Redlock", "RedlockInfo", "RedlockNode", "check_clients")
+
+PROPOSAL_LEAD_US: Final = 100_000
+"""How far ahead of this machine's clock (us) the fencing token an acquire proposes is:
+more than the usual skew between the servers' clocks (at most half the ttl)."""
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RedlockNode:
+    """What one node of a `Redlock` says. Added in 0.3."""
+
+    node: str
+    """The node, as "host:port"."""
+    holder: LockInfo | None
+    """Who holds the name on this node (None: nobody, or the node did not answer)."""
+    error: str | None = None
+    """Why the node could not be read (None: it answered)."""
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RedlockInfo:
+    """A `Redlock`'s state on each of its nodes, and the quorum's view. Added in 0.3."""
+
+    name: str
+    holder: LockInfo | None
+    """The holder of a quorum of the nodes (its fencing token the one agreed), or None if
+    no one holds a quorum (a lease being acquired or lost, or a minority left held)."""
+    quorum: int
+    """How many nodes must agree (N // 2 + 1)."""
+    nodes: tuple[RedlockNode, ...]
+
+    @property
+    def holders(self) -> tuple[LockInfo, ...]:
+        """The holder of a quorum, as a one-element tuple (empty if none)."""
+        return () if self.holder is None else (self.holder,)
+
+    @property
+    def waiting(self) -> int:
+        """Always 0: waiters of a Redlock are not recorded on its nodes."""
+        return 0
+
+    @property
+    def free(self) -> int:
+        """1 if no one holds a quorum, else 0."""
+        return 0 if self.holder is not None else 1
+
+
+@final
+class Redlock(Primitive):
+    """A lock held on a quorum (N // 2 + 1) of N independent Redis servers: it survives the
+    loss, the freeze or the restart of a minority of them.
+
+    ```python
+    async with Redlock([redis_a, redis_b, redis_c], "orders:42", ttl=10) as lease:
+        await db.write(..., fence=lease.fencing_token)
+    ```
+
+    Every call goes to every node at once and is decided as soon as a quorum for or
+    against is known, so a slow or frozen minority costs nothing. The lease's validity is
+    the ttl, minus the time since the acquire was sent, minus `drift`; it is renewed by
+    the watchdog (one call per node per batch), and counts as renewed once a quorum
+    confirmed it; a node that lost the key (restarted empty) while the quorum holds it
+    gets it back at the next renewal. A quorum answering "not the owner" (or no quorum
+    before the deadline) is a loss, which cancels the body of `async with`, as for `Lock`.
+
+    Its fencing tokens increase across the quorum: the token is agreed in a second round
+    trip (the highest counter of the granting nodes, written back to every node), and the
+    lease is handed out only once a quorum acknowledged it. See the documentation's
+    Fencing over a quorum.
+
+    Waiters hear releases from every node and try again at once; the tasks of one process
+    are served in the order they called, but there is no order across processes.
+
+    Args:
+        clients: `redis.asyncio.Redis` clients (or valkey-py's) of independent servers (no
+            replication between them), at least one, none twice; 3 or 5 is usual.
+        name: the lock's name, as `Lock`'s.
+        node_timeout: seconds each node's call may take (0.001 to half the ttl); default
+            None: a tenth of the ttl.
+        drift: seconds subtracted from a lease's validity for clock drift (0 to half the
+            ttl); default None: 1 % of the ttl plus 2 ms.
+        options: `LockOptions` (`ttl`, `renew`, `renew_interval`, `timeout`, `max_hold`,
+            `prefix`, `retain`); `hold_stats` and `replicas` are not taken.
+
+    Raises:
+        TypeError: a wrong type (a cluster client, a client given twice, ...), or an
+            unknown keyword.
+        ConfigError: a value out of range; the message names the argument and the range.
+
+    Not offered: `acquire(token=...)`, a token chosen by the caller (a refused attempt is
+    given back on every node with an abort that forbids its token); `resume(token)` and
+    `release_token(token)` work as for `Lock`.
+
+    Added in 0.3.
+    """
+
+    __slots__ = ("_clients_held", "_keys", "_quorum")
+
+    _release_script = RL_RELEASE
+    _renew_kind = "r"
+
+    def __init__(
+        self,
+        clients: Sequence[AsyncClient],
+        name: str,
+        *,
+        node_timeout: float | None = None,
+        drift: float | None = None,
+        **options: Unpack[LockOptions],
+    ) -> None:
+        checked = check_clients(clients)
+        checked_name = check_name(name)
+        for refused in ("hold_stats", "replicas", "replica_timeout"):
+            if options.get(refused):
+                raise ConfigError(
+                    f"Redlock() does not take {refused} (a Redlock's safety comes from its "
+                    f"quorum of independent servers)",
+                    argument=refused,
+                    value=options.get(refused),
+                )
+        config = lock_config("Redlock()", options)
+        half = config.ttl / 2
+        if drift is not None:
+            drift = check_seconds("drift", drift, minimum=0.0, maximum=half)
+            config = dataclasses.replace(config, drift=drift)
+        if node_timeout is None:
+            node_timeout = config.ttl / 10
+        else:
+            node_timeout = check_seconds("node_timeout", node_timeout, minimum=0.001, maximum=half)
+        self._clients_held = checked  # the quorum holds them weakly
+        quorum = self._quorum = Quorum.of(checked, node_timeout)
+        keys = self._keys = LockKeys.build(config.prefix, checked_name, "rl:")
+        super().__init__(
+            quorum,
+            checked_name,
+            config,
+            key=keys.lock,
+            channel=keys.channel,
+            release_keys=(keys.lock, keys.channel),
+        )
+
+    @property
+    def key(self) -> str:
+        """The Redis key that exists on each node while the lock is held there."""
+        return self._keys.lock
+
+    @property
+    def quorum(self) -> int:
+        """How many nodes must agree: N // 2 + 1."""
+        return self._quorum.quorum
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The nodes, as "host:port", in the order of the clients given."""
+        return self._quorum.names
+
+    def __repr__(self) -> str:
+        held = len(self._held)
+        n = len(self._quorum.clients)
+        return f"<Redlock {self._name!r} ttl={self._config.ttl:g}s nodes={n} held_here={held}>"
+
+    # ----------------------------------------------------------------- the engine's calls
+    async def acquire(
+        self, *, timeout: float | Unset | None = UNSET, token: str | None = None
+    ) -> Lease:
+        """Wait for a quorum of the nodes and return the `Lease` (see `Lock.acquire`).
+
+        Raises:
+            AcquireTimeoutError: it stayed held by others for the whole timeout.
+            QuorumError: too many nodes were unreachable or failed for a quorum, for or
+                against, to be known (raised within the timeout); what was granted has been
+                given back.
+            BackendError: Redis refused the command.
+            TypeError: a `token` was given (not offered by Redlock).
+
+        Cancellation:
+            As for `Lock.acquire`: a cancelled acquire is given back on every node, under a
+            shield.
+        """
+        if token is not None:
+            raise TypeError(
+                "Redlock.acquire() does not take a token: a refused attempt is given back "
+                "on every node with an abort that forbids its token"
+            )
+        return await super().acquire(timeout=timeout)
+
+    def _acquire_call(
+        self, token: str, task: str, queue: tuple[str, int, str] | None, claims: Sequence[str]
+    ) -> Call:
+        config = self._config
+        # A proposed token a little ahead of the clocks: the nodes that grant it issue this
+        # same token (unless their counters are further ahead), and the quorum then agrees
+        # on it without a second round trip. The lead stays within half the ttl, so that
+        # a node restarted empty after the ttl (the delayed restart) issues higher tokens.
+        lead_us = min(PROPOSAL_LEAD_US, config.ttl_ms * 500)
+        proposal = time.time_ns() // 1000 + lead_us
+        args: list[str | int] = [token, config.ttl_ms, f"{HOST} {PID} {task}"]
+        args += (config.abort_retain_ms, proposal)
+        return RL_ACQUIRE, self._release_keys, args
+
+    def _release_call(
+        self,
+        *,
+        token: str = "",
+        retain_ms: int | None = None,
+        held_ms: int | None = None,
+        renewed: bool = True,
+        abort: bool = False,
+        forced: bool = False,
+        look_at_queue: bool = False,
+        withdraw: str = "",
+        join: tuple[str, str, int] | None = None,
+        claims: Sequence[str] = (),
+    ) -> Call:
+        """RL_RELEASE (no queue on the nodes: what concerns one is left out)."""
+        args = release_args(token=token, retain_ms=retain_ms, abort=abort, forced=forced)
+        return RL_RELEASE, self._release_keys, args
+
+    def _renew_call(self, token: str, ttl_ms: int) -> Call:
+        return RENEW, (self._key,), [token, ttl_ms, self._renew_kind]
+
+    def _resume_call(self, token: str, ttl_ms: int) -> Call:
+        """RESUME of a lock's state (each node holds it as a lock does)."""
+        return RESUME, (self._key,), [token, ttl_ms, ""]
+
+    def _renewal_entry(
+        self,
+        ref: object,
+        *,
+        token: str,
+        fencing_token: int,
+        sent_at: float,
+        due: float,
+        runtime: Runtime,
+    ) -> RenewalEntry:
+        """The engine's entry, its kind carrying the fencing token: a node that lost the
+        key gets it back, with this token, at the next renewal."""
+        entry = super()._renewal_entry(
+            ref,  # type: ignore[arg-type]
+            token=token,
+            fencing_token=fencing_token,
+            sent_at=sent_at,
+            due=due,
+            runtime=runtime,
+        )
+        entry.kind = f"{self._renew_kind}{fencing_token}"
+        return entry
+
+    async def _withdraw(self, *args: object, **kwargs: object) -> None:
+        """Nothing to withdraw: waiters are not queued on the nodes."""
+
+    # ----------------------------------------------------------------- inspection
+    async def locked(self) -> bool:
+        """Whether an acquire now would be refused: held (by anyone) on more nodes than
+        a quorum allows free. One round trip to each node.
+
+        Raises:
+            QuorumError: fewer than a quorum of nodes could be read.
+        """
+        info = await self._read()
+        held = sum(1 for node in info.nodes if node.holder is not None)
+        return held > len(info.nodes) - info.quorum
+
+    async def info(self) -> RedlockInfo | None:
+        """Each node's holder and the quorum's, or None if no node holds it. One round
+        trip to each node, at once.
+
+        Raises:
+            QuorumError: fewer than a quorum of nodes could be read.
+        """
+        info = await self._read()
+        if all(node.holder is None for node in info.nodes):
+            return None
+        return info
+
+    async def force_release(self) -> LockInfo | None:
+        """Evict the holder of the most nodes (a stuck lock), token-guarded on each node, as
+        `Lock.force_release`. The evicted holder's watchdog finds out at its next renewal.
+
+        Returns:
+            The evicted holder, or None if nothing was released.
+
+        Raises:
+            QuorumError: fewer than a quorum of nodes could be read or answered.
+        """
+        info, tokens = await self._read_tokens()
+        if not tokens:
+            return None
+        token = Counter(tokens.values()).most_common(1)[0][0]
+        holder = _quorum_holder(list(info.nodes), tokens, 1, token)
+        runtime = runtime_for(self._client)
+        call = self._release_call(token=token, forced=True)
+        reply = await self._run_release(runtime, call, timeout=5.0)
+        return holder if reply.status == 1 else None
+
+    async def _read(self) -> RedlockInfo:
+        return (await self._read_tokens())[0]
+
+    async def _read_tokens(self) -> tuple[RedlockInfo, dict[int, str]]:
+        """Every node's state (read at once), and the token held on each node that holds."""
+        backend = runtime_for(self._client).backend
+        assert isinstance(backend, QuorumBackend)
+        keys = self._keys
+        bound = max(self._quorum.node_timeout, 1.0)
+        answers = await asyncio.gather(
+            *(
+                node.run(
+                    INSPECT,
+                    (keys.lock, keys.queue, keys.waiters),
+                    [],
+                    timeout=bound,
+                    operation="inspect",
+                    name=self._name,
+                )
+                for node in backend.nodes
+            ),
+            return_exceptions=True,
+        )
+        nodes: list[RedlockNode] = []
+        tokens: dict[int, str] = {}
+        for index, (name, answer) in enumerate(zip(self._quorum.names, answers, strict=True)):
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, BackendError):
+                    raise answer
+                nodes.append(RedlockNode(node=name, holder=None, error=str(answer)))
+                continue
+            pttl, raw = answer[0], answer[1]
+            fields = {text(k): text(v) for k, v in zip(raw[::2], raw[1::2], strict=True)}
+            holder = LockInfo.from_fields(self._name, fields, int(pttl))
+            if holder is not None:
+                tokens[index] = fields["token"]
+            nodes.append(RedlockNode(node=name, holder=holder))
+        answered = sum(1 for node in nodes if node.error is None)
+        quorum = self._quorum.quorum
+        if answered < quorum:
+            said = {node.node: node.error or "ok" for node in nodes}
+            raise QuorumError(
+                f"inspect of {self._name!r}: {answered} of {len(nodes)} nodes answered, "
+                f"{quorum} needed",
+                operation="inspect",
+                name=self._name,
+                quorum=quorum,
+                nodes=said,
+            )
+        return RedlockInfo(
+            name=self._name,
+            holder=_quorum_holder(nodes, tokens, quorum),
+            quorum=quorum,
+            nodes=tuple(nodes),
+        ), tokens
+
+
+def _quorum_holder(
+    nodes: list[RedlockNode], tokens: dict[int, str], quorum: int, token: str | None = None
+) -> LockInfo | None:
+    """The holder of a quorum of the nodes (of `token`, else of the token most nodes hold),
+    with the fencing token most of its nodes hold; None if it holds fewer than `quorum`."""
+    if not tokens:
+        return None
+    counts = Counter(tokens.values())
+    token = token or counts.most_common(1)[0][0]
+    if counts[token] < quorum:
+        return None
+    held = [nodes[i].holder for i, t in tokens.items() if t == token]
+    fences = Counter(h.fencing_token for h in held if h is not None)
+    fence = fences.most_common(1)[0][0]
+    return next(h for h in held if h is not None and h.fencing_token == fence)
+
+
+def check_clients(clients: object) -> tuple[AsyncClient, ...]:
+    """The clients of a Redlock: a non-empty sequence of clients of one server each, none
+    given twice."""
+    if isinstance(clients, (str, bytes)) or not isinstance(clients, Sequence):
+        raise TypeError(
+            "clients must be a sequence (a list or tuple) of redis.asyncio.Redis clients of "
+            f"independent servers, got {type(clients).__name__}"
+        )
+    if not clients:
+        raise ConfigError(
+            "clients must hold at least one client (3 or 5 independent servers is usual)",
+            argument="clients",
+            value=clients,
+        )
+    checked = tuple(check_client(client) for client in clients)
+    for client in checked:
+        if is_cluster(client):
+            raise TypeError(
+                "clients must be clients of one server each (redis.asyncio.Redis), not "
+                "a cluster client: a Redlock's nodes are independent servers"
+            )
+    if len({id(client) for client in checked}) != len(checked):
+        raise ConfigError(
+            "clients must not hold the same client twice (each node would vote twice)",
+            argument="clients",
+            value=clients,
+        )
+    return checked

@@ -1,0 +1,643 @@
+"""Redlock on five real servers: the quorum's acquire, fencing, renewal, release, waiting."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import redis.asyncio
+
+from aiolock import (
+    AcquireTimeoutError,
+    Busy,
+    ConfigError,
+    EventKind,
+    Lease,
+    LeaseLostError,
+    LockEvent,
+    LossReason,
+    OnceStatus,
+    QuorumError,
+    Redlock,
+    add_listener,
+    locked,
+    run_once,
+)
+from aiolock._info import text
+from aiolock._layout import LockKeys
+from aiolock._quorum import Quorum, QuorumBackend
+from aiolock._redlock_scripts import RL_ACQUIRE, RL_RELEASE
+from aiolock._runtime import _runtimes, runtime_for
+
+from ..load import scaled
+from ..servers import RedisServer, ServerBinary
+from ..waits import eventually, until_cancelled, within
+
+NODES = 5
+
+
+@pytest.fixture(scope="module")
+def servers(binaries: list[ServerBinary]) -> Iterator[list[RedisServer]]:
+    """Five independent servers, shared by this module's tests (each test uses names of
+    its own, and resumes what it pauses)."""
+    started: list[RedisServer] = []
+    try:
+        started.extend(RedisServer(binaries[0]).start() for _ in range(NODES))
+        yield started
+    finally:
+        for server in started:
+            server.stop()
+
+
+@pytest.fixture
+async def nodes(servers: list[RedisServer]) -> AsyncIterator[list[redis.asyncio.Redis]]:
+    clients = [redis.asyncio.Redis.from_url(server.url) for server in servers]
+    try:
+        yield clients
+    finally:
+        await quorum_calls_ended(clients)
+        for client in clients:
+            await client.aclose()
+
+
+async def quorum_calls_ended(clients: list[redis.asyncio.Redis]) -> None:
+    """Wait for the calls a quorum decided without (a slow node's, a late one's) to end:
+    each ends within its node timeout."""
+    backends = [
+        runtime.backend
+        for owner, runtime in list(_runtimes.items())
+        if isinstance(owner, Quorum) and any(owner.uses(client) for client in clients)
+    ]
+    await eventually(
+        lambda: not any(isinstance(b, QuorumBackend) and b._background for b in backends),
+        what="the calls left to the slower nodes ended",
+    )
+
+
+def key_of(name: str) -> str:
+    return LockKeys.build("aiolock", name, "rl:").lock
+
+
+async def fields(client: redis.asyncio.Redis, name: str) -> dict[str, str]:
+    raw = await client.hgetall(key_of(name))
+    return {text(k): text(v) for k, v in raw.items()}
+
+
+async def holders(nodes: list[redis.asyncio.Redis], name: str) -> list[str | None]:
+    """The token each node holds the name under (None: not held there)."""
+    return [(await fields(node, name)).get("token") for node in nodes]
+
+
+@contextlib.contextmanager
+def paused(server: RedisServer) -> Iterator[None]:
+    server.pause()
+    try:
+        yield
+    finally:
+        server.resume()
+
+
+async def test_async_with_holds_every_node_and_releases_them(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    lock = Redlock(nodes, name, ttl=5)
+    assert lock.quorum == 3 and len(lock.nodes) == NODES
+    assert not await lock.locked() and await lock.info() is None
+    async with lock as lease:
+        # The fencing token agreed by the quorum is written back to every node.
+        await eventually(
+            lambda: _all_hold(nodes, name, lease.token),
+            what="every node holds the lease (the slowest one answers last)",
+        )
+        await eventually(
+            lambda: _all_fenced(nodes, name, lease.fencing_token),
+            what="every node holds the agreed fencing token (a node that granted late, with "
+            "its own clock, gets the agreed one at the next renewal)",
+        )
+        assert await lock.locked()
+        info = await lock.info()
+        assert info is not None and info.holder is not None
+        assert info.holder.fencing_token == lease.fencing_token and info.free == 0
+        assert [n.holder is not None for n in info.nodes] == [True] * NODES
+    assert lease.released
+    await eventually(
+        lambda: _none_hold(nodes, name), what="every node released (the last in the background)"
+    )
+    assert not await lock.locked()
+
+
+async def _all_hold(nodes: list[redis.asyncio.Redis], name: str, token: str) -> bool:
+    return await holders(nodes, name) == [token] * len(nodes)
+
+
+async def _all_fenced(nodes: list[redis.asyncio.Redis], name: str, fence: int) -> bool:
+    return [int((await fields(node, name)).get("fence", -1)) for node in nodes] == [fence] * len(
+        nodes
+    )
+
+
+async def _none_hold(nodes: list[redis.asyncio.Redis], name: str) -> bool:
+    return await holders(nodes, name) == [None] * len(nodes)
+
+
+async def test_fencing_tokens_increase_across_different_majorities(
+    servers: list[RedisServer], nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    """The counter-example of the maximum over each majority's counters: node 0 far
+    ahead. The first lease is granted by {0, 1} (node 2 frozen), the next by {1, 2} (node 0
+    frozen): without the agreed token written back to node 1, the second would be lower."""
+    three = nodes[:3]
+    ahead = 4 * 10**15  # far ahead of the clocks, yet exact in Lua (below 2**53)
+    await three[0].hset(key_of(name), mapping={"n": ahead, "fence": ahead})
+    with paused(servers[2]):
+        async with Redlock(three, name, ttl=5, node_timeout=1) as first:
+            pass
+    assert first.fencing_token > ahead
+    with paused(servers[0]):
+        async with Redlock(three, name, ttl=5, node_timeout=1) as second:
+            pass
+    assert second.fencing_token > first.fencing_token
+
+
+async def test_a_busy_lock_names_its_holder_and_times_out(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    async with Redlock(nodes, name, ttl=10) as lease:
+        other = Redlock(nodes, name, ttl=10)
+        busy = await other.try_acquire_or_busy()
+        assert isinstance(busy, Busy)
+        assert busy.holder is not None and busy.holder.fencing_token == lease.fencing_token
+        assert busy.retry_after is not None and 0 < busy.retry_after <= 10
+        with pytest.raises(AcquireTimeoutError) as caught:
+            await asyncio.create_task(other.acquire(timeout=0.2))  # another task waits
+        assert caught.value.holder is not None
+        assert await other.try_acquire() is None
+    # Nothing of the refused attempts is left on any node.
+    await eventually(lambda: _none_hold(nodes, name), what="every node released")
+
+
+async def test_a_refused_attempt_is_given_back_where_it_was_granted(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    """Held on three of five nodes: the attempt over five is granted by the two others,
+    refused by the quorum, and given back on those two."""
+    async with Redlock(nodes[:3], name, ttl=10) as lease:
+        assert await Redlock(nodes, name, ttl=10).try_acquire() is None
+        # (A node that had not answered when the quorum refused gets it in the background.)
+        await eventually(
+            lambda: _holders_are(nodes, name, [lease.token] * 3 + [None, None]),
+            what="the two grants given back",
+        )
+
+
+async def _holders_are(
+    nodes: list[redis.asyncio.Redis], name: str, tokens: list[str | None]
+) -> bool:
+    return await holders(nodes, name) == tokens
+
+
+async def test_a_waiter_is_woken_by_the_release_not_by_the_expiry(
+    servers: list[RedisServer],
+    nodes: list[redis.asyncio.Redis],
+    name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    lock = Redlock(nodes, name, ttl=30)
+    holding = await lock.acquire()
+    # The waiter's clients are another process's: its release is not seen here directly.
+    elsewhere = [redis.asyncio.Redis.from_url(server.url) for server in servers]
+    waiting = Redlock(elsewhere, name, ttl=30)
+    answered = 0
+    attempt = Redlock._attempt
+
+    async def counted(self: Redlock, *args: Any, **kwargs: Any) -> Any:
+        nonlocal answered
+        try:
+            return await attempt(self, *args, **kwargs)
+        finally:
+            answered += self is waiting
+
+    monkeypatch.setattr(Redlock, "_attempt", counted)
+    waiter = asyncio.create_task(waiting.acquire(timeout=20))
+    # Its first attempt is refused (and marks the state: the release will announce
+    # itself); its next comes once it has subscribed, and is refused too; then it sleeps
+    # until the key would expire, unless a release's message wakes it.
+    notifier = runtime_for(waiting._quorum).notifier
+    await eventually(
+        lambda: answered >= 2 and notifier.is_subscribed(waiting._channel),
+        what="the waiter subscribed, and its attempt after subscribing answered",
+    )
+    assert sum([await _marked(node, name) for node in nodes]) >= lock.quorum
+    loop = asyncio.get_running_loop()
+    released_at = loop.time()
+    await holding.release()
+    lease = await within(waiter, what="the waiter, woken by the release")
+    # Without the release's message the waiter would sleep until the key's expiry (30 s).
+    assert loop.time() - released_at < scaled(5.0)
+    assert lease.fencing_token > holding.fencing_token
+    await lease.release()
+    await quorum_calls_ended(elsewhere)
+    for client in elsewhere:
+        await client.aclose()
+
+
+async def _marked(node: redis.asyncio.Redis, name: str) -> bool:
+    return "w" in await fields(node, name)
+
+
+async def test_tasks_contending_get_it_one_at_a_time_with_increasing_tokens(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    inside = 0
+    tokens: list[int] = []
+
+    async def worker() -> None:
+        nonlocal inside
+        for _ in range(10):
+            # Each node's call may take 2 s (the default, half a second, is less than a
+            # loaded machine's stalls): this test is about the order, not the timing.
+            async with Redlock(nodes, name, ttl=5, timeout=scaled(30), node_timeout=2.0) as lease:
+                inside += 1
+                assert inside == 1
+                tokens.append(lease.fencing_token)
+                await asyncio.sleep(0.001)
+                inside -= 1
+
+    await within(
+        asyncio.gather(*(worker() for _ in range(6))), what="60 sections", timeout=scaled(60)
+    )
+    assert len(tokens) == 60 and tokens == sorted(tokens) and len(set(tokens)) == 60
+
+
+async def test_renewal_keeps_the_lease_and_gives_a_node_its_key_back(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    ttl = scaled(0.6)
+    # Each node's call may take half the ttl (a loaded machine), and the connections are open.
+    lock = Redlock(nodes, name, ttl=ttl, node_timeout=ttl / 2)
+    await (await lock.acquire()).release()
+    async with lock as lease:
+        await eventually(lambda: _all_hold(nodes, name, lease.token), what="every node holds")
+        await nodes[4].delete(key_of(name))  # as if the node had restarted empty
+        await eventually(
+            lambda: _all_hold(nodes, name, lease.token),
+            what="the node lost the key and got it back at the next renewal",
+            timeout=scaled(5.0),
+        )
+        assert int((await fields(nodes[4], name))["fence"]) == lease.fencing_token
+        assert int((await fields(nodes[4], name))["n"]) >= lease.fencing_token
+        await asyncio.sleep(2 * ttl)
+        assert lease.held
+
+
+async def test_a_node_held_by_another_token_is_not_taken_by_the_renewal(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    ttl = scaled(0.6)
+    # Each node's call may take half the ttl (a loaded machine), and the connections are open.
+    lock = Redlock(nodes, name, ttl=ttl, node_timeout=ttl / 2)
+    await (await lock.acquire()).release()
+    async with lock as lease:
+        await eventually(lambda: _all_hold(nodes, name, lease.token), what="every node holds")
+        await nodes[4].hset(key_of(name), "token", "someone-else")
+        await nodes[4].pexpire(key_of(name), 60_000)  # (no longer renewed here)
+        await asyncio.sleep(scaled(0.6))
+        assert (await fields(nodes[4], name))["token"] == "someone-else"
+        assert lease.held  # four nodes still renew it
+
+
+async def test_a_quorum_saying_not_the_owner_loses_the_lease(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    ttl = scaled(0.6)
+    # Each node's call may take half the ttl (a loaded machine), and the connections are open.
+    lock = Redlock(nodes, name, ttl=ttl, node_timeout=ttl / 2)
+    await (await lock.acquire()).release()
+    with pytest.raises(LeaseLostError) as caught:
+        async with lock as lease:
+            await eventually(lambda: _all_hold(nodes, name, lease.token), what="every node")
+            for node in nodes[:3]:
+                await node.hset(key_of(name), "token", "someone-else")
+            await until_cancelled(what="the lease's loss")
+    assert caught.value.reason is LossReason.NOT_OWNER
+
+
+async def test_a_frozen_node_does_not_delay_the_answers(
+    servers: list[RedisServer], nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    """Each node's call may take 45 % of the ttl: an acquire and a release that waited for
+    the frozen node would take that long each, and a renewal that did would be late."""
+    ttl, slack = scaled(1.0), scaled(0.4)
+    lock = Redlock(nodes, name, ttl=ttl, node_timeout=0.45 * ttl)
+    await (await lock.acquire()).release()  # connections open
+    await quorum_calls_ended(nodes)  # (released on the fifth node too)
+    loop = asyncio.get_running_loop()
+    with paused(servers[0]):
+        started = loop.time()
+        async with lock as lease:
+            await asyncio.sleep(ttl * 1.2)  # renewed meanwhile, by four nodes
+            assert lease.held
+        assert loop.time() - started < ttl * 1.2 + slack
+
+
+async def test_cancelled_acquires_leave_nothing_held(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    lock = Redlock(nodes, name, ttl=10)
+    await (await lock.acquire()).release()
+    for turn in range(8):
+        task = asyncio.create_task(lock.acquire())
+        for _ in range(turn):
+            await asyncio.sleep(0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            lease = await task
+            await lease.release()
+    await eventually(lambda: _none_hold(nodes, name), what="every cancelled acquire given back")
+
+
+async def test_too_many_failing_nodes_is_a_quorum_error(
+    binaries: list[ServerBinary], name: str
+) -> None:
+    servers = [RedisServer(binaries[0]).start() for _ in range(3)]
+    clients = [redis.asyncio.Redis.from_url(server.url) for server in servers]
+    try:
+        servers[1].kill()
+        servers[2].kill()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(QuorumError) as caught:
+            await Redlock(clients, name, ttl=5, timeout=2).acquire()
+        assert loop.time() - started < 2 + scaled(1.0)
+        error = caught.value
+        assert error.quorum == 2 and len(error.nodes) == 3
+        said = sorted(said.split(":")[0] for said in error.nodes.values())
+        assert said in (["error", "error", "ok"], ["error", "error", "not awaited"])
+        await eventually(
+            lambda: _holders_are(clients[:1], name, [None]), what="the one grant given back"
+        )
+    finally:
+        await quorum_calls_ended(clients)
+        for client in clients:
+            await client.aclose()
+        for server in servers:
+            server.stop()
+
+
+async def test_force_release_evicts_the_quorum_holder(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    lock = Redlock(nodes, name, ttl=10)
+    with pytest.raises(LeaseLostError):
+        async with lock as lease:
+            evicted = await Redlock(nodes, name).force_release()
+            assert evicted is not None and evicted.fencing_token == lease.fencing_token
+            assert await _none_hold(nodes, name)
+            await lease.extend()
+    assert await Redlock(nodes, name).force_release() is None
+
+
+async def test_events_report_a_redlock_as_a_lock(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    seen: list[LockEvent] = []
+    remove = add_listener(seen.append)
+    try:
+        async with Redlock(nodes, name, ttl=5) as lease:
+            pass
+    finally:
+        remove()
+    kinds = [event.kind for event in seen if event.name == name]
+    assert kinds[:1] == [EventKind.ACQUIRED] and EventKind.RELEASED in kinds
+    assert seen[0].fencing_token == lease.fencing_token
+
+
+async def test_bad_input_is_refused_before_anything_is_sent(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    with pytest.raises(TypeError, match="sequence"):
+        Redlock(nodes[0], name)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="at least one"):
+        Redlock([], name)
+    with pytest.raises(ConfigError, match="twice"):
+        Redlock([nodes[0], nodes[0]], name)
+    with pytest.raises(ConfigError, match="node_timeout"):
+        Redlock(nodes, name, ttl=1, node_timeout=0.6)
+    with pytest.raises(ConfigError, match="drift"):
+        Redlock(nodes, name, ttl=1, drift=-1)
+    with pytest.raises(ConfigError, match="replicas"):
+        Redlock(nodes, name, replicas=1)
+    with pytest.raises(ConfigError, match="hold_stats"):
+        Redlock(nodes, name, hold_stats=True)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        Redlock(nodes, name, tll=1)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="token"):
+        await Redlock(nodes, name).acquire(token="a" * 32)
+    assert await holders(nodes, name) == [None] * NODES
+
+
+async def test_locked_takes_the_clients_of_a_redlock(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    seen: list[list[str | None]] = []
+
+    @locked(nodes, name + ":{order}", on_busy="raise", timeout=5)
+    async def ship(lease: Lease, order: int) -> int:
+        seen.append(await holders(nodes, f"{name}:{order}"))
+        return lease.fencing_token
+
+    token = await ship(7)
+    assert seen[0].count(None) <= NODES - 3  # held by a quorum at least, under one token
+    assert len({held for held in seen[0] if held is not None}) == 1
+    assert token > 0
+    with pytest.raises(ConfigError, match="hold_stats"):
+        locked(nodes, name, on_busy="raise", timeout=1, hold_stats=True)
+
+
+async def test_run_once_over_a_redlock_marks_the_job_done_on_every_node(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    runs: list[int] = []
+
+    async def job(lease: Lease) -> int:
+        runs.append(lease.fencing_token)
+        return len(runs)
+
+    first = await run_once(nodes, name, job, retention=60)
+    again = await run_once(nodes, name, job, retention=60)
+    assert first.status is OnceStatus.RAN and first.value == 1
+    assert again.status is OnceStatus.ALREADY_DONE and len(runs) == 1
+    assert again.marker is not None and again.marker.fencing_token == runs[0]
+    done_key = key_of("once:" + name) + ":done"
+    assert [await node.exists(done_key) for node in nodes] == [1] * NODES
+
+
+async def test_a_release_refused_by_a_quorum_is_a_lost_lease(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    lease = await Redlock(nodes, name, ttl=10).acquire()
+    await eventually(lambda: _all_hold(nodes, name, lease.token), what="every node holds")
+    for node in nodes[:3]:
+        await node.hset(key_of(name), "token", "someone-else")
+    with pytest.raises(LeaseLostError):
+        await lease.release()
+    # The two nodes still held under the token were released all the same.
+    await eventually(
+        lambda: _holders_are(nodes, name, ["someone-else"] * 3 + [None, None]),
+        what="the two nodes the lease still held released",
+    )
+
+
+async def test_redlocks_made_per_request_share_one_runtime(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    """A Redlock per request, as a Lock per request: the quorum (its watchdog, its pub/sub
+    sessions) lives with the clients, not with the Redlock objects."""
+    first = Redlock(nodes, name)
+    quorum = first._quorum
+    del first
+    gc.collect()
+    assert Redlock(nodes, name + ":other")._quorum is quorum
+    assert Redlock(nodes, name, node_timeout=0.5)._quorum is not quorum
+    assert Redlock(list(reversed(nodes)), name)._quorum is not quorum
+
+
+async def test_a_node_that_granted_late_gets_the_agreed_fencing_token_at_the_next_renewal(
+    servers: list[RedisServer], nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    """A node that answers the acquire after the quorum decided, its clock past the proposed
+    token by then, issues a token of its own (higher); the next renewal gives it the agreed
+    one, and its counter stays where it was."""
+    lock = Redlock(nodes, name, ttl=scaled(3.0), node_timeout=scaled(1.0))
+    with paused(servers[4]):
+        lease = await lock.acquire()
+        # The proposal is 100 ms ahead of this clock: let the frozen node's clock pass it.
+        await asyncio.sleep(0.2)
+    await quorum_calls_ended(nodes)
+    late = await fields(nodes[4], name)
+    assert late["token"] == lease.token and int(late["fence"]) > lease.fencing_token
+    await eventually(
+        lambda: _all_fenced(nodes, name, lease.fencing_token),
+        what="the late node's fencing token corrected by a renewal",
+    )
+    assert int((await fields(nodes[4], name))["n"]) >= int(late["fence"])
+    await lease.release()
+
+
+async def test_another_process_resumes_the_lease_with_a_token_the_quorum_agrees_on(
+    servers: list[RedisServer], nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    lease = await Redlock(nodes, name, ttl=10).acquire()
+    # Every node has answered the acquire: a node that granted it after the quorum did
+    # (its own clock past the proposed token) is not read as refusing by the resume.
+    await quorum_calls_ended(nodes)
+    elsewhere = [redis.asyncio.Redis.from_url(server.url) for server in servers]
+    try:
+        resumed = await Redlock(elsewhere, name, ttl=10).resume(lease.token)
+        assert resumed.held and resumed.fencing_token >= lease.fencing_token
+        await quorum_calls_ended(elsewhere)  # (a fencing write the quorum decided without)
+        for node in nodes:
+            assert int((await fields(node, name))["fence"]) == resumed.fencing_token
+        await resumed.release()
+        with pytest.raises(LeaseLostError):
+            await Redlock(elsewhere, name, ttl=10).resume(lease.token)
+        await lease.release()  # released already, by the process that resumed it
+    finally:
+        await quorum_calls_ended(elsewhere)
+        for client in elsewhere:
+            await client.aclose()
+
+
+async def test_an_uncontended_cycle_is_one_call_per_node_each_way(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    """The proposed fencing token is the one every node issues: the quorum agrees on it
+    without writing it back (a second round trip)."""
+    lock = Redlock(nodes, name, ttl=10)
+    async with lock:
+        pass  # (scripts loaded)
+    await quorum_calls_ended(nodes)
+    for node in nodes:
+        await node.config_resetstat()
+    async with lock as lease:
+        pass
+    await quorum_calls_ended(nodes)
+    calls = [await _script_calls(node) for node in nodes]
+    assert calls == [2] * NODES  # the acquire, the release
+    assert lease.fencing_token > 0
+
+
+async def _script_calls(node: redis.asyncio.Redis) -> int:
+    stats = await node.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "eval"))
+
+
+async def test_a_frozen_node_is_not_sent_a_call_per_acquire(
+    servers: list[RedisServer], nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    """Once a node leaves a call unanswered while the others answer later ones, new calls
+    skip it (no connection and timer per call piling up) until it answers again."""
+    lock = Redlock(nodes, name, ttl=20)  # each node's call bounded by 2 s
+    await (await lock.acquire()).release()
+    await quorum_calls_ended(nodes)  # (released on the fifth node too)
+    backend = runtime_for(lock._client).backend
+    assert isinstance(backend, QuorumBackend)
+    frozen, healthy = backend._health[0], backend._health[1]
+    loop = asyncio.get_running_loop()
+    with paused(servers[0]):
+        before, healthy_before = frozen.sent, healthy.sent
+        until = loop.time() + 1.0  # (within the node timeout: no call of it ended)
+        while loop.time() < until:
+            async with lock:
+                pass
+        sent, healthy_sent = frozen.sent - before, healthy.sent - healthy_before
+    # The first calls go (until one has waited UNANSWERED_AFTER), then none while frozen.
+    assert sent < healthy_sent / 2, (sent, healthy_sent)
+    await eventually(lambda: not frozen.in_flight, what="the frozen node's calls ended")
+    async with lock:
+        pass
+    await eventually(lambda: frozen.answered > 0, what="the node answers again once resumed")
+
+
+async def test_a_release_that_overtakes_its_acquire_on_a_late_node_forbids_it(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    """The quorum decides without the slowest node: the release may reach that node on
+    another connection before the acquire does. The late acquire must not hold the key
+    there for a whole ttl under a token already released."""
+    node, key = nodes[0], key_of(name)
+    channel = LockKeys.build("aiolock", name, "rl:").channel
+    token = "ab" * 16
+    released = await node.eval(RL_RELEASE.source, 2, key, channel, token, "", "")
+    assert released[0] == 0
+    late = await node.eval(RL_ACQUIRE.source, 2, key, channel, token, 10_000, "h 1 t", 60_000, 0)
+    assert late == [-1, 0]
+    assert await holders([node], name) == [None]
+
+
+async def test_a_split_vote_is_not_held_up_by_a_node_that_stopped_answering(
+    servers: list[RedisServer], nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    """Two nodes grant, two are held by someone else, the fifth is frozen and its calls
+    have timed out: the refusal is known without waiting for the fifth's bound (2 s)."""
+    lock = Redlock(nodes, name, ttl=20)  # each node's call bounded by 2 s
+    await (await lock.acquire()).release()
+    await quorum_calls_ended(nodes)
+    loop = asyncio.get_running_loop()
+    with paused(servers[4]):
+        await (await lock.acquire()).release()  # granted by four; the fifth's call times out
+        backend = runtime_for(lock._client).backend
+        assert isinstance(backend, QuorumBackend)
+        frozen = backend._health[4]
+        await eventually(lambda: frozen.failed > frozen.answered, what="the call timed out")
+        for node in nodes[:2]:
+            await node.hset(key_of(name), mapping={"token": "someone-else", "fence": 1})
+            await node.pexpire(key_of(name), 60_000)
+        started = loop.time()
+        assert await lock.try_acquire() is None
+        assert loop.time() - started < 1.0  # not the fifth's 2 s
+    await quorum_calls_ended(nodes)
