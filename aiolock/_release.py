@@ -50,6 +50,10 @@ class Releasing(PrimitiveBase):
         was, or it expired (its hold did not end as the token holder's, whoever got it
         next). Waiters are served as by any release. One round trip.
 
+        The lease objects of this process renewed under `token` are lost at once (their
+        `release()` raises `LeaseLostError`); those of other processes learn it at their
+        next renewal, within their renewal interval.
+
         Raises:
             BackendError: Redis could not be reached or refused the command.
             ConfigError: `token` is not a valid token (nothing is sent).
@@ -65,6 +69,8 @@ class Releasing(PrimitiveBase):
             self._release_token(runtime, token, abort=False, timeout=ABORT_TIMEOUT * 5),
             timeout=ABORT_TIMEOUT * 5 + 0.5,
         )
+        if status != 0:
+            runtime.scheduler.released_by_token(self._key, token)
         return status != 0
 
     async def _abort(self, runtime: Runtime, token: str, *, timeout: float) -> None:
@@ -193,11 +199,14 @@ class Releasing(PrimitiveBase):
                 with contextlib.suppress(BackendError, TimeoutError):
                     await self._withdraw(runtime, queue, timeout=timeout)
                 return status
-        if fencing_token is not None:
+        if status == 1 or fencing_token is not None:
+            # A release by token does not know the fencing token it released: its token
+            # tells the release apart from others (and from its echo, which is only a nudge).
+            fence = f"t{token}" if fencing_token is None else str(fencing_token)
             if status == 1:
                 notifier.local_release(
                     channel,
-                    str(fencing_token),
+                    fence,
                     reply.handed_to,
                     granted=reply.granted,
                     seq=reply.seq,
@@ -207,7 +216,7 @@ class Releasing(PrimitiveBase):
                     after=reply.after,
                 )
             else:  # released earlier (the answer was lost) or not ours: it may be free
-                notifier.local_release(channel, str(fencing_token), "")
+                notifier.local_release(channel, fence, "")
         return status
 
     async def _release_lease(self, lease: Lease, *, timeout: float) -> bool:

@@ -114,6 +114,36 @@ async def test_another_process_resumes_or_releases_a_lease_by_its_token(
             await lease.release()
 
 
+async def test_a_release_by_token_serves_a_waiter_of_this_process_at_once(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    # The release joins this process's wait queue and grants to it straight away: the
+    # waiter takes that grant at once, not when it lapses (the ttl) or a poll comes round.
+    ttl = 30.0
+    token = secrets.token_hex(16)
+    holder = await Lock(client, name, ttl=ttl).acquire(token=token)
+    waiter = asyncio.create_task(Lock(client, name, ttl=ttl).acquire(timeout=2 * ttl))
+    try:
+
+        async def queued() -> bool:
+            return (await Lock(client, name).info()).waiting == 1
+
+        await eventually(queued, what="the waiter queued in Redis")
+        assert await Lock(client, name).release_token(token) is True
+        successor = await within(
+            asyncio.shield(waiter),
+            what="the waiter served by the release by token",
+            timeout=ttl / 3,
+        )
+        assert successor.fencing_token > holder.fencing_token
+        await successor.release()
+    finally:
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
+    with pytest.raises(LeaseLostError):
+        await holder.release()
+
+
 async def test_extend_to_a_new_ttl(client: redis.asyncio.Redis, name: str) -> None:
     key = LockKeys.build("aiolock", name).lock
     lease = await Lock(client, name, ttl=5).acquire()
