@@ -126,7 +126,8 @@ async def test_a_release_by_token_serves_a_waiter_of_this_process_at_once(
     try:
 
         async def queued() -> bool:
-            return (await Lock(client, name).info()).waiting == 1
+            info = await Lock(client, name).info()
+            return info is not None and info.waiting == 1
 
         await eventually(queued, what="the waiter queued in Redis")
         assert await Lock(client, name).release_token(token) is True
