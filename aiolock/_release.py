@@ -50,9 +50,9 @@ class Releasing(PrimitiveBase):
         was, or it expired (its hold did not end as the token holder's, whoever got it
         next). Waiters are served as by any release. One round trip.
 
-        The lease objects of this process renewed under `token` are lost at once (their
-        `release()` raises `LeaseLostError`); those of other processes learn it at their
-        next renewal, within their renewal interval.
+        A lease object held under `token` (here or in another process) finds the loss at
+        its next renewal; released before that, its `release()` reports the token's
+        release as its own (no error).
 
         Raises:
             BackendError: Redis could not be reached or refused the command.
@@ -69,8 +69,6 @@ class Releasing(PrimitiveBase):
             self._release_token(runtime, token, abort=False, timeout=ABORT_TIMEOUT * 5),
             timeout=ABORT_TIMEOUT * 5 + 0.5,
         )
-        if status != 0:
-            runtime.scheduler.released_by_token(self._key, token)
         return status != 0
 
     async def _abort(self, runtime: Runtime, token: str, *, timeout: float) -> None:

@@ -213,17 +213,6 @@ class RenewalScheduler:
             if self._sleeping_until is None or due < self._sleeping_until:
                 self._wake()
 
-    def released_by_token(self, key: str, token: str) -> None:
-        """The lease held in `key` under `token` was released by its token (not through a
-        lease object): the leases renewed here under it are lost at once, instead of at
-        their next renewal. O(leases renewed here); a release by token is rare."""
-        for _, _, entry in list(self._heap):
-            if entry.active and entry.key == key and entry.token == token:
-                self.remove(entry)
-                lease = entry.lease_ref()
-                if lease is not None:
-                    lease._not_owner()
-
     def abandon(self, entry: RenewalEntry) -> None:
         """The lease was garbage-collected while held: release its key in the background."""
         if entry.active:
