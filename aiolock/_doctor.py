@@ -23,7 +23,7 @@ from typing import Any, Final, Literal, final
 import redis.asyncio
 import redis.exceptions
 
-from . import _scripts
+from ._acl import ACL_LINE, OUTSIDE_SCRIPTS, acl_line, needed_commands
 from ._backend import Backend
 from ._clients import translate_errors
 from ._info import text
@@ -56,25 +56,6 @@ _SAFE_POLICY: Final = "noeviction"
 _MEMORY_WARNING_SHARE: Final = 0.9
 _SLOW_ROUND_TRIP: Final = 0.05
 _MIN_VERSION: Final = (6, 2)
-OUTSIDE_SCRIPTS: Final = ("evalsha", "eval", "subscribe", "unsubscribe", "ping")
-"""Commands aiolock sends itself; the others are called by its Lua scripts."""
-
-
-def needed_commands() -> tuple[str, ...]:
-    """Every command aiolock's locks need: those it sends, then those its scripts call."""
-    calls = re.compile(r"redis\.p?call\(\s*['\"]([A-Za-z|]+)['\"]")
-    scripts = [v for v in vars(_scripts).values() if isinstance(v, _scripts.Script)]
-    inside = {command.lower() for s in scripts for command in calls.findall(s.source)}
-    return (*OUTSIDE_SCRIPTS, *sorted(inside - set(OUTSIDE_SCRIPTS)))
-
-
-def acl_line(user: str = "aiolock-app", prefix: str = "aiolock") -> str:
-    """The least-privilege `ACL SETUSER` line for aiolock's locks with `prefix`."""
-    grants = " ".join(f"+{c}" for c in needed_commands())
-    return f"ACL SETUSER {user} reset on >PASSWORD ~{prefix}:* resetchannels &{prefix}:* {grants}"
-
-
-ACL_LINE: Final = acl_line()
 
 
 @final
@@ -485,6 +466,8 @@ class _Scratch:
             "del": [lock, holds, queue],
             "subscribe": [self.channel],
             "unsubscribe": [self.channel],
+            "multi": [],
+            "exec": [],
             "eval": ["return 1", "1", lock],
             "evalsha": ["e0e1f9fabfc9d4800c877a703b823ac0578ff8db", "1", lock],
         }.get(command)
@@ -624,6 +607,13 @@ async def _try_commands(
             await client.exists(scratch.lock)
     except redis.exceptions.ResponseError as exc:
         failed.append(f"exists: {exc}")
+    try:
+        async with asyncio.timeout(_READ_TIMEOUT):
+            async with client.pipeline(transaction=True) as pipe:
+                pipe.time()
+                await pipe.execute()
+    except redis.exceptions.ResponseError as exc:  # MULTI or EXEC refused
+        failed.append(f"multi: {exc}")
     pubsub = client.pubsub()
     try:
         async with asyncio.timeout(_READ_TIMEOUT):
@@ -634,8 +624,7 @@ async def _try_commands(
         failed.append(f"subscribe: {exc}")
     finally:
         await pubsub.aclose()  # type: ignore[no-untyped-call]
-    # Clean up at once where allowed (aiolock itself does not need DEL): the scratch keys
-    # expire within seconds anyway.
+    # Clean up at once where allowed: the scratch keys expire within seconds anyway.
     with contextlib.suppress(redis.exceptions.ResponseError, TimeoutError):
         async with asyncio.timeout(_READ_TIMEOUT):
             await client.delete(*keys)

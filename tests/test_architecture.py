@@ -41,6 +41,7 @@ LAYERS: dict[str, int] = {
     "_rwlock_scripts": DATA,
     "_election_scripts": DATA,
     "_shard_scripts": DATA,
+    "_acl": DATA,
     "_queue": DATA,
     "_holdstats": DATA,
     # I/O: the client libraries, the transports, the per-client runtime, the lease.

@@ -42,6 +42,8 @@ from aiolock import (
     Lock,
     LockEvent,
     LossReason,
+    ReadWriteLock,
+    Semaphore,
     add_listener,
 )
 from aiolock._layout import LockKeys
@@ -61,18 +63,19 @@ PACKAGE = Path(aiolock.__file__).resolve().parent
 # =========================================================================== (a) ACL
 ACL_SETUSER = (
     "ACL SETUSER aiolock-app reset on >PASSWORD ~aiolock:* resetchannels &aiolock:* "
-    "+evalsha +eval +subscribe +unsubscribe +ping "
-    "+exists +hdel +hexists +hget +hgetall +hincrby +hmget +hset +lpush +ltrim +pexpire +pttl "
-    "+publish +time +zadd +zrange +zrem"
+    "+evalsha +eval +subscribe +unsubscribe +ping +multi +exec +lrange "
+    "+del +exists +hdel +hexists +hget +hgetall +hincrby +hmget +hset +lpush +ltrim +pexpire "
+    "+pttl +publish +time +zadd +zcard +zrange +zrangebyscore +zrem"
 )
 """The least privilege for aiolock with the default prefix: its keys and channels only;
-EVALSHA/EVAL (scripts), SUBSCRIBE/UNSUBSCRIBE/PING (waiting), and every
+EVALSHA/EVAL (scripts), SUBSCRIBE/UNSUBSCRIBE/PING (waiting), MULTI/EXEC/LRANGE (info()), and every
 command the scripts call (ACL applies inside scripts too). redis-py's CLIENT SETINFO on
 connect is refused by this user and ignored by redis-py; add `+client|setinfo` on servers
 that have it (Redis >= 7.2, Valkey) to keep it out of the ACL LOG."""
 
-OUTSIDE_SCRIPTS = {"evalsha", "eval", "subscribe", "unsubscribe", "ping"}
-"""Commands aiolock sends itself; the others in the line are called by its scripts."""
+OUTSIDE_SCRIPTS = {"evalsha", "eval", "subscribe", "unsubscribe", "ping", "multi", "exec", "lrange"}
+"""Commands aiolock sends itself (MULTI/EXEC and LRANGE: a Semaphore's or ReadWriteLock's
+info()); the others in the line are called by its scripts."""
 
 HANDSHAKE_REFUSALS = {"client", "client|setinfo"}
 """What redis-py sends on connect (CLIENT SETINFO), refused and ignored: the only entries
@@ -84,10 +87,30 @@ def acl_commands() -> set[str]:
     return {word[1:] for word in ACL_SETUSER.split() if word.startswith("+")}
 
 
+PRIMITIVE_SCRIPTS = (
+    "aiolock._scripts",  # Lock (and RENEW, RESUME, INSPECT for every primitive)
+    "aiolock._hash_scripts",  # a Semaphore's or ReadWriteLock's expired leases
+    "aiolock._semaphore_scripts",
+    "aiolock._rwlock_scripts",
+    "aiolock._redlock_scripts",
+)
+"""The modules of the scripts that Lock, Semaphore, ReadWriteLock and Redlock run (an
+Election and run_once need more: see the ACL docstring)."""
+
+
+def _scripts_in(module: str) -> list[Script]:
+    found = []
+    for value in vars(importlib.import_module(module)).values():
+        values = value if isinstance(value, tuple) else (value,)
+        found += [v for v in values if isinstance(v, Script)]
+    return found
+
+
 def script_commands() -> set[str]:
-    """Every command called by the Lua scripts of aiolock/_scripts.py."""
-    scripts = [v for v in vars(aiolock._scripts).values() if isinstance(v, Script)]
-    assert scripts
+    """Every command called by the Lua scripts of Lock, Semaphore, ReadWriteLock and
+    Redlock."""
+    scripts = [script for module in PRIMITIVE_SCRIPTS for script in _scripts_in(module)]
+    assert len(scripts) >= 12, [s.name for s in scripts]
     calls = re.compile(r"redis\.p?call\(\s*['\"]([A-Za-z|]+)['\"]")
     return {command.lower() for s in scripts for command in calls.findall(s.source)}
 
@@ -175,6 +198,26 @@ async def test_a_least_privilege_acl_user_can_do_everything(
         await successor.release()
         assert not await lock.locked()
         assert await lock.info() is None
+        # A semaphore: a permit, a waiter for the next one, the release that serves it.
+        semaphore = Semaphore(user, f"{name}:sem", limit=1, ttl=10)
+        permit = await semaphore.acquire()
+        queued = asyncio.create_task(
+            Semaphore(other, f"{name}:sem", limit=1, ttl=10).acquire(timeout=10)
+        )
+
+        async def one_waiting() -> bool:
+            return (await semaphore.info()).waiting == 1
+
+        await eventually(one_waiting, what="the semaphore's waiter queued")
+        await permit.extend()
+        await permit.release()
+        await (await within(queued, what="the semaphore's waiter served")).release()
+        # A read-write lock: readers together, then a writer.
+        rw = ReadWriteLock(user, f"{name}:rw", ttl=10)
+        async with rw.read(), ReadWriteLock(other, f"{name}:rw", ttl=10).read():
+            pass
+        async with rw.write():
+            assert await rw.locked()
         refused = set(_log_objects(await admin.execute_command("ACL", "LOG")))  # type: ignore[no-untyped-call]
         refused.discard("set")  # the deliberate SET above
         assert refused <= HANDSHAKE_REFUSALS, f"aiolock was refused: {refused}"
