@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from ._layout import RESERVATION_MS
+from ._retry import POLL_SPREAD
 from .errors import BackendError
 
 __all__ = ("Grant", "Registration", "Released", "WaitQueue", "Waiter")
@@ -89,6 +90,7 @@ class Waiter:
         "_future",
         "_time_up",
         "_try_now",
+        "_until",
         "accepts",
         "handed",
         "poll_hint_ms",
@@ -105,6 +107,7 @@ class Waiter:
         self._future: asyncio.Future[None] | None = None
         self._time_up = False  # the timeout of the wait in progress passed
         self._try_now = False
+        self._until: float | None = None  # when the timer of the wait in progress ends it
         self.poll_hint_ms: int | None = None  # when to check next, if told by a notification
         # A lease another task of this process got, and handed to this one (which called
         # acquire() first): the engine's `Lease`, taken by the waiter's acquire.
@@ -167,13 +170,21 @@ class Waiter:
         self._time_up = False
         # A timer that ends the wait, rather than asyncio.timeout's cancellation of the task.
         timer = None if timeout is None else loop.call_later(timeout, self._timeout_passed)
+        self._until = None if timer is None else timer.when()
         try:
             await self._future
         finally:
             self._future = None
+            self._until = None
             if timer is not None:
                 timer.cancel()
         return self._time_up
+
+    def checks_within(self, seconds: float) -> bool:
+        """Whether this waiter sleeps now, and its own timer ends the sleep within
+        `seconds` from now."""
+        until = self._until
+        return until is not None and until <= asyncio.get_running_loop().time() + seconds
 
     def _timeout_passed(self) -> None:
         """The timeout of the wait in progress passed (before the waiter went on: then it
@@ -448,7 +459,8 @@ class WaitQueue:
         If the lock was granted to this queue, the grant is kept for the head to take. If
         it was reserved for this queue or handed to nobody, the head is woken to try. If it
         went to another process's queue, the head is told to check again once that grant
-        would have lapsed (in case that process died), and sleeps on.
+        would have lapsed (in case that process died), and sleeps on; a head whose own
+        timer ends its sleep by then is left asleep.
 
         Each release is seen twice when its holder is in this process (the release's
         reply, then its echo on the channel, in either order): the first counts, the
@@ -480,5 +492,10 @@ class WaitQueue:
             self.wake_head()
         else:
             head = self.waiters[0]
+            if head.checks_within(RESERVATION_MS / 1000 + POLL_SPREAD):
+                # It checks by the time the grant would lapse anyway: left asleep (a
+                # wake-up in every waiting process, per release, was the largest cost
+                # of a hand-off between processes after the grantee's own).
+                return
             head.poll_hint_ms = RESERVATION_MS
             head.nudge()

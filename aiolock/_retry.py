@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Final
 
 __all__ = ("Backoff", "poll_delay")
 
@@ -33,6 +34,10 @@ class Backoff:
         return delay / 2 + self.rng.uniform(0, delay / 2)
 
 
+POLL_SPREAD: Final = 0.05
+"""The most (less a millisecond) that `poll_delay` adds to a known expiry."""
+
+
 def poll_delay(pttl_ms: int, *, fallback: float, rng: random.Random) -> float:
     """How long a waiter sleeps before checking a lock nobody told it was released.
 
@@ -44,4 +49,4 @@ def poll_delay(pttl_ms: int, *, fallback: float, rng: random.Random) -> float:
     if pttl_ms <= 0:
         return fallback
     seconds = pttl_ms / 1000
-    return seconds + rng.uniform(0.001, 0.001 + min(0.05, 0.05 * seconds))
+    return seconds + rng.uniform(0.001, 0.001 + min(POLL_SPREAD, 0.05 * seconds))

@@ -11,6 +11,7 @@ import asyncio
 
 import pytest
 
+from aiolock._layout import RESERVATION_MS
 from aiolock._queue import Grant, Registration, Waiter, WaitQueue
 
 
@@ -121,6 +122,25 @@ async def test_a_release_to_another_process_makes_the_head_check_later() -> None
     assert queue.grant is None
     assert not waiter.take_wakeup()
     assert waiter.poll_hint_ms is not None
+
+
+async def test_a_release_to_another_process_leaves_a_head_that_checks_soon_enough_asleep() -> None:
+    """A waiter whose timer already ends its sleep by the time the grant would lapse is
+    not woken: a wake-up per release in every waiting process cost the hand-off between
+    processes more than anything else the others do with it."""
+    queue, waiter = queue_with_waiter()
+    sleeping = asyncio.ensure_future(waiter.wait(0.05))
+    await asyncio.sleep(0)
+    queue.released("f1", "someone-else", granted="8", seq="1")
+    await asyncio.sleep(0)
+    assert not sleeping.done() and waiter.take_poll_hint() is None
+    assert await sleeping is True  # its own timer ended the sleep
+    # Asleep for longer than the grant's lapse: told to check again by then.
+    sleeping = asyncio.ensure_future(waiter.wait(60.0))
+    await asyncio.sleep(0)
+    queue.released("f2", "someone-else", granted="9", seq="1")
+    assert waiter.take_poll_hint() == RESERVATION_MS
+    assert await asyncio.wait_for(sleeping, 1.0) is False
 
 
 async def test_forgotten_registrations_are_not_claimed() -> None:
