@@ -329,7 +329,12 @@ class ClusterTransport(CommandTransport):
             self._own_pinned = True
         self._own_calls += 1
         try:
-            yield self._own
+            own = self._own
+            # Made just now (or closed by an error): the calls wait until it knows which
+            # node serves which slot (nothing is sent if it does). redis-py would send them
+            # to any node meanwhile, and close every connection at every fifth MOVED.
+            await own.initialize()
+            yield own
         finally:
             self._own_calls -= 1
             self._own_used = self.loop.time()

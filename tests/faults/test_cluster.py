@@ -165,6 +165,31 @@ async def test_locks_semaphores_and_rwlocks_work_on_every_primary(
                     assert (await rw.info()).writer is not None
 
 
+async def moved_answers(group: ClusterGroup) -> int:
+    """MOVED errors the primaries have answered since they started (INFO errorstats)."""
+    total = 0
+    for server in group.servers[:3]:
+        stats = await _ask(server.port, "INFO", "errorstats")
+        total += int(stats.get("errorstat_MOVED", {}).get("count", 0))
+    return total
+
+
+async def test_the_first_calls_of_a_new_client_go_to_their_slots_owners(
+    cluster: ClusterGroup, name: str
+) -> None:
+    """aiolock's own cluster client is made at the first call, and again after it closed
+    once idle: many calls at once on it must not go out before it knows which node serves
+    which slot (redis-py sends such calls to any node; every fifth MOVED answer makes it
+    close all its connections, those of calls in flight included)."""
+    names = [f"{name}:{i}" for i in range(24)]
+    async with clients(cluster, 1) as (client,):
+        before = await moved_answers(cluster)
+        leases = await asyncio.gather(*(Lock(client, n, ttl=10).acquire() for n in names))
+        await asyncio.gather(*(lease.release() for lease in leases))
+        assert len({slot_of(n) * 3 // SLOTS for n in names}) == 3, "names on every primary"
+        assert await moved_answers(cluster) == before
+
+
 async def test_renewals_go_one_call_per_slot_one_round_trip_per_node(
     cluster: ClusterGroup, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
