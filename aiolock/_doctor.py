@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import re
-import secrets
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,11 +21,21 @@ from typing import Any, Final, Literal, final
 import redis.asyncio
 import redis.exceptions
 
-from ._acl import ACL_LINE, OUTSIDE_SCRIPTS, acl_line, needed_commands
+from ._acl import (
+    ACL_LINE,
+    OUTSIDE_SCRIPTS,
+    PROBE,
+    PROBE_ORDER,
+    PROBE_SHA,
+    SHARDED,
+    Scratch,
+    acl_line,
+    needed_commands,
+    short,
+)
 from ._backend import Backend
 from ._clients import translate_errors
 from ._info import text
-from ._layout import LockKeys
 from .errors import BackendError
 
 __all__ = (
@@ -259,6 +267,12 @@ def check_replication(facts: ServerFacts) -> Finding | None:
     return Finding(check="replication", severity="ok", message="single node (no replicas)")
 
 
+def _clustered(facts: ServerFacts) -> bool:
+    """Whether the server is a Redis Cluster node."""
+    mode = str(facts.info.get("redis_mode") or facts.info.get("server_mode") or "standalone")
+    return str(facts.info.get("cluster_enabled", "0")) in {"1", "yes"} or mode == "cluster"
+
+
 def check_cluster(facts: ServerFacts) -> Finding | None:
     if not facts.info:
         return None
@@ -270,7 +284,7 @@ def check_cluster(facts: ServerFacts) -> Finding | None:
             message="this is a Sentinel, not a data node",
             fix="give aiolock a Sentinel(...).master_for(...) client, which finds the primary",
         )
-    if str(facts.info.get("cluster_enabled", "0")) in {"1", "yes"} or mode == "cluster":
+    if _clustered(facts):
         return Finding(
             check="cluster",
             severity="warning",
@@ -395,111 +409,37 @@ async def read_facts(client: redis.asyncio.Redis) -> ServerFacts:
 
 
 # --------------------------------------------------------------------------- permissions
-_PROBE: Final = """
--- ARGV: command, number of arguments, arguments..., repeated. Runs each with pcall.
--- Returns the failures: "command: error", one per command that failed.
-local failed = {}
-local i = 1
-while i <= #ARGV do
-  local n = tonumber(ARGV[i + 1])
-  local call = {ARGV[i]}
-  for j = 1, n do call[#call + 1] = ARGV[i + 1 + j] end
-  local reply = redis.pcall(unpack(call))
-  if type(reply) == 'table' and reply.err then
-    failed[#failed + 1] = ARGV[i] .. ': ' .. reply.err
-  end
-  i = i + 2 + n
-end
-return failed
-"""
-_PROBE_SHA: Final = hashlib.sha1(_PROBE.encode(), usedforsecurity=False).hexdigest()
-
-
-@dataclass(frozen=True, slots=True)
-class _Scratch:
-    """Keys and a channel under the prefix, for probing; they expire within seconds."""
-
-    lock: str
-    holds: str
-    queue: str
-    channel: str
-
-    @classmethod
-    def make(cls, prefix: str) -> _Scratch:
-        keys = LockKeys.build(prefix, f"doctor-{secrets.token_hex(6)}")
-        return cls(
-            lock=keys.lock, holds=f"{keys.lock}:holds", queue=f"{keys.lock}:queue",
-            channel=keys.channel,
-        )  # fmt: skip
-
-    def arguments(self, command: str) -> list[str] | None:
-        """Arguments that make `command` succeed on the scratch keys (in `_PROBE_ORDER`),
-        or None for a command this table does not know."""
-        lock, holds, queue = self.lock, self.holds, self.queue
-        return {
-            "hset": [lock, "doctor", "1"],
-            "hsetnx": [lock, "doctor-nx", "1"],
-            "hincrby": [lock, "doctor", "1"],
-            "hget": [lock, "doctor"],
-            "hmget": [lock, "doctor"],
-            "hexists": [lock, "doctor"],
-            "hgetall": [lock],
-            "hlen": [lock],
-            "hdel": [lock, "doctor"],
-            "lpush": [holds, "1"],
-            "rpush": [holds, "1"],
-            "lrange": [holds, "0", "0"],
-            "llen": [holds],
-            "ltrim": [holds, "1", "0"],  # empties the list: the key goes
-            "zadd": [queue, "1", "doctor"],
-            "zrange": [queue, "0", "-1"],
-            "zrangebyscore": [queue, "-inf", "+inf"],
-            "zcard": [queue],
-            "zscore": [queue, "doctor"],
-            "zrem": [queue, "doctor"],
-            "publish": [self.channel, "doctor"],
-            "time": [],
-            "ping": [],
-            "exists": [lock],
-            "pexpire": [lock, "5000"],
-            "pttl": [lock],
-            "del": [lock, holds, queue],
-            "subscribe": [self.channel],
-            "unsubscribe": [self.channel],
-            "multi": [],
-            "exec": [],
-            "eval": ["return 1", "1", lock],
-            "evalsha": ["e0e1f9fabfc9d4800c877a703b823ac0578ff8db", "1", lock],
-        }.get(command)
-
-
-_PROBE_ORDER: Final = (
-    "hset", "hsetnx", "hincrby", "hget", "hmget", "hexists", "hgetall", "hlen", "hdel",
-    "lpush", "rpush", "lrange", "llen", "ltrim", "zadd", "zrange", "zrangebyscore", "zcard",
-    "zscore", "zrem", "publish", "time", "ping", "exists", "pexpire", "pttl", "del",
-)  # fmt: skip
-"""Commands the probe knows, in an order where each finds the key it needs, `del` last."""
-
-
-def _short(failure: str) -> str:
-    """`"hset: ... no permissions to run the 'hset' command"` → `"hset"`; others whole."""
-    command, _, reason = failure.partition(": ")
-    refusal = "no permissions to run" in reason or "can't run this command" in reason
-    return command if refusal else failure
-
-
 def _permission_finding(
-    user: str, denied: Sequence[str], how: str, prefix: str, *, unchecked: Sequence[str] = ()
+    user: str,
+    denied: Sequence[str],
+    how: str,
+    prefix: str,
+    *,
+    unchecked: Sequence[str] = (),
+    sharded: bool = False,
 ) -> Finding:
+    fix = (
+        acl_line(user, prefix, sharded=sharded)
+        .replace(" reset on >PASSWORD", "")
+        .replace(" resetchannels", "")
+    )
+    needed = [d for d in denied if short(d) not in SHARDED]
+    if sharded and denied and not needed:
+        return Finding(
+            check="permissions",
+            severity="warning",
+            message=f"user {user!r} may not run: {', '.join(short(d) for d in denied)} "
+            f"({how}): release notifications fall back to classic pub/sub, heard on every "
+            "node over the cluster bus",
+            fix=fix,
+        )
     if not denied and unchecked:
         return Finding(
             check="permissions",
             severity="warning",
             message=f"user {user!r} may run the commands aiolock needs on {prefix}:* "
             f"({how}), except perhaps {', '.join(unchecked)}, which could not be checked",
-            fix=acl_line(user, prefix)
-            .replace(" reset on >PASSWORD", "")
-            .replace(" resetchannels", ""),
+            fix=fix,
         )
     if not denied:
         return Finding(
@@ -510,9 +450,9 @@ def _permission_finding(
     return Finding(
         check="permissions",
         severity="problem",
-        message=f"user {user!r} may not run: {', '.join(_short(d) for d in denied)} "
+        message=f"user {user!r} may not run: {', '.join(short(d) for d in denied)} "
         f"({how}): locks fail with BackendError",
-        fix=acl_line(user, prefix).replace(" reset on >PASSWORD", "").replace(" resetchannels", ""),
+        fix=fix,
     )
 
 
@@ -525,10 +465,17 @@ def _denied(error: BaseException) -> bool:
 
 
 async def check_permissions(
-    client: redis.asyncio.Redis, *, prefix: str, user: str | None, version: str
+    client: redis.asyncio.Redis,
+    *,
+    prefix: str,
+    user: str | None,
+    version: str,
+    sharded: bool = False,
 ) -> Finding:
-    """ACL DRYRUN for every needed command (Redis ≥ 7), else try them (the connected user)."""
-    scratch = _Scratch.make(prefix)
+    """ACL DRYRUN for every needed command (Redis ≥ 7), else try them (the connected user).
+    `sharded` (a cluster of Redis 7+ or Valkey): sharded pub/sub is checked too; without
+    it, notifications fall back to classic pub/sub (a warning, not a problem)."""
+    scratch = Scratch.make(prefix)
     try:
         async with asyncio.timeout(_READ_TIMEOUT):
             me = text(await _command(client, "ACL", "WHOAMI"))
@@ -540,7 +487,7 @@ async def check_permissions(
         denied: list[str] = []
         unchecked: list[str] = []
         try:
-            for command in needed_commands():
+            for command in (*needed_commands(), *(SHARDED if sharded else ())):
                 arguments = scratch.arguments(command)
                 if arguments is None:
                     unchecked.append(command)
@@ -562,7 +509,12 @@ async def check_permissions(
             reason_no_dryrun = f"ACL DRYRUN refused to {me!r}"
         else:
             return _permission_finding(
-                target, denied, "checked with ACL DRYRUN", prefix, unchecked=unchecked
+                target,
+                denied,
+                "checked with ACL DRYRUN",
+                prefix,
+                unchecked=unchecked,
+                sharded=sharded,
             )
     if target != me:
         return Finding(
@@ -576,15 +528,15 @@ async def check_permissions(
 
 
 async def _try_commands(
-    client: redis.asyncio.Redis, scratch: _Scratch
+    client: redis.asyncio.Redis, scratch: Scratch
 ) -> tuple[list[str], list[str]]:
     """Run every needed command on the scratch keys: the failures, as "command: error",
     and the needed commands the probe does not know how to run."""
     failed: list[str] = []
     needed = set(needed_commands())
-    unchecked = sorted(needed - set(_PROBE_ORDER) - set(OUTSIDE_SCRIPTS))
+    unchecked = sorted(needed - set(PROBE_ORDER) - set(OUTSIDE_SCRIPTS))
     argv: list[str] = []
-    for command in _PROBE_ORDER:
+    for command in PROBE_ORDER:
         arguments = scratch.arguments(command)
         if command not in needed or arguments is None:
             continue
@@ -593,12 +545,12 @@ async def _try_commands(
     try:
         async with asyncio.timeout(_READ_TIMEOUT):
             # Expire the scratch keys even if DEL is refused: PEXPIRE runs before it.
-            failed += [text(line) for line in await client.eval(_PROBE, len(keys), *keys, *argv)]
+            failed += [text(line) for line in await client.eval(PROBE, len(keys), *keys, *argv)]
     except redis.exceptions.ResponseError as exc:
         failed.append(f"eval: {exc}")
     try:
         async with asyncio.timeout(_READ_TIMEOUT):
-            await client.evalsha(_PROBE_SHA, len(keys), *keys)
+            await client.evalsha(PROBE_SHA, len(keys), *keys)
     except redis.exceptions.ResponseError as exc:
         if _denied(exc):
             failed.append(f"evalsha: {exc}")
@@ -663,7 +615,13 @@ async def diagnose(
         )
     try:
         findings.append(
-            await check_permissions(client, prefix=prefix, user=acl_user, version=facts.version)
+            await check_permissions(
+                client,
+                prefix=prefix,
+                user=acl_user,
+                version=facts.version,
+                sharded=_clustered(facts) and _version_tuple(facts.version) >= (7,),
+            )
         )
     except (redis.exceptions.RedisError, TimeoutError) as exc:
         findings.append(

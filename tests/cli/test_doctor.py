@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
 
 import aiolock._doctor
 from aiolock._doctor import (
@@ -18,6 +19,7 @@ from aiolock._doctor import (
     check_eviction,
     check_latency,
     check_memory,
+    check_permissions,
     check_persistence,
     check_replication,
     check_timeout,
@@ -188,6 +190,42 @@ def test_missing_permissions_are_named_with_the_fix(
         assert code == 1
         checked = by_check(report)["permissions"]
         assert "ACL DRYRUN" in checked["message"] and "zrem" in checked["message"]
+
+
+async def test_on_a_cluster_sharded_pub_sub_is_checked_and_its_lack_is_a_warning(
+    server: RedisServer, admin: redis.Redis
+) -> None:
+    version = tuple(int(p) for p in admin.info()["redis_version"].split(".")[:2])
+    if version < (7, 0):
+        pytest.skip("ACL DRYRUN and sharded pub/sub need Redis 7")
+    line = ACL_LINE.replace("aiolock-app", "app").replace("PASSWORD", "pw")
+    admin.execute_command(*line.split())  # type: ignore[no-untyped-call]
+    client = redis.asyncio.Redis(port=server.port)
+    try:
+        lacking = await check_permissions(
+            client, prefix="aiolock", user="app", version="7.0.0", sharded=True
+        )
+        assert lacking.severity == "warning", lacking
+        for command in ("spublish", "ssubscribe", "sunsubscribe"):
+            assert command in lacking.message and f"+{command}" in (lacking.fix or "")
+        assert "classic pub/sub" in lacking.message
+        # Not a cluster: not asked for.
+        plain = await check_permissions(client, prefix="aiolock", user="app", version="7.0.0")
+        assert plain.severity == "ok", plain
+        admin.execute_command("ACL", "SETUSER", "app", "+spublish", "+ssubscribe", "+sunsubscribe")  # type: ignore[no-untyped-call]
+        granted = await check_permissions(
+            client, prefix="aiolock", user="app", version="7.0.0", sharded=True
+        )
+        assert granted.severity == "ok", granted
+        # A lock command missing as well: a problem, and the fix names both.
+        admin.execute_command("ACL", "SETUSER", "app", "-zrem", "-spublish")  # type: ignore[no-untyped-call]
+        both = await check_permissions(
+            client, prefix="aiolock", user="app", version="7.0.0", sharded=True
+        )
+        assert both.severity == "problem", both
+        assert "+zrem" in (both.fix or "") and "+spublish" in (both.fix or "")
+    finally:
+        await client.aclose()
 
 
 def test_json_before_or_after_the_command(server: RedisServer, run: Callable[..., Run]) -> None:
