@@ -170,7 +170,8 @@ class Waiter:
         self._time_up = False
         # A timer that ends the wait, rather than asyncio.timeout's cancellation of the task.
         timer = None if timeout is None else loop.call_later(timeout, self._timeout_passed)
-        self._until = None if timer is None else timer.when()
+        # (not timer.when(): uvloop gives a plain Handle for a delay of 0 or less)
+        self._until = None if timeout is None else loop.time() + timeout
         try:
             await self._future
         finally:

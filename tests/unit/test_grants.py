@@ -143,6 +143,19 @@ async def test_a_release_to_another_process_leaves_a_head_that_checks_soon_enoug
     assert await asyncio.wait_for(sleeping, 1.0) is False
 
 
+def test_a_wait_of_no_time_ends_on_uvloop_too() -> None:
+    """uvloop's call_later gives a plain Handle, without when(), for a delay of 0 or less."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def waits() -> None:
+        for timeout in (0.0, -1.0, 0.01):
+            _, waiter = queue_with_waiter()
+            assert await waiter.wait(timeout) is True
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(waits())
+
+
 async def test_forgotten_registrations_are_not_claimed() -> None:
     queue, _ = queue_with_waiter()
     registration = queue.register(1000, sent_at=1.0)
