@@ -198,9 +198,10 @@ class Releasing(PrimitiveBase):
                     await self._withdraw(runtime, queue, timeout=timeout)
                 return status
         if status == 1 or fencing_token is not None:
-            # A release by token does not know the fencing token it released: its token
-            # tells the release apart from others (and from its echo, which is only a nudge).
-            fence = f"t{token}" if fencing_token is None else str(fencing_token)
+            # A release by token does not know the fencing token it released: the start of
+            # its token (never the whole secret) tells the release apart from others (and
+            # from its echo, which is only a nudge).
+            fence = f"t{token[:16]}" if fencing_token is None else str(fencing_token)
             if status == 1:
                 notifier.local_release(
                     channel,
