@@ -17,11 +17,13 @@ from ._connection import DEFAULT_URL, open_client, redact
 from ._errors import EXIT_FAILED, EXIT_OK
 from ._json_views import in_use, print_json, row_dict, show_dict, stats_dict
 from ._parser import chosen_kinds
+from ._redlock_commands import nodes_of, show_redlock
 from ._tables import kind_and_name, locks_table, make_console, show_renderable, stats_table
 from ._text import and_list, article, duration, printable, quoted
 
 
 async def ls_command(args: argparse.Namespace, url: str | None) -> int:
+    nodes_of(args, url)  # refused here
     kinds = chosen_kinds(args)
     client = await open_client(url)
     try:
@@ -43,6 +45,9 @@ async def ls_command(args: argparse.Namespace, url: str | None) -> int:
 
 
 async def show_command(args: argparse.Namespace, url: str | None) -> int:
+    nodes = nodes_of(args, url)
+    if nodes is not None:
+        return await show_redlock(args, nodes)
     kinds = chosen_kinds(args)
     client = await open_client(url)
     try:
@@ -86,6 +91,7 @@ async def show_command(args: argparse.Namespace, url: str | None) -> int:
 
 
 async def watch_command(args: argparse.Namespace, url: str | None) -> int:
+    nodes_of(args, url)  # refused here
     kinds = chosen_kinds(args)
     client = await open_client(url)
     where = printable(redact(url or DEFAULT_URL))
@@ -134,6 +140,7 @@ def _refreshes(count: int | None) -> Iterator[bool]:
 
 
 async def stats_command(args: argparse.Namespace, url: str | None) -> int:
+    nodes_of(args, url)  # refused here
     kinds = chosen_kinds(args)
     client = await open_client(url)
     try:

@@ -13,6 +13,7 @@ from .._inspect import force_release
 from ._connection import DEFAULT_URL, connect, open_client, redact
 from ._errors import EXIT_FAILED, EXIT_OK, UsageError
 from ._json_views import doctor_dict, print_json, release_dict
+from ._redlock_commands import doctor_redlock, nodes_of, release_redlock
 from ._tables import doctor_renderable, make_console, release_message, release_question
 from ._text import quoted
 
@@ -28,6 +29,9 @@ async def release_command(args: argparse.Namespace, url: str | None) -> int:
             "refusing to force-release without confirmation: stdin is not a terminal; "
             "pass --yes to confirm"
         )
+    nodes = nodes_of(args, url)
+    if nodes is not None:
+        return await release_redlock(args, nodes)
     console = make_console()
 
     async def confirm(holder: LockInfo) -> bool:
@@ -51,6 +55,9 @@ async def release_command(args: argparse.Namespace, url: str | None) -> int:
 
 
 async def doctor_command(args: argparse.Namespace, url: str | None) -> int:
+    nodes = nodes_of(args, url)
+    if nodes is not None:
+        return await doctor_redlock(args, nodes)
     client = connect(url)
     try:
         diagnosis = await diagnose(client, prefix=args.prefix, acl_user=args.acl_user)

@@ -100,6 +100,14 @@ def _connection_options(parser: argparse.ArgumentParser, default: Any) -> None:
         help=f"Redis URL (default: $REDIS_URL, else {DEFAULT_URL}; for demo: a throwaway server)",
     )
     parser.add_argument(
+        "--node",
+        action="append",
+        default=argparse.SUPPRESS if default is argparse.SUPPRESS else None,
+        metavar="URL",
+        help="a Redlock's server, once per node (instead of --url): show, release and "
+        "doctor read the name on every node, and show the quorum's holder",
+    )
+    parser.add_argument(
         "--prefix",
         default=argparse.SUPPRESS if default is argparse.SUPPRESS else "aiolock",
         help="key prefix of the locks (default aiolock)",

@@ -1,0 +1,219 @@
+"""`show`, `release --force` and `doctor` over a Redlock's independent servers (`--node URL`,
+once per node): each node read at once, and the quorum's view."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import redis.asyncio
+from rich import box
+from rich.console import Console, Group
+from rich.prompt import Confirm
+from rich.rule import Rule
+from rich.table import Table
+from rich.text import Text
+
+from .._doctor import Diagnosis, diagnose
+from .._info import LockInfo
+from .._redlock import Redlock, RedlockInfo
+from ..errors import BackendError, QuorumError
+from ._connection import connect, redact
+from ._errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, error
+from ._json_views import doctor_dict, info_dict, print_json
+from ._tables import doctor_renderable, make_console, release_question
+from ._text import duration, printable, quoted
+
+ONE_SERVER_COMMANDS = ("ls", "watch", "stats")
+"""Commands that read one server or cluster (`--url`), never a Redlock's nodes."""
+
+
+def nodes_of(args: argparse.Namespace, url: str | None) -> list[str] | None:
+    """The `--node` URLs given (None: the command reads `--url`); a usage error if the
+    command cannot take them, or if `--url` is given too."""
+    nodes: list[str] | None = getattr(args, "node", None)
+    if not nodes:
+        return None
+    if args.command in ONE_SERVER_COMMANDS:
+        raise UsageError(
+            f"{args.command} reads one server or one cluster (--url); a Redlock's --node "
+            "servers are read by show, release and doctor"
+        )
+    if getattr(args, "url", None):
+        raise UsageError("give either --url (one server or cluster) or --node (a Redlock's)")
+    if len(set(nodes)) != len(nodes):
+        raise UsageError("each --node must be another server: one was given twice")
+    return nodes
+
+
+@contextlib.asynccontextmanager
+async def _clients(nodes: Sequence[str]) -> AsyncIterator[list[redis.asyncio.Redis]]:
+    clients: list[redis.asyncio.Redis] = []
+    try:
+        clients.extend(connect(url) for url in nodes)  # those made are closed if one fails
+        yield clients
+    finally:
+        for client in clients:
+            await client.aclose()
+
+
+def _quorum_failure(failure: QuorumError) -> int:
+    said = ", ".join(
+        f"{printable(node)}: {printable(what)}" for node, what in failure.nodes.items()
+    )
+    error(f"fewer than {failure.quorum} of the nodes could be read ({said})")
+    return EXIT_USAGE
+
+
+def _redlock_dict(info: RedlockInfo | None, name: str, nodes: Sequence[str]) -> dict[str, Any]:
+    if info is None:
+        return {"name": name, "quorum": len(nodes) // 2 + 1, "holder": None, "nodes": []}
+    return {
+        "name": name,
+        "quorum": info.quorum,
+        "holder": info_dict(info.holder),
+        "nodes": [
+            {"node": node.node, "holder": info_dict(node.holder), "error": node.error}
+            for node in info.nodes
+        ],
+    }
+
+
+def _redlock_renderable(info: RedlockInfo) -> Group:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("NODE", "HOST", "PID", "TASK", "FENCING TOKEN", "EXPIRES IN"):
+        table.add_column(column, justify="right" if column == "PID" else "left")
+    for node in info.nodes:
+        holder = node.holder
+        if node.error is not None:
+            table.add_row(printable(node.node), Text(printable(node.error), style="red"))
+        elif holder is None:
+            table.add_row(printable(node.node), Text("free", style="dim"))
+        else:
+            table.add_row(
+                printable(node.node),
+                printable(holder.host),
+                str(holder.pid),
+                printable(holder.task),
+                str(holder.fencing_token),
+                duration(holder.expires_in),
+            )
+    held = info.holder
+    quorum = (
+        Text(f"no holder of a quorum ({info.quorum} of {len(info.nodes)} nodes)")
+        if held is None
+        else Text(
+            f"held by {printable(held.host)} pid {held.pid} ({printable(held.task)}), fencing "
+            f"token {held.fencing_token}: a quorum of {info.quorum} of {len(info.nodes)} nodes"
+        )
+    )
+    return Group(quorum, table)
+
+
+async def show_redlock(args: argparse.Namespace, nodes: Sequence[str]) -> int:
+    async with _clients(nodes) as clients:
+        try:
+            info = await Redlock(clients, args.name, prefix=args.prefix).info()
+        except QuorumError as exc:
+            return _quorum_failure(exc)
+    if args.json:
+        print_json(_redlock_dict(info, args.name, nodes))
+        return EXIT_OK if info is not None else EXIT_FAILED
+    console = make_console()
+    if info is None:
+        console.print(
+            f"no node holds Redlock {quoted(args.name)} (prefix {quoted(args.prefix)}, "
+            f"{len(nodes)} nodes)"
+        )
+        return EXIT_FAILED
+    console.print(_redlock_renderable(info))
+    return EXIT_OK
+
+
+def _most_held(info: RedlockInfo | None) -> LockInfo | None:
+    """The quorum's holder, else the holder of any node (a minority left held)."""
+    if info is None:
+        return None
+    return info.holder or next((n.holder for n in info.nodes if n.holder is not None), None)
+
+
+async def release_redlock(args: argparse.Namespace, nodes: Sequence[str]) -> int:
+    """`release --force` over the nodes (the caller has checked --force and --yes)."""
+    console = make_console()
+    evicted = None
+    async with _clients(nodes) as clients:
+        redlock = Redlock(clients, args.name, prefix=args.prefix)
+        try:
+            holder = _most_held(await redlock.info())
+            if holder is None:
+                outcome = "not_held"
+            elif not args.yes and not _confirmed(console, holder):
+                outcome = "declined"
+            else:
+                evicted = await redlock.force_release()
+                outcome = "released" if evicted is not None else "not_held"
+        except QuorumError as exc:
+            return _quorum_failure(exc)
+    if args.json:
+        print_json(
+            {
+                "name": args.name,
+                "outcome": outcome,
+                "released": evicted is not None,
+                "holder": info_dict(evicted),
+            }
+        )
+    elif evicted is not None:
+        console.print(
+            f"released Redlock {quoted(args.name)} on every node that held it (fencing token "
+            f"{evicted.fencing_token}); its holder finds out at its next renewal"
+        )
+    elif outcome == "declined":
+        console.print(f"left Redlock {quoted(args.name)} as it is")
+    else:
+        console.print(f"Redlock {quoted(args.name)} is not held: nothing released")
+    return EXIT_OK if evicted is not None else EXIT_FAILED
+
+
+def _confirmed(console: Console, holder: LockInfo) -> bool:
+    try:
+        return bool(Confirm.ask(release_question(holder), console=console, default=False))
+    except EOFError:
+        return False
+
+
+async def doctor_redlock(args: argparse.Namespace, nodes: Sequence[str]) -> int:
+    """`doctor` on every node; a node that cannot be read is a problem of its own."""
+    reports: list[tuple[str, Diagnosis | str]] = []
+    async with _clients(nodes) as clients:
+        for url, client in zip(nodes, clients, strict=True):
+            try:
+                found: Diagnosis | str = await diagnose(
+                    client, prefix=args.prefix, acl_user=args.acl_user
+                )
+            except BackendError as exc:
+                found = printable(" ".join(str(exc.__cause__ or exc).split()))
+            reports.append((redact(url), found))
+    failed = any(isinstance(found, str) or found.problems for _, found in reports)
+    if args.json:
+        print_json(
+            {
+                "nodes": [
+                    {"url": where, "error": found}
+                    if isinstance(found, str)
+                    else doctor_dict(found, where)
+                    for where, found in reports
+                ]
+            }
+        )
+        return EXIT_FAILED if failed else EXIT_OK
+    console = make_console()
+    for where, found in reports:
+        console.print(Rule(f"node {printable(where)}", align="left"))
+        if isinstance(found, str):
+            console.print(Text(f"cannot talk to Redis at {where}: {found}", style="red"))
+        else:
+            console.print(doctor_renderable(found, where))
+    return EXIT_FAILED if failed else EXIT_OK
