@@ -16,11 +16,13 @@ from .._demo import DemoConfig, DemoSummary, demo_server, run_demo
 from ._connection import CONNECT_TIMEOUT, connect, redact
 from ._errors import EXIT_FAILED, EXIT_OK
 from ._json_views import print_json
+from ._redlock_commands import nodes_of
 from ._tables import demo_table, make_console
 from ._text import duration, printable
 
 
 async def demo_command(args: argparse.Namespace, url: str | None) -> int:
+    nodes_of(args, url)  # refused here
     # The lock's settings fail here, not in every worker process (ConfigError: exit 2).
     LockConfig.build(
         ttl=args.ttl, renew=True, renew_interval=None, timeout=None, max_hold=None,

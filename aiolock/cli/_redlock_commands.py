@@ -26,8 +26,9 @@ from ._json_views import doctor_dict, info_dict, print_json
 from ._tables import doctor_renderable, make_console, release_question
 from ._text import duration, printable, quoted
 
-ONE_SERVER_COMMANDS = ("ls", "watch", "stats")
-"""Commands that read one server or cluster (`--url`), never a Redlock's nodes."""
+ONE_SERVER_COMMANDS = ("ls", "watch", "stats", "demo")
+"""Commands of one server or cluster (`--url`; `demo`: a throwaway one), never a Redlock's
+nodes."""
 
 
 def nodes_of(args: argparse.Namespace, url: str | None) -> list[str] | None:

@@ -103,7 +103,7 @@ def test_doctor_checks_each_node(three: list[RedisServer], run: Callable[..., Ru
     assert all(f"node {server.url}" in healthy.out for server in three)
 
 
-@pytest.mark.parametrize("command", ["ls", "watch", "stats"])
+@pytest.mark.parametrize("command", ["ls", "watch", "stats", "demo"])
 def test_commands_of_one_server_refuse_nodes(
     three: list[RedisServer], run: Callable[..., Run], command: str
 ) -> None:
