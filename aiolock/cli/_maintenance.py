@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rich.prompt import Confirm
-
 from .._doctor import diagnose
 from .._info import LockInfo
 from .._inspect import force_release
@@ -14,7 +12,7 @@ from ._connection import DEFAULT_URL, connect, open_client, redact
 from ._errors import EXIT_FAILED, EXIT_OK, UsageError
 from ._json_views import doctor_dict, print_json, release_dict
 from ._redlock_commands import doctor_redlock, nodes_of, release_redlock
-from ._tables import doctor_renderable, make_console, release_message, release_question
+from ._tables import doctor_renderable, make_console, release_confirmed, release_message
 from ._text import quoted
 
 
@@ -35,12 +33,7 @@ async def release_command(args: argparse.Namespace, url: str | None) -> int:
     console = make_console()
 
     async def confirm(holder: LockInfo) -> bool:
-        if args.yes:
-            return True
-        try:
-            return bool(Confirm.ask(release_question(holder), console=console, default=False))
-        except EOFError:
-            return False
+        return args.yes or release_confirmed(console, holder)
 
     client = await open_client(url)
     try:

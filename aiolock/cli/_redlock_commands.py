@@ -10,8 +10,7 @@ from typing import Any
 
 import redis.asyncio
 from rich import box
-from rich.console import Console, Group
-from rich.prompt import Confirm
+from rich.console import Group
 from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
@@ -23,7 +22,7 @@ from ..errors import BackendError, QuorumError
 from ._connection import connect, redact
 from ._errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, error
 from ._json_views import doctor_dict, info_dict, print_json
-from ._tables import doctor_renderable, make_console, release_question
+from ._tables import doctor_renderable, make_console, release_confirmed
 from ._text import duration, printable, quoted
 
 ONE_SERVER_COMMANDS = ("ls", "watch", "stats", "demo")
@@ -150,7 +149,7 @@ async def release_redlock(args: argparse.Namespace, nodes: Sequence[str]) -> int
             holder = _most_held(await redlock.info())
             if holder is None:
                 outcome = "not_held"
-            elif not args.yes and not _confirmed(console, holder):
+            elif not args.yes and not release_confirmed(console, holder):
                 outcome = "declined"
             else:
                 evicted = await redlock.force_release()
@@ -176,13 +175,6 @@ async def release_redlock(args: argparse.Namespace, nodes: Sequence[str]) -> int
     else:
         console.print(f"Redlock {quoted(args.name)} is not held: nothing released")
     return EXIT_OK if evicted is not None else EXIT_FAILED
-
-
-def _confirmed(console: Console, holder: LockInfo) -> bool:
-    try:
-        return bool(Confirm.ask(release_question(holder), console=console, default=False))
-    except EOFError:
-        return False
 
 
 async def doctor_redlock(args: argparse.Namespace, nodes: Sequence[str]) -> int:

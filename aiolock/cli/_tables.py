@@ -10,6 +10,7 @@ from typing import Any, Final
 
 from rich import box
 from rich.console import Console, Group
+from rich.prompt import Confirm
 from rich.table import Table
 from rich.text import Text
 
@@ -358,6 +359,14 @@ def release_question(holder: LockInfo) -> Text:
         f"release lock {quoted(holder.name)} held by {printable(holder.host)}:{holder.pid} "
         f"task {quoted(holder.task)} (fencing token {holder.fencing_token})?"
     )
+
+
+def release_confirmed(console: Console, holder: LockInfo) -> bool:
+    """Whether the user, asked on the terminal, confirms evicting `holder` (no: end of input)."""
+    try:
+        return bool(Confirm.ask(release_question(holder), console=console, default=False))
+    except EOFError:
+        return False
 
 
 def release_message(result: ForceRelease, name: str) -> str:
