@@ -494,9 +494,8 @@ class WaitQueue:
         else:
             head = self.waiters[0]
             if head.checks_within(RESERVATION_MS / 1000 + POLL_SPREAD):
-                # It checks by the time the grant would lapse anyway: left asleep (a
-                # wake-up in every waiting process, per release, was the largest cost
-                # of a hand-off between processes after the grantee's own).
+                # It checks by the time the grant would lapse anyway: left asleep, rather
+                # than woken in every waiting process at every release to change nothing.
                 return
             head.poll_hint_ms = RESERVATION_MS
             head.nudge()

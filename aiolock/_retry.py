@@ -6,7 +6,7 @@ import random
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ("Backoff", "poll_delay")
+__all__ = ("POLL_SPREAD", "Backoff", "poll_delay")
 
 
 @dataclass(slots=True)

@@ -126,8 +126,8 @@ async def test_a_release_to_another_process_makes_the_head_check_later() -> None
 
 async def test_a_release_to_another_process_leaves_a_head_that_checks_soon_enough_asleep() -> None:
     """A waiter whose timer already ends its sleep by the time the grant would lapse is
-    not woken: a wake-up per release in every waiting process cost the hand-off between
-    processes more than anything else the others do with it."""
+    not woken (every waiting process hears every release: the wake-up would change
+    nothing)."""
     queue, waiter = queue_with_waiter()
     sleeping = asyncio.ensure_future(waiter.wait(0.05))
     await asyncio.sleep(0)
