@@ -213,8 +213,10 @@ class QuorumError(BackendError):
     Too many of its nodes were unreachable, refused the command or did not answer within
     their `node_timeout`: neither "acquired" (or "renewed", "released") nor "held by
     someone else" can be told. An acquire that raises it has been given back on every node
-    (a token-guarded abort, under a shield), and nothing runs under it; as the cause of a
-    lease's loss, it says that no quorum confirmed its renewals before its deadline.
+    that granted it (a token-guarded abort, under a shield), and is given back in the
+    background, within their node timeout, on those that had not answered yet; nothing runs
+    under it. As the cause of a lease's loss, it says that no quorum confirmed its renewals
+    before its deadline.
 
     `quorum` is how many nodes must agree (N // 2 + 1); `nodes` maps each node ("host:port")
     to what it answered ("ok", "refused", ...), the error it raised ("error: ..."), or "not

@@ -138,7 +138,8 @@ async def test_three_of_five_down_quorum_error_within_the_timeout(
     """Three nodes dead (connections refused at once) or frozen (SIGSTOP: silence until
     the per-node bound): no quorum is possible. QuorumError (a BackendError) comes within
     the caller's timeout + 1 s, names every node that failed, and nothing stays held on the
-    two live nodes.
+    two live nodes: given back to those that had not answered yet in the background,
+    within their node timeout, well before the ttl would have freed them.
 
     Break seen failing: a quorum of N // 2 (two nodes grant the lease)."""
     for index in (2, 3, 4):
@@ -148,7 +149,8 @@ async def test_three_of_five_down_quorum_error_within_the_timeout(
             five.pause(index)
     loop = asyncio.get_running_loop()
     timeout = 1.0
-    lock = Redlock(five.clients(), name, ttl=scaled(1.0))
+    ttl = scaled(3.0)
+    lock = Redlock(five.clients(), name, ttl=ttl)
     try:
         began = loop.time()
         with pytest.raises(QuorumError) as info:
@@ -159,7 +161,11 @@ async def test_three_of_five_down_quorum_error_within_the_timeout(
         failed = str(info.value.nodes)
         for index in (2, 3, 4):
             assert str(five.servers[index].port) in failed, failed
-        assert (await holders(five, name))[:2] == ["", ""]
+
+        async def given_back() -> bool:
+            return (await holders(five, name))[:2] == ["", ""]
+
+        await eventually(given_back, what="the live nodes given the acquire back", timeout=ttl / 2)
     finally:
         for index in (2, 3, 4):
             if fault == "frozen":
