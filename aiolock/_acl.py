@@ -15,7 +15,14 @@ import secrets
 from dataclasses import dataclass
 from typing import Final
 
-from . import _hash_scripts, _redlock_scripts, _rwlock_scripts, _scripts, _semaphore_scripts
+from . import (
+    _hash_scripts,
+    _lease_scripts,
+    _redlock_scripts,
+    _rwlock_scripts,
+    _scripts,
+    _semaphore_scripts,
+)
 from ._layout import LockKeys
 
 __all__ = (
@@ -49,7 +56,8 @@ def _primitive_scripts() -> list[_scripts.Script]:
     """The scripts of Lock, Semaphore, ReadWriteLock and Redlock (a module's tuple of
     scripts included)."""
     found = []
-    for module in (_scripts, _hash_scripts, _semaphore_scripts, _rwlock_scripts, _redlock_scripts):
+    modules = (_scripts, _lease_scripts, _hash_scripts, _semaphore_scripts, _rwlock_scripts)
+    for module in (*modules, _redlock_scripts):
         for value in vars(module).values():
             values = value if isinstance(value, tuple) else (value,)
             found += [v for v in values if isinstance(v, _scripts.Script)]

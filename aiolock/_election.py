@@ -65,6 +65,7 @@ class _Seat(Primitive):
 
     _what = "election"
     _release_script = EL_RELEASE
+    _direct_grants = True
 
     def __init__(self, client: AsyncClient, name: str, config: LockConfig) -> None:
         keys = self._keys = LockKeys.build(config.prefix, name, INFIX)

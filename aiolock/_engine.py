@@ -39,7 +39,7 @@ from ._config import check_timeout, check_token
 from ._granting import Granting
 from ._info import task_name
 from ._lease import Lease
-from ._primitive import UNSET, Attempt, Busy, Call, Unset
+from ._primitive import UNSET, Attempt, Busy, Call, Unset, check_within_ms
 from ._queue import Registration, Released, Waiter, WaitQueue
 from ._release import ABORT_TIMEOUT, cleanup_budget
 from ._retry import Backoff, poll_delay
@@ -173,7 +173,9 @@ class Primitive(Granting):
             raise self._timed_out(progress)
         # (A refused first try joins in the same step as it ends: whoever waits for it to
         # be answered finds it in the queue.)
-        waiter = notifier.join(self._channel, ticket, accepts=token is None)
+        waiter = notifier.join(
+            self._channel, ticket, accepts=token is None, direct=self._direct_grants
+        )
         notifier.end_try(self._channel, ticket)
         try:
             await notifier.ready(waiter, timeout=progress.time_left())
@@ -555,7 +557,9 @@ class Primitive(Granting):
                 reason=LossReason.NOT_OWNER,
             )
         if status != 1:
-            return Attempt(None, value if status == 0 else -1, reply if status == 0 else ())
+            if status != 0:
+                return Attempt(None, -1)
+            return Attempt(None, check_within_ms(reply), reply)
         if loop.time() >= sent_at + validity:
             # The reply came too late to be of use (this process was paused): give it back.
             await self._abort(runtime, token, timeout=ABORT_TIMEOUT)

@@ -85,13 +85,16 @@ from dataclasses import dataclass, field
 __all__ = (
     "ABORTS_KEPT",
     "ABORT_RETAIN_MS",
+    "DIRECT_PREFIX",
     "FORMAT_VERSION",
     "GRACE_MS",
+    "GRANT_MS",
     "KEPT_PREFIX",
     "RESERVATION_MS",
     "RETAIN_CAP",
     "RETAIN_DEFAULT",
     "RETAIN_MIN",
+    "TOLD_EVERY_MS",
     "LockKeys",
     "permits_key",
 )
@@ -106,6 +109,23 @@ RESERVATION_MS = 1000
 """How long a lock handed to the first queued process is held for it before that process
 renews it (a grant), or claims it (a reservation). If that process died, the others are
 delayed by this much, once."""
+
+TOLD_EVERY_MS = 100
+"""How often, at most, a grant to a queue listening on its process's channel is also told on
+the name's channel (to every waiting process). Between those, grants are told on the
+grantee's process's channel alone, and each lapses within RESERVATION_MS - TOLD_EVERY_MS
+unless renewed: a process that heard of the last grant told to all, or that was told by
+its acquire to check again (ACQUIRE's `check`), checks by the time any of them lapsed."""
+
+GRANT_MS = RESERVATION_MS - TOLD_EVERY_MS
+"""How long a grant to a waiting process of this version is held before that process
+renews it (its entry's `grant ms`, the ttl if shorter): a grant told to it alone lapses
+by the time the other processes check (see TOLD_EVERY_MS)."""
+
+DIRECT_PREFIX = 9
+"""Characters of a queue id that name its process's channel: "p" and 8 hex digits, the
+same for all of that process's queues (of one client). A queue id without the "p" (16 hex
+digits, from the version before) is told of grants on the name's channel alone."""
 
 ABORTS_KEPT = 32
 """Aborted acquire tokens a lock remembers at least (at most twice as many): an acquire that

@@ -58,6 +58,7 @@ class Lock(Primitive):
     __slots__ = ("_keys",)
 
     _release_script = RELEASE
+    _direct_grants = True
 
     def __init__(
         self,

@@ -45,6 +45,7 @@ import contextlib
 import itertools
 import logging
 import random
+import secrets
 from typing import TYPE_CHECKING, Any, Final
 
 from ._queue import Waiter, WaitQueue
@@ -149,6 +150,10 @@ class Notifier:
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
         self._queues: dict[str, WaitQueue] = {}
+        # This process's channel id (see DIRECT_PREFIX), and the queues by their channel of
+        # it: `<name's channel>:<direct id>`.
+        self._direct_id = "p" + secrets.token_hex(4)
+        self._direct: dict[str, WaitQueue] = {}
         self._tickets = itertools.count()
         # The tickets of first tries in flight (several tasks may try at once while none
         # waits), by channel, and what waits for one of them to be answered.
@@ -242,17 +247,29 @@ class Notifier:
                 return waiter
         return None
 
-    def join(self, channel: str, ticket: int | None = None, *, accepts: bool = True) -> Waiter:
+    def join(
+        self,
+        channel: str,
+        ticket: int | None = None,
+        *,
+        accepts: bool = True,
+        direct: bool = False,
+    ) -> Waiter:
         """Queue up for `channel`: a new waiter, behind every waiter of an earlier acquire()
-        call (`ticket`; default: a new one, at the back).
+        call (`ticket`; default: a new one, at the back). With `direct` (the primitive's
+        scripts can tell a grant to one process), a new queue also listens on this
+        process's channel of the name.
 
         The caller must `leave()` it whatever happens next (cancellation included), and
         withdraw the queue `leave()` returns; then `ready()` subscribes it.
         """
         queue = self._queues.get(channel)
         if queue is None:
-            queue = self._queues[channel] = WaitQueue(channel)
-            if self._subscribed.pop(channel, None) is not None:
+            queue = self._queues[channel] = WaitQueue(channel, self._direct_id if direct else None)
+            for own in queue.channels[1:]:
+                self._direct[own] = queue
+            kept = [self._subscribed.pop(each, None) is not None for each in queue.channels]
+            if all(kept):
                 queue.subscription_kept()  # still subscribed from earlier waiters
         waiter = Waiter(queue, self.ticket() if ticket is None else ticket, accepts=accepts)
         waiters = queue.waiters
@@ -319,8 +336,11 @@ class Notifier:
                 queue.waiters[0].nudge()  # its entry in Redis counts one waiter more
             return None
         del self._queues[queue.channel]
+        for own in queue.channels[1:]:
+            del self._direct[own]
         if queue.requested:
-            self._subscribed[queue.channel] = self._backend.loop.time()
+            for each in queue.channels:
+                self._subscribed[each] = self._backend.loop.time()
         return queue if queue.registered else None
 
     def queue_for(self, channel: str) -> WaitQueue | None:
@@ -366,7 +386,7 @@ class Notifier:
         if self._pubsub is not None and _connected(self._pubsub):
             queue.subscription_requested()
             try:
-                await self._pubsub.subscribe(queue.channel)
+                await self._pubsub.subscribe(*queue.channels)
             except Exception as exc:
                 if not self._backend.broken(exc):
                     raise
@@ -439,7 +459,8 @@ class Notifier:
             for queue in self._queues.values():
                 queue.subscription_requested()
             self._watch_requested = set(self._watches)
-            await pubsub.subscribe(*self._queues, *self._subscribed, *self._watches)
+            listened = [each for queue in self._queues.values() for each in queue.channels]
+            await pubsub.subscribe(*listened, *self._subscribed, *self._watches)
             health.heard, health.pinged = loop.time(), None
         now = loop.time()
         if health.pinged is not None and now - health.pinged >= every:
@@ -515,11 +536,12 @@ class Notifier:
         if channel in self._watches:
             self._watched(kind, channel)
             return
-        queue = self._queues.get(channel)
+        queue = self._queues.get(channel) or self._direct.get(channel)
         if kind == "subscribe":
             if queue is None:
                 self._subscribed.setdefault(channel, self._backend.loop.time())
-            else:
+            elif channel == queue.channels[-1]:
+                # (its channels are subscribed in order: the last confirms them all)
                 queue.subscription_confirmed()
         elif kind == "lost" and queue is not None:
             # A cluster's sharded session lost the channel (its slot moved, its node went

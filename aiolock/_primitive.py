@@ -22,15 +22,25 @@ from ._blocks import Blocks
 from ._clients import AsyncClient, is_cluster
 from ._config import LockConfig
 from ._info import HOST, PID, LockInfo, text
-from ._layout import RESERVATION_MS
+from ._layout import GRANT_MS
 from ._lease import Lease
+from ._lease_scripts import RENEW, RESUME
 from ._queue import Registration, Released
 from ._quorum import Quorum
 from ._runtime import Runtime, runtime_for
-from ._scripts import RENEW, RESUME, Script, release_args, released
+from ._scripts import Script, release_args, released
 from .errors import AcquireTimeoutError, ConfigError, ReplicationError
 
-__all__ = ("UNSET", "Attempt", "Busy", "Call", "PrimitiveBase", "Unset", "busy_hint")
+__all__ = (
+    "UNSET",
+    "Attempt",
+    "Busy",
+    "Call",
+    "PrimitiveBase",
+    "Unset",
+    "busy_hint",
+    "check_within_ms",
+)
 
 Call = tuple[Script, Sequence[str], list[str | int]]
 """One script call: the script, its KEYS and its ARGV."""
@@ -73,6 +83,17 @@ class Attempt:
     """An answer "held": {0, pttl, fencing token, holder, acquired ms, ttl ms, typical}."""
     free: int = 0
     """Leases still free after this one was acquired (a semaphore's permits)."""
+
+
+def check_within_ms(busy: Sequence[Any]) -> int:
+    """When a waiting head checks the lock again unless told of a release, from an answer
+    "held" (see ACQUIRE): the holder's remaining ttl, or sooner if grants are being told to
+    their processes alone (`check`); <= 0 if neither is known."""
+    pttl_ms = int(busy[1])
+    check = text(busy[7]) if len(busy) > 7 else ""
+    if check.isdigit():
+        return min(pttl_ms, int(check)) if pttl_ms > 0 else int(check)
+    return pttl_ms
 
 
 def busy_hint(name: str, busy: Sequence[Any]) -> tuple[LockInfo | None, float | None]:
@@ -125,6 +146,9 @@ class PrimitiveBase(abc.ABC):
     """A task that holds it and waits for it again would wait forever: refused."""
     _requeued_on_grant: ClassVar[bool] = False
     """The scripts put a queue that was granted a lease back in line (a semaphore's)."""
+    _direct_grants: ClassVar[bool] = False
+    """The release script tells a grant to a queue whose id says so on its process's own
+    channel (RELEASE's, see DIRECT_PREFIX): its queues listen there too."""
     _max_poll: ClassVar[float | None] = None
     """Longest sleep of a waiting head between its tries (a waiting writer's refresh)."""
 
@@ -225,7 +249,7 @@ class PrimitiveBase(abc.ABC):
     @property
     def _grant_ms(self) -> int:
         """How long a grant to this primitive's waiters is held before it is renewed."""
-        return min(self._config.ttl_ms, RESERVATION_MS)
+        return min(self._config.ttl_ms, GRANT_MS)
 
     def _entry(self, registration: Registration, task: str) -> str:
         """The tail of this process's entry in the wait queue in Redis (see ACQUIRE)."""

@@ -205,6 +205,7 @@ class WaitQueue:
         "_spent",
         "attempting",
         "channel",
+        "channels",
         "counted",
         "grant",
         "joining",
@@ -218,9 +219,14 @@ class WaitQueue:
         "wid",
     )
 
-    def __init__(self, channel: str) -> None:
+    def __init__(self, channel: str, direct: str | None = None) -> None:
         self.channel = channel
-        self.wid = secrets.token_hex(8)  # this queue's id in the lock's queue in Redis
+        # This queue's id in the lock's queue in Redis. With `direct` (its process's
+        # channel id, "p" and 8 hex digits: see DIRECT_PREFIX), grants to it are told on the
+        # channel `<channel>:<direct>` (and now and then on the name's channel too).
+        self.wid = secrets.token_hex(8) if direct is None else direct + secrets.token_hex(4)
+        # The channels it listens on, the one whose subscription makes it subscribed last.
+        self.channels = (channel,) if direct is None else (channel, f"{channel}:{direct}")
         # Registrations that may be in Redis, oldest first; a grant is only ever to one.
         self.registrations: collections.deque[Registration] = collections.deque(
             maxlen=MAX_REGISTRATIONS

@@ -39,9 +39,10 @@ from redis.asyncio.client import PubSub
 from ._backend import Backend
 from ._cancel import run_shielded
 from ._clients import AsyncClient
+from ._lease_scripts import RENEW, RESUME
 from ._quorum_pubsub import QuorumPubSub
 from ._redlock_scripts import RL_ACQUIRE, RL_FENCE, RL_RELEASE
-from ._scripts import RENEW, RESUME, Script
+from ._scripts import Script
 from ._transport import Sent
 from .errors import BackendError, QuorumError
 

@@ -21,12 +21,13 @@ from ._engine import Call, Primitive
 from ._info import HOST, PID, LockInfo, text
 from ._layout import LockKeys
 from ._lease import Lease
+from ._lease_scripts import RENEW, RESUME
 from ._options import LockOptions, lock_config
 from ._primitive import UNSET, Unset
 from ._quorum import Quorum, QuorumBackend
 from ._redlock_scripts import RL_ACQUIRE, RL_RELEASE
 from ._runtime import Runtime, runtime_for
-from ._scripts import INSPECT, RENEW, RESUME, release_args
+from ._scripts import INSPECT, release_args
 from ._watchdog import RenewalEntry
 from .errors import BackendError, ConfigError, QuorumError
 

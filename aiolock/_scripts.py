@@ -28,18 +28,18 @@ from typing import Any
 from ._layout import (
     ABORT_RETAIN_MS,
     ABORTS_KEPT,
+    DIRECT_PREFIX,
     GRACE_MS,
     HOLD_FIXED,
     KEPT_PREFIX,
     RESERVATION_MS,
+    TOLD_EVERY_MS,
 )
 
 __all__ = (
     "ACQUIRE",
     "INSPECT",
     "RELEASE",
-    "RENEW",
-    "RESUME",
     "Script",
     "acquire_args",
     "acquired",
@@ -72,6 +72,7 @@ def kept(token: str) -> str:
 CONSTANTS = (
     "if redis.replicate_commands then redis.replicate_commands() end\n"
     f"local GRACE, RESERVATION = {GRACE_MS}, {RESERVATION_MS}\n"
+    f"local TOLD_EVERY, DIRECT = {TOLD_EVERY_MS}, {DIRECT_PREFIX}\n"
     f"local ABORTS_KEPT, ABORT_RETAIN, KEPT = {ABORTS_KEPT}, {ABORT_RETAIN_MS}, {KEPT_PREFIX}\n"
 )
 
@@ -184,8 +185,10 @@ ACQUIRE = Script(
 --           found already ours (a retry after a lost reply; its expiry is reset to the
 --           ttl); a plain integer costs the server less than a table;
 --         {1, fencing token}: acquired otherwise (a caller that queues);
---         {0, pttl ms, fencing token, holder, acquired ms, ttl ms, typical hold ms}: held,
---           or reserved for another queue, by the holder described ('' where unknown); the
+--         {0, pttl ms, fencing token, holder, acquired ms, ttl ms, typical hold ms, check
+--           ms}: held, or reserved for another queue, by the holder described ('' where
+--           unknown), to be checked again within `check` ms if not told of a release ('' if
+--           no sooner than pttl: grants told to one process alone, see RELEASE); the
 --           caller's queue entry is added (at the back) or refreshed, and lives until
 --           pttl + GRACE; a caller that does not queue marks the hold as refusing
 --           (`b`: the holder's token's first KEPT digits), so that its release measures it;
@@ -235,13 +238,23 @@ if not claimed and (current or (reserved and reserved ~= wid)) then
     clock()
     enqueue(wid, now_ms + math.max(pttl, 0) + GRACE, tonumber(ARGV[5]) + 1, ARGV[6])
   end
-  local h = redis.call('HMGET', KEYS[1], 'm', 'a', 't', 'h', 'b')
+  local h = redis.call('HMGET', KEYS[1], 'm', 'a', 't', 'h', 'b', 'g')
   if wid == '' and current and h[5] ~= string.sub(current, 1, KEPT) then
     -- A caller that will not wait in the queue: its release cannot measure the hold by a
     -- hand-over, so this hold is marked (once) for the release to measure.
     redis.call('HSET', KEYS[1], 'b', string.sub(current, 1, KEPT))
   end
-  return {0, pttl, s[3] or '', h[1] or '', h[2] or '', h[3] or '', h[4] or ''}
+  -- Grants made now are told on their process's channel alone (see RELEASE): a caller
+  -- that waits checks again once the last of them would have lapsed.
+  local check = ''
+  local told = tonumber(h[6] or '')
+  if told then
+    clock()
+    if now_ms >= told and now_ms - told < TOLD_EVERY then
+      check = told + RESERVATION - now_ms
+    end
+  end
+  return {0, pttl, s[3] or '', h[1] or '', h[2] or '', h[3] or '', h[4] or '', check}
 end
 -- Free, reserved for the caller's queue, or granted to it: take it.
 local fence
@@ -379,7 +392,7 @@ local last
 -- before a release deletes the holder's fields when the lock is to be handed on).
 local function previous()
   if not last then
-    last = redis.call('HMGET', KEYS[1], 'fence', 'a', 'h')
+    last = redis.call('HMGET', KEYS[1], 'fence', 'a', 'h', 'g')
   end
   return last
 end
@@ -410,6 +423,9 @@ local function give(wid, tail, full)
   local expiry = tonumber(g_ttl)
   if not full then
     expiry = math.min(tonumber(g_ms), RESERVATION)
+    if string.sub(wid, 1, 1) == 'p' then
+      expiry = math.min(expiry, RESERVATION - TOLD_EVERY)
+    end
   end
   redis.call('PEXPIRE', KEYS[1], expiry)
   return string.format('%.0f', fence), seq, expiry
@@ -442,10 +458,26 @@ local function hand_over(what)
     -- A waiter that is subscribed but not queued yet always tries again after subscribing,
     -- and finds the lock free: nothing is published when nobody is queued.
     local message = (what or last[1] or '') .. ' ' .. wid
+    local channel = KEYS[1] .. ':released'
     if granted ~= '' then
       message = message .. ' ' .. granted .. ' ' .. seq
+      if string.sub(wid, 1, 1) == 'p' then
+        -- A queue that also listens on a channel of its process (its id starts with "p"
+        -- and the process's channel id, see DIRECT): a grant is told there alone, unless
+        -- the name's channel told of none for TOLD_EVERY ms. The other processes then
+        -- check at the latest RESERVATION ms after the last grant told to all, and every
+        -- grant not told to them lapses by then (it is held for at most
+        -- RESERVATION - TOLD_EVERY ms unless renewed; see ACQUIRE's check).
+        clock()
+        local told = tonumber(last[4] or '')
+        if told and now_ms - told < TOLD_EVERY and now_ms >= told then
+          channel = channel .. ':' .. string.sub(wid, 1, DIRECT)
+        else
+          redis.call('HSET', KEYS[1], 'g', now_ms)
+        end
+      end
     end
-    redis.call('PUBLISH', KEYS[1] .. ':released', message)
+    redis.call('PUBLISH', channel, message)
   end
   return wid, granted, seq, expiry
 end
@@ -553,120 +585,6 @@ def release_args(
         args.pop()
     return args
 
-
-RENEW = Script(
-    "renew",
-    """
--- KEYS[1..N] the keys holding the leases (one slot per call on Cluster)
--- ARGV[3i-2] token of the lease in KEYS[i], ARGV[3i-1] its ttl (ms), ARGV[3i] its kind:
--- '' for a state hash holding it under `token` (a lock); 'p' for a hash holding it in the
--- field 'p:<token>', "<slot> <expires at, ms> <rest>" (a read-write lock's lease), the key
--- living at least as long as each such lease; 'ps' for a semaphore's permit, held so, and
--- its slot's score in the index `KEYS[i]:permits` (a sorted set in the same slot, living
--- as long as the key: see `_permit_index`) set to the new expiry; 'r<fencing token>' for a Redlock's state on
--- one of its nodes (see `_redlock_scripts`): held as a lock's, and if the node lost it (it
--- restarted empty) and no other token holds it there, held again under `token` with that
--- fencing token, the node's counter raised to it (not for a token released or aborted
--- here), and a node that granted it after the token was agreed given the agreed one; 'r'
--- alone renews only
--- Returns {r1..rN}: 1 = expiry reset to the ttl, 0 = not the owner (nothing changed).
-if redis.replicate_commands then redis.replicate_commands() end
-local out = {}
-local now_ms
-for i = 1, #KEYS do
-  local token, ttl, kind = ARGV[3 * i - 2], tonumber(ARGV[3 * i - 1]), ARGV[3 * i]
-  out[i] = 0
-  if kind == '' then
-    if redis.call('HGET', KEYS[i], 'token') == token then
-      redis.call('PEXPIRE', KEYS[i], ttl)
-      out[i] = 1
-    end
-  elseif string.sub(kind, 1, 1) == 'r' then
-    local s = redis.call('HMGET', KEYS[i], 'token', 'k', 'n', 'a:' .. token, 'fence')
-    if s[1] == token then
-      redis.call('PEXPIRE', KEYS[i], ttl)
-      if #kind > 1 and s[5] ~= string.sub(kind, 2) then
-        -- Granted here after the token was agreed (a late answer): the agreed one.
-        local fence = tonumber(string.sub(kind, 2))
-        redis.call('HSET', KEYS[i], 'fence', fence,
-          'n', math.max(tonumber(s[3] or '') or 0, fence))
-      end
-      out[i] = 1
-    elseif not s[1] and not s[4] and #kind > 1 and s[2] ~= string.sub(token, 1, #(s[2] or '')) then
-      local fence = tonumber(string.sub(kind, 2))
-      local t = redis.call('TIME')
-      redis.call('HSET', KEYS[i], 'token', token, 'fence', fence,
-        'n', math.max(tonumber(s[3] or '') or 0, fence), 'm', '', 'a',
-        tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), 't', ttl)
-      redis.call('PEXPIRE', KEYS[i], ttl)
-      out[i] = 1
-    end
-  else
-    local field = 'p:' .. token
-    local lease = redis.call('HGET', KEYS[i], field)
-    if not now_ms and lease then
-      local t = redis.call('TIME')
-      now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    end
-    local slot, expires, rest
-    if lease then
-      slot, expires, rest = string.match(lease, '^(%d+) (%d+) (.*)$')
-    end
-    if expires and tonumber(expires) > now_ms then
-      redis.call('HSET', KEYS[i], field, string.format('%s %.0f %s', slot, now_ms + ttl, rest))
-      local longer = redis.call('PTTL', KEYS[i]) < ttl
-      if longer then
-        redis.call('PEXPIRE', KEYS[i], ttl)
-      end
-      if kind == 'ps' then
-        local permits = KEYS[i] .. ':permits'
-        redis.call('ZADD', permits, 'XX', now_ms + ttl, slot)
-        if longer then
-          redis.call('PEXPIRE', permits, ttl)
-        end
-      end
-      out[i] = 1
-    end
-  end
-end
-return out
-""",
-)
-
-RESUME = Script(
-    "resume",
-    """
--- KEYS[1] the key holding the lease
--- ARGV[1] token, ARGV[2] ttl (ms), ARGV[3] its kind, as for RENEW ('' if left out)
--- Returns {1, fencing token[, slot]}: a lease is held under this token (its slot, for a
---         semaphore's permit); its expiry is reset to the ttl; {0}: it is not.
-if (ARGV[3] or '') == '' then
-  if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return {1, tonumber(redis.call('HGET', KEYS[1], 'fence'))}
-  end
-  return {0}
-end
-if redis.replicate_commands then redis.replicate_commands() end
-local field = 'p:' .. ARGV[1]
-local lease = redis.call('HGET', KEYS[1], field)
-if not lease then
-  return {0}
-end
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local slot, expires, fence, rest = string.match(lease, '^(%d+) (%d+) (%d+) (.*)$')
-if tonumber(expires) <= now_ms then
-  return {0}
-end
-local ttl = tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], field, string.format('%s %.0f %s %s', slot, now_ms + ttl, fence, rest))
-if redis.call('PTTL', KEYS[1]) < ttl then
-  redis.call('PEXPIRE', KEYS[1], ttl)
-end
-return {1, tonumber(fence), tonumber(slot)}
-""",
-)
 
 INSPECT = Script(
     "inspect",

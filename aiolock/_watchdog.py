@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from . import _renewal as renewal
 from ._config import replica_wait_ms
+from ._lease_scripts import RENEW
 from ._retry import Backoff
-from ._scripts import RENEW
 from .errors import BackendError, ReplicationError
 
 if TYPE_CHECKING:

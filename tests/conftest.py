@@ -25,8 +25,9 @@ from redis.asyncio.connection import Connection
 from aiolock import _clients
 from aiolock._election_scripts import EL_ANNOUNCE, EL_PROCLAIM, EL_READ, EL_RELEASE
 from aiolock._hash_scripts import EXPIRE_LEASES
+from aiolock._lease_scripts import RENEW, RESUME
 from aiolock._rwlock_scripts import RW_ACQUIRE, RW_RELEASE
-from aiolock._scripts import ACQUIRE, INSPECT, RELEASE, RENEW, RESUME
+from aiolock._scripts import ACQUIRE, INSPECT, RELEASE
 from aiolock._semaphore_scripts import SEM_ACQUIRE, SEM_RELEASE, SEM_SET_LIMIT
 
 from .servers import RedisServer, ServerBinary, find_binaries

@@ -34,6 +34,7 @@ LAYERS: dict[str, int] = {
     "_blocks": DATA,
     "_settle": DATA,
     "_scripts": DATA,
+    "_lease_scripts": DATA,
     "_hash_scripts": DATA,
     "_permit_index": DATA,
     "_semaphore_scripts": DATA,

@@ -14,7 +14,7 @@ import redis.asyncio
 
 from aiolock import Lease, LeaseLostError, Semaphore
 from aiolock._layout import LockKeys
-from aiolock._scripts import RENEW
+from aiolock._lease_scripts import RENEW
 from aiolock.testing import expire_now
 
 from . import semaphore_before_index as before

@@ -35,8 +35,8 @@ from aiolock import (
 )
 from aiolock._backend import Backend
 from aiolock._layout import LockKeys
+from aiolock._lease_scripts import RENEW
 from aiolock._runtime import runtime_for
-from aiolock._scripts import RENEW
 
 from ..load import scaled
 from ..recorded import of_lease as count

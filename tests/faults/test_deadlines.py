@@ -20,8 +20,9 @@ import pytest
 from aiolock import AcquireTimeoutError, EventKind, Lease, Lock, add_listener
 from aiolock._config import safety_margin
 from aiolock._layout import LockKeys
+from aiolock._lease_scripts import RENEW
 from aiolock._runtime import runtime_for
-from aiolock._scripts import ACQUIRE, RENEW
+from aiolock._scripts import ACQUIRE
 
 from ..conftest import CommandLog, make_client
 from ..servers import RedisServer

@@ -10,8 +10,9 @@ import pytest
 from aiolock import Lease, LeaseLostError, Lock
 from aiolock._info import text
 from aiolock._layout import RESERVATION_MS, LockKeys
+from aiolock._lease_scripts import RENEW
 from aiolock._runtime import runtime_for
-from aiolock._scripts import ACQUIRE, RENEW
+from aiolock._scripts import ACQUIRE
 
 from ..conftest import CommandLog
 from ..waits import within

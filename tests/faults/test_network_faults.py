@@ -293,7 +293,7 @@ class ReplyLog:
         return sum(
             1
             for reply in self.replies[mark:]
-            if isinstance(reply, list) and len(reply) == 7 and reply[0] == 0
+            if isinstance(reply, list) and len(reply) >= 7 and reply[0] == 0
         )
 
 

@@ -88,7 +88,8 @@ def acl_commands() -> set[str]:
 
 
 PRIMITIVE_SCRIPTS = (
-    "aiolock._scripts",  # Lock (and RENEW, RESUME, INSPECT for every primitive)
+    "aiolock._scripts",  # Lock (and INSPECT for every primitive)
+    "aiolock._lease_scripts",  # RENEW, RESUME for every primitive
     "aiolock._hash_scripts",  # a Semaphore's or ReadWriteLock's expired leases
     "aiolock._semaphore_scripts",
     "aiolock._rwlock_scripts",
