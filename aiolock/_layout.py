@@ -8,7 +8,8 @@ Format version 2. For a lock named NAME under PREFIX (default "aiolock"):
 | `PREFIX:{NAME}:queue`    | zset    | waiting processes, first come first served (member: queue id, score: arrival µs) |
 | `PREFIX:{NAME}:waiters`  | hash    | queue id -> "<expires at, Unix ms> <waiters> <host> <pid> <seq> <grant ms> <ttl ms> <grant token> <task>" |
 | `PREFIX:{NAME}:holds`    | list    | only for locks with `hold_stats=True`: recent hold durations in ms, newest first, followed by "f" for a lease that was not renewed (`renew=False`), 100 to 150 of them (trimmed to 100 every 50 holds, when its 1-day TTL is renewed) |
-| `PREFIX:{NAME}:released` | channel | one message per release that hands the lock to another process's queue: "<fencing token> <queue id> <granted fencing token> <seq>" |
+| `PREFIX:{NAME}:released` | channel | a release that hands the lock to another process's queue: "<fencing token> <queue id> <granted fencing token> <seq>" (a grant to a queue whose id starts with "p": only if none was told here for TOLD_EVERY_MS) |
+| `PREFIX:{NAME}:released:p<8 hex>` | channel | the same, for a grant to a queue of the process whose channel id this is (the first 9 characters of its queue id), told to it alone |
 
 The state hash. While held: `token` (128-bit hex secret), `fence` (the holder's fencing
 token), `m` ("<host> <pid> <task>": the holder's hostname, process id and asyncio task
@@ -20,7 +21,8 @@ release handed the lock on or that refused an acquire, 1/8 each), `b` (while hel
 16 hex digits of the holder's token once an acquire that does not queue was refused, so that
 its release measures the hold into `h`; ignored by releases of other holders and of earlier
 versions, cleared by the holder's release), `q` (set while the wait queue may have entries, so that a
-release with nobody waiting does not look), `reserved` (a queue the lock is kept for, as
+release with nobody waiting does not look), `g` (server ms of the last grant to a "p" queue
+told on the name's channel), `reserved` (a queue the lock is kept for, as
 layout 1 wrote it), `a:<token>` and `ac` (acquires aborted while their outcome was unknown,
 numbered; the newest ABORTS_KEPT to twice as many are kept).
 
@@ -47,11 +49,26 @@ the state expired.
 Waiting: in each process only the first waiter for a name talks to Redis, for all the
 process's waiters of that name, under one random queue id. Its entry carries a fresh grant
 token (`seq` numbers them within the process). A release grants the lock to the first live
-entry's token and says so on the channel; that process's first waiter holds the lease at
+entry's token and says so on a channel; that process's first waiter holds the lease at
 once, without a command (it claims the grant with an acquire if it heard of it too late). A
 releasing process that has waiters of its own puts its queue in line in the same call.
 Entries expire GRACE_MS after the holder's key would, so a crashed waiter's entry
 disappears by itself; a grant to a crashed waiter lapses after RESERVATION_MS.
+
+Grants told to one process: a lock's queue id of this version starts with "p" and the
+8 hex digits of its process's channel id, and its process listens on the name's channel
+and on `PREFIX:{NAME}:released:p<8 hex>`. A grant to it is told on the latter alone,
+unless the name's channel told of no such grant for TOLD_EVERY_MS (then there, with `g` set
+to now): a busy name's releases reach the process they serve, not every waiting one. Such a
+grant lapses after GRANT_MS (RESERVATION_MS - TOLD_EVERY_MS) unless renewed, so every grant
+not told to all lapses within RESERVATION_MS of the last one that was; a process that heard
+that one checks the lock by then, and an acquire refused while `g` is younger than
+TOLD_EVERY_MS answers when to check (ACQUIRE's `check`). A crashed grantee so delays the
+others by RESERVATION_MS at most, as before. A queue id without the "p" (a process of the
+version before) is told on the name's channel alone, and its grants lapse after
+RESERVATION_MS as before; those processes do not read `check`, so while versions mix, a
+waiter of the older version may miss a grant told to one process alone and, if that
+process crashed, wait until its own timer (at most the holder's ttl after its last try).
 
 Layout 1 compatibility (a rolling upgrade): layout-1 processes read only `token`,
 `reserved` and `fence` of the state hash, write their holder with their own field names

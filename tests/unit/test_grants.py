@@ -12,6 +12,7 @@ import asyncio
 import pytest
 
 from aiolock._layout import RESERVATION_MS
+from aiolock._primitive import check_within_ms
 from aiolock._queue import Grant, Registration, Waiter, WaitQueue
 
 
@@ -220,3 +221,31 @@ async def test_a_release_that_gives_back_grants_forgets_them_first() -> None:
     assert queue.pop_grant() is None and queue.claim_tokens() == []
     granted(queue, registration, 8)  # told again while the release is under way
     assert queue.pop_grant() is None
+
+
+@pytest.mark.parametrize(
+    ("pttl", "check", "expected"),
+    [
+        pytest.param(30_000, b"", 30_000, id="no grants told to one process: the holder's ttl"),
+        pytest.param(30_000, 950, 950, id="grants told to one process: until they lapsed"),
+        pytest.param(400, 950, 400, id="the holder's key expires sooner"),
+        pytest.param(-1, 950, 950, id="an expiry unknown"),
+        pytest.param(-1, b"", -1, id="nothing known"),
+    ],
+)
+def test_a_waiting_head_checks_within_the_sooner_of_the_ttl_and_the_check(
+    pttl: int, check: bytes | int, expected: int
+) -> None:
+    busy = [0, pttl, b"12", b"h 1 t", b"1", b"30000", b"", check]
+    assert check_within_ms(busy) == expected
+    assert check_within_ms(busy[:7]) == pttl  # the busy answer of a semaphore, say
+
+
+def test_a_queue_that_listens_on_its_processs_channel_says_so_in_its_id() -> None:
+    plain = WaitQueue("aiolock:{name}:released")
+    direct = WaitQueue("aiolock:{name}:released", "p0123abcd")
+    assert len(plain.wid) == 16 and not plain.wid.startswith("p")
+    assert direct.wid.startswith("p0123abcd") and len(direct.wid) == 17
+    assert plain.channels == ("aiolock:{name}:released",)
+    # The subscription of its own channel, last, confirms both.
+    assert direct.channels == ("aiolock:{name}:released", "aiolock:{name}:released:p0123abcd")
