@@ -45,6 +45,8 @@ __all__ = (
     "CommandTransport",
     "Sent",
     "Transport",
+    "checkin",
+    "checkout",
     "pooled",
     "read_pair",
     "reader",
@@ -71,6 +73,70 @@ def pooled(pool: Any, command: str) -> Awaitable[Any]:
     if checkout is None:
         checkout = _CHECKOUTS[type(pool)] = _checkout(pool)
     return checkout(pool, command)
+
+
+async def checkout(pool: Any, command: str) -> tuple[Any, bool]:
+    """A connection of `pool`, and whether it was taken past redis-py's checkout (`checkin`
+    then gives it back the same way).
+
+    redis-py's `ConnectionPool.get_connection` and `release` take a lock, record metrics,
+    dispatch events and ask the connection to connect, around a list pop and a set add:
+    in a lock cycle those layers cost about as much as aiolock's own work on the call. A
+    plain pool of redis-py's own class (`_quick`) lends an idle connection directly: one
+    that is connected and has nothing unread (what redis-py checks); any other case takes
+    redis-py's way.
+    """
+    if _quick(pool):
+        available = pool._available_connections
+        if available:
+            connection = available.pop()
+            in_use = pool._in_use_connections
+            in_use.add(connection)
+            # (redis-py 8 names it can_read, 5 to 7 can_read_destructive)
+            unread = getattr(connection, "can_read", None) or connection.can_read_destructive
+            try:
+                clean = connection.is_connected and not await unread()
+            except (redis.exceptions.RedisError, OSError):
+                clean = False
+            if clean:
+                return connection, True
+            in_use.discard(connection)
+            available.append(connection)  # redis-py's checkout reconnects it
+    return await pooled(pool, command), False
+
+
+async def checkin(pool: Any, connection: Any, quick: bool) -> None:
+    """Give back a connection from `checkout`."""
+    if not quick:
+        await pool.release(connection)
+        return
+    if getattr(connection, "_should_reconnect", False):
+        await connection.disconnect()
+    in_use = pool._in_use_connections
+    if connection in in_use:
+        in_use.remove(connection)
+        pool._available_connections.append(connection)
+    else:  # the pool was reset meanwhile: the connection is no longer its own
+        await connection.disconnect()
+
+
+def _quick(pool: Any) -> bool:
+    """Whether `checkout` may lend `pool`'s connections itself: redis-py's own pool class,
+    its methods not replaced on the object, no credential provider (whose re-authentication
+    runs when a connection is given back) and RESP2 (no push notifications between
+    commands)."""
+    if type(pool) is not redis.asyncio.ConnectionPool:
+        return False
+    own = vars(pool)
+    kwargs = pool.connection_kwargs
+    return (
+        "get_connection" not in own
+        and "release" not in own
+        and isinstance(own.get("_available_connections"), list)
+        and isinstance(own.get("_in_use_connections"), set)
+        and kwargs.get("credential_provider") is None
+        and kwargs.get("protocol") in (None, 2, "2")
+    )
 
 
 _CHECKOUTS: dict[type[Any], Callable[[Any, str], Awaitable[Any]]] = {}

@@ -10,7 +10,7 @@ import redis.asyncio
 import redis.exceptions
 
 from ._clients import ClientLibrary, closed_transport
-from ._transport import Command, Sent, Transport, pooled, read_pair, reader, write
+from ._transport import Command, Sent, Transport, checkin, checkout, read_pair, reader, write
 
 try:
     import hiredis
@@ -60,7 +60,7 @@ class DirectTransport(Transport):
         itself, so a half-read reply never goes back to the pool.
         """
         pool = client.connection_pool
-        connection = await pooled(pool, str(command[0]))
+        connection, quick = await checkout(pool, str(command[0]))
         try:
             packed: bytes = hiredis.pack_command(command)  # type: ignore[arg-type]
             if then is not None:
@@ -77,4 +77,4 @@ class DirectTransport(Transport):
                 raise
             raise redis.exceptions.ConnectionError(f"the connection was closed: {exc!r}") from exc
         finally:
-            await pool.release(connection)
+            await checkin(pool, connection, quick)

@@ -10,14 +10,14 @@ back to the user's pool.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any
 
 import pytest
 import redis.asyncio
 from redis.asyncio.connection import Connection
 
-from aiolock import BackendError, Lock, _clients
+from aiolock import BackendError, Lock, _clients, _transport
 from aiolock._runtime import runtime_for
 from aiolock._transport import CommandTransport
 from aiolock._transport_direct import DirectTransport
@@ -203,4 +203,77 @@ async def test_a_write_on_a_connection_closed_underneath_is_a_broken_connection(
         await lease.release()
     finally:
         ClosedUnderneath.armed = False
+        await client.aclose()
+
+
+@pytest.fixture
+def checkouts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the connections taken through redis-py's own checkout."""
+    counted = [0]
+    original = _transport.pooled
+
+    def counting(pool: Any, command: str) -> Awaitable[Any]:
+        counted[0] += 1
+        return original(pool, command)
+
+    monkeypatch.setattr(_transport, "pooled", counting)
+    return counted
+
+
+async def test_a_plain_pools_idle_connection_is_lent_past_redis_pys_checkout(
+    server_url: str, name: str, checkouts: list[int]
+) -> None:
+    """After the first call opened a connection, each call borrows the idle one directly
+    and gives it back: the pool's own bookkeeping (in use, idle) stays as redis-py keeps
+    it, and a connection closed while idle is opened again redis-py's way."""
+    client = make_client(server_url)
+    try:
+        lock = Lock(client, name, ttl=5)
+        async with lock:
+            pass
+        pool = client.connection_pool
+        opened = checkouts[0]
+        assert opened >= 1
+        for _ in range(20):
+            async with lock as lease:
+                pass
+            assert lease.released
+        assert checkouts[0] == opened, "no connection taken redis-py's way once one was idle"
+        assert not pool._in_use_connections
+        idle = list(pool._available_connections)
+        assert idle and all(connection.is_connected for connection in idle)
+        for connection in idle:
+            await connection.disconnect()
+        async with lock:
+            pass
+        assert checkouts[0] == opened + 1, "a closed idle connection goes redis-py's way"
+        assert await client.ping() is True
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        pytest.param({"protocol": 3}, id="RESP3 (push notifications between replies)"),
+        pytest.param(
+            {"credential_provider": redis.UsernamePasswordCredentialProvider()},
+            id="a credential provider (re-authenticated when given back)",
+        ),
+    ],
+)
+async def test_a_pool_whose_connections_need_redis_pys_care_is_used_its_way(
+    server_url: str, name: str, checkouts: list[int], settings: dict[str, Any]
+) -> None:
+    client = make_client(server_url, **settings)
+    try:
+        lock = Lock(client, name, ttl=5)
+        async with lock:
+            pass
+        before = checkouts[0]
+        for _ in range(5):
+            async with lock:
+                pass
+        assert checkouts[0] - before >= 10  # acquire and release each take one
+    finally:
         await client.aclose()
