@@ -122,8 +122,8 @@ async def test_background_tasks_end_when_idle(client: redis.asyncio.Redis, name:
     await holder.release()
     lease: Lease = await within(waiting, what="the waiter to get the lock")
     await lease.release()
-    await asyncio.wait_for(backend.scheduler.wait_idle(), 5)
-    await asyncio.wait_for(backend.notifier.wait_idle(), 5)
+    await asyncio.wait_for(backend.scheduler.wait_idle(), scaled(5))
+    await asyncio.wait_for(backend.notifier.wait_idle(), scaled(5))
     assert running(backend) == (False, False)
 
 
