@@ -78,7 +78,9 @@ class _Progress:
         self.started = loop.time()
         self.deadline = None if wait is None else self.started + wait
         self.attempts = 0
-        self.pttl_ms = pttl_ms  # the holder's remaining ttl, as last told (<= 0: unknown)
+        # When to check again unless told of a release: the holder's remaining ttl as last
+        # told, or sooner (`check_within_ms`); <= 0: unknown.
+        self.pttl_ms = pttl_ms
         self.busy: Sequence[Any] = ()  # the last answer "held"
         self.acquired = False
         self.more = False  # leases may still be free for the next waiter here (a semaphore)
