@@ -86,22 +86,25 @@ async def checkout(pool: Any, command: str) -> tuple[Any, bool]:
     that is connected and has nothing unread (what redis-py checks); any other case takes
     redis-py's way.
     """
-    if _quick(pool):
-        available = pool._available_connections
-        if available:
-            connection = available.pop()
-            in_use = pool._in_use_connections
-            in_use.add(connection)
-            # (redis-py 8 names it can_read, 5 to 7 can_read_destructive)
-            unread = getattr(connection, "can_read", None) or connection.can_read_destructive
-            try:
-                clean = connection.is_connected and not await unread()
-            except (redis.exceptions.RedisError, OSError):
-                clean = False
-            if clean:
-                return connection, True
+    available = pool._available_connections if _quick(pool) else None
+    if available:
+        connection = available.pop()
+        in_use = pool._in_use_connections
+        in_use.add(connection)
+        try:
+            # (`can_read`: a look at what was buffered, which never waits; the older
+            # `can_read_destructive` reads from the socket, so its pools are not lent here)
+            clean = connection.is_connected and not await connection.can_read()
+        except (redis.exceptions.RedisError, OSError):
+            clean = False
+        except BaseException:
             in_use.discard(connection)
-            available.append(connection)  # redis-py's checkout reconnects it
+            available.append(connection)
+            raise
+        if clean:
+            return connection, True
+        in_use.discard(connection)
+        available.append(connection)  # redis-py's checkout reconnects it
     return await pooled(pool, command), False
 
 
@@ -123,8 +126,9 @@ async def checkin(pool: Any, connection: Any, quick: bool) -> None:
 def _quick(pool: Any) -> bool:
     """Whether `checkout` may lend `pool`'s connections itself: redis-py's own pool class,
     its methods not replaced on the object, no credential provider (whose re-authentication
-    runs when a connection is given back) and RESP2 (no push notifications between
-    commands)."""
+    runs when a connection is given back), RESP2 (no push notifications between commands),
+    and connections that can tell whether anything is buffered without reading (redis-py 8).
+    """
     if type(pool) is not redis.asyncio.ConnectionPool:
         return False
     own = vars(pool)
@@ -136,6 +140,7 @@ def _quick(pool: Any) -> bool:
         and isinstance(own.get("_in_use_connections"), set)
         and kwargs.get("credential_provider") is None
         and kwargs.get("protocol") in (None, 2, "2")
+        and hasattr(pool.connection_class, "can_read")
     )
 
 

@@ -225,7 +225,10 @@ async def test_a_plain_pools_idle_connection_is_lent_past_redis_pys_checkout(
 ) -> None:
     """After the first call opened a connection, each call borrows the idle one directly
     and gives it back: the pool's own bookkeeping (in use, idle) stays as redis-py keeps
-    it, and a connection closed while idle is opened again redis-py's way."""
+    it, and a connection closed while idle is opened again redis-py's way. A redis-py
+    whose connections cannot tell what is buffered without reading (before 8) is used its
+    own way throughout."""
+    lends = hasattr(Connection, "can_read")
     client = make_client(server_url)
     try:
         lock = Lock(client, name, ttl=5)
@@ -238,8 +241,11 @@ async def test_a_plain_pools_idle_connection_is_lent_past_redis_pys_checkout(
             async with lock as lease:
                 pass
             assert lease.released
-        assert checkouts[0] == opened, "no connection taken redis-py's way once one was idle"
         assert not pool._in_use_connections
+        if not lends:
+            assert checkouts[0] == opened + 40  # an acquire and a release each
+            return
+        assert checkouts[0] == opened, "no connection taken redis-py's way once one was idle"
         idle = list(pool._available_connections)
         assert idle and all(connection.is_connected for connection in idle)
         for connection in idle:
@@ -252,12 +258,19 @@ async def test_a_plain_pools_idle_connection_is_lent_past_redis_pys_checkout(
         await client.aclose()
 
 
+class _NoCredentials(redis.CredentialProvider):
+    """A credential provider for a server without a password: no AUTH is sent."""
+
+    def get_credentials(self) -> tuple[str] | tuple[str, str]:
+        return ()  # type: ignore[return-value]
+
+
 @pytest.mark.parametrize(
     "settings",
     [
         pytest.param({"protocol": 3}, id="RESP3 (push notifications between replies)"),
         pytest.param(
-            {"credential_provider": redis.UsernamePasswordCredentialProvider()},
+            {"credential_provider": _NoCredentials()},
             id="a credential provider (re-authenticated when given back)",
         ),
     ],
