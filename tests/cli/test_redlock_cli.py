@@ -4,14 +4,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 import redis.asyncio
 
 from aiolock import LossReason, Redlock
 
-from ..servers import RedisServer, ServerBinary
+from ..servers import RedisServer, ServerBinary, clients_of, independent_servers
 from ..waits import within
 from .conftest import Run, closed_port
 
@@ -19,13 +19,15 @@ from .conftest import Run, closed_port
 @pytest.fixture(scope="module")
 def three(binaries: list[ServerBinary]) -> Iterator[list[RedisServer]]:
     """Three independent servers, shared by this module's tests (each uses names of its own)."""
-    started: list[RedisServer] = []
-    try:
-        started.extend(RedisServer(binaries[0]).start() for _ in range(3))
+    with independent_servers(binaries[0], 3) as started:
         yield started
-    finally:
-        for server in started:
-            server.stop()
+
+
+@pytest.fixture
+async def clients(three: list[RedisServer]) -> AsyncIterator[list[redis.asyncio.Redis]]:
+    """A client of each of the three servers, for the Redlock a test holds."""
+    async with clients_of(three) as made:
+        yield made
 
 
 def node_args(servers: list[RedisServer]) -> list[str]:
@@ -33,62 +35,58 @@ def node_args(servers: list[RedisServer]) -> list[str]:
 
 
 async def test_show_reads_every_node_and_the_quorums_holder(
-    three: list[RedisServer], tag: str, arun: Callable[..., Awaitable[Run]]
+    three: list[RedisServer],
+    clients: list[redis.asyncio.Redis],
+    tag: str,
+    arun: Callable[..., Awaitable[Run]],
 ) -> None:
-    clients = [redis.asyncio.Redis.from_url(server.url) for server in three]
-    try:
-        name = f"{tag}:show"
-        free = await arun("show", name, *node_args(three), "--json")
-        assert free.code == 1 and free.json()["holder"] is None
-        lease = await Redlock(clients, name, ttl=30).acquire()
-        shown = await arun("show", name, *node_args(three), "--json")
-        assert shown.code == 0, shown.err
-        data = shown.json()
-        assert data["quorum"] == 2
-        assert data["holder"]["fencing_token"] == lease.fencing_token
-        assert [n["holder"]["fencing_token"] for n in data["nodes"]] == [lease.fencing_token] * 3
-        assert {n["node"] for n in data["nodes"]} == {f"127.0.0.1:{s.port}" for s in three}
-        table = await arun("show", name, *node_args(three))
-        assert table.code == 0
-        assert str(lease.fencing_token) in table.out and "a quorum of 2 of 3" in table.out
-        # A node that does not answer: shown with its error, the quorum's view kept.
-        unreachable = f"redis://127.0.0.1:{closed_port()}/0"
-        partly = await arun("show", name, *node_args(three[:2]), "--node", unreachable, "--json")
-        assert partly.code == 0, partly.err
-        errors = [n["error"] for n in partly.json()["nodes"]]
-        assert errors[:2] == [None, None] and errors[2]
-        assert partly.json()["holder"]["fencing_token"] == lease.fencing_token
-        # Fewer than a quorum answer: said, with each node's error, exit code 2.
-        failed = await arun(
-            "show", name, "--node", three[0].url, "--node", unreachable, "--node",
-            f"redis://127.0.0.1:{closed_port()}/0",
-        )  # fmt: skip
-        assert failed.code == 2 and "fewer than 2 of the nodes" in failed.err
-        await lease.release()
-    finally:
-        for client in clients:
-            await client.aclose()
+    name = f"{tag}:show"
+    free = await arun("show", name, *node_args(three), "--json")
+    assert free.code == 1 and free.json()["holder"] is None
+    lease = await Redlock(clients, name, ttl=30).acquire()
+    shown = await arun("show", name, *node_args(three), "--json")
+    assert shown.code == 0, shown.err
+    data = shown.json()
+    assert data["quorum"] == 2
+    assert data["holder"]["fencing_token"] == lease.fencing_token
+    assert [n["holder"]["fencing_token"] for n in data["nodes"]] == [lease.fencing_token] * 3
+    assert {n["node"] for n in data["nodes"]} == {f"127.0.0.1:{s.port}" for s in three}
+    table = await arun("show", name, *node_args(three))
+    assert table.code == 0
+    assert str(lease.fencing_token) in table.out and "a quorum of 2 of 3" in table.out
+    # A node that does not answer: shown with its error, the quorum's view kept.
+    unreachable = f"redis://127.0.0.1:{closed_port()}/0"
+    partly = await arun("show", name, *node_args(three[:2]), "--node", unreachable, "--json")
+    assert partly.code == 0, partly.err
+    errors = [n["error"] for n in partly.json()["nodes"]]
+    assert errors[:2] == [None, None] and errors[2]
+    assert partly.json()["holder"]["fencing_token"] == lease.fencing_token
+    # Fewer than a quorum answer: said, with each node's error, exit code 2.
+    failed = await arun(
+        "show", name, "--node", three[0].url, "--node", unreachable, "--node",
+        f"redis://127.0.0.1:{closed_port()}/0",
+    )  # fmt: skip
+    assert failed.code == 2 and "fewer than 2 of the nodes" in failed.err
+    await lease.release()
 
 
 async def test_release_force_evicts_the_holder_on_every_node(
-    three: list[RedisServer], tag: str, arun: Callable[..., Awaitable[Run]]
+    three: list[RedisServer],
+    clients: list[redis.asyncio.Redis],
+    tag: str,
+    arun: Callable[..., Awaitable[Run]],
 ) -> None:
-    clients = [redis.asyncio.Redis.from_url(server.url) for server in three]
-    try:
-        name = f"{tag}:release"
-        lease = await Redlock(clients, name, ttl=30, renew_interval=0.2).acquire()
-        done = await arun("release", name, "--force", "--yes", *node_args(three), "--json")
-        assert done.code == 0, done.err
-        assert done.json()["holder"]["fencing_token"] == lease.fencing_token
-        loss = await within(lease.wait_lost(), what="the holder told of its eviction")
-        assert loss is not None and loss.reason is LossReason.NOT_OWNER
-        again = await arun("release", name, "--force", "--yes", *node_args(three), "--json")
-        assert again.code == 1 and again.json()["outcome"] == "not_held"
-        refused = await arun("release", name, "--force", *node_args(three))  # stdin not a tty
-        assert refused.code == 2 and "--yes" in refused.err
-    finally:
-        for client in clients:
-            await client.aclose()
+    name = f"{tag}:release"
+    lease = await Redlock(clients, name, ttl=30, renew_interval=0.2).acquire()
+    done = await arun("release", name, "--force", "--yes", *node_args(three), "--json")
+    assert done.code == 0, done.err
+    assert done.json()["holder"]["fencing_token"] == lease.fencing_token
+    loss = await within(lease.wait_lost(), what="the holder told of its eviction")
+    assert loss is not None and loss.reason is LossReason.NOT_OWNER
+    again = await arun("release", name, "--force", "--yes", *node_args(three), "--json")
+    assert again.code == 1 and again.json()["outcome"] == "not_held"
+    refused = await arun("release", name, "--force", *node_args(three))  # stdin not a tty
+    assert refused.code == 2 and "--yes" in refused.err
 
 
 def test_doctor_checks_each_node(three: list[RedisServer], run: Callable[..., Run]) -> None:

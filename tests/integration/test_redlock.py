@@ -34,7 +34,7 @@ from aiolock._redlock_scripts import RL_ACQUIRE, RL_RELEASE
 from aiolock._runtime import _runtimes, runtime_for
 
 from ..load import scaled
-from ..servers import RedisServer, ServerBinary
+from ..servers import RedisServer, ServerBinary, clients_of, independent_servers
 from ..waits import eventually, until_cancelled, within
 
 NODES = 5
@@ -44,24 +44,17 @@ NODES = 5
 def servers(binaries: list[ServerBinary]) -> Iterator[list[RedisServer]]:
     """Five independent servers, shared by this module's tests (each test uses names of
     its own, and resumes what it pauses)."""
-    started: list[RedisServer] = []
-    try:
-        started.extend(RedisServer(binaries[0]).start() for _ in range(NODES))
+    with independent_servers(binaries[0], NODES) as started:
         yield started
-    finally:
-        for server in started:
-            server.stop()
 
 
 @pytest.fixture
 async def nodes(servers: list[RedisServer]) -> AsyncIterator[list[redis.asyncio.Redis]]:
-    clients = [redis.asyncio.Redis.from_url(server.url) for server in servers]
-    try:
-        yield clients
-    finally:
-        await quorum_calls_ended(clients)
-        for client in clients:
-            await client.aclose()
+    async with clients_of(servers) as clients:
+        try:
+            yield clients
+        finally:
+            await quorum_calls_ended(clients)
 
 
 async def quorum_calls_ended(clients: list[redis.asyncio.Redis]) -> None:
