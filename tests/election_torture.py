@@ -173,6 +173,10 @@ class Fault:
     pid: int
     term: int  # the term the leader held (0 for another candidate)
     start: float
+    resumed: float
+    """When the fault stopped acting: just before SIGCONT was sent (a pause), or the time
+    of `end` (a kill). The resumed process may run, and log, before its sender goes on to
+    read the clock for `end`: its events from `resumed` on are after it resumed."""
     end: float
 
 
@@ -337,14 +341,16 @@ async def _nemesis(
             process.kill()
             await process.wait()
             await asyncio.sleep(0.3)
-            faults.append(Fault(kind, index, process.pid, term, start, time.monotonic()))
+            end = time.monotonic()
+            faults.append(Fault(kind, index, process.pid, term, start, end, end))
             await candidates.start(index)
         else:
             length = rng.uniform(config.ttl + 0.5, config.ttl + 1.5)
             process.send_signal(signal.SIGSTOP)
             await asyncio.sleep(length)
+            resumed = time.monotonic()
             process.send_signal(signal.SIGCONT)
-            faults.append(Fault(kind, index, process.pid, term, start, time.monotonic()))
+            faults.append(Fault(kind, index, process.pid, term, start, resumed, time.monotonic()))
     return faults
 
 
@@ -468,7 +474,7 @@ def check(
             after = [
                 e
                 for e in events
-                if e["pid"] == fault.pid and e["term"] == term and e["t"] >= fault.end
+                if e["pid"] == fault.pid and e["term"] == term and e["t"] >= fault.resumed
             ]
             writes = [e for e in after if e["ev"] == "try"]
             counts["writes attempted by paused leaders after resuming"] += len(writes)
