@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from ..election_torture import Fault, TortureConfig, check
 
 LEADER, NEXT = 100, 200
@@ -53,3 +55,50 @@ def test_a_paused_leader_writing_twice_after_resuming_is_a_violation() -> None:
         _event("lost", LEADER, 5, 3.006, reason="expired"),
     )
     assert violations == ["the paused leader of term 5 went on writing after resuming (2 writes)"]
+
+
+def _resigned_run(*more: dict[str, Any]) -> Any:
+    """The leader of term 5 resigns at 1.0 s with the next candidate first in line, which
+    wins term 6 at 1.9 s."""
+    events = [
+        _event("won", LEADER, 5, 0.0),
+        _event("resign", LEADER, 5, 1.0, next=NEXT),
+        _event("acquired", NEXT, 6, 1.89, attempts=3, wait=1.2),
+        _event("won", NEXT, 6, 1.9),
+        *more,
+    ]
+    return check(
+        TortureConfig(seconds=2, ttl=1.0, resign_bound=0.05),
+        events=events,
+        faults=[],
+        fenced=[],
+        seen=[(0.0, 5), (1.0, None), (1.9, 6)],
+        won_in_log=[5, 6],
+    )
+
+
+def test_a_slow_takeover_after_a_resignation_is_a_violation_that_names_who_took_part() -> None:
+    expected = (
+        "takeover after a resignation: p99 900.0 ms (the slowest: term 5 resigned by pid 100, "
+        "pid 200 first in line, term 6 won by pid 200 after 900.0 ms, in 3 attempt(s))"
+    )
+    assert _resigned_run().violations == [expected]
+
+
+def test_a_takeover_that_a_stall_of_the_winner_accounts_for_is_timed_apart() -> None:
+    report = _resigned_run(_event("stalled", NEXT, 0, 1.88, since=1.01))
+    assert report.violations == []
+    assert report.takeovers["resign while a candidate stalled"] == [pytest.approx(0.9)]
+    assert report.takeovers["resign"] == []
+
+
+def test_a_stall_of_a_candidate_not_involved_excuses_nothing() -> None:
+    report = _resigned_run(_event("stalled", 300, 0, 1.88, since=1.01))
+    assert len(report.violations) == 1
+    assert report.violations[0].startswith("takeover after a resignation: p99 900.0 ms")
+
+
+def test_a_stall_shorter_than_the_excess_over_the_bound_excuses_nothing() -> None:
+    # 900 ms, of which 300 ms stalled: 600 ms is still over the 50 ms bound.
+    report = _resigned_run(_event("stalled", LEADER, 0, 1.4, since=1.1))
+    assert len(report.violations) == 1
