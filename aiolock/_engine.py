@@ -245,8 +245,9 @@ class Primitive(Granting):
         unknown_pttl = Backoff(base=0.01, cap=1.0, rng=rng)
         while True:
             if waiter.handed is not None:
-                # Handed by a task of this process that called later and got a lease.
-                progress.took(more=not self._exclusive)
+                # Handed by a task of this process that called later and got a lease, or
+                # by a release's hand-over.
+                progress.took(more=not self._exclusive and waiter.handed_more)
                 return self._granted(
                     self._take_handed(waiter), progress.waited(), progress.attempts
                 )

@@ -13,7 +13,7 @@ import weakref
 
 from . import _renewal as renewal
 from ._lease import Lease
-from ._queue import Grant, WaitQueue
+from ._queue import Grant, Registration, Released, WaitQueue
 from ._release import ABORT_TIMEOUT, Releasing
 from ._runtime import Runtime
 from ._watchdog import RenewalEntry
@@ -97,6 +97,20 @@ class Granting(Releasing):
             deadline=timing.deadline,
             slot=grant.slot,
         )
+
+    def _handed_over(self, runtime: Runtime, registration: Registration, reply: Released) -> None:
+        """A release of this process handed its lease over to `registration` (for the ttl,
+        its reply in hand): the lease goes to the first task here waiting without one (the
+        queue in Redis is left as it was), or is released if none waits any more or the
+        reply came too late to count on."""
+        slot = int(reply.slot) if reply.slot.isdigit() else None
+        grant = Grant(registration, int(reply.granted), registration.sent_at, reply.expiry_ms, slot)
+        receiver = runtime.notifier.next_without(self._channel, None)
+        lease = None if receiver is None else self._lease_from_grant(runtime, grant)
+        if receiver is None or lease is None:
+            super()._handed_over(runtime, registration, reply)
+            return
+        receiver.hand(lease, more=reply.after > 0)
 
     async def _take_grant(
         self, runtime: Runtime, queue: WaitQueue, grant: Grant, lease: Lease

@@ -149,6 +149,10 @@ class PrimitiveBase(abc.ABC):
     _direct_grants: ClassVar[bool] = False
     """The release script tells a grant to a queue whose id says so on its process's own
     channel (RELEASE's, see DIRECT_PREFIX): its queues listen there too."""
+    _hands_over: ClassVar[bool] = False
+    """A release of this process hands its lease straight to a task of this process waiting
+    for one, in the same call, while another command of the process is putting the queue
+    in line (the release script's hand-over: SEM_RELEASE's)."""
     _max_poll: ClassVar[float | None] = None
     """Longest sleep of a waiting head between its tries (a waiting writer's refresh)."""
 

@@ -93,6 +93,7 @@ class Waiter:
         "_until",
         "accepts",
         "handed",
+        "handed_more",
         "poll_hint_ms",
         "queue",
         "task",
@@ -112,10 +113,12 @@ class Waiter:
         # A lease another task of this process got, and handed to this one (which called
         # acquire() first): the engine's `Lease`, taken by the waiter's acquire.
         self.handed: object | None = None
+        self.handed_more = True  # whether more leases may be free for the next waiter
 
-    def hand(self, lease: object) -> None:
-        """Give this waiter a lease that another task of the process got."""
-        self.handed = lease
+    def hand(self, lease: object, *, more: bool = True) -> None:
+        """Give this waiter a lease that another task of the process got (`more`: leases
+        may still be free for the next waiter)."""
+        self.handed, self.handed_more = lease, more
         self.nudge()
 
     @property
@@ -161,9 +164,10 @@ class Waiter:
     async def wait(self, timeout: float | None, *, pending_ok: bool = False) -> bool:
         """Sleep until woken, nudged, or `timeout` passes; True if the timeout passed.
 
-        Returns at once if a wake-up is pending, unless `pending_ok` (it stays pending).
+        Returns at once if a lease was handed to it (while it was busy elsewhere: trying,
+        say), or if a wake-up is pending, unless `pending_ok` (it stays pending).
         """
-        if self._try_now and not pending_ok:
+        if self.handed is not None or (self._try_now and not pending_ok):
             return False
         loop = asyncio.get_running_loop()
         self._future = loop.create_future()

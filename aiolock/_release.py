@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 from collections.abc import Callable
 from typing import Final
 
@@ -19,7 +20,7 @@ from ._config import check_token
 from ._info import task_name
 from ._lease import Lease
 from ._primitive import PrimitiveBase
-from ._queue import Registration, WaitQueue
+from ._queue import Registration, Released, WaitQueue
 from ._runtime import Runtime, runtime_for
 from .errors import BackendError
 
@@ -149,13 +150,16 @@ class Releasing(PrimitiveBase):
         If this process has waiters for the name, their queue joins the queue in Redis in
         the same call (with a fresh registration), so the release can grant it straight to
         them. What the release did is told to them at once; if it may have freed it for
-        them, the first of them is woken to try.
+        them, the first of them is woken to try. While another command puts their queue in
+        line, a primitive that `_hands_over` has the release hand its lease straight to one
+        of them instead, under a fresh token, if no other process is ahead of them.
         """
         notifier = runtime.notifier
         channel = self._channel
         queue = None if abort else notifier.queue_for(channel)
         # The queue this call puts in line, its registration and the waiters it counts:
         joining: tuple[WaitQueue, Registration, int] | None = None
+        handing: Registration | None = None  # the token of a hand-over
         join = None
         claims: list[str] = []
         sent_at = runtime.loop.time()
@@ -168,6 +172,9 @@ class Releasing(PrimitiveBase):
             entry = self._entry(registration, task_name(queue.waiters[0].task))
             join = (queue.wid, entry, len(queue.waiters))
             joining = (queue, registration, join[2])
+        elif queue is not None and self._may_hand_over(runtime):
+            handing = Registration(0, secrets.token_hex(16), sent_at, self._grant_ms)
+            join = (queue.wid, self._entry(handing, task_name(queue.waiters[0].task)), 0)
         try:
             config = self._config
             call = self._release_call(
@@ -186,8 +193,13 @@ class Releasing(PrimitiveBase):
         except BaseException:
             if joining is not None:
                 joining[0].joining_failed()
+            if handing is not None:  # it may have been applied: a lease nobody would own
+                runtime.spawn(self._abort(runtime, handing.token, timeout=ABORT_TIMEOUT))
             raise
         status = reply.status
+        if handing is not None and status == 1 and reply.seq == "0" and reply.granted:
+            self._handed_over(runtime, handing, reply)
+            return status
         if joining is not None:
             queue, registration, count = joining
             queue.joining_answered(registration, status, count)
@@ -217,6 +229,21 @@ class Releasing(PrimitiveBase):
             else:  # released earlier (the answer was lost) or not ours: it may be free
                 notifier.local_release(channel, fence, "")
         return status
+
+    def _may_hand_over(self, runtime: Runtime) -> bool:
+        """Whether a release may hand its lease over to a task of this process now: the
+        primitive does, without replicas to confirm a lease (a hand-over is not followed
+        by a WAIT), and a task waits that would take it."""
+        return (
+            self._hands_over
+            and not self._config.replicas
+            and runtime.notifier.next_without(self._channel, None) is not None
+        )
+
+    def _handed_over(self, runtime: Runtime, registration: Registration, reply: Released) -> None:
+        """A release handed its lease over to `registration`, a token of this process: the
+        granting layer makes it a lease for a waiting task; here nobody takes it."""
+        runtime.spawn(self._abort(runtime, registration.token, timeout=ABORT_TIMEOUT))
 
     async def _release_lease(self, lease: Lease, *, timeout: float) -> bool:
         runtime = runtime_for(self._client)

@@ -100,6 +100,7 @@ class Semaphore(Primitive):
     _exclusive = False
     _guard_reentry = False  # a task may hold several permits
     _requeued_on_grant = True
+    _hands_over = True
 
     def __init__(
         self,

@@ -233,7 +233,10 @@ SEM_RELEASE = Script(
 -- ARGV[4] the hold (ms) to record ('' for none), ARGV[5] a queue to withdraw, ARGV[6] the
 -- releasing process's own queue, ARGV[7] its entry, ARGV[8] its waiter count, ARGV[9..]
 -- tokens a permit may have been granted to under the queue withdrawn or joining (its
--- process forgets them: such permits are released too, and handed on)
+-- process forgets them: such permits are released too, and handed on). A waiter count of
+-- 0 is a hand-over, not a join: the releasing process has waiters and another command of
+-- it is putting its queue in line; the permit goes straight to the token in ARGV[7] if no
+-- other process is ahead (and that token was not aborted), leaving the queue as it is.
 -- Returns {status, queue id, granted fencing token, seq, grant expiry ms, slot[, free]}:
 -- status as RELEASE's (1 released now, 2 already, 3 a queue withdrawn, 0 not the holder);
 -- the grant is the one to the releasing process's own queue if there is one, else the
@@ -255,7 +258,19 @@ local field = 'p:' .. ARGV[1]
 -- reserved for it.
 local withdraw = ARGV[5] or ''
 local reserved = withdraw ~= '' and 'p:q' .. withdraw or nil
-local extra = {field, reserved}
+local joining = tonumber(ARGV[8] or '0') > 0
+-- A hand-over's token, as an aborted acquire's field (a late copy must not grant to it).
+local handed = nil
+if own ~= '' and not joining then
+  handed = 'a:' .. string.match(ARGV[7], '^%S+ %S+ %d+ %d+ %d+ (%x+) ')
+end
+local extra = {field}
+if handed then
+  extra[#extra + 1] = handed
+end
+if reserved then
+  extra[#extra + 1] = reserved
+end
 for i = 9, #ARGV do
   extra[#extra + 1] = 'p:' .. ARGV[i]
 end
@@ -265,18 +280,21 @@ if ARGV[1] ~= '' and holding(field) then
   end_lease(field, (forgotten(9, reserved)))
   if own ~= '' then
     local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
-    if (not head or head == own) and live < limit then
-      -- Nobody is ahead of the releasing process's own waiters: straight to them.
-      if head then
+    if (not head or head == own) and live < limit and not (handed and state[handed]) then
+      -- Nobody is ahead of the releasing process's own waiters: straight to them (a
+      -- hand-over leaves the queue entry to the command putting it in line).
+      if head and joining then
         dequeue(head)
       end
       local grant = give(own, ARGV[7], true)
       flush(retain)
       return reply(1, grant, math.max(limit - live, 0))
     end
-    line_up(own, now_ms + RESERVATION + GRACE, tonumber(ARGV[8]), ARGV[7])
+    if joining then
+      line_up(own, now_ms + RESERVATION + GRACE, tonumber(ARGV[8]), ARGV[7])
+    end
   end
-  local first, own_grant = serve(nil, own)
+  local first, own_grant = serve(nil, joining and own or nil)
   flush(retain)
   return reply(1, own_grant or first)
 end

@@ -264,3 +264,30 @@ async def test_an_aborted_acquire_keeps_the_state_for_its_ttl_not_ten_minutes(
 
         await eventually(landed_late, what="the late copy to reach Redis", interval=0.01)
     assert await Replay(proxied.direct, name).holder() is None, "held under an aborted token"
+
+
+async def test_a_late_copy_of_a_release_handing_over_after_its_abort_hands_nothing(
+    sem_replay: SemaphoreReplay,
+) -> None:
+    """A release that hands its permit over to a token of its process's own (RELEASE's
+    waiter count 0), whose caller gave up on it and aborted that token: when the release
+    lands after the abort, the permit is released and handed to nobody."""
+    held, handed = secrets.token_hex(16), secrets.token_hex(16)
+    assert await sem_replay.acquire(held) == 1
+    abort = release_args(token=handed, retain_ms=10_000, abort=True)
+    assert int((await sem_replay.run(SEM_RELEASE, sem_replay.script_keys, abort))[0]) == 0
+    entry = f"host {os.getpid()} 0 900 5000 {handed} task"
+    late = release_args(token=held, retain_ms=10_000, held_ms=1, join=("p0", entry, 0))
+    reply = released(await sem_replay.run(SEM_RELEASE, sem_replay.script_keys, late))
+    assert int(reply[0]) == 1 and reply[2] in (b"", ""), reply
+    fields = await sem_replay.client.hkeys(sem_replay.keys.lock)
+    assert f"p:{handed}".encode() not in fields and f"p:{held}".encode() not in fields
+    # Without the abort, the same release hands the permit over.
+    held, handed = secrets.token_hex(16), secrets.token_hex(16)
+    assert await sem_replay.acquire(held) == 1
+    entry = f"host {os.getpid()} 0 900 5000 {handed} task"
+    on_time = release_args(token=held, retain_ms=10_000, held_ms=1, join=("p0", entry, 0))
+    reply = released(await sem_replay.run(SEM_RELEASE, sem_replay.script_keys, on_time))
+    assert int(reply[0]) == 1 and reply[3] in (b"0", "0"), reply
+    assert f"p:{handed}".encode() in await sem_replay.client.hkeys(sem_replay.keys.lock)
+    assert await sem_replay.release(handed) == 1

@@ -14,10 +14,14 @@ import asyncio
 
 import pytest
 
-from aiolock import BackendError, Lock
+from aiolock import BackendError, Lock, Semaphore
+from aiolock._info import PID
 from aiolock._layout import LockKeys
+from aiolock._runtime import runtime_for
 from aiolock._scripts import ACQUIRE, RELEASE
+from aiolock._semaphore_scripts import SEM_RELEASE
 
+from ..waits import within
 from .test_network_faults import Proxied, proxied, until
 
 __all__ = ("proxied",)  # the fixture, used by name
@@ -63,3 +67,54 @@ async def test_an_acquire_whose_reply_is_lost_leaves_the_lock_free(
     # Another process gets it at once.
     lease = await Lock(proxied.direct, name, ttl=TTL).acquire(timeout=0)
     await lease.release()
+
+
+async def test_a_permit_handed_over_under_a_lost_reply_reaches_the_waiting_task_soon(
+    proxied: Proxied, name: str
+) -> None:
+    """A release hands its permit over to a task of the same process (under a token of the
+    release's own, while another command of the process puts the queue in line), and its
+    reply is lost: the permit, held under a token nobody here took, is given back at once
+    (an abort of that token) and reaches the waiting task well before the ttl."""
+    client = proxied.client
+    async with Semaphore(client, f"{name}:warm", limit=1, ttl=TTL):
+        pass
+    semaphore = Semaphore(client, name, limit=1, ttl=TTL)
+    holder = await semaphore.acquire()
+    waiter = asyncio.create_task(semaphore.acquire())
+    notifier = runtime_for(client).notifier
+    channel = semaphore._channel
+
+    def in_line() -> bool:
+        queue = notifier.queue_for(channel)
+        return (
+            queue is not None
+            and notifier.is_subscribed(channel)
+            and queue.registered
+            and not queue.attempting
+        )
+
+    try:
+        await until(in_line, "the waiting task queued in Redis", timeout=FREED_BOUND)
+        queue = notifier.queue_for(channel)
+        assert queue is not None
+        queue.joining = True  # as if another release of this process put the queue in line
+        since = asyncio.get_running_loop().time()
+        proxied.proxy.lose_reply_to(SEM_RELEASE.sha.encode())
+        with pytest.raises(BackendError):
+            await holder.release()
+        queue.joining_failed()
+        sent = [
+            data
+            for at, data in proxied.proxy.arrivals
+            if at >= since and SEM_RELEASE.sha.encode() in data
+        ]
+        # (an entry of registration 0: a hand-over's)
+        assert sent and f" {PID} 0 ".encode() in sent[0], "the release carried a hand-over"
+        permit = await within(waiter, what="the permit at the waiting task", timeout=FREED_BOUND)
+        info = await semaphore.info()
+        assert [h.fencing_token for h in info.holders] == [permit.fencing_token]
+        await permit.release()
+    finally:
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)

@@ -375,3 +375,43 @@ async def test_an_uncontended_semaphore_cycle_on_a_new_name_and_on_one_used_befo
             assert spent == expected, lock_name
     finally:
         await client.aclose()
+
+
+async def test_releases_of_one_process_hand_their_permits_to_its_waiting_tasks(
+    client: redis.asyncio.Redis, commands: CommandLog, name: str
+) -> None:
+    """Every permit held and more tasks of the process waiting: the permits released all at
+    once (one release putting the queue in line, the others in flight beside it) go to the
+    waiting tasks in the releases' own calls, in the order the tasks called; no waiting task
+    sends an acquire of its own."""
+    await warm_up(client, name)
+    async with Semaphore(client, f"{name}:warm-up", limit=1):
+        pass
+    semaphore = Semaphore(client, name, limit=4, ttl=30)
+    held = [await semaphore.acquire() for _ in range(4)]
+    notifier = runtime_for(client).notifier
+    channel = semaphore._channel
+    waiters: list[asyncio.Task[Any]] = []
+    for _ in range(8):
+        waiters.append(asyncio.create_task(semaphore.acquire()))
+        await eventually(
+            lambda: notifier.queue_length(channel) >= len(waiters),
+            what=f"{len(waiters)} tasks waiting",
+        )
+    queue = notifier.queue_for(channel)
+    assert queue is not None
+    await eventually(
+        lambda: notifier.is_subscribed(channel) and not queue.attempting and queue.registered,
+        what="the head subscribed and queued in Redis",
+    )
+    mark = commands.mark()
+    for turn in range(2):
+        await within(
+            asyncio.gather(*(lease.release() for lease in held)), what="four releases at once"
+        )
+        served = waiters[4 * turn : 4 * turn + 4]
+        held = await within(asyncio.gather(*served), what=f"the tasks of turn {turn} served")
+        assert all(not waiter.done() for waiter in waiters[4 * turn + 4 :])
+    await within(asyncio.gather(*(lease.release() for lease in held)), what="the last releases")
+    assert commands.since(mark) == Counter({"EVALSHA semaphore-release": 12})
+    assert not (await semaphore.info()).holders

@@ -249,3 +249,13 @@ def test_a_queue_that_listens_on_its_processs_channel_says_so_in_its_id() -> Non
     assert plain.channels == ("aiolock:{name}:released",)
     # The subscription of its own channel, last, confirms both.
     assert direct.channels == ("aiolock:{name}:released", "aiolock:{name}:released:p0123abcd")
+
+
+async def test_a_lease_handed_while_the_waiter_was_busy_ends_its_next_wait_at_once() -> None:
+    # Handed while it was trying (no wait in progress to end): the next wait, even one
+    # that lets a pending wake-up be, returns at once instead of sleeping out its timer.
+    _, waiter = queue_with_waiter()
+    waiter.hand(object(), more=False)
+    async with asyncio.timeout(1):
+        assert await waiter.wait(30, pending_ok=True) is False
+    assert waiter.handed_more is False
