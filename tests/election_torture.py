@@ -28,7 +28,7 @@ Checked (the run fails on any):
 
 - the fenced log never accepts a lower term after a higher one, and refuses every late
   write (every write a leader attempted after its term had ended);
-- terms strictly increase in the order they were won;
+- terms strictly increase in the order the server announced them (`Term.since`);
 - a leader paused past its ttl finds its term lost when it runs again, and its work is
   cancelled: it attempts at most one write after resuming (one may be under way);
 - takeover after a leader was killed or paused: the next term is won within ttl + 0.2 s of
@@ -143,7 +143,7 @@ async def _candidate(args: argparse.Namespace, out: Any) -> None:
     sys.stdout.flush()
     async for term in election.campaign():
         number = term.fencing_token
-        record("won", number)
+        record("won", number, since=term.since)
         try:
             async with term:
                 last = rng.randint(*HOLD)
@@ -453,12 +453,17 @@ def check(
             if term < highest:
                 violations.append(f"term {term} accepted after term {highest}")
             highest = max(highest, term)
-    # Terms won, in the order they were won.
+    # Terms won: a higher term is never announced before a lower one, by the server's
+    # clock (a candidate that stalls between its win and its log line logs it late).
     won = [event for event in events if event["ev"] == "won"]
     counts["terms won"] = len(won)
-    for earlier, later in itertools.pairwise(won):
-        if later["term"] <= earlier["term"]:
-            violations.append(f"term {later['term']} won after term {earlier['term']}")
+    for earlier, later in itertools.pairwise(sorted(won, key=lambda event: event["term"])):
+        if later["term"] == earlier["term"]:
+            violations.append(f"term {later['term']} won twice")
+        elif later.get("since", math.inf) < earlier.get("since", -math.inf):
+            violations.append(
+                f"term {later['term']} was announced (server clock) before term {earlier['term']}"
+            )
     counts["resignations"] = sum(event["ev"] == "resign" for event in events)
     counts["terms lost"] = sum(event["ev"] == "lost" for event in events)
     # Faults, and what the leaders did.

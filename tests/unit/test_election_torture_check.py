@@ -102,3 +102,33 @@ def test_a_stall_shorter_than_the_excess_over_the_bound_excuses_nothing() -> Non
     # 900 ms, of which 300 ms stalled: 600 ms is still over the 50 ms bound.
     report = _resigned_run(_event("stalled", LEADER, 0, 1.4, since=1.1))
     assert len(report.violations) == 1
+
+
+def _two_terms(since_5: float, since_6: float) -> list[str]:
+    """Term 5 is logged as won after term 6: its candidate stalled between the win and the
+    log line. `since_*`: when each term was announced, on the server's clock."""
+    events = [
+        _event("won", NEXT, 6, 2.0, since=1000.5),
+        _event("won", LEADER, 5, 2.1, since=since_5),
+        _event("lost", LEADER, 5, 2.11, reason="expired"),
+    ]
+    events[0]["since"] = since_6
+    report = check(
+        TortureConfig(seconds=3, ttl=1.0),
+        events=events,
+        faults=[],
+        fenced=[],
+        seen=[(0.0, 5), (2.0, 6)],
+        won_in_log=[5, 6],
+    )
+    return report.violations
+
+
+def test_terms_are_ordered_by_when_the_server_announced_them_not_by_the_log() -> None:
+    assert _two_terms(since_5=1000.0, since_6=1000.5) == []
+
+
+def test_a_higher_term_announced_before_a_lower_one_is_a_violation() -> None:
+    assert _two_terms(since_5=1000.5, since_6=1000.0) == [
+        "term 6 was announced (server clock) before term 5"
+    ]
