@@ -132,3 +132,36 @@ def test_a_higher_term_announced_before_a_lower_one_is_a_violation() -> None:
     assert _two_terms(since_5=1000.5, since_6=1000.0) == [
         "term 6 was announced (server clock) before term 5"
     ]
+
+
+def _killed_run(*more: dict[str, Any]) -> list[str]:
+    """The leader of term 5 is killed at 1.0 s; the next candidate logs term 6 won at
+    3.0 s, 2 s later (the bound: ttl 1 s + 0.2 s)."""
+    events = [
+        _event("won", LEADER, 5, 0.0, since=100.0),
+        _event("won", NEXT, 6, 3.0, since=102.0),
+        *more,
+    ]
+    fault = Fault("kill-leader", 0, LEADER, 5, start=1.0, resumed=1.3, end=1.3)
+    report = check(
+        TortureConfig(seconds=4, ttl=1.0, kill_bound=0.2),
+        events=events,
+        faults=[fault],
+        fenced=[],
+        seen=[(0.0, 5), (3.0, 6)],
+        won_in_log=[5, 6],
+    )
+    return report.violations
+
+
+def test_a_slow_takeover_after_a_kill_is_a_violation() -> None:
+    assert _killed_run() == ["kill of the leader of term 5: taken over after 2000 ms"]
+
+
+def test_a_takeover_late_by_the_winners_own_stall_is_not() -> None:
+    assert _killed_run(_event("stalled", NEXT, 0, 2.9, since=1.5)) == []
+    # A stall of another process excuses nothing; nor does a short one.
+    assert len(_killed_run(_event("stalled", 300, 0, 2.9, since=1.5))) == 1
+    assert _killed_run(_event("stalled", NEXT, 0, 2.0, since=1.5)) == [
+        "kill of the leader of term 5: taken over after 2000 ms (500 ms of it stalled)"
+    ]
