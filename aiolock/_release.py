@@ -197,9 +197,12 @@ class Releasing(PrimitiveBase):
                 runtime.spawn(self._abort(runtime, handing.token, timeout=ABORT_TIMEOUT))
             raise
         status = reply.status
-        if handing is not None and status == 1 and reply.seq == "0" and reply.granted:
-            self._handed_over(runtime, handing, reply)
-            return status
+        if handing is not None:
+            if status == 1 and reply.seq == "0" and reply.granted:
+                self._handed_over(runtime, handing, reply)
+                return status
+            if status == 2:  # an earlier copy of this call released: it may have handed over
+                runtime.spawn(self._abort(runtime, handing.token, timeout=ABORT_TIMEOUT))
         if joining is not None:
             queue, registration, count = joining
             queue.joining_answered(registration, status, count)
