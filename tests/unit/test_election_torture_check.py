@@ -7,13 +7,23 @@ from typing import Any
 
 import pytest
 
-from ..election_torture import Fault, TortureConfig, check
+from ..election_torture import Fault, Report, TortureConfig, check
 
 LEADER, NEXT = 100, 200
 
 
 def _event(ev: str, pid: int, term: int, t: float, **fields: Any) -> dict[str, Any]:
     return {"ev": ev, "i": 0 if pid == LEADER else 1, "pid": pid, "term": term, "t": t, **fields}
+
+
+def _checked(
+    config: TortureConfig, events: list[dict[str, Any]], faults: list[Fault] | None = None
+) -> Report:
+    """The checker's report on a made-up run of terms 5 and 6, each seen by the observer."""
+    seen: list[tuple[float, int | None]] = [(0.0, 5), (2.0, 6)]
+    return check(
+        config, events=events, faults=faults or [], fenced=[], seen=seen, won_in_log=[5, 6]
+    )
 
 
 def _paused_run(*after_resuming: dict[str, Any]) -> list[str]:
@@ -27,14 +37,7 @@ def _paused_run(*after_resuming: dict[str, Any]) -> list[str]:
         *after_resuming,
     ]
     fault = Fault("pause-leader", 0, LEADER, 5, start=1.0, resumed=3.0, end=3.01)
-    report = check(
-        TortureConfig(seconds=4, ttl=1.0, kill_bound=0.2),
-        events=events,
-        faults=[fault],
-        fenced=[],
-        seen=[(0.0, 5), (2.0, 6)],
-        won_in_log=[5, 6],
-    )
+    report = _checked(TortureConfig(seconds=4, ttl=1.0, kill_bound=0.2), events, [fault])
     return report.violations
 
 
@@ -57,7 +60,7 @@ def test_a_paused_leader_writing_twice_after_resuming_is_a_violation() -> None:
     assert violations == ["the paused leader of term 5 went on writing after resuming (2 writes)"]
 
 
-def _resigned_run(*more: dict[str, Any]) -> Any:
+def _resigned_run(*more: dict[str, Any]) -> Report:
     """The leader of term 5 resigns at 1.0 s with the next candidate first in line, which
     wins term 6 at 1.9 s."""
     events = [
@@ -67,14 +70,7 @@ def _resigned_run(*more: dict[str, Any]) -> Any:
         _event("won", NEXT, 6, 1.9),
         *more,
     ]
-    return check(
-        TortureConfig(seconds=2, ttl=1.0, resign_bound=0.05),
-        events=events,
-        faults=[],
-        fenced=[],
-        seen=[(0.0, 5), (1.0, None), (1.9, 6)],
-        won_in_log=[5, 6],
-    )
+    return _checked(TortureConfig(seconds=2, ttl=1.0, resign_bound=0.05), events)
 
 
 def test_a_slow_takeover_after_a_resignation_is_a_violation_that_names_who_took_part() -> None:
@@ -113,14 +109,7 @@ def _two_terms(since_5: float, since_6: float) -> list[str]:
         _event("lost", LEADER, 5, 2.11, reason="expired"),
     ]
     events[0]["since"] = since_6
-    report = check(
-        TortureConfig(seconds=3, ttl=1.0),
-        events=events,
-        faults=[],
-        fenced=[],
-        seen=[(0.0, 5), (2.0, 6)],
-        won_in_log=[5, 6],
-    )
+    report = _checked(TortureConfig(seconds=3, ttl=1.0), events)
     return report.violations
 
 
@@ -143,14 +132,7 @@ def _killed_run(*more: dict[str, Any]) -> list[str]:
         *more,
     ]
     fault = Fault("kill-leader", 0, LEADER, 5, start=1.0, resumed=1.3, end=1.3)
-    report = check(
-        TortureConfig(seconds=4, ttl=1.0, kill_bound=0.2),
-        events=events,
-        faults=[fault],
-        fenced=[],
-        seen=[(0.0, 5), (3.0, 6)],
-        won_in_log=[5, 6],
-    )
+    report = _checked(TortureConfig(seconds=4, ttl=1.0, kill_bound=0.2), events, [fault])
     return report.violations
 
 
