@@ -469,9 +469,6 @@ def check(
     counts["terms lost"] = sum(event["ev"] == "lost" for event in events)
     # Faults, and what the leaders did.
 
-    def next_won(after: float, term: int) -> dict[str, Any] | None:
-        return next((e for e in won if e["t"] >= after and e["term"] > term), None)
-
     def leading(fault: Fault) -> int | None:
         """The term the fault's target led when the fault began (None: it did not lead)."""
         mine = [e for e in events if e["pid"] == fault.pid and e["t"] < fault.start]
@@ -490,7 +487,7 @@ def check(
             continue
         kind, term = fault.kind.split("-")[0], led
         counts[f"{kind} of the leader"] += 1
-        taken = next_won(fault.start, term)
+        taken = _next_won(won, fault.start, term)
         if taken is None:
             violations.append(f"{kind} of the leader of term {term}: nobody took over")
             continue
@@ -567,7 +564,7 @@ def _check_resignations(
     for event in events:
         if event["ev"] != "resign" or (event["pid"], event["term"]) in lost_terms:
             continue  # (a resignation that found the term lost hands nothing over)
-        taken = next((e for e in won if e["t"] >= event["t"] and e["term"] > event["term"]), None)
+        taken = _next_won(won, event["t"], event["term"])
         if taken is None:
             continue
         delay = taken["t"] - event["t"]
@@ -592,6 +589,11 @@ def _check_resignations(
             f"first in line, term {taken['term']} won by pid {taken['pid']} after "
             f"{delay * 1000:.1f} ms, in {acquired.get('attempts')} attempt(s))"
         )
+
+
+def _next_won(won: list[dict[str, Any]], after: float, term: int) -> dict[str, Any] | None:
+    """The first term above `term` logged as won at or after `after`, if any."""
+    return next((e for e in won if e["t"] >= after and e["term"] > term), None)
 
 
 def _stalled(events: list[dict[str, Any]], pids: set[int], start: float, end: float) -> float:
