@@ -103,12 +103,12 @@ class Granting(Releasing):
         its reply in hand): the lease goes to the first task here waiting without one (the
         queue in Redis is left as it was), or is released if none waits any more or the
         reply came too late to count on."""
+        receiver = runtime.notifier.next_without(self._channel, None)
         slot = int(reply.slot) if reply.slot.isdigit() else None
         grant = Grant(registration, int(reply.granted), registration.sent_at, reply.expiry_ms, slot)
-        receiver = runtime.notifier.next_without(self._channel, None)
         lease = None if receiver is None else self._lease_from_grant(runtime, grant)
         if receiver is None or lease is None:
-            super()._handed_over(runtime, registration, reply)
+            self._give_back(runtime, registration)
             return
         receiver.hand(lease, more=reply.after > 0)
 

@@ -194,7 +194,7 @@ class Releasing(PrimitiveBase):
             if joining is not None:
                 joining[0].joining_failed()
             if handing is not None:  # it may have been applied: a lease nobody would own
-                runtime.spawn(self._abort(runtime, handing.token, timeout=ABORT_TIMEOUT))
+                self._give_back(runtime, handing)
             raise
         status = reply.status
         if handing is not None:
@@ -202,7 +202,7 @@ class Releasing(PrimitiveBase):
                 self._handed_over(runtime, handing, reply)
                 return status
             if status == 2:  # an earlier copy of this call released: it may have handed over
-                runtime.spawn(self._abort(runtime, handing.token, timeout=ABORT_TIMEOUT))
+                self._give_back(runtime, handing)
         if joining is not None:
             queue, registration, count = joining
             queue.joining_answered(registration, status, count)
@@ -246,6 +246,12 @@ class Releasing(PrimitiveBase):
     def _handed_over(self, runtime: Runtime, registration: Registration, reply: Released) -> None:
         """A release handed its lease over to `registration`, a token of this process: the
         granting layer makes it a lease for a waiting task; here nobody takes it."""
+        self._give_back(runtime, registration)
+
+    def _give_back(self, runtime: Runtime, registration: Registration) -> None:
+        """Abort, in the background, a lease that may be held under `registration` (a
+        hand-over nobody here takes, or whose outcome is unknown): it is released if it
+        was granted, and can never be granted later."""
         runtime.spawn(self._abort(runtime, registration.token, timeout=ABORT_TIMEOUT))
 
     async def _release_lease(self, lease: Lease, *, timeout: float) -> bool:
