@@ -113,6 +113,9 @@ class ClientLibrary:
     """A cluster's refusal of a command while its slot migrates (TRYAGAIN)."""
     cluster_failure_error: type[Exception]
     """Its cluster client giving up on a command ("TTL exhausted", among others)."""
+    redirect_errors: tuple[type[Exception], ...]
+    """A cluster node's answers that a command was not applied and belongs elsewhere or
+    later: MOVED, ASK (a slot that moved or migrates), CLUSTERDOWN."""
     ssl_connection: type[Any]
     """Its TLS connection class."""
     advice: str = field(default="")
@@ -154,6 +157,7 @@ REDIS: Final = ClientLibrary(
     cluster_error=redis.exceptions.RedisClusterException,
     try_again_error=redis.exceptions.TryAgainError,
     cluster_failure_error=redis.exceptions.ClusterError,
+    redirect_errors=(redis.exceptions.AskError, redis.exceptions.ClusterDownError),
     ssl_connection=redis.asyncio.SSLConnection,
     advice="redis.asyncio.Redis(...), redis.asyncio.from_url(...) or redis.asyncio.RedisCluster(...)",
 )
@@ -195,6 +199,7 @@ def _load_valkey() -> ClientLibrary:
         cluster_error=valkey.exceptions.ValkeyClusterException,
         try_again_error=valkey.exceptions.TryAgainError,
         cluster_failure_error=valkey.exceptions.ClusterError,
+        redirect_errors=(valkey.exceptions.AskError, valkey.exceptions.ClusterDownError),
         ssl_connection=connections.SSLConnection,
         advice="valkey.asyncio.Valkey(...), valkey.asyncio.from_url(...) or "
         "valkey.asyncio.ValkeyCluster(...)",
@@ -217,6 +222,7 @@ class Errors:
     cluster: tuple[type[BaseException], ...] = (REDIS.cluster_error,)
     try_again: tuple[type[BaseException], ...] = (REDIS.try_again_error,)
     cluster_failure: tuple[type[BaseException], ...] = (REDIS.cluster_failure_error,)
+    redirected: tuple[type[BaseException], ...] = REDIS.redirect_errors
     connection_modules: tuple[str, ...] = (REDIS.connection_module,)
 
     @classmethod
@@ -231,6 +237,7 @@ class Errors:
         cls.cluster += (library.cluster_error,)
         cls.try_again += (library.try_again_error,)
         cls.cluster_failure += (library.cluster_failure_error,)
+        cls.redirected += library.redirect_errors
         cls.connection_modules += (library.connection_module,)
 
 

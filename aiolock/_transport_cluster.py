@@ -29,13 +29,15 @@ import redis
 import redis.asyncio
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.crc import key_slot
 
 from ._clients import Client, ClientLibrary, Errors, migrating_refusal
 from ._cluster_pubsub import HEALTH_INTERVAL, Placement, ShardedPubSub
 from ._scripts import Script
-from ._transport import Call, CommandTransport, Transport
+from ._transport import Call, Command, CommandTransport, Sent, Transport
+from ._transport_direct import direct_connections, exchange
 
-__all__ = ("MIGRATION_MEMORY", "OWN_IDLE", "OWN_REDIRECTIONS", "ClusterTransport")
+__all__ = ("DIRECT_PAUSE", "MIGRATION_MEMORY", "OWN_IDLE", "OWN_REDIRECTIONS", "ClusterTransport")
 
 OWN_REDIRECTIONS: Final = 2
 """Tries aiolock's own cluster client makes of one command before it reports it (redis-py's
@@ -62,6 +64,13 @@ _NOT_COPIED: Final = frozenset(
 """Settings of the user's cluster client that aiolock's own does not take: it is made with
 the nodes the user's client knows, without the user's pool limit or retries (its calls are
 bounded by aiolock), and reads from primaries only."""
+
+
+DIRECT_PAUSE: Final = 1.0
+"""Seconds after a connection to a node broke under a call sent directly during which
+calls go through the cluster client's own routing, which finds the cluster's nodes again."""
+
+_SCRIPT_CALLS: Final = frozenset({"EVALSHA", "EVAL"})
 
 
 def _some_node(client: RedisCluster) -> ClusterNode:
@@ -92,6 +101,8 @@ class ClusterTransport(CommandTransport):
     cluster = True
     retries_broken = True
     __slots__ = (
+        "_direct",
+        "_direct_paused",
         "_migration_seen",
         "_own",
         "_own_calls",
@@ -105,6 +116,12 @@ class ClusterTransport(CommandTransport):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._migration_seen = -math.inf  # when a call last met a migrating cluster slot
+        # Whether script calls are sent on the nodes' connections directly, and until when
+        # they are not (a connection broke).
+        self._direct = direct_connections(
+            self.library, self.connection_class, self.connection_kwargs
+        )
+        self._direct_paused = -math.inf
         # aiolock's own cluster client: calls in flight on it, when it was last used,
         # whether leases need it (renewals), and the task that closes it once idle.
         self._own: RedisCluster | None = None
@@ -150,6 +167,47 @@ class ClusterTransport(CommandTransport):
     async def _call_on_own(self, call: Callable[[Client], Awaitable[Any]], *, pin: bool) -> Any:
         async with self._own_in_use(pin=pin) as own:
             return await call(own)
+
+    async def send(
+        self, client: Client, command: Command, on_sent: Sent, then: Command | None = None
+    ) -> Any:
+        """A script call, sent on a connection of the node its first key's slot belongs
+        to, as aiolock's own cluster client knows it, packed by hiredis (as on one server:
+        `exchange`), past the cluster client's routing layers. A call it cannot route so
+        (no key, a slot it does not know, a connection class or encoding of another kind,
+        a connection that broke within `DIRECT_PAUSE`), and one the node redirects (MOVED,
+        ASK: not applied), go through the cluster client's own routing, which follows the
+        redirection and learns where the slot went."""
+        node = self._direct_node(client, command)
+        if node is None:
+            return await super().send(client, command, on_sent, then)
+        connection = node.acquire_connection()
+        try:
+            if getattr(connection, "_should_reconnect", False):  # marked by the client
+                await connection.disconnect()
+            return await exchange(connection, command, on_sent, then)
+        except Errors.redirected:
+            pass
+        except (*Errors.connection, *Errors.timeout):
+            self._direct_paused = self.loop.time() + DIRECT_PAUSE
+            raise
+        finally:
+            _give_back(node, connection)
+        return await super().send(client, command, None, then)
+
+    def _direct_node(self, client: Client, command: Command) -> ClusterNode | None:
+        """The node a script call goes to directly, if it may (see `send`)."""
+        if (
+            not self._direct
+            or command[0] not in _SCRIPT_CALLS
+            or command[2] == 0
+            or not isinstance(client, self.library.cluster)
+            or self.loop.time() < self._direct_paused
+        ):
+            return None
+        key = str(command[3]).encode("utf-8", "surrogateescape")
+        nodes = client.nodes_manager.slots_cache.get(key_slot(key))
+        return nodes[0] if nodes else None
 
     def connection_pool(self, key: str | None = None) -> redis.asyncio.ConnectionPool:
         """A pool of the primary that serves `key` (a random primary without one)."""
@@ -377,3 +435,14 @@ class ClusterTransport(CommandTransport):
         )
         own.RedisClusterRequestTTL = OWN_REDIRECTIONS
         return own
+
+
+def _give_back(node: ClusterNode, connection: Any) -> None:
+    """Return a connection taken from `node` (`acquire_connection`) to its free ones:
+    through the node's `release` where it has one (it disconnects a connection marked for
+    a reconnect)."""
+    release = getattr(node, "release", None)
+    if release is not None:
+        release(connection)
+    else:
+        node._free.append(connection)

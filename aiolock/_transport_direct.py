@@ -17,7 +17,7 @@ try:
 except ImportError:  # pragma: no cover - hiredis is a dependency, but may be missing
     hiredis = None  # type: ignore[assignment]
 
-__all__ = ("DirectTransport", "sends_directly")
+__all__ = ("DirectTransport", "direct_connections", "exchange", "sends_directly")
 
 
 def sends_directly(client: redis.asyncio.Redis, library: ClientLibrary) -> bool:
@@ -31,14 +31,51 @@ def sends_directly(client: redis.asyncio.Redis, library: ClientLibrary) -> bool:
     bound to a single connection goes through `execute_command`.
     """
     pool = client.connection_pool
-    kwargs = pool.connection_kwargs
+    return not client.single_connection_client and direct_connections(
+        library, pool.connection_class, pool.connection_kwargs
+    )
+
+
+def direct_connections(
+    library: ClientLibrary, connection_class: type[Any], kwargs: dict[str, Any]
+) -> bool:
+    """Whether aiolock may send on connections of `connection_class` made with `kwargs`
+    itself (see `sends_directly`)."""
     return (
         hiredis is not None
-        and not client.single_connection_client
-        and pool.connection_class in library.direct
+        and connection_class in library.direct
         and str(kwargs.get("encoding", "utf-8")).lower().replace("_", "-") in ("utf-8", "utf8")
         and kwargs.get("encoding_errors", "strict") == "strict"
     )
+
+
+async def exchange(
+    connection: redis.asyncio.connection.AbstractConnection,
+    command: Command,
+    on_sent: Sent,
+    then: Command | None = None,
+) -> Any:
+    """One command on `connection`, packed by hiredis, written, its reply read (with `then`,
+    a `WAIT`: both written at once and both replies returned).
+
+    On any error or cancellation while sending or reading, redis-py's connection closes
+    itself, so a half-read reply never goes back to its pool.
+    """
+    try:
+        packed: bytes = hiredis.pack_command(command)  # type: ignore[arg-type]
+        if then is not None:
+            packed += hiredis.pack_command(then)  # type: ignore[arg-type]
+        await write(connection, packed)
+        if on_sent is not None:
+            on_sent()
+        read = reader(connection)
+        if then is not None:
+            return await read_pair(connection, read)
+        return await read()
+    except (RuntimeError, AttributeError, TypeError) as exc:
+        if not closed_transport(exc):
+            raise
+        raise redis.exceptions.ConnectionError(f"the connection was closed: {exc!r}") from exc
 
 
 class DirectTransport(Transport):
@@ -53,28 +90,10 @@ class DirectTransport(Transport):
         on_sent: Sent,
         then: Command | None = None,
     ) -> Any:
-        """One command on a connection of `client`'s pool: packed by hiredis, sent, answered.
-        With `then` (a `WAIT`), both are written at once and both replies returned.
-
-        On any error or cancellation while sending or reading, redis-py's connection closes
-        itself, so a half-read reply never goes back to the pool.
-        """
+        """One command on a connection of `client`'s pool (see `exchange`)."""
         pool = client.connection_pool
         connection, quick = await checkout(pool, str(command[0]))
         try:
-            packed: bytes = hiredis.pack_command(command)  # type: ignore[arg-type]
-            if then is not None:
-                packed += hiredis.pack_command(then)  # type: ignore[arg-type]
-            await write(connection, packed)
-            if on_sent is not None:
-                on_sent()
-            read = reader(connection)
-            if then is not None:
-                return await read_pair(connection, read)
-            return await read()
-        except (RuntimeError, AttributeError, TypeError) as exc:
-            if not closed_transport(exc):
-                raise
-            raise redis.exceptions.ConnectionError(f"the connection was closed: {exc!r}") from exc
+            return await exchange(connection, command, on_sent, then)
         finally:
             await checkin(pool, connection, quick)

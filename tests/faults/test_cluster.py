@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -188,6 +188,103 @@ async def test_the_first_calls_of_a_new_client_go_to_their_slots_owners(
         await asyncio.gather(*(lease.release() for lease in leases))
         assert len({slot_of(n) * 3 // SLOTS for n in names}) == 3, "names on every primary"
         assert await moved_answers(cluster) == before
+
+
+@contextlib.contextmanager
+def routed_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The script calls (EVALSHA, EVAL) sent through redis-py's cluster routing
+    (`RedisCluster.execute_command`) while in the block, by any cluster client."""
+    seen: list[str] = []
+    execute = RedisCluster.execute_command
+
+    async def recording(self: RedisCluster, *args: Any, **kwargs: Any) -> Any:
+        if str(args[0]).upper() in ("EVALSHA", "EVAL"):
+            seen.append(str(args[3]) if int(args[2]) else "")
+        return await execute(self, *args, **kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(RedisCluster, "execute_command", recording)
+        yield seen
+
+
+async def cycle(client: RedisCluster, name: str) -> None:
+    lease = await Lock(client, name, ttl=10).acquire(timeout=5)
+    await lease.release()
+
+
+async def test_a_lock_cycle_sends_its_scripts_to_the_slots_primary_directly(
+    cluster: ClusterGroup, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script call goes on a connection of the primary serving its slot, as aiolock's
+    own cluster client knows it, past redis-py's cluster routing: each acquire and release
+    is one EVALSHA on that primary, and none goes through `execute_command`."""
+    async with clients(cluster, 1) as (client,):
+        names = names_in_thirds(name, per_third=2)
+        for each in names:  # the scripts known to every primary, the client its nodes
+            await cycle(client, each)
+        primaries = [await cluster.owner(slot_of(each)) for each in names]
+        before = {p.port: await cluster.commands(p, "evalsha") for p in primaries}
+        with routed_calls(monkeypatch) as routed:
+            for each in names:
+                await cycle(client, each)
+        assert routed == []
+        ran = {p.port: await cluster.commands(p, "evalsha") - before[p.port] for p in primaries}
+        assert ran == {p.port: 4 for p in primaries}, ran  # two names, two calls each
+
+
+async def test_a_call_answered_moved_goes_once_through_the_cluster_routing(
+    cluster: ClusterGroup, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slot moved to another primary without aiolock's own cluster client seeing it: a
+    call sent to the former owner is answered MOVED (not applied) and sent again through
+    redis-py's routing, which follows the redirection and learns the new owner; the calls
+    after it go to the new owner directly."""
+    async with clients(cluster, 1) as (client,):
+        await cycle(client, name)
+        slot = slot_of(name)
+        source = await cluster.owner(slot)
+        target = next(s for s in cluster.servers[:3] if s is not source)
+        await cluster.move_slot(slot, target)
+        before = await moved_answers(cluster)
+        with routed_calls(monkeypatch) as routed:
+            for _ in range(3):
+                await cycle(client, name)
+        key = LockKeys.build("aiolock", name).lock
+        assert routed == [key], routed  # the first acquire only
+        # Answered MOVED twice: the direct call, and redis-py's first try from its own map.
+        assert await moved_answers(cluster) - before == 2
+        assert not await Lock(client, name).locked()
+
+
+async def test_a_call_on_a_replaced_primarys_slot_finds_the_new_primary(
+    cluster: ClusterGroup, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The primary serving a name's slot is killed and its replica promoted while
+    aiolock's own cluster client stays open (a lease on another primary's slot keeps it)
+    and still maps the slot to the dead node. The next acquire's call meets a refused
+    connection; the calls after it go through redis-py's routing for a while, which finds
+    the cluster's nodes again, and the acquire gets the lock within its bound."""
+    async with clients(cluster, 1) as (client,):
+        names = names_in_thirds(name)
+        await cycle(client, names[0])
+        slot = slot_of(names[0])
+        primary = await cluster.owner(slot)
+        elsewhere = names[1]  # in another third of the slots: another primary's
+        assert await cluster.owner(slot_of(elsewhere)) is not primary
+        keeper = await Lock(client, elsewhere, ttl=scaled(5)).acquire()
+        replica = await cluster.replica_of(primary)
+        primary.kill()
+
+        async def promoted() -> bool:
+            return await cluster.owner(slot) is replica
+
+        await eventually(promoted, what="the replica promoted", timeout=20.0)
+        with routed_calls(monkeypatch) as routed:
+            lease = await Lock(client, names[0], ttl=scaled(5)).acquire(timeout=scaled(10))
+        assert routed, "sent directly to the dead node only"
+        await lease.release()
+        assert not keeper.lost
+        await keeper.release()
 
 
 async def test_renewals_go_one_call_per_slot_one_round_trip_per_node(
