@@ -165,8 +165,20 @@ class ClusterTransport(CommandTransport):
         return self._call_on_own(call, pin=background)
 
     async def _call_on_own(self, call: Callable[[Client], Awaitable[Any]], *, pin: bool) -> Any:
-        async with self._own_in_use(pin=pin) as own:
+        """`call` run on aiolock's own cluster client, made if need be; kept open while
+        calls use it, while leases need renewing (`pin`: a renewal's call), and for
+        OWN_IDLE seconds after the last call, then closed by a task of its own (which the
+        event loop's shutdown also ends, closing it)."""
+        own = self._own_taken(pin=pin)
+        try:
+            # Made just now (or closed by an error): the calls wait until it knows which
+            # node serves which slot (nothing is sent if it does). redis-py would send them
+            # to any node meanwhile, and close every connection at every fifth MOVED.
+            await own.initialize()
             return await call(own)
+        finally:
+            self._own_calls -= 1
+            self._own_used = self.loop.time()
 
     async def send(
         self, client: Client, command: Command, on_sent: Sent, then: Command | None = None
@@ -318,7 +330,8 @@ class ClusterTransport(CommandTransport):
         bounded call) as a whole; `send_once` sends one on its own. See `Backend.run_each`.
         """
         commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
-        async with self._own_in_use(pin=True) as client:
+
+        async def on(client: Any) -> list[Any]:
 
             async def pipelined() -> list[Any]:
                 pipe = client.pipeline()
@@ -371,12 +384,12 @@ class ClusterTransport(CommandTransport):
             )
             return result
 
-    @contextlib.asynccontextmanager
-    async def _own_in_use(self, *, pin: bool) -> AsyncIterator[RedisCluster]:
-        """aiolock's own cluster client, made if need be, for one call; kept open while
-        calls use it, while leases need renewing (`pin`: a renewal's call), and for
-        OWN_IDLE seconds after the last call, then closed by a task of its own (which the
-        event loop's shutdown also ends, closing it)."""
+        result: list[Any] = await self._call_on_own(on, pin=True)
+        return result
+
+    def _own_taken(self, *, pin: bool) -> RedisCluster:
+        """aiolock's own cluster client, made if need be, counted as used by one more call
+        (see `_call_on_own`)."""
         if self._own is None:
             self._own = self._own_cluster()
         if self._own_closer is None:
@@ -386,16 +399,7 @@ class ClusterTransport(CommandTransport):
         if pin:
             self._own_pinned = True
         self._own_calls += 1
-        try:
-            own = self._own
-            # Made just now (or closed by an error): the calls wait until it knows which
-            # node serves which slot (nothing is sent if it does). redis-py would send them
-            # to any node meanwhile, and close every connection at every fifth MOVED.
-            await own.initialize()
-            yield own
-        finally:
-            self._own_calls -= 1
-            self._own_used = self.loop.time()
+        return self._own
 
     async def _close_own_cluster_when_idle(self) -> None:
         try:
