@@ -237,8 +237,9 @@ class Backend:
     @property
     def sees_writes(self) -> bool:
         """Whether a call's `on_sent` is called once its command was written (aiolock
-        sends it on a connection itself), rather than when redis-py is handed it
-        (`execute_command`: a cluster, fakeredis, a connection class of another kind)."""
+        sends it on a connection itself, on one server or a cluster's node), rather than
+        when redis-py is handed it (`execute_command`: fakeredis, a connection class of
+        another kind)."""
         return self.transport.sees_writes
 
     @property

@@ -147,7 +147,7 @@ class Granting(Releasing):
         It is sent as EVAL, with the script's text: a server that does not know the script
         (restarted, flushed) runs it all the same, where EVALSHA's NOSCRIPT answer would
         make it go again only after the stall. Through a client on which aiolock cannot
-        see when a command is written (`Backend.sees_writes`: a cluster, say), its answer
+        see when a command is written (`Backend.sees_writes`: fakeredis, say), its answer
         is awaited instead; on a cluster it goes through aiolock's own cluster client, as
         renewals do. Either wait lasts at most half of what the grant has left. The
         watchdog's own schedule goes on regardless.

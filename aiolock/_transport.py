@@ -271,7 +271,8 @@ class Transport(abc.ABC):
 
     sees_writes: ClassVar[bool] = True
     """Whether `send` calls `on_sent` once the command was written (aiolock sends it on a
-    connection itself), rather than when redis-py is handed it (`execute_command`)."""
+    connection itself; or, a call it cannot, once answered), rather than when redis-py is
+    handed it (`execute_command`)."""
     sentinel: ClassVar[bool] = False
     """Whether the client is a Sentinel-managed one (`Sentinel.master_for`)."""
     cluster: ClassVar[bool] = False

@@ -98,6 +98,7 @@ def _node_for(client: RedisCluster, key: str | None, avoid: str | None = None) -
 class ClusterTransport(CommandTransport):
     """A cluster client's calls: see the module docstring."""
 
+    sees_writes = True  # a direct send's `on_sent` once written; a routed one's once answered
     cluster = True
     retries_broken = True
     __slots__ = (
@@ -192,7 +193,7 @@ class ClusterTransport(CommandTransport):
         redirection and learns where the slot went."""
         node = self._direct_node(client, command)
         if node is None:
-            return await super().send(client, command, on_sent, then)
+            return await self._routed(client, command, on_sent, then)
         connection = node.acquire_connection()
         try:
             if getattr(connection, "_should_reconnect", False):  # marked by the client
@@ -205,7 +206,19 @@ class ClusterTransport(CommandTransport):
             raise
         finally:
             _give_back(node, connection)
-        return await super().send(client, command, None, then)
+        return await self._routed(client, command, None, then)
+
+    async def _routed(
+        self, client: Client, command: Command, on_sent: Sent, then: Command | None
+    ) -> Any:
+        """A call through the cluster client's own routing (`execute_command`); when it
+        writes the command is not known here, so `on_sent` is called once the call ended
+        (see `Transport.sees_writes`)."""
+        try:
+            return await super().send(client, command, None, then)
+        finally:
+            if on_sent is not None:
+                on_sent()
 
     def _direct_node(self, client: Client, command: Command) -> ClusterNode | None:
         """The node a script call goes to directly, if it may (see `send`)."""

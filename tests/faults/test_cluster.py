@@ -34,10 +34,12 @@ from aiolock import (
     run_once,
 )
 from aiolock._backend import Backend
+from aiolock._granting import Granting
 from aiolock._layout import LockKeys
 from aiolock._lease_scripts import RENEW
 from aiolock._runtime import runtime_for
 
+from ..integration.test_stalls import queued as in_line
 from ..load import scaled
 from ..recorded import of_lease as count
 from ..recorded import recorded
@@ -328,6 +330,50 @@ async def test_renewals_go_one_call_per_slot_one_round_trip_per_node(
         per_primary = [b - a for a, b in zip(before, after, strict=True)]
         # Every slot's calls ran on its primary; two releases each.
         assert sum(per_primary) == sum(counted) + len(leases), (per_primary, counted)
+
+
+async def test_a_granted_lease_writes_its_renewal_without_waiting_for_its_answer(
+    cluster: ClusterGroup, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Taking another client's grant on a cluster writes the renewal to the full ttl on
+    the name's primary directly and starts the body once it is written (as on one
+    server), without the loop turning in between to read its answer."""
+    loop = asyncio.get_running_loop()
+    turns = 0
+
+    def tick() -> None:
+        nonlocal turns
+        turns += 1
+        if not done.is_set():
+            loop.call_soon(tick)
+
+    taking: list[int] = []
+    take_grant = Granting._take_grant
+
+    async def counted(self: Any, *args: Any) -> None:
+        before = turns
+        await take_grant(self, *args)
+        taking.append(turns - before)
+
+    monkeypatch.setattr(Granting, "_take_grant", counted)
+    done = asyncio.Event()
+    async with clients(cluster, 2) as (a, b):
+        for client in (a, b):  # the scripts loaded, the connections open
+            await cycle(client, f"{name}:warm-up")
+            warm = await Lock(client, name, ttl=30).acquire()
+            await warm.extend()
+            await warm.release()
+        holder = await Lock(a, name, ttl=30).acquire()
+        waiting = asyncio.create_task(Lock(b, name, ttl=30).acquire())
+        await in_line(a, name, waiter=b)
+        loop.call_soon(tick)
+        try:
+            await holder.release()
+            lease = await within(waiting, what="the grant taken", timeout=10)
+        finally:
+            done.set()
+        assert taking == [0], "the loop turned while the grant was taken"
+        await lease.release()
 
 
 # ------------------------------------------------------------------- resharding, failover

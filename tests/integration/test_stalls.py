@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio
+from redis.asyncio.cluster import RedisCluster
 
 from aiolock import Lease, LeaseLostError, Lock, LossReason
 from aiolock._granting import Granting
@@ -54,7 +55,10 @@ async def pair(
 
 
 async def queued(
-    client: redis.asyncio.Redis, name: str, *, waiter: redis.asyncio.Redis | None = None
+    client: redis.asyncio.Redis | RedisCluster,
+    name: str,
+    *,
+    waiter: redis.asyncio.Redis | RedisCluster | None = None,
 ) -> None:
     """Wait until a waiter on `waiter` (default: `client`) is queued in Redis and has read the answer
     that queued it: a release sent while its attempt is in flight does not put the
