@@ -17,8 +17,10 @@ Two scenarios (`--scenario`), each run on both deployments:
 
 Client CPU is this process's CPU time; server CPU is the sum of `used_cpu_user` and
 `used_cpu_sys` (INFO) over the primaries, and, apart, over the replicas (what replication,
-and on a cluster the bus, costs). Runs alternate between the two deployments, `--repeats`
-times each; medians are reported.
+and on a cluster the bus, costs); of the primaries' CPU, the part spent running commands
+(INFO commandstats, every command's `usec`), the rest being the servers' reading, writing,
+replicating and upkeep. Runs alternate between the two deployments, `--repeats` times
+each; medians are reported.
 
 The cluster bus, per release that published (`publish` + `spublish` calls, INFO
 commandstats of the primaries): the messages every node sent for pub/sub
@@ -85,6 +87,20 @@ async def commands_called(ports: list[int], *names: str) -> int:
             await client.aclose()
         total += sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in names)
     return total
+
+
+async def command_seconds(ports: list[int]) -> float:
+    """Seconds the servers spent running commands (INFO commandstats: every command's
+    `usec`), as opposed to reading, writing, replicating and their own upkeep."""
+    total = 0
+    for port in ports:
+        client = redis.asyncio.Redis(port=port)
+        try:
+            stats = await client.info("commandstats")
+        finally:
+            await client.aclose()
+        total += sum(int(entry.get("usec", 0)) for entry in stats.values())
+    return total / 1e6
 
 
 async def bus_messages(ports: list[int]) -> int:
@@ -159,6 +175,7 @@ async def run_contended(
     messages_before = await bus_messages(every) if cluster else 0
     bytes_before = bus_bytes(every) if cluster else 0
     server_before = await cpu_seconds(primaries)
+    in_commands_before = await command_seconds(primaries)
     replica_before = await cpu_seconds(replicas) if replicas else 0.0
     client_before = time.process_time()
     started = time.monotonic()
@@ -167,6 +184,7 @@ async def run_contended(
     elapsed = time.monotonic() - started
     client_cpu = time.process_time() - client_before
     server_cpu = await cpu_seconds(primaries) - server_before
+    in_commands = await command_seconds(primaries) - in_commands_before
     replica_cpu = (await cpu_seconds(replicas) - replica_before) if replicas else 0.0
     sent = (bus_bytes(every) - bytes_before) if cluster else 0
     messages = (await bus_messages(every) - messages_before) if cluster else 0
@@ -176,6 +194,7 @@ async def run_contended(
         "cycles_per_s": cycles / elapsed,
         "client_us_per_cycle": client_cpu / cycles * 1e6,
         "server_us_per_cycle": server_cpu / cycles * 1e6,
+        "in_commands_us_per_cycle": in_commands / cycles * 1e6,
         "replica_us_per_cycle": replica_cpu / cycles * 1e6,
         "published_per_cycle": published / cycles,
         "lost_per_cycle": lost / cycles,
@@ -204,6 +223,7 @@ async def run_once(
         async with Lock(client, name, ttl=10):
             pass
     server_before = await cpu_seconds(primaries)
+    in_commands_before = await command_seconds(primaries)
     replica_before = await cpu_seconds(replicas) if replicas else 0.0
     client_before = time.process_time()
     started = time.monotonic()
@@ -211,11 +231,13 @@ async def run_once(
     elapsed = time.monotonic() - started
     client_cpu = time.process_time() - client_before
     server_cpu = await cpu_seconds(primaries) - server_before
+    in_commands = await command_seconds(primaries) - in_commands_before
     replica_cpu = (await cpu_seconds(replicas) - replica_before) if replicas else 0.0
     return {
         "cycles_per_s": cycles / elapsed,
         "client_us_per_cycle": client_cpu / cycles * 1e6,
         "server_us_per_cycle": server_cpu / cycles * 1e6,
+        "in_commands_us_per_cycle": in_commands / cycles * 1e6,
         "replica_us_per_cycle": replica_cpu / cycles * 1e6,
     }
 
@@ -309,14 +331,15 @@ def report(data: dict[str, Any]) -> str:
             "",
             (
                 "| deployment | cycles/s | client CPU µs/cycle | server CPU µs/cycle (primaries) "
-                "| replicas' CPU µs/cycle |"
+                "| of which in commands | replicas' CPU µs/cycle |"
             ),
-            "|---|---|---|---|---|",
+            "|---|---|---|---|---|---|",
         ]
         for deployment, m in medians.items():
             lines.append(
                 f"| {deployment} | {m['cycles_per_s']:,.0f} | {m['client_us_per_cycle']:.0f} "
-                f"| {m['server_us_per_cycle']:.1f} | {m['replica_us_per_cycle']:.1f} |"
+                f"| {m['server_us_per_cycle']:.1f} | {m.get('in_commands_us_per_cycle', 0):.1f} "
+                f"| {m['replica_us_per_cycle']:.1f} |"
             )
         lines += [
             "",
@@ -324,7 +347,9 @@ def report(data: dict[str, Any]) -> str:
                 "Cluster / one server: cycles/s "
                 f"{cluster['cycles_per_s'] / one['cycles_per_s']:.2f}x, client CPU per cycle "
                 f"{cluster['client_us_per_cycle'] / one['client_us_per_cycle']:.2f}x, server CPU "
-                f"per cycle {cluster['server_us_per_cycle'] / one['server_us_per_cycle']:.2f}x."
+                f"per cycle {cluster['server_us_per_cycle'] / one['server_us_per_cycle']:.2f}x "
+                "(in commands "
+                f"{cluster['in_commands_us_per_cycle'] / one['in_commands_us_per_cycle']:.2f}x)."
             ),
         ]
         if scenario == "contended":
