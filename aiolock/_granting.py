@@ -189,6 +189,11 @@ class Granting(Releasing):
                 on_sent()
                 if not answered.done():
                     answered.set_result(None)
+            if not entry.active:
+                # Released while the renewal was in flight (the body may start once it is
+                # written): Redis may have run the release first, on another connection.
+                # The token-guarded release decides whether the lease was kept.
+                return
             if int(ours[0]) == 1:
                 lease._renewed(sent_at, config.ttl)
                 due = renewal.first_due(sent_at, config.renew_interval)

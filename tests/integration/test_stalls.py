@@ -19,7 +19,7 @@ import pytest
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 
-from aiolock import Lease, LeaseLostError, Lock, LossReason
+from aiolock import EventKind, Lease, LeaseLostError, Lock, LossReason
 from aiolock._granting import Granting
 from aiolock._layout import LockKeys
 from aiolock._runtime import runtime_for
@@ -27,6 +27,7 @@ from aiolock._transport import pooled
 
 from ..conftest import CommandLog, make_client
 from ..faults.proxy import ThreadedProxy
+from ..recorded import recorded
 from ..servers import RedisServer
 from .test_commands import warm_up
 
@@ -140,6 +141,52 @@ async def test_a_granted_lease_writes_its_renewal_without_waiting_for_the_loop(
         done.set()
     assert taking == [0], "the loop turned while the grant was taken"
     await lease.release()
+
+
+async def test_a_granted_leases_renewal_that_lands_after_its_release_is_not_a_loss(
+    pair: tuple[redis.asyncio.Redis, redis.asyncio.Redis, CommandLog],
+    name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The body of a lease taken from another process's grant starts once its renewal is
+    written; a short body releases while that renewal is in flight, on another
+    connection, and Redis may run the release first. The renewal then finds the lock no
+    longer this token's: the lease was released, not lost (no LOST event, no error)."""
+    a, b, _ = pair
+    grantee = runtime_for(b).backend
+    backend = type(grantee)
+    run = backend.run
+    renewing, released, renewed = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def release_first(self: Any, script: Any, keys: Any, args: Any, **kwargs: Any) -> Any:
+        operation = kwargs.get("operation")
+        if self is grantee and operation == "renew" and kwargs.get("by_text"):
+            renewing.set()
+            on_sent = kwargs.pop("on_sent")
+            on_sent()  # taken for written: the body starts
+            await asyncio.wait_for(released.wait(), 10)  # ...and Redis runs the release first
+            try:
+                return await run(self, script, keys, args, on_sent=on_sent, **kwargs)
+            finally:
+                renewed.set()
+        reply = await run(self, script, keys, args, **kwargs)
+        if self is grantee and operation == "release" and renewing.is_set():
+            # Applied; the renewal's answer is read before the release's.
+            released.set()
+            await asyncio.wait_for(renewed.wait(), 10)
+        return reply
+
+    monkeypatch.setattr(backend, "run", release_first)
+    holder = await Lock(a, name, ttl=30).acquire()
+    waiting = asyncio.create_task(Lock(b, name, ttl=30).acquire())
+    await queued(a, name, waiter=b)
+    with recorded(EventKind.LOST) as lost:
+        await holder.release()
+        lease = await asyncio.wait_for(waiting, 10)
+        async with lease:
+            pass
+    assert renewed.is_set()
+    assert lease.released and not lease.lost and not lost, lease.loss_reason
 
 
 async def _checkout_turns(client: redis.asyncio.Redis) -> int:
