@@ -285,6 +285,9 @@ class LockConfig:
     """Replicas that must acknowledge each acquire and renewal (`WAIT`) before it counts."""
     replica_timeout: float = 0.0
     """Longest wait for that acknowledgement, in seconds (0 when `replicas` is 0)."""
+    renew_on_handoff: bool = True
+    """Whether a lease handed over by another process's release (a grant shorter than the
+    ttl) is renewed to the full ttl before the block starts, or left to the watchdog."""
     drift: float | None = None
     """Seconds subtracted from a lease's validity instead of the safety margin (a
     `Redlock`'s `drift`); None: the safety margin."""
@@ -341,6 +344,7 @@ class LockConfig:
         hold_stats: object = False,
         replicas: object = 0,
         replica_timeout: object = None,
+        renew_on_handoff: object = True,
     ) -> LockConfig:
         ttl_s = check_seconds("ttl", ttl, minimum=MIN_TTL)
         if not isinstance(renew, bool):
@@ -382,6 +386,17 @@ class LockConfig:
             wait = check_seconds(
                 "replica_timeout", replica_timeout, minimum=0.001, maximum=ttl_s / 2
             )
+        if not isinstance(renew_on_handoff, bool):
+            raise TypeError(
+                f"renew_on_handoff must be a bool, got {type(renew_on_handoff).__name__}"
+            )
+        if not renew_on_handoff and needed:
+            raise ConfigError(
+                "renew_on_handoff=False cannot be combined with replicas: a handed-over "
+                "lease counts only once the replicas have its renewal",
+                argument="renew_on_handoff",
+                value=renew_on_handoff,
+            )
         return cls(
             ttl=ttl_s,
             renew_interval=interval,
@@ -392,6 +407,7 @@ class LockConfig:
             hold_stats=hold_stats,
             replicas=needed,
             replica_timeout=wait,
+            renew_on_handoff=renew_on_handoff,
         )
 
 

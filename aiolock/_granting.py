@@ -3,7 +3,7 @@
 `Granting` turns what Redis said into a `Lease` counted from when the request was sent,
 registered with the client's `RenewalScheduler`; a lease taken from a grant heard of in
 time gets its first renewal written before `acquire()` returns (or, with `replicas=N`,
-confirmed by the replicas). Every timing decision is the renewal policy's (`_renewal`).
+confirmed by the replicas; with `renew_on_handoff=False`, left to the watchdog). Every timing decision is the renewal policy's (`_renewal`).
 """
 
 from __future__ import annotations
@@ -119,14 +119,19 @@ class Granting(Releasing):
         (a next waiter puts it back, woken now if more may be free, else by the next
         release). Its first renewal is what the policy says (`renewal.first_renewal`):
         confirmed by the replicas (`replicas=N`), written before this returns (a grant
-        shorter than the ttl), or left to the watchdog.
+        shorter than the ttl, unless `renew_on_handoff=False`), or left to the watchdog.
 
         Cancellation:
             The lease never reaches the caller: it is released under a shield first.
         """
         queue.took(grant, requeued=self._requeued_on_grant and grant.requeued)
         config = self._config
-        first = renewal.first_renewal(grant.expiry_ms, config.ttl_ms, replicas=config.replicas)
+        first = renewal.first_renewal(
+            grant.expiry_ms,
+            config.ttl_ms,
+            replicas=config.replicas,
+            at_once=config.renew_on_handoff,
+        )
         if first is renewal.FirstRenewal.CONFIRMED:
             await self._confirm_granted(runtime, lease)
         elif first is renewal.FirstRenewal.WRITTEN:

@@ -43,6 +43,14 @@ class LockOptions(TypedDict, total=False):
             (`WAIT`) before it counts. Default 0: none.
         replica_timeout: seconds (0.001 to ttl/2) to wait for those acknowledgements;
             default None: a quarter of the ttl, at most 1 s. Only with `replicas`.
+        renew_on_handoff: renew a lease handed over by another process's release to the
+            full ttl before the block starts (one command, not awaited). Default True: a
+            stall of up to about 2/3 of the ttl right after the hand-off is survived. False
+            saves that command on every hand-off between processes; the lease then holds
+            the grant's 0.9 s until the watchdog renews it (within 0.3 s), so a stall of
+            more than about half a second right after the hand-off can lose it. A crashed
+            process still blocks the others for at most 1 s either way. Not with
+            `replicas` (a handed-over lease counts only once they have its renewal).
 
     An `Election` takes five of them as its own keywords, with the same meanings: `ttl`
     (default 10 there), `renew_interval`, `prefix`, `replicas` and `replica_timeout` (a
@@ -52,7 +60,7 @@ class LockOptions(TypedDict, total=False):
     at run time an unknown keyword raises `TypeError` and a value out of range
     `ConfigError` naming the argument and the range, at the call.
 
-    Added in 0.3.
+    Added in 0.3; `renew_on_handoff` in 0.4.
     """
 
     ttl: float
@@ -65,6 +73,7 @@ class LockOptions(TypedDict, total=False):
     hold_stats: bool
     replicas: int
     replica_timeout: float | None
+    renew_on_handoff: bool
 
 
 DEFAULTS: Final[LockOptions] = {
@@ -78,6 +87,7 @@ DEFAULTS: Final[LockOptions] = {
     "hold_stats": False,
     "replicas": 0,
     "replica_timeout": None,
+    "renew_on_handoff": True,
 }
 """Each setting's default, for a `Lock`, a `Semaphore`, a `ReadWriteLock`, a `MultiLock` and
 `@locked` (the other helpers override `timeout`)."""

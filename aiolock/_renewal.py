@@ -143,13 +143,16 @@ class FirstRenewal(enum.Enum):
     counts only once the replicas have it."""
 
 
-def first_renewal(expiry_ms: int, ttl_ms: int, *, replicas: int) -> FirstRenewal:
+def first_renewal(
+    expiry_ms: int, ttl_ms: int, *, replicas: int, at_once: bool = True
+) -> FirstRenewal:
     """The first renewal of a lease taken from a grant with this expiry: confirmed by the
     replicas if the primitive needs any (a grant written by any release), else written at
-    once if `renews_at_once`, else left to the watchdog."""
+    once if `renews_at_once` and the primitive asks for it (`at_once`: its
+    `renew_on_handoff`), else left to the watchdog."""
     if replicas:
         return FirstRenewal.CONFIRMED
-    if expiry_ms < ttl_ms:  # renews_at_once
+    if at_once and renews_at_once(expiry_ms, ttl_ms):
         return FirstRenewal.WRITTEN
     return FirstRenewal.LEFT
 

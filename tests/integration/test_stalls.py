@@ -29,6 +29,7 @@ from ..conftest import CommandLog, make_client
 from ..faults.proxy import ThreadedProxy
 from ..recorded import recorded
 from ..servers import RedisServer
+from ..waits import eventually
 from .test_commands import warm_up
 
 pytestmark = pytest.mark.real_only
@@ -98,6 +99,47 @@ async def test_a_lease_handed_over_by_another_process_survives_a_stall_at_entry(
     # ...and its renewal to the full ttl left before the body, so the stall is survived.
     await stall_at_entry(lease)
     assert lease.released
+
+
+async def test_without_renew_on_handoff_a_handed_over_lease_costs_no_command_of_its_own(
+    pair: tuple[redis.asyncio.Redis, redis.asyncio.Redis, CommandLog], name: str
+) -> None:
+    """`renew_on_handoff=False`: a lease handed over by another process's release starts
+    its block with no command of its own (the grant holds it); the watchdog renews it to
+    the full ttl within a third of the grant's 0.9 s."""
+    a, b, log = pair
+    holder = await Lock(a, name, ttl=30).acquire()
+    waiting = asyncio.create_task(Lock(b, name, ttl=30, renew_on_handoff=False).acquire())
+    await queued(a, name, waiter=b)
+    mark = log.mark()
+    with recorded(EventKind.RENEWED) as renewed:
+        await holder.release()
+        lease = await asyncio.wait_for(waiting, 10)
+        assert log.since(mark) == Counter()
+        assert lease.remaining() < 1.0  # the grant's
+        await eventually(lambda: bool(renewed), what="the watchdog's renewal", timeout=5.0)
+    assert lease.remaining() > 20, lease.remaining()  # renewed to the ttl
+    assert sum(log.since(mark).values()) == 1  # that renewal
+    await lease.release()
+
+
+async def test_without_renew_on_handoff_a_stall_at_entry_past_the_grant_loses_the_lease(
+    pair: tuple[redis.asyncio.Redis, redis.asyncio.Redis, CommandLog], name: str
+) -> None:
+    """The trade `renew_on_handoff=False` makes: a stall right after a hand-off from
+    another process that outlasts the grant's 0.9 s loses the lease (the default survives
+    it: `test_a_lease_handed_over_by_another_process_survives_a_stall_at_entry`)."""
+    a, b, _ = pair
+    holder = await Lock(a, name, ttl=30).acquire()
+    waiting = asyncio.create_task(Lock(b, name, ttl=30, renew_on_handoff=False).acquire())
+    await queued(a, name, waiter=b)
+    await holder.release()
+    lease = await asyncio.wait_for(waiting, 10)
+    with pytest.raises(LeaseLostError):
+        async with lease:
+            time.sleep(STALL)
+            await asyncio.sleep(0.05)
+    assert lease.loss_reason is LossReason.DEADLINE
 
 
 async def test_a_granted_lease_writes_its_renewal_without_waiting_for_the_loop(

@@ -297,6 +297,13 @@ def test_the_wait_leaves_room_for_its_answer_within_the_call(
         ({"replicas": 1, "replica_timeout": 0}, ConfigError, "replica_timeout", "0.001 to 5"),
         ({"replicas": 1, "replica_timeout": 5.01}, ConfigError, "replica_timeout", "0.001 to 5"),
         ({"replicas": 1, "replica_timeout": "1"}, TypeError, None, "replica_timeout must be"),
+        ({"renew_on_handoff": 0}, TypeError, None, "renew_on_handoff must be a bool"),
+        (
+            {"replicas": 1, "renew_on_handoff": False},
+            ConfigError,
+            "renew_on_handoff",
+            "cannot be combined with replicas",
+        ),
     ],
 )
 def test_bad_replicas_arguments_are_refused_by_the_constructor(

@@ -36,6 +36,7 @@ SETTINGS = (
     "hold_stats",
     "replicas",
     "replica_timeout",
+    "renew_on_handoff",
 )
 
 
@@ -145,6 +146,7 @@ def test_every_setting_is_accepted_everywhere(fake: fakeredis.FakeAsyncRedis, wh
         "hold_stats": True,
         "replicas": 1,
         "replica_timeout": 0.5,
+        "renew_on_handoff": True,
     }
     makers(fake)[where](**options)
 
