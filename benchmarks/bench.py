@@ -68,6 +68,8 @@ class Adapter:
 
 
 class AiolockAdapter(Adapter):
+    renew_on_handoff = True
+
     async def open(self, url: str) -> None:
         await super().open(url)
         from aiolock import Lock
@@ -75,11 +77,23 @@ class AiolockAdapter(Adapter):
         self.lock_class = Lock
 
     def hold(self, name: str) -> contextlib.AbstractAsyncContextManager[Any]:
-        return self.lock_class(self.client, name, ttl=self.ttl)
+        return self.lock_class(
+            self.client, name, ttl=self.ttl, renew_on_handoff=self.renew_on_handoff
+        )
 
     async def take(self, name: str) -> tuple[Callable[[], bool], Callable[[], Any]]:
-        lease = await self.lock_class(self.client, name, ttl=self.ttl).acquire()
+        lease = await self.lock_class(
+            self.client, name, ttl=self.ttl, renew_on_handoff=self.renew_on_handoff
+        ).acquire()
         return (lambda: lease.lost), lease.release
+
+
+class AiolockHandoffAdapter(AiolockAdapter):
+    """aiolock with `renew_on_handoff=False`: a lease handed over by another process's
+    release starts its block without renewing it first (a trade of the stall bound right
+    after a hand-off; see docs/worker-pools.md)."""
+
+    renew_on_handoff = False
 
 
 class AiolockScriptsAdapter(Adapter):
@@ -274,6 +288,7 @@ class NLocksAdapter(Adapter):
 ADAPTERS: dict[str, Callable[[], Adapter]] = {
     "aiolock": AiolockAdapter,
     "aiolock-scripts": AiolockScriptsAdapter,
+    "aiolock-handoff": AiolockHandoffAdapter,
     "redispy": lambda: RedisPyAdapter(0.1),
     "redispy-fast": lambda: RedisPyAdapter(0.001),
     "pottery": PotteryAdapter,
