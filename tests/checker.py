@@ -85,7 +85,7 @@ from typing import Any, Literal
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 
-from aiolock import AcquireTimeoutError, BackendError, LeaseLostError
+from aiolock import AcquireTimeoutError, BackendError, LeaseLostError, Lock
 from tests.faults.cluster import ClusterGroup
 from tests.faults.quorum import ServerGroup
 
@@ -585,6 +585,13 @@ def _open_log(path: str | Path, mode: str) -> Any:
 def _say(line: str) -> None:
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
+
+
+def lock_without_handoff_renewal(client: Any, name: str, **options: Any) -> Lock:
+    """`--lock tests.checker:lock_without_handoff_renewal`: a `Lock` with
+    `renew_on_handoff=False` (a lease handed over by another process starts its block
+    without first renewing it to the full ttl)."""
+    return Lock(client, name, renew_on_handoff=False, **options)
 
 
 def load_factory(spec: str) -> LockFactory:
