@@ -47,6 +47,7 @@ __all__ = (
     "Transport",
     "checkin",
     "checkout",
+    "exchange_packed",
     "pooled",
     "read_pair",
     "reader",
@@ -260,6 +261,36 @@ async def read_pair(
         await read()
         raise exc from None
     return first, await read()
+
+
+async def exchange_packed(
+    connection: redis.asyncio.connection.AbstractConnection,
+    packed: bytes,
+    on_sent: Sent,
+    *,
+    pair: bool,
+    send: Callable[[redis.asyncio.connection.AbstractConnection, bytes], Awaitable[None]],
+) -> Any:
+    """Write `packed` (a command, and a `WAIT` after it if `pair`) on `connection` with
+    `send`, call `on_sent`, and read its reply (both, if `pair`: `read_pair`) without the
+    client's socket timeout (`reader`). A write the event loop refused on a connection the
+    server had reset is raised as a `ConnectionError` (see `closed_transport`).
+
+    On any error or cancellation while sending or reading, redis-py's connection closes
+    itself, so a half-read reply never goes back to its pool.
+    """
+    try:
+        await send(connection, packed)
+        if on_sent is not None:
+            on_sent()
+        read = reader(connection)
+        if pair:
+            return await read_pair(connection, read)
+        return await read()
+    except (RuntimeError, AttributeError, TypeError) as exc:
+        if not closed_transport(exc):
+            raise
+        raise redis.exceptions.ConnectionError(f"the connection was closed: {exc!r}") from exc
 
 
 class Transport(abc.ABC):

@@ -9,8 +9,8 @@ import redis
 import redis.asyncio
 import redis.exceptions
 
-from ._clients import ClientLibrary, closed_transport
-from ._transport import Command, Sent, Transport, checkin, checkout, read_pair, reader, write
+from ._clients import ClientLibrary
+from ._transport import Command, Sent, Transport, checkin, checkout, exchange_packed, write
 
 try:
     import hiredis
@@ -56,26 +56,11 @@ async def exchange(
     then: Command | None = None,
 ) -> Any:
     """One command on `connection`, packed by hiredis, written, its reply read (with `then`,
-    a `WAIT`: both written at once and both replies returned).
-
-    On any error or cancellation while sending or reading, redis-py's connection closes
-    itself, so a half-read reply never goes back to its pool.
-    """
-    try:
-        packed: bytes = hiredis.pack_command(command)  # type: ignore[arg-type]
-        if then is not None:
-            packed += hiredis.pack_command(then)  # type: ignore[arg-type]
-        await write(connection, packed)
-        if on_sent is not None:
-            on_sent()
-        read = reader(connection)
-        if then is not None:
-            return await read_pair(connection, read)
-        return await read()
-    except (RuntimeError, AttributeError, TypeError) as exc:
-        if not closed_transport(exc):
-            raise
-        raise redis.exceptions.ConnectionError(f"the connection was closed: {exc!r}") from exc
+    a `WAIT`: both written at once and both replies returned); see `exchange_packed`."""
+    packed: bytes = hiredis.pack_command(command)  # type: ignore[arg-type]
+    if then is not None:
+        packed += hiredis.pack_command(then)  # type: ignore[arg-type]
+    return await exchange_packed(connection, packed, on_sent, pair=then is not None, send=write)
 
 
 class DirectTransport(Transport):

@@ -22,8 +22,8 @@ import redis.exceptions
 from redis.asyncio.client import PubSub
 from redis.asyncio.sentinel import SentinelConnectionPool
 
-from ._clients import ClientLibrary, Errors, closed_transport
-from ._transport import Command, CommandTransport, Sent, Transport, pooled, read_pair, reader
+from ._clients import ClientLibrary, Errors
+from ._transport import Command, CommandTransport, Sent, Transport, exchange_packed, pooled
 
 __all__ = ("SentinelReplicaTransport", "SentinelTransport")
 
@@ -137,17 +137,9 @@ class SentinelTransport(Transport):
             packed = connection.pack_command(*command)
             if then is not None:
                 packed += connection.pack_command(*then)
-            await connection.send_packed_command(packed)
-            if on_sent is not None:
-                on_sent()
-            read = reader(connection)
-            if then is not None:
-                return await read_pair(connection, read)
-            return await read()
-        except (RuntimeError, AttributeError, TypeError) as exc:
-            if not closed_transport(exc):
-                raise
-            raise redis.exceptions.ConnectionError(f"the connection was closed: {exc!r}") from exc
+            return await exchange_packed(
+                connection, packed, on_sent, pair=then is not None, send=_send_packed
+            )
         finally:
             await pool.release(connection)
 
@@ -159,3 +151,7 @@ class SentinelReplicaTransport(SentinelTransport):
     sees_writes = False
     __slots__ = ()
     send = CommandTransport.send
+
+
+async def _send_packed(connection: Any, packed: bytes) -> None:
+    await connection.send_packed_command(packed)

@@ -64,43 +64,43 @@ from tests.faults.cluster import SLOTS, ClusterGroup
 OUT = HERE / "results" / "cluster"
 
 
-async def cpu_seconds(ports: list[int]) -> float:
-    total = 0.0
+async def infos(ports: list[int], section: str) -> list[dict[str, Any]]:
+    """INFO `section` of each server."""
+    found = []
     for port in ports:
         client = redis.asyncio.Redis(port=port)
         try:
-            info = await client.info("cpu")
+            found.append(await client.info(section))
         finally:
             await client.aclose()
-        total += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-    return total
+    return found
+
+
+async def cpu_seconds(ports: list[int]) -> float:
+    return sum(
+        float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+        for info in await infos(ports, "cpu")
+    )
 
 
 async def commands_called(ports: list[int], *names: str) -> int:
     """How many times the servers ran the commands `names` (INFO commandstats)."""
-    total = 0
-    for port in ports:
-        client = redis.asyncio.Redis(port=port)
-        try:
-            stats = await client.info("commandstats")
-        finally:
-            await client.aclose()
-        total += sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in names)
-    return total
+    return sum(
+        int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
+        for stats in await infos(ports, "commandstats")
+        for name in names
+    )
 
 
 async def command_seconds(ports: list[int]) -> float:
     """Seconds the servers spent running commands (INFO commandstats: every command's
     `usec`), as opposed to reading, writing, replicating and their own upkeep."""
-    total = 0
-    for port in ports:
-        client = redis.asyncio.Redis(port=port)
-        try:
-            stats = await client.info("commandstats")
-        finally:
-            await client.aclose()
-        total += sum(int(entry.get("usec", 0)) for entry in stats.values())
-    return total / 1e6
+    usec = sum(
+        int(entry.get("usec", 0))
+        for stats in await infos(ports, "commandstats")
+        for entry in stats.values()
+    )
+    return usec / 1e6
 
 
 async def bus_messages(ports: list[int]) -> int:

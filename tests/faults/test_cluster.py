@@ -34,12 +34,11 @@ from aiolock import (
     run_once,
 )
 from aiolock._backend import Backend
-from aiolock._granting import Granting
 from aiolock._layout import LockKeys
 from aiolock._lease_scripts import RENEW
 from aiolock._runtime import runtime_for
 
-from ..integration.test_stalls import queued as in_line
+from ..integration.test_stalls import turns_taking_grant
 from ..load import scaled
 from ..recorded import of_lease as count
 from ..recorded import recorded
@@ -263,9 +262,10 @@ async def test_a_call_on_a_replaced_primarys_slot_finds_the_new_primary(
 ) -> None:
     """The primary serving a name's slot is killed and its replica promoted while
     aiolock's own cluster client stays open (a lease on another primary's slot keeps it)
-    and still maps the slot to the dead node. The next acquire's call meets a refused
-    connection; the calls after it go through redis-py's routing for a while, which finds
-    the cluster's nodes again, and the acquire gets the lock within its bound."""
+    and still maps the slot to the dead node (put back if it learned otherwise). The next
+    acquire's call meets a refused connection; the calls after it go through redis-py's
+    routing for a while, which finds the cluster's nodes again, and the acquire gets the
+    lock within its bound."""
     async with clients(cluster, 1) as (client,):
         names = names_in_thirds(name)
         await cycle(client, names[0])
@@ -273,7 +273,16 @@ async def test_a_call_on_a_replaced_primarys_slot_finds_the_new_primary(
         primary = await cluster.owner(slot)
         elsewhere = names[1]  # in another third of the slots: another primary's
         assert await cluster.owner(slot_of(elsewhere)) is not primary
-        keeper = await Lock(client, elsewhere, ttl=scaled(5)).acquire()
+        # Renewed at once and often: its renewals keep the cluster client open throughout.
+        keeper = await Lock(client, elsewhere, ttl=scaled(5), renew_interval=0.2).acquire()
+        transport = runtime_for(client).backend.transport
+        await eventually(
+            lambda: getattr(transport, "_own_pinned", False), what="a renewal", timeout=5.0
+        )
+        own = getattr(transport, "_own", None)
+        assert own is not None
+        stale = list(own.nodes_manager.slots_cache[slot])
+        assert stale[0].port == primary.port
         replica = await cluster.replica_of(primary)
         primary.kill()
 
@@ -281,8 +290,12 @@ async def test_a_call_on_a_replaced_primarys_slot_finds_the_new_primary(
             return await cluster.owner(slot) is replica
 
         await eventually(promoted, what="the replica promoted", timeout=20.0)
+        # As a client that has not heard of the failover yet still maps it (the keeper's
+        # renewals may have taught this one).
+        own.nodes_manager.slots_cache[slot] = stale
         with routed_calls(monkeypatch) as routed:
             lease = await Lock(client, names[0], ttl=scaled(5)).acquire(timeout=scaled(10))
+        assert getattr(transport, "_own", None) is own, "the cluster client was made again"
         assert routed, "sent directly to the dead node only"
         await lease.release()
         assert not keeper.lost
@@ -338,42 +351,14 @@ async def test_a_granted_lease_writes_its_renewal_without_waiting_for_its_answer
     """Taking another client's grant on a cluster writes the renewal to the full ttl on
     the name's primary directly and starts the body once it is written (as on one
     server), without the loop turning in between to read its answer."""
-    loop = asyncio.get_running_loop()
-    turns = 0
-
-    def tick() -> None:
-        nonlocal turns
-        turns += 1
-        if not done.is_set():
-            loop.call_soon(tick)
-
-    taking: list[int] = []
-    take_grant = Granting._take_grant
-
-    async def counted(self: Any, *args: Any) -> None:
-        before = turns
-        await take_grant(self, *args)
-        taking.append(turns - before)
-
-    monkeypatch.setattr(Granting, "_take_grant", counted)
-    done = asyncio.Event()
     async with clients(cluster, 2) as (a, b):
         for client in (a, b):  # the scripts loaded, the connections open
             await cycle(client, f"{name}:warm-up")
             warm = await Lock(client, name, ttl=30).acquire()
             await warm.extend()
             await warm.release()
-        holder = await Lock(a, name, ttl=30).acquire()
-        waiting = asyncio.create_task(Lock(b, name, ttl=30).acquire())
-        await in_line(a, name, waiter=b)
-        loop.call_soon(tick)
-        try:
-            await holder.release()
-            lease = await within(waiting, what="the grant taken", timeout=10)
-        finally:
-            done.set()
+        taking = await turns_taking_grant(a, b, name, monkeypatch)
         assert taking == [0], "the loop turned while the grant was taken"
-        await lease.release()
 
 
 # ------------------------------------------------------------------- resharding, failover

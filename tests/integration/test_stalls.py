@@ -151,9 +151,20 @@ async def test_a_granted_lease_writes_its_renewal_without_waiting_for_the_loop(
     task), so the body starts without the loop turning in between: a cross-process
     hand-off costs no extra turns of a busy loop."""
     a, b, _ = pair
-    loop = asyncio.get_running_loop()
     if await _checkout_turns(b):
         pytest.skip("this redis-py's pool waits for the loop to hand out a connection (5.0)")
+    assert await turns_taking_grant(a, b, name, monkeypatch) == [0], "the loop turned"
+
+
+async def turns_taking_grant(
+    a: redis.asyncio.Redis | RedisCluster,
+    b: redis.asyncio.Redis | RedisCluster,
+    name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> list[int]:
+    """A lock `name` held on `a` is released to a waiter on `b`: how often the event loop
+    turned while `b` took the grant (a list with one count), a ticker running meanwhile."""
+    loop = asyncio.get_running_loop()
     turns = 0
 
     def tick() -> None:
@@ -181,8 +192,8 @@ async def test_a_granted_lease_writes_its_renewal_without_waiting_for_the_loop(
         lease = await asyncio.wait_for(waiting, 10)
     finally:
         done.set()
-    assert taking == [0], "the loop turned while the grant was taken"
     await lease.release()
+    return taking
 
 
 async def test_a_granted_leases_renewal_that_lands_after_its_release_is_not_a_loss(
