@@ -3,7 +3,8 @@
 `Granting` turns what Redis said into a `Lease` counted from when the request was sent,
 registered with the client's `RenewalScheduler`; a lease taken from a grant heard of in
 time gets its first renewal written before `acquire()` returns (or, with `replicas=N`,
-confirmed by the replicas; with `renew_on_handoff=False`, left to the watchdog). Every timing decision is the renewal policy's (`_renewal`).
+confirmed by the replicas; with `renew_on_handoff=False`, left to the watchdog). Every
+timing decision is the renewal policy's (`_renewal`).
 """
 
 from __future__ import annotations

@@ -189,8 +189,8 @@ class ClusterTransport(CommandTransport):
         `exchange`), past the cluster client's routing layers. A call it cannot route so
         (no key, a slot it does not know, a connection class or encoding of another kind,
         a connection that broke within `DIRECT_PAUSE`), and one the node redirects (MOVED,
-        ASK: not applied), go through the cluster client's own routing, which follows the
-        redirection and learns where the slot went."""
+        ASK, CLUSTERDOWN: not applied), go through the cluster client's own routing, which
+        follows the redirection and learns where the slot went."""
         node = self._direct_node(client, command)
         if node is None:
             return await self._routed(client, command, on_sent, then)
