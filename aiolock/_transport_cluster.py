@@ -1,5 +1,7 @@
 """Cluster routing: every script call of a `RedisCluster` client goes through a cluster client
-of aiolock's own, which routes it by its keys' slot and follows MOVED and ASK.
+of aiolock's own: sent by aiolock on that client's connection to the primary its slot map
+gives for the call's keys (`send`), or, for what that cannot serve (a redirection, a broken
+connection), through the client's own routing, which follows MOVED and ASK.
 
 aiolock's own cluster client has the user's connection settings that a `RedisCluster` takes,
 the nodes the user's client knows, no pool limit, and `OWN_REDIRECTIONS` tries per command;
