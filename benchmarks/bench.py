@@ -77,15 +77,16 @@ class AiolockAdapter(Adapter):
         self.lock_class = Lock
 
     def hold(self, name: str) -> contextlib.AbstractAsyncContextManager[Any]:
+        return self._lock(name)
+
+    async def take(self, name: str) -> tuple[Callable[[], bool], Callable[[], Any]]:
+        lease = await self._lock(name).acquire()
+        return (lambda: lease.lost), lease.release
+
+    def _lock(self, name: str) -> Any:
         return self.lock_class(
             self.client, name, ttl=self.ttl, renew_on_handoff=self.renew_on_handoff
         )
-
-    async def take(self, name: str) -> tuple[Callable[[], bool], Callable[[], Any]]:
-        lease = await self.lock_class(
-            self.client, name, ttl=self.ttl, renew_on_handoff=self.renew_on_handoff
-        ).acquire()
-        return (lambda: lease.lost), lease.release
 
 
 class AiolockHandoffAdapter(AiolockAdapter):

@@ -353,7 +353,6 @@ async def test_a_granted_lease_writes_its_renewal_without_waiting_for_its_answer
     server), without the loop turning in between to read its answer."""
     async with clients(cluster, 2) as (a, b):
         for client in (a, b):  # the scripts loaded, the connections open
-            await cycle(client, f"{name}:warm-up")
             warm = await Lock(client, name, ttl=30).acquire()
             await warm.extend()
             await warm.release()
