@@ -32,6 +32,11 @@ ABORT_TIMEOUT: Final = 1.0
 """Longest wait for the cleanup of an acquire whose outcome is unknown."""
 
 
+async def _until(done: asyncio.Future[None]) -> None:
+    """Wait for `done` without cancelling it when this wait is cancelled."""
+    await asyncio.shield(done)
+
+
 def cleanup_budget(time_left: float | None) -> float:
     """How long a cleanup after a failed or abandoned wait may take: what is left of the
     caller's timeout (at least a moment, to try), at most ABORT_TIMEOUT."""
@@ -73,15 +78,30 @@ class Releasing(PrimitiveBase):
         return status != 0
 
     async def _abort(self, runtime: Runtime, token: str, *, timeout: float) -> None:
-        """Undo an acquire whose outcome is unknown, under a shield; errors are dropped.
+        """Undo an acquire whose outcome is unknown: a release in abort mode, in a task of
+        its own bounded by ABORT_TIMEOUT, its errors dropped. The caller waits for it at
+        most `timeout` (what its own timeout leaves, see `cleanup_budget`); past that the
+        abort goes on without it, so that a caller whose time is used up (its acquire's
+        reply lost, a connection to make again) does not leave the key set for its ttl.
+        If the abort fails too, the key expires within the ttl.
 
-        If the key was set and this fails too, it expires within the ttl.
+        Cancellation:
+            Cancelling the caller does not stop the abort; the caller still waits for it
+            up to `timeout`, then the cancellation propagates.
         """
-        with contextlib.suppress(BackendError, TimeoutError):
-            await run_shielded(
-                self._release_token(runtime, token, abort=True, timeout=timeout),
-                timeout=timeout + 0.1,
-            )
+        aborted = runtime.loop.create_future()
+
+        async def abort() -> None:
+            try:
+                with contextlib.suppress(BackendError, TimeoutError):
+                    await self._release_token(runtime, token, abort=True, timeout=ABORT_TIMEOUT)
+            finally:
+                if not aborted.done():
+                    aborted.set_result(None)
+
+        runtime.spawn(abort())
+        with contextlib.suppress(TimeoutError):
+            await run_shielded(_until(aborted), timeout=timeout)
 
     async def _withdraw_in_background(
         self, runtime: Runtime, queue: WaitQueue, *, timeout: float

@@ -7,7 +7,9 @@ library installed, repeats every run and reports medians and ratios. By hand:
 
 Libraries (each behind the same small adapter):
     aiolock, aiolock-scripts (a lower bound for the uncontended scenarios: aiolock's scripts
-    sent with plain evalsha, no client logic), redispy (redis-py's asyncio Lock, sleep=0.1), redispy-fast (sleep=0.001),
+    sent with plain evalsha, no client logic), aiolock-handoff (renew_on_handoff=False),
+    aiolock-noop-renewal (a lower bound for the 4-process scenario: aiolock with its renewals
+    running a script that does nothing), redispy (redis-py's asyncio Lock, sleep=0.1), redispy-fast (sleep=0.001),
     pottery (AIORedlock on one master), aioredlock, python-redis-lock (sync, in threads),
     redis-lock-py (asyncio, pub/sub).
 
@@ -95,6 +97,30 @@ class AiolockHandoffAdapter(AiolockAdapter):
     after a hand-off; see docs/worker-pools.md)."""
 
     renew_on_handoff = False
+
+
+class AiolockNoopRenewalAdapter(AiolockAdapter):
+    """A lower bound, not a library: aiolock whose renewals run a script that does nothing
+    on the same key (answering "renewed"), sent as aiolock sends them. A lease handed over by
+    another process's release still has that call written before its block, as the
+    default's stall bound needs, and its answer read while the block runs; only the
+    renewal's own work in Redis is gone. aiolock's distance to it is what that work costs;
+    its distance to aiolock-handoff, what one more command per hand-off costs."""
+
+    async def open(self, url: str) -> None:
+        await super().open(url)
+        from aiolock import Lock
+        from aiolock._scripts import Script
+
+        noop = Script(
+            "noop-renewal", "local out = {}\nfor i = 1, #KEYS do out[i] = 1 end\nreturn out"
+        )
+
+        def renew_call(lock: Any, token: str, ttl_ms: int) -> Any:
+            return noop, (lock._key,), [token, ttl_ms, lock._renew_kind]
+
+        # (a worker process runs one row: the class is changed for this process only)
+        Lock._renew_call = renew_call  # type: ignore[method-assign,assignment]
 
 
 class AiolockScriptsAdapter(Adapter):
@@ -290,6 +316,7 @@ ADAPTERS: dict[str, Callable[[], Adapter]] = {
     "aiolock": AiolockAdapter,
     "aiolock-scripts": AiolockScriptsAdapter,
     "aiolock-handoff": AiolockHandoffAdapter,
+    "aiolock-noop-renewal": AiolockNoopRenewalAdapter,
     "redispy": lambda: RedisPyAdapter(0.1),
     "redispy-fast": lambda: RedisPyAdapter(0.001),
     "pottery": PotteryAdapter,

@@ -111,6 +111,7 @@ class FaultProxy:
         self._links: set[_Link] = set()
         self._handlers: set[asyncio.Task[None]] = set()
         self._delay = 0.0
+        self._connect_delay = 0.0
         self._flowing = asyncio.Event()
         self._flowing.set()
         self._discard = False
@@ -167,6 +168,12 @@ class FaultProxy:
         self._discard = discard
         self._flowing.clear()
 
+    def delay_connections(self, seconds: float) -> None:
+        """Connect each new connection to the server only `seconds` after accepting it
+        (until `restore()`): a client that waits for its handshake's replies (redis-py's
+        `CLIENT SETINFO`) writes nothing else until then."""
+        self._connect_delay = seconds
+
     def reset_all(self) -> int:
         """Reset (RST) every open connection now; returns how many there were."""
         links = list(self._links)
@@ -208,6 +215,7 @@ class FaultProxy:
     async def restore(self) -> None:
         """Forward normally again: no delay, held bytes delivered, listening again."""
         self._delay = 0.0
+        self._connect_delay = 0.0
         self._discard = False
         self._lose_reply_to.clear()
         self._flowing.set()
@@ -225,6 +233,8 @@ class FaultProxy:
         self.connections_accepted += 1
         link: _Link | None = None
         try:
+            if self._connect_delay > 0:
+                await asyncio.sleep(self._connect_delay)
             try:
                 up_reader, up_writer = await asyncio.open_connection(
                     self.upstream_host, self.upstream_port

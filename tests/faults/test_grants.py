@@ -43,9 +43,10 @@ async def test_the_grantee_writes_its_first_renewal_and_does_not_wait_for_it(
         lease = await asyncio.wait_for(waiting, 5)
         returned = asyncio.get_running_loop().time()
         await asyncio.wait_for(renewal.wait(), 5)
-        # Written before acquire() returned (the proxy takes a moment to read it), not by
-        # the watchdog a third of the grant's expiry later.
-        assert asyncio.get_running_loop().time() - returned < 0.1
+        # Written before acquire() returned (the proxy, in this loop, reads it a moment
+        # later; on a loaded machine up to a few scheduling slices), not by the watchdog a
+        # third of the grant's expiry after the registration.
+        assert asyncio.get_running_loop().time() - returned < 0.25
         assert lease.remaining() < RESERVATION_MS / 1000, "taken from the grant, unconfirmed"
     finally:
         await proxied.proxy.restore()

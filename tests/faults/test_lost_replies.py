@@ -39,6 +39,24 @@ async def free(proxied: Proxied, name: str) -> bool:
     return await proxied.direct.hget(LockKeys.build("aiolock", name).lock, "token") is None
 
 
+async def test_an_abort_that_outlasts_the_callers_timeout_still_frees_the_lock(
+    proxied: Proxied, name: str
+) -> None:
+    """The caller's timeout is used up when the acquire's reply is found lost: it waits for
+    the abort only a moment, but the abort goes on in the background (for up to a second)
+    and frees the lock, here over a new connection that takes 0.4 s to open."""
+    await (await Lock(proxied.client, f"{name}:warm", ttl=TTL).acquire()).release()
+    since = asyncio.get_running_loop().time()
+    proxied.proxy.lose_reply_to(ACQUIRE.sha.encode())
+    # The acquire's connection is dropped with its lost reply: the abort needs a new one.
+    proxied.proxy.delay_connections(0.4)
+    with pytest.raises(BackendError):
+        await asyncio.wait_for(Lock(proxied.client, name, ttl=TTL).acquire(timeout=1.0), 15)
+    assert proxied.proxy.arrived(ACQUIRE.sha.encode(), since=since), "the acquire reached Redis"
+    await until(lambda: free(proxied, name), "the lock free again", timeout=FREED_BOUND)
+    assert await proxied.direct.hget(LockKeys.build("aiolock", name).lock, "ac") == b"1"
+
+
 @pytest.mark.parametrize("fault", ["timeout", "reset"])
 async def test_an_acquire_whose_reply_is_lost_leaves_the_lock_free(
     proxied: Proxied, name: str, fault: str

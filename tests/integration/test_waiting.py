@@ -64,9 +64,11 @@ async def test_expiry_wakes_the_waiter_without_a_notification(
     client: redis.asyncio.Redis, name: str
 ) -> None:
     lock = Lock(client, name, ttl=0.3, renew=False)
-    stale = await lock.acquire()  # never released: it simply expires
     loop = asyncio.get_running_loop()
+    # (before the acquire is sent: its key expires at least 0.3 s after this, however late
+    # its reply is read)
     started = loop.time()
+    stale = await lock.acquire()  # never released: it simply expires
     lease = await Lock(client, name, ttl=5).acquire(timeout=5)
     waited = loop.time() - started
     assert 0.2 < waited < 1.5, "woken by the holder's pttl, not by a long fixed poll"
