@@ -461,6 +461,7 @@ class Notifier:
             self._watch_requested = set(self._watches)
             listened = [each for queue in self._queues.values() for each in queue.channels]
             await pubsub.subscribe(*listened, *self._subscribed, *self._watches)
+            await self._subscribe_latecomers(pubsub)
             health.heard, health.pinged = loop.time(), None
         now = loop.time()
         if health.pinged is not None and now - health.pinged >= every:
@@ -481,6 +482,19 @@ class Notifier:
         if message is not None:
             health.heard, health.pinged = loop.time(), None
         return message
+
+    async def _subscribe_latecomers(self, pubsub: PubSub) -> None:
+        """Subscribe the queues and watches that came while the connection was opening:
+        they found no connection to subscribe on, and left it to the listener."""
+        while True:
+            queues = [queue for queue in self._queues.values() if not queue.requested]
+            watched = [channel for channel in self._watches if channel not in self._watch_requested]
+            if not queues and not watched:
+                return
+            for queue in queues:
+                queue.subscription_requested()
+            self._watch_requested.update(watched)
+            await pubsub.subscribe(*(each for queue in queues for each in queue.channels), *watched)
 
     def _ping_refused(self, exc: Exception, health: _Health) -> bool:
         """Whether `exc` is the PING refused by an ACL without +ping: an answer all the
