@@ -82,7 +82,8 @@ class Releasing(PrimitiveBase):
         its own bounded by ABORT_TIMEOUT, its errors dropped. The caller waits for it at
         most `timeout` (what its own timeout leaves, see `cleanup_budget`); past that the
         abort goes on without it, so that a caller whose time is used up (its acquire's
-        reply lost, a connection to make again) does not leave the key set for its ttl.
+        reply lost, a connection to make again) does not leave the key set for its ttl;
+        such an abort goes on a connection of its own, closed when it ends.
         If the abort fails too, the key expires within the ttl.
 
         Cancellation:
@@ -90,11 +91,16 @@ class Releasing(PrimitiveBase):
             up to `timeout`, then the cancellation propagates.
         """
         aborted = runtime.loop.create_future()
+        # An abort that may outlive its caller goes on a connection of its own, closed when
+        # it ends: the caller may close its client meanwhile.
+        fresh = timeout < ABORT_TIMEOUT
 
         async def abort() -> None:
             try:
                 with contextlib.suppress(BackendError, TimeoutError):
-                    await self._release_token(runtime, token, abort=True, timeout=ABORT_TIMEOUT)
+                    await self._release_token(
+                        runtime, token, abort=True, timeout=ABORT_TIMEOUT, fresh=fresh
+                    )
             finally:
                 if not aborted.done():
                     aborted.set_result(None)

@@ -245,8 +245,13 @@ async def test_a_hand_off_counts_only_once_the_replica_has_it(pair: Pair, name: 
     try:
         for paused in (False, True):
             lease = await Lock(holder, name, ttl=5, replicas=1).acquire()
+            # (a replica that acknowledges gets a second, so that a loaded machine's stall
+            # does not pass for a paused replica)
+            replica_timeout = 0.1 if paused else 1.0
             waiting = asyncio.ensure_future(
-                Lock(waiter, name, ttl=5, replicas=1, replica_timeout=0.1).acquire(timeout=10)
+                Lock(waiter, name, ttl=5, replicas=1, replica_timeout=replica_timeout).acquire(
+                    timeout=10
+                )
             )
             await queued(holder, keys)
             if paused:
