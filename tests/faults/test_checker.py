@@ -76,6 +76,25 @@ def test_a_stale_grant_that_was_reported_lost_is_excused() -> None:
     assert verdict.excused_overlaps == 1
 
 
+def test_an_overlap_under_an_empty_restart_of_a_redlock_node_is_counted_apart() -> None:
+    """A node restarted empty at once after the earlier holder's acquire wrote it (at most
+    `written` before it entered) and before the later one entered: a bare majority may
+    have been left short, which the Redlock guarantee does not cover. Any other overlap is
+    still a violation."""
+    history = [section(10, 12, 10), section(11, 13, 11), section(20, 22, 12), section(21, 23, 13)]
+    for restart in ((9.85, 9.9), (10.5, 10.6), (10.9, 11.0)):
+        verdict = verify(history, restarts=[restart], written=0.2)
+        assert verdict.restart_overlaps == 1, restart
+        assert [(v.earlier.token, v.later.token) for v in verdict.violations] == [(12, 13)]
+    # Before the earlier holder's acquire could have written the node: its key was written
+    # after the restart.
+    assert len(verify(history, restarts=[(9.5, 9.7)], written=0.2).overlaps) == 2
+    # After the later holder entered.
+    assert len(verify(history, restarts=[(11.5, 11.6)], written=0.2).overlaps) == 2
+    # Only a lock's sections (a semaphore's have their own limit).
+    assert verify(history, restarts=[(10.5, 10.6)], written=0.2, limit=2).restart_overlaps == 0
+
+
 def test_tokens_out_of_order_or_repeated_are_violations() -> None:
     verdict = verify([section(0, 1, 11), section(2, 3, 10), section(4, 5, 12), section(6, 7, 12)])
     assert sorted(v.kind for v in verdict.violations) == ["duplicate token", "token order"]

@@ -117,7 +117,11 @@ async def test_a_short_redlock_run_under_faults_finds_no_violation(
     """3 processes x 4 tasks on 2 names for 14 s, a Redlock over 5 servers: a node paused
     for 2 s, one killed and started again empty 1.5 ttl later, one restarted empty at once,
     the replies of two delayed by 0.3 ttl for 2 s, one after another. No overlap beyond the
-    reported losses, fencing in order, nothing left held on any node.
+    reported losses, fencing in order, nothing left held on any node. An empty restart at
+    once leaves a holder of a bare majority (3 of 5, the others taken by a contender that
+    then gave them back) on 2 until its next renewal, which the guarantee does not cover
+    (docs/deployments.md): an overlap that it explains is counted apart (seen once in CI,
+    beside a second copy of the suite), and more than a few would be suspect.
 
     The ttl (1 s on an idle machine, up to 2 s on a loaded one) bounds each node's call
     (a tenth of it): too short a bound on a loaded machine makes most acquires fail for
@@ -145,6 +149,7 @@ async def test_a_short_redlock_run_under_faults_finds_no_violation(
     report = await run(config)
     summary = report.summary()
     assert report.ok, summary
+    assert report.verdict.restart_overlaps <= 3, summary
     assert [fault.split(" (")[0] for fault in report.faults_injected] == [
         str(fault) for fault in config.faults
     ], summary

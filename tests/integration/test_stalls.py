@@ -163,7 +163,25 @@ async def turns_taking_grant(
     monkeypatch: pytest.MonkeyPatch,
 ) -> list[int]:
     """A lock `name` held on `a` is released to a waiter on `b`: how often the event loop
-    turned while `b` took the grant (a list with one count), a ticker running meanwhile."""
+    turned while `b` took the grant (a list with one count), a ticker running meanwhile.
+
+    A grant heard more than half its 0.9 s after the waiter's registration (a loaded
+    machine) is claimed by an acquire instead of taken, and counts nothing: the hand-off is
+    then made again, at most 3 times in all."""
+    taking: list[int] = []
+    for _ in range(3):
+        taking = await _turns_taking_grant(a, b, name, monkeypatch)
+        if taking:
+            break
+    return taking
+
+
+async def _turns_taking_grant(
+    a: redis.asyncio.Redis | RedisCluster,
+    b: redis.asyncio.Redis | RedisCluster,
+    name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> list[int]:
     loop = asyncio.get_running_loop()
     turns = 0
 
@@ -181,18 +199,19 @@ async def turns_taking_grant(
         await take_grant(self, *args)
         taking.append(turns - before)
 
-    monkeypatch.setattr(Granting, "_take_grant", counted)
     done = asyncio.Event()
-    holder = await Lock(a, name, ttl=30).acquire()
-    waiting = asyncio.create_task(Lock(b, name, ttl=30).acquire())
-    await queued(a, name, waiter=b)
-    loop.call_soon(tick)
-    try:
-        await holder.release()
-        lease = await asyncio.wait_for(waiting, 10)
-    finally:
-        done.set()
-    await lease.release()
+    with monkeypatch.context() as patched:
+        patched.setattr(Granting, "_take_grant", counted)
+        holder = await Lock(a, name, ttl=30).acquire()
+        waiting = asyncio.create_task(Lock(b, name, ttl=30).acquire())
+        await queued(a, name, waiter=b)
+        loop.call_soon(tick)
+        try:
+            await holder.release()
+            lease = await asyncio.wait_for(waiting, 10)
+        finally:
+            done.set()
+        await lease.release()
     return taking
 
 
