@@ -380,7 +380,8 @@ async def test_max_hold_bounds_how_long_a_hung_holder_keeps_the_lock(
             await asyncio.sleep(0.01)
     lease = await Lock(client, name, ttl=1).acquire(timeout=10)
     waited = loop.time() - started
-    assert waited <= 1.5 + 0.3, f"a hung holder kept the lock {waited:.2f}s (max_hold 1.5)"
+    # (well below max_hold + ttl, 2.5 s: the bound is max_hold, not a ttl after it)
+    assert waited <= 1.5 + 0.7, f"a hung holder kept the lock {waited:.2f}s (max_hold 1.5)"
     with pytest.raises(LeaseLostError) as info:
         await holder
     assert info.value.reason is LossReason.MAX_HOLD
