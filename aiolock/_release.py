@@ -90,24 +90,19 @@ class Releasing(PrimitiveBase):
             Cancelling the caller does not stop the abort; the caller still waits for it
             up to `timeout`, then the cancellation propagates.
         """
-        aborted = runtime.loop.create_future()
         # An abort that may outlive its caller goes on a connection of its own, closed when
         # it ends: the caller may close its client meanwhile.
         fresh = timeout < ABORT_TIMEOUT
 
         async def abort() -> None:
-            try:
-                with contextlib.suppress(BackendError, TimeoutError):
-                    await self._release_token(
-                        runtime, token, abort=True, timeout=ABORT_TIMEOUT, fresh=fresh
-                    )
-            finally:
-                if not aborted.done():
-                    aborted.set_result(None)
+            with contextlib.suppress(BackendError, TimeoutError):
+                await self._release_token(
+                    runtime, token, abort=True, timeout=ABORT_TIMEOUT, fresh=fresh
+                )
 
-        runtime.spawn(abort())
+        aborting = runtime.spawn(abort())
         with contextlib.suppress(TimeoutError):
-            await run_shielded(_until(aborted), timeout=timeout)
+            await run_shielded(_until(aborting), timeout=timeout)
 
     async def _withdraw_in_background(
         self, runtime: Runtime, queue: WaitQueue, *, timeout: float

@@ -67,8 +67,11 @@ class Runtime:
         if not tasks:
             self.guards.pop(key, None)
 
-    def spawn(self, call: Coroutine[Any, Any, None], *, eager: bool = False) -> None:
-        """Run `call` in a task of its own, kept until it ends (it must bound itself).
+    def spawn(
+        self, call: Coroutine[Any, Any, None], *, eager: bool = False
+    ) -> asyncio.Future[None]:
+        """Run `call` in a task of its own, kept until it ends (it must bound itself); the
+        task, for a caller that waits for it.
 
         `eager`: `call` runs at once, up to its first suspension, before this returns (a
         command it writes is written by then; see `_eager`); else it starts at the loop's
@@ -76,11 +79,12 @@ class Runtime:
         if eager:
             task = start_eagerly(self.loop, call)
             if task.done():
-                return
+                return task
         else:
             task = self.loop.create_task(call)
         self._spawned.add(task)
         task.add_done_callback(self._spawned.discard)
+        return task
 
 
 _runtimes: weakref.WeakKeyDictionary[AsyncClient | Quorum, Runtime] = weakref.WeakKeyDictionary()
