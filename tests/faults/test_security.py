@@ -440,18 +440,22 @@ async def test_tokens_never_appear_in_logs_reprs_events_or_errors(
         assert lost.value.reason is LossReason.NOT_OWNER
         seen.add_error(lost.value)
         # Lost by deadline while Redis is frozen, with failing renewals and release, and a
-        # BackendError from an acquire meanwhile.
+        # BackendError from an acquire meanwhile (its attempt's bound is at least 1 s: the
+        # lease's ttl is longer, so that the error comes before the loss).
+        broken_seen = False
         try:
             with pytest.raises(LeaseLostError) as lost:
-                async with Lock(client, name, ttl=0.4) as lease:
+                async with Lock(client, name, ttl=2.0) as lease:
                     seen.leases.append(lease)
                     server.pause()
                     with pytest.raises(BackendError) as broken:
                         await Lock(admin, f"{name}:other", ttl=5).acquire(timeout=0.2)
                     seen.add_error(broken.value)
+                    broken_seen = True
                     await asyncio.sleep(5)
         finally:
             server.resume()
+        assert broken_seen, "the acquire's BackendError came after the loss"
         assert lost.value.reason is LossReason.DEADLINE
         assert isinstance(lost.value.__cause__, BackendError)
         seen.add_error(lost.value)
