@@ -23,7 +23,7 @@ __all__ = ("proxied",)  # the fixture, used by name
 
 pytestmark = pytest.mark.real_only
 
-HANDSHAKE = 1.0
+HANDSHAKE = 1.5
 """How long the proxy holds each new connection before connecting it to the server."""
 
 
