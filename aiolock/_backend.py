@@ -292,6 +292,7 @@ class Backend:
         name: str | None,
         background: bool = False,
         fresh: bool = False,
+        again_apart: bool = False,
         on_sent: Sent = None,
         wait: tuple[int, int] | None = None,
         by_text: bool = False,
@@ -305,7 +306,11 @@ class Backend:
         `fresh` calls on a connection of their own, closed after (the user's connections
         may belong to another event loop). The whole call, retries included, is bounded
         by `timeout`. `on_sent` is called when the command has been written (possibly
-        twice, if it is sent again).
+        twice, if it is sent again). With `again_apart`, a call sent again after a broken
+        connection goes on a connection of its own, closed after: for a call that may
+        outlive its caller (a quorum's node), whose user may close the client meanwhile
+        (which breaks the connection: sent again on the user's pool, it would open one that
+        nobody closes).
 
         With a cluster client, `fresh` calls go on a connection of their own to the node
         that serves the first key's slot.
@@ -330,10 +335,9 @@ class Backend:
             replicas, wait_ms = wait
             assert wait_ms >= 1, "WAIT 0 blocks for ever"
             then = ("WAIT", replicas, wait_ms)
+        own = functools.partial(self._own_client, keys[0] if keys else None)
         if fresh:
-            client = self._library.client(
-                connection_pool=self.transport.connection_pool(keys[0] if keys else None)
-            )
+            client = own()
             try:
                 return await self._call(
                     client,
@@ -370,6 +374,7 @@ class Backend:
                 name=name,
                 on_sent=on_sent,
                 then=then,
+                again=own if again_apart else None,
             )
         if then is not None:
             return reply[0], int(reply[1])
@@ -433,6 +438,11 @@ class Backend:
         )
         return bool(reply)
 
+    def _own_client(self, key: str | None) -> redis.asyncio.Redis:
+        """A client on a pool of its own, to the server that serves `key` (its connections
+        are the caller's to close)."""
+        return self._library.client(connection_pool=self.transport.connection_pool(key))
+
     async def _call(
         self,
         client: Client,
@@ -445,6 +455,7 @@ class Backend:
         on_sent: Sent = None,
         then: Command | None = None,
         send: Callable[[], Awaitable[Any]] | None = None,
+        again: Callable[[], redis.asyncio.Redis] | None = None,
     ) -> Any:
         """Send `command` (an EVALSHA of `script`, sent by EVAL if the server does not know
         it), and `then` right after it if given, bounded by `timeout`, with its errors
@@ -455,6 +466,8 @@ class Backend:
 
         A broken connection (a pooled connection the server closed, after a restart for
         example) is retried once at once on a new one: every script is safe to apply twice.
+        With `again`, the retries go on the client it makes, whose connections are closed
+        when the call ends.
 
         Cancellation:
             A cancellation that arrives while the reply is being read propagates. On Python
@@ -467,6 +480,7 @@ class Backend:
             raise RuntimeError("aiolock must be used from an asyncio task")
         cancelling = task.cancelling()
         bound = self._deadlines.start(task, timeout)
+        apart: redis.asyncio.Redis | None = None
         try:
             retried = False
             while True:
@@ -487,6 +501,8 @@ class Backend:
                     if retried:
                         await bound.pause()
                     retried = True
+                    if again is not None and apart is None:
+                        client = apart = again()
                 except (*Errors.try_again, *Errors.cluster_failure) as exc:
                     if not self.transport.waits_out(exc):
                         raise
@@ -520,6 +536,8 @@ class Backend:
             raise self._failed(operation, name, timeout, exc, bound.waiting_out) from exc
         finally:
             self._deadlines.end(bound)
+            if apart is not None:
+                await apart.connection_pool.disconnect()
         if bound.expired:
             task.uncancel()  # our timer's cancellation, swallowed: the answer came anyway
         if task.cancelling() > cancelling:

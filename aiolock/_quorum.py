@@ -225,12 +225,14 @@ class QuorumBackend(Backend):
         name: str | None,
         background: bool = False,
         fresh: bool = False,
+        again_apart: bool = False,
         on_sent: Sent = None,
         wait: tuple[int, int] | None = None,
         by_text: bool = False,
     ) -> Any:
         """Run `script` on every node and return what a quorum said, in the reply format
-        of the script on one node (see the module docstring)."""
+        of the script on one node (see the module docstring). Each node's call is sent
+        again apart (`again_apart`) in any case: it may outlive this one."""
         assert wait is None, "a Redlock takes no replicas"
         call = _Call(
             self,
@@ -382,6 +384,7 @@ class _Call:
                 name=self.name,
                 background=self.background,
                 fresh=self.fresh,
+                again_apart=True,  # the call may outlive its caller (`QuorumBackend.keep`)
             )
             tasks[backend.send(index, call, now)] = index
         replies: Votes = {}

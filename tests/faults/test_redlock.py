@@ -337,3 +337,51 @@ async def test_replies_of_two_nodes_delayed_still_granted_by_the_quorum(
         finally:
             await within(lease.release(), what="the release")
     await group.undelay()
+
+
+# --------------------------------------------------------------------------- closed clients
+@pytest.fixture
+async def three_one_proxied(binaries: list[ServerBinary]) -> AsyncIterator[ServerGroup]:
+    """Three servers, the last behind a fault proxy."""
+    async with ServerGroup(binaries[0], 3, proxied=(2,)) as group:
+        yield group
+
+
+async def test_a_late_nodes_call_opens_nothing_in_a_client_closed_meanwhile(
+    three_one_proxied: ServerGroup, name: str
+) -> None:
+    """A release decided by two of three nodes returns while the third node's call is
+    still on its way; the user then closes their clients, which breaks that call's
+    connection. The call is sent again (the lock is freed on that node too), but on a
+    connection of its own, closed when it ends: nothing stays open in the pool the user
+    closed (such a connection was only closed by the garbage collector, with a
+    ResourceWarning).
+
+    Break seen failing: a node's call sent again on the user's pool."""
+    group = three_one_proxied
+    proxy = group.proxies[2]
+    key = key_of(name).encode()
+    clients = group.clients()
+    lease = await within(Redlock(clients, name, ttl=30).acquire(), what="the acquire")
+    assert all(await holders(group, name))
+    held = proxy.hold_requests(key)
+    await within(lease.release(), what="the release (decided by the two others)")
+    await within(held.wait(), what="the third node's release reaching its proxy")
+    closed_at = asyncio.get_running_loop().time()
+    for client in clients:
+        await client.aclose()
+    await eventually(
+        lambda: bool(proxy.arrived(key, since=closed_at)),
+        what="the third node's release sent again",
+    )
+    await proxy.restore()
+
+    async def freed() -> bool:
+        return not any(await holders(group, name))
+
+    await eventually(freed, what="the third node freed too")
+    await eventually(
+        lambda: proxy.open_connections == 0,
+        what="every connection to the third node closed",
+        timeout=scaled(2.0),
+    )
