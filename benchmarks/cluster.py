@@ -15,8 +15,13 @@ Two scenarios (`--scenario`), each run on both deployments:
   so every hand-off is a release that grants the lock to another client's queue and
   publishes a notification).
 
-Client CPU is this process's CPU time; server CPU is the sum of `used_cpu_user` and
-`used_cpu_sys` (INFO) over the primaries, and, apart, over the replicas (what replication,
+The uncontended scenario has a lower bound beside it ("scripts alone", `run_scripts`): a
+`Lock`'s two scripts sent by the plain client, what these commands cost each deployment's
+servers.
+
+Client CPU is this process's CPU time (user and system apart: the system part is mostly
+the kernel's work on the sockets, which grows with the processes sharing the cores); server
+CPU is the sum of `used_cpu_user` and `used_cpu_sys` (INFO) over the primaries, and, apart, over the replicas (what replication,
 and on a cluster the bus, costs); of the primaries' CPU, the part spent running commands
 (INFO commandstats, every command's `usec`), the rest being the servers' reading, writing,
 replicating and upkeep. Runs alternate between the two deployments, `--repeats` times
@@ -27,7 +32,8 @@ commandstats of the primaries): the messages every node sent for pub/sub
 (`cluster_stats_messages_publish_sent` and `..._publishshard_sent` of CLUSTER INFO, summed
 over the six nodes), and the bytes the kernel counted on the bus connections (`ss -ti`:
 `bytes_sent` of every TCP connection from or to a node's bus port, port + 10000, summed),
-less what the bus sent during as long an idle time just before (the nodes' own gossip).
+less what the bus sent during as long an idle time before the warm-up (the nodes' own
+gossip).
 
 Every server is a throwaway process started here (never a shared one). Writes
 `benchmarks/results/cluster/RESULTS.md` and `results.json`.
@@ -43,6 +49,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -58,6 +65,7 @@ sys.path.insert(0, str(HERE.parent))
 from redis.crc import key_slot
 
 from aiolock import LeaseLostError, Lock
+from aiolock._shard_scripts import for_cluster
 from aiolock.testing import RedisServer, find_binaries
 from tests.faults.cluster import SLOTS, ClusterGroup
 
@@ -74,6 +82,12 @@ async def infos(ports: list[int], section: str) -> list[dict[str, Any]]:
         finally:
             await client.aclose()
     return found
+
+
+def spent(before: os.times_result) -> tuple[float, float]:
+    """This process's user and system CPU seconds since `before` (`os.times()`)."""
+    now = os.times()
+    return now.user - before.user, now.system - before.system
 
 
 async def cpu_seconds(ports: list[int]) -> float:
@@ -162,27 +176,28 @@ async def run_contended(
                 lost += 1
             cycles += 1
 
-    for client in clients:  # warm up: scripts loaded, connections open, subscribed once
-        await asyncio.gather(*(worker(client, name, time.monotonic() + 0.2) for name in names))
-    cycles = lost = 0
     cluster = len(every) > 1
     idle_bytes = 0
-    if cluster:  # the bus's own traffic over as long a time
+    if cluster:  # the bus's own traffic over as long a time (before the warm-up: an idle
+        # time right before the run would let aiolock close what the run then opens again)
         idle_before = bus_bytes(every)
         await asyncio.sleep(args.seconds)
         idle_bytes = bus_bytes(every) - idle_before
+    for client in clients:  # warm up: scripts loaded, connections open, subscribed once
+        await asyncio.gather(*(worker(client, name, time.monotonic() + 0.2) for name in names))
+    cycles = lost = 0
     published_before = await commands_called(primaries, "publish", "spublish")
     messages_before = await bus_messages(every) if cluster else 0
     bytes_before = bus_bytes(every) if cluster else 0
     server_before = await cpu_seconds(primaries)
     in_commands_before = await command_seconds(primaries)
     replica_before = await cpu_seconds(replicas) if replicas else 0.0
-    client_before = time.process_time()
+    client_before = os.times()
     started = time.monotonic()
     stop = started + args.seconds
     await asyncio.gather(*(worker(c, name, stop) for c in clients for name in names))
     elapsed = time.monotonic() - started
-    client_cpu = time.process_time() - client_before
+    client_user, client_sys = spent(client_before)
     server_cpu = await cpu_seconds(primaries) - server_before
     in_commands = await command_seconds(primaries) - in_commands_before
     replica_cpu = (await cpu_seconds(replicas) - replica_before) if replicas else 0.0
@@ -192,7 +207,9 @@ async def run_contended(
     per = max(published, 1)
     return {
         "cycles_per_s": cycles / elapsed,
-        "client_us_per_cycle": client_cpu / cycles * 1e6,
+        "client_us_per_cycle": (client_user + client_sys) / cycles * 1e6,
+        "client_user_us_per_cycle": client_user / cycles * 1e6,
+        "client_sys_us_per_cycle": client_sys / cycles * 1e6,
         "server_us_per_cycle": server_cpu / cycles * 1e6,
         "in_commands_us_per_cycle": in_commands / cycles * 1e6,
         "replica_us_per_cycle": replica_cpu / cycles * 1e6,
@@ -225,17 +242,99 @@ async def run_once(
     server_before = await cpu_seconds(primaries)
     in_commands_before = await command_seconds(primaries)
     replica_before = await cpu_seconds(replicas) if replicas else 0.0
-    client_before = time.process_time()
+    client_before = os.times()
     started = time.monotonic()
     await asyncio.gather(*(worker(name) for name in names))
     elapsed = time.monotonic() - started
-    client_cpu = time.process_time() - client_before
+    client_user, client_sys = spent(client_before)
     server_cpu = await cpu_seconds(primaries) - server_before
     in_commands = await command_seconds(primaries) - in_commands_before
     replica_cpu = (await cpu_seconds(replicas) - replica_before) if replicas else 0.0
     return {
         "cycles_per_s": cycles / elapsed,
-        "client_us_per_cycle": client_cpu / cycles * 1e6,
+        "client_us_per_cycle": (client_user + client_sys) / cycles * 1e6,
+        "client_user_us_per_cycle": client_user / cycles * 1e6,
+        "client_sys_us_per_cycle": client_sys / cycles * 1e6,
+        "server_us_per_cycle": server_cpu / cycles * 1e6,
+        "in_commands_us_per_cycle": in_commands / cycles * 1e6,
+        "replica_us_per_cycle": replica_cpu / cycles * 1e6,
+    }
+
+
+async def run_scripts(
+    client: Any, primaries: list[int], replicas: list[int], args: Any
+) -> dict[str, float]:
+    """A lower bound for `run_once`'s server CPU: the same workload as the two script calls
+    a `Lock` makes when nobody waits (its acquire and its release, the variant the
+    deployment runs), sent by the plain client's `evalsha`, with no lease, no renewal and no
+    deadline. What the servers spend on them is what these commands cost on that
+    deployment; the client's CPU is redis-py's own (its cluster client's routing)."""
+    cluster = len(primaries) > 1
+    pick = for_cluster if cluster else (lambda script: script)
+    names = [f"bench:scripts:{i}:{time.monotonic_ns()}" for i in range(args.tasks)]
+    probe = Lock(client, names[0], ttl=10)
+    acquire_script = pick(probe._acquire_call("t" * 32, "", None, ())[0])
+    config = probe._config
+    release_script = pick(
+        probe._release_call(
+            token="t" * 32,
+            retain_ms=config.retain_ms,
+            renewed=config.renew_interval is not None,
+            look_at_queue=config.serve_layout1,
+        )[0]
+    )
+    for port in primaries:  # loaded on every primary (a cluster client's evalsha needs it)
+        loader = redis.asyncio.Redis(port=port)
+        try:
+            for script in (acquire_script, release_script):
+                await loader.script_load(script.source)
+        finally:
+            await loader.aclose()
+    cycles = 0
+    stop = 0.0
+
+    async def worker(name: str) -> None:
+        nonlocal cycles
+        lock = Lock(client, name, ttl=10)
+        config = lock._config
+        while time.monotonic() < stop:
+            token = os.urandom(16).hex()
+            script, keys, call_args = lock._acquire_call(token, "bench", None, ())
+            reply = await client.evalsha(pick(script).sha, len(keys), *keys, *call_args)
+            granted = isinstance(reply, int)  # the fencing token; refused: a list
+            if not granted:
+                raise RuntimeError(f"scripts alone: {name} is busy: {reply!r}")
+            script, keys, call_args = lock._release_call(
+                token=token,
+                retain_ms=config.retain_ms,
+                renewed=config.renew_interval is not None,
+                look_at_queue=config.serve_layout1,
+            )
+            status = await client.evalsha(pick(script).sha, len(keys), *keys, *call_args)
+            if status != 1:
+                raise RuntimeError(f"scripts alone: {name} not released: {status!r}")
+            cycles += 1
+
+    stop = time.monotonic() + 0.2  # warm up: connections open
+    await asyncio.gather(*(worker(name) for name in names[:8]))
+    cycles = 0
+    server_before = await cpu_seconds(primaries)
+    in_commands_before = await command_seconds(primaries)
+    replica_before = await cpu_seconds(replicas) if replicas else 0.0
+    client_before = os.times()
+    started = time.monotonic()
+    stop = started + args.seconds
+    await asyncio.gather(*(worker(name) for name in names))
+    elapsed = time.monotonic() - started
+    client_user, client_sys = spent(client_before)
+    server_cpu = await cpu_seconds(primaries) - server_before
+    in_commands = await command_seconds(primaries) - in_commands_before
+    replica_cpu = (await cpu_seconds(replicas) - replica_before) if replicas else 0.0
+    return {
+        "cycles_per_s": cycles / elapsed,
+        "client_us_per_cycle": (client_user + client_sys) / cycles * 1e6,
+        "client_user_us_per_cycle": client_user / cycles * 1e6,
+        "client_sys_us_per_cycle": client_sys / cycles * 1e6,
         "server_us_per_cycle": server_cpu / cycles * 1e6,
         "in_commands_us_per_cycle": in_commands / cycles * 1e6,
         "replica_us_per_cycle": replica_cpu / cycles * 1e6,
@@ -283,6 +382,16 @@ async def main_async(args: Any) -> dict[str, Any]:
                     done["cluster (3 primaries)"].append(
                         await run_once(cluster_client, primaries, replicas, args)
                     )
+                    floor = runs.setdefault(
+                        "uncontended, scripts alone",
+                        {"one server": [], "cluster (3 primaries)": []},
+                    )
+                    floor["one server"].append(
+                        await run_scripts(single_client, [single.port], [], args)
+                    )
+                    floor["cluster (3 primaries)"].append(
+                        await run_scripts(cluster_client, primaries, replicas, args)
+                    )
                 if args.scenario in ("contended", "both"):
                     done = runs.setdefault(
                         "contended", {"one server": [], "cluster (3 primaries)": []}
@@ -320,6 +429,11 @@ def report(data: dict[str, Any]) -> str:
         one, cluster = medians["one server"], medians["cluster (3 primaries)"]
         if scenario == "uncontended":
             what = f"{args['tasks']} tasks on names of their own"
+        elif scenario == "uncontended, scripts alone":
+            what = (
+                f"{args['tasks']} tasks on names of their own, a Lock's two scripts sent by "
+                "the plain client (a lower bound for the servers' CPU; see `run_scripts`)"
+            )
         else:
             what = (
                 f"{args['names']} names spread over the primaries, each taken in turn by "
@@ -330,14 +444,17 @@ def report(data: dict[str, Any]) -> str:
             f"## {scenario.capitalize()}: {what}",
             "",
             (
-                "| deployment | cycles/s | client CPU µs/cycle | server CPU µs/cycle (primaries) "
-                "| of which in commands | replicas' CPU µs/cycle |"
+                "| deployment | cycles/s | client CPU µs/cycle | of which user / system "
+                "| server CPU µs/cycle (primaries) | of which in commands "
+                "| replicas' CPU µs/cycle |"
             ),
-            "|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|",
         ]
         for deployment, m in medians.items():
             lines.append(
                 f"| {deployment} | {m['cycles_per_s']:,.0f} | {m['client_us_per_cycle']:.0f} "
+                f"| {m.get('client_user_us_per_cycle', 0):.0f} / "
+                f"{m.get('client_sys_us_per_cycle', 0):.0f} "
                 f"| {m['server_us_per_cycle']:.1f} | {m.get('in_commands_us_per_cycle', 0):.1f} "
                 f"| {m['replica_us_per_cycle']:.1f} |"
             )
@@ -346,7 +463,11 @@ def report(data: dict[str, Any]) -> str:
             (
                 "Cluster / one server: cycles/s "
                 f"{cluster['cycles_per_s'] / one['cycles_per_s']:.2f}x, client CPU per cycle "
-                f"{cluster['client_us_per_cycle'] / one['client_us_per_cycle']:.2f}x, server CPU "
+                f"{cluster['client_us_per_cycle'] / one['client_us_per_cycle']:.2f}x (user "
+                f"{cluster['client_user_us_per_cycle'] / one['client_user_us_per_cycle']:.2f}x, "
+                "system "
+                f"{cluster['client_sys_us_per_cycle'] / one['client_sys_us_per_cycle']:.2f}x), "
+                "server CPU "
                 f"per cycle {cluster['server_us_per_cycle'] / one['server_us_per_cycle']:.2f}x "
                 "(in commands "
                 f"{cluster['in_commands_us_per_cycle'] / one['in_commands_us_per_cycle']:.2f}x)."
@@ -364,7 +485,7 @@ def report(data: dict[str, Any]) -> str:
                     f"{cluster['bus_bytes_per_release']:,.0f} bytes (less the bus's idle traffic)."
                 ),
             ]
-        else:
+        elif scenario == "uncontended":
             lines += [
                 "",
                 (
