@@ -170,11 +170,15 @@ class ShardedPubSub:
     async def get_message(self, *, timeout: float) -> dict[str, Any] | None:
         """The next message any session sent (None if none came within `timeout`); a
         refusal of the classic session is raised."""
-        try:
-            async with asyncio.timeout(timeout):
-                item = await self._inbox.get()
-        except TimeoutError:
-            return None
+        inbox = self._inbox
+        if not inbox.empty():  # (no timer for a message already there)
+            item = inbox.get_nowait()
+        else:
+            try:
+                async with asyncio.timeout(timeout):
+                    item = await inbox.get()
+            except TimeoutError:
+                return None
         if isinstance(item, Exception):
             raise item
         return item

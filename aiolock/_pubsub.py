@@ -1,5 +1,6 @@
 """The pub/sub session aiolock's notifier reads: redis-py's `PubSub`, with the messages of
-a plain subscription read straight from the connection.
+a plain subscription (or a shard channel's, on a cluster node) read straight from the
+connection.
 
 Every release that someone waits for is a message to every process subscribed to the
 name, so each waiting process reads one per release. redis-py reads each through its retry
@@ -19,8 +20,8 @@ from redis.asyncio.client import PubSub
 
 __all__ = ("PubSubSession",)
 
-_MESSAGE = (b"message", "message")
-"""A plain subscription's message, as bytes or decoded (`decode_responses=True`)."""
+_MESSAGE = (b"message", "message", b"smessage", "smessage")
+"""A plain or sharded subscription's message, as bytes or decoded (`decode_responses=True`)."""
 
 
 class PubSubSession(PubSub):
@@ -56,8 +57,10 @@ class PubSubSession(PubSub):
             and len(response) == 3
             and response[0] in _MESSAGE
             and self.channels.get(response[1]) is None
+            and getattr(self, "shard_channels", {}).get(response[1]) is None
         ):
-            return {"type": "message", "pattern": None, "channel": response[1], "data": response[2]}
+            kind = "message" if response[0] in _MESSAGE[:2] else "smessage"
+            return {"type": kind, "pattern": None, "channel": response[1], "data": response[2]}
         handled: dict[str, Any] | None = await self.handle_message(  # type: ignore[no-untyped-call]
             response, ignore_subscribe_messages
         )

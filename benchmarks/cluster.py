@@ -15,7 +15,7 @@ Two scenarios (`--scenario`), each run on both deployments:
   so every hand-off is a release that grants the lock to another client's queue and
   publishes a notification).
 
-The uncontended scenario has a lower bound beside it ("scripts alone", `run_scripts`): a
+The uncontended scenario has a lower bound beside it ("scripts alone", `scripts_alone`): a
 `Lock`'s two scripts sent by the plain client, what these commands cost each deployment's
 servers.
 
@@ -245,9 +245,15 @@ async def run_contended(
     }
 
 
-async def run_once(
-    client: Any, primaries: list[int], replicas: list[int], args: Any
+async def run_uncontended(
+    client: Any,
+    primaries: list[int],
+    replicas: list[int],
+    args: Any,
+    cycle: Callable[[Lock], Awaitable[None]],
 ) -> dict[str, float]:
+    """`--tasks` tasks, each making `cycle(lock)` over and over on a `Lock` of a name of its
+    own, measured (after a warm-up: scripts loaded, connections open)."""
     names = [f"bench:{i}:{time.monotonic_ns()}" for i in range(args.tasks)]
     cycles = 0
 
@@ -255,78 +261,10 @@ async def run_once(
         nonlocal cycles
         lock = Lock(client, name, ttl=10)
         while time.monotonic() < stop:
-            async with lock:
-                pass
+            await cycle(lock)
             cycles += 1
 
-    # Warm up: scripts loaded, connections open.
-    for name in names[:8]:
-        async with Lock(client, name, ttl=10):
-            pass
-    return await measured(
-        lambda stop: (worker(name, stop) for name in names),
-        lambda: cycles,
-        args.seconds,
-        primaries,
-        replicas,
-    )
-
-
-async def run_scripts(
-    client: Any, primaries: list[int], replicas: list[int], args: Any
-) -> dict[str, float]:
-    """A lower bound for `run_once`'s server CPU: the same workload as the two script calls
-    a `Lock` makes when nobody waits (its acquire and its release, the variant the
-    deployment runs), sent by the plain client's `evalsha`, with no lease, no renewal and no
-    deadline. What the servers spend on them is what these commands cost on that
-    deployment; the client's CPU is redis-py's own (its cluster client's routing)."""
-    cluster = len(primaries) > 1
-    pick = for_cluster if cluster else (lambda script: script)
-    names = [f"bench:scripts:{i}:{time.monotonic_ns()}" for i in range(args.tasks)]
-    probe = Lock(client, names[0], ttl=10)
-    acquire_script = pick(probe._acquire_call("t" * 32, "", None, ())[0])
-    config = probe._config
-    release_script = pick(
-        probe._release_call(
-            token="t" * 32,
-            retain_ms=config.retain_ms,
-            renewed=config.renew_interval is not None,
-            look_at_queue=config.serve_layout1,
-        )[0]
-    )
-    for port in primaries:  # loaded on every primary (a cluster client's evalsha needs it)
-        loader = redis.asyncio.Redis(port=port)
-        try:
-            for script in (acquire_script, release_script):
-                await loader.script_load(script.source)
-        finally:
-            await loader.aclose()
-    cycles = 0
-
-    async def worker(name: str, stop: float) -> None:
-        nonlocal cycles
-        lock = Lock(client, name, ttl=10)
-        config = lock._config
-        while time.monotonic() < stop:
-            token = os.urandom(16).hex()
-            script, keys, call_args = lock._acquire_call(token, "bench", None, ())
-            reply = await client.evalsha(pick(script).sha, len(keys), *keys, *call_args)
-            granted = isinstance(reply, int)  # the fencing token; refused: a list
-            if not granted:
-                raise RuntimeError(f"scripts alone: {name} is busy: {reply!r}")
-            script, keys, call_args = lock._release_call(
-                token=token,
-                retain_ms=config.retain_ms,
-                renewed=config.renew_interval is not None,
-                look_at_queue=config.serve_layout1,
-            )
-            status = await client.evalsha(pick(script).sha, len(keys), *keys, *call_args)
-            if status != 1 and not (isinstance(status, list) and status[0] == 2):  # 2: sent
-                # again by the client (its own retry), released by the first copy
-                raise RuntimeError(f"scripts alone: {name} not released: {status!r}")
-            cycles += 1
-
-    warm_until = time.monotonic() + 0.2  # warm up: connections open
+    warm_until = time.monotonic() + 0.2
     await asyncio.gather(*(worker(name, warm_until) for name in names[:8]))
     cycles = 0
     return await measured(
@@ -336,6 +274,57 @@ async def run_scripts(
         primaries,
         replicas,
     )
+
+
+async def held(lock: Lock) -> None:
+    """One lock cycle: acquired and released."""
+    async with lock:
+        pass
+
+
+async def scripts_alone(client: Any, primaries: list[int]) -> Callable[[Lock], Awaitable[None]]:
+    """A lower bound for a lock cycle's server CPU: the two script calls a `Lock` makes when
+    nobody waits (its acquire and its release, the variant the deployment runs), sent by the
+    plain client's `evalsha`, with no lease, no renewal and no deadline. What the servers
+    spend on them is what these commands cost on that deployment; the client's CPU is
+    redis-py's own (its cluster client's routing)."""
+    cluster = len(primaries) > 1
+    pick = for_cluster if cluster else (lambda script: script)
+
+    def release_call(lock: Lock, token: str) -> Any:
+        config = lock._config
+        return lock._release_call(
+            token=token,
+            retain_ms=config.retain_ms,
+            renewed=config.renew_interval is not None,
+            look_at_queue=config.serve_layout1,
+        )
+
+    probe = Lock(client, "bench:scripts", ttl=10)
+    acquire_script = pick(probe._acquire_call("t" * 32, "", None, ())[0])
+    release_script = pick(release_call(probe, "t" * 32)[0])
+    for port in primaries:  # loaded on every primary (a cluster client's evalsha needs it)
+        loader = redis.asyncio.Redis(port=port)
+        try:
+            for script in (acquire_script, release_script):
+                await loader.script_load(script.source)
+        finally:
+            await loader.aclose()
+
+    async def cycle(lock: Lock) -> None:
+        token = os.urandom(16).hex()
+        script, keys, call_args = lock._acquire_call(token, "bench", None, ())
+        reply = await client.evalsha(pick(script).sha, len(keys), *keys, *call_args)
+        granted = isinstance(reply, int)  # the fencing token; refused: a list
+        if not granted:
+            raise RuntimeError(f"scripts alone: {keys[0]} is busy: {reply!r}")
+        script, keys, call_args = release_call(lock, token)
+        status = await client.evalsha(pick(script).sha, len(keys), *keys, *call_args)
+        if status != 1 and not (isinstance(status, list) and status[0] == 2):  # 2: sent
+            # again by the client (its own retry), released by the first copy
+            raise RuntimeError(f"scripts alone: {keys[0]} not released: {status!r}")
+
+    return cycle
 
 
 def spread_names(count: int) -> list[str]:
@@ -374,20 +363,32 @@ async def main_async(args: Any) -> dict[str, Any]:
                         "uncontended", {"one server": [], "cluster (3 primaries)": []}
                     )
                     done["one server"].append(
-                        await run_once(single_client, [single.port], [], args)
+                        await run_uncontended(single_client, [single.port], [], args, held)
                     )
                     done["cluster (3 primaries)"].append(
-                        await run_once(cluster_client, primaries, replicas, args)
+                        await run_uncontended(cluster_client, primaries, replicas, args, held)
                     )
                     floor = runs.setdefault(
                         "uncontended, scripts alone",
                         {"one server": [], "cluster (3 primaries)": []},
                     )
                     floor["one server"].append(
-                        await run_scripts(single_client, [single.port], [], args)
+                        await run_uncontended(
+                            single_client,
+                            [single.port],
+                            [],
+                            args,
+                            await scripts_alone(single_client, [single.port]),
+                        )
                     )
                     floor["cluster (3 primaries)"].append(
-                        await run_scripts(cluster_client, primaries, replicas, args)
+                        await run_uncontended(
+                            cluster_client,
+                            primaries,
+                            replicas,
+                            args,
+                            await scripts_alone(cluster_client, primaries),
+                        )
                     )
                 if args.scenario in ("contended", "both"):
                     done = runs.setdefault(
@@ -429,7 +430,7 @@ def report(data: dict[str, Any]) -> str:
         elif scenario == "uncontended, scripts alone":
             what = (
                 f"{args['tasks']} tasks on names of their own, a Lock's two scripts sent by "
-                "the plain client (a lower bound for the servers' CPU; see `run_scripts`)"
+                "the plain client (a lower bound for the servers' CPU; see `scripts_alone`)"
             )
         else:
             what = (

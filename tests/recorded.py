@@ -1,10 +1,15 @@
-"""Lock events recorded while a test runs, for tests that count renewals, failures and
-losses of particular leases."""
+"""What happens while a test runs, recorded: lock events, for tests that count renewals,
+failures and losses of particular leases; the pub/sub replies that take redis-py's way.
+"""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from redis.asyncio.client import PubSub
 
 from aiolock import EventKind, LockEvent, add_listener
 
@@ -31,3 +36,18 @@ def recorded(
 def of_lease(seen: list[LockEvent], fencing_token: int) -> int:
     """How many of `seen` are about the lease with this fencing token."""
     return sum(1 for event in seen if event.fencing_token == fencing_token)
+
+
+def handled_by_redis_py(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every pub/sub reply read through redis-py's handler dispatch (`PubSub.handle_message`)
+    from now on, for the rest of the test; the notifier's sessions read a plain or shard
+    message past it."""
+    handled: list[Any] = []
+    handle_message = PubSub.handle_message
+
+    async def recorded(self: PubSub, response: Any, *args: Any) -> Any:
+        handled.append(response)
+        return await handle_message(self, response, *args)  # type: ignore[no-untyped-call]
+
+    monkeypatch.setattr(PubSub, "handle_message", recorded)
+    return handled

@@ -25,6 +25,7 @@ from aiolock._scripts import ACQUIRE, RELEASE, acquire_args, acquired, release_a
 from aiolock._transport_cluster import ClusterTransport
 
 from ..load import scaled
+from ..recorded import handled_by_redis_py
 from ..servers import ServerBinary
 from ..waits import eventually, within
 from .cluster import ClusterGroup, on_replica
@@ -124,12 +125,14 @@ async def hand_over_in_each_third(a: Any, b: Any, name: str, *, reader: Any | No
 
 @pytest.mark.parametrize("kind", ["redis", "valkey"])
 async def test_a_waiter_is_woken_by_a_sharded_notification(
-    binaries: list[ServerBinary], kind: str, name: str
+    binaries: list[ServerBinary], kind: str, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On Redis 7 and Valkey, the releases of a lock, a semaphore's permit (names on each
     primary) are announced with SPUBLISH, never PUBLISH: the bus carries no classic
     pub/sub message, only the shard's copies to its replica; the waiters of another client
-    (one session per primary) are woken by them."""
+    (one session per primary) are woken by them, each message read from the connection
+    past redis-py's handler dispatch (`PubSub.handle_message`), as on one server."""
+    handled = handled_by_redis_py(monkeypatch)
     async with cluster_of(binary_of(binaries, kind)) as group, clients(group, 2) as (a, b):
         before = await counts(group)
         # Waiters on a name served by each primary, all waiting at once: one session per
@@ -156,6 +159,9 @@ async def test_a_waiter_is_woken_by_a_sharded_notification(
         assert counted["cluster_stats_messages_publish_sent"] == 0, counted
         assert counted["cluster_stats_messages_publishshard_sent"] >= 4, counted
         assert sessions == 3  # one per primary: the names are on each
+    kinds = [response[0] for response in handled if isinstance(response, list)]
+    assert b"ssubscribe" in kinds, "subscription answers still take redis-py's path"
+    assert b"smessage" not in kinds
 
 
 @pytest.mark.parametrize("kind", ["redis", "valkey"])

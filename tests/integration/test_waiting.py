@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 import redis.asyncio
-from redis.asyncio.client import PubSub
 
 from aiolock import Lease, Lock, ReadLock, ReadWriteLock, Semaphore
 from aiolock._backend import Backend
@@ -17,6 +16,7 @@ from aiolock._runtime import Runtime, runtime_for
 
 from ..conftest import make_client
 from ..load import scaled
+from ..recorded import handled_by_redis_py
 from ..servers import RedisServer
 from ..waits import eventually, within
 
@@ -157,14 +157,7 @@ async def test_a_release_notification_is_read_past_redis_pys_message_layers(
     """Each waiting process reads every release of its names: the notifier's session reads
     a plain message from the connection itself, not through redis-py's retry and
     observability layers and its handler dispatch (`PubSub.handle_message`)."""
-    handled: list[Any] = []
-    handle_message = PubSub.handle_message
-
-    async def counted(self: PubSub, response: Any, *args: Any) -> Any:
-        handled.append(response)
-        return await handle_message(self, response, *args)  # type: ignore[no-untyped-call]
-
-    monkeypatch.setattr(PubSub, "handle_message", counted)
+    handled = handled_by_redis_py(monkeypatch)
     client = make_client(server.url)
     other = make_client(server.url)
     channel = f"aiolock:{{{name}}}:released"
