@@ -335,9 +335,8 @@ class Backend:
             replicas, wait_ms = wait
             assert wait_ms >= 1, "WAIT 0 blocks for ever"
             then = ("WAIT", replicas, wait_ms)
-        own = functools.partial(self._own_client, keys[0] if keys else None)
         if fresh:
-            client = own()
+            client = self._own_client(keys[0] if keys else None)
             try:
                 return await self._call(
                     client,
@@ -374,7 +373,11 @@ class Backend:
                 name=name,
                 on_sent=on_sent,
                 then=then,
-                again=own if again_apart else None,
+                again=(
+                    functools.partial(self._own_client, keys[0] if keys else None)
+                    if again_apart
+                    else None
+                ),
             )
         if then is not None:
             return reply[0], int(reply[1])
