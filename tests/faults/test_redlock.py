@@ -289,11 +289,22 @@ async def test_a_majority_restarted_empty_at_once_lets_a_second_holder_in(
     first = Redlock(five.clients(), name, ttl=ttl)
     second = Redlock(five.clients(), name, ttl=ttl)
     other: Lease | None = None
+    loop = asyncio.get_running_loop()
     with pytest.raises(LeaseLostError) as info:
         async with first as lease:
+            # Tries until the first holder's renewal (ttl/3 after its acquire) is near: a
+            # try is bounded by 1 s, and on a loaded machine the empty nodes' first answers
+            # (a new connection, the script sent again) may miss it; the next try is given
+            # back what the last got and goes on warm connections.
+            until = loop.time() + ttl / 3 - 2.0
             await asyncio.gather(*(five.restart_empty(index) for index in (0, 1, 2)))
             other = await second.try_acquire()
-            assert other is not None, "the documented behaviour: a second holder gets in"
+            while other is None and loop.time() < until:
+                other = await second.try_acquire()
+            assert other is not None, (
+                "the documented behaviour: a second holder gets in; the nodes' holders now: "
+                f"{await holders(five, name)}, the first holder's token {lease.token}"
+            )
             assert other.fencing_token > lease.fencing_token
             assert (await holders(five, name)) == [other.token] * 3 + [lease.token] * 2
             await lease.extend()
