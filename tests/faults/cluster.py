@@ -26,13 +26,18 @@ from aiolock.testing import ServerStartError
 from aiolock.testing._servers import free_ports
 
 from ..servers import RedisServer, ServerBinary
-from ..waits import eventually
+from ..waits import WaitTimeout, eventually
 from .sentinel import _ask, _quietly
 
 SLOTS: Final = 16384
 
 READY_BOUND: Final = 30.0
 """Longest wait for the cluster to agree on its slots and for the replicas to sync."""
+
+MANUAL_FAILOVER_TRY: Final = 6.0
+"""How long one `CLUSTER FAILOVER` is waited for before it is asked again: Redis aborts a
+manual failover that has not completed within 5 s (the replica did not catch up with its
+primary, or did not win the primaries' vote, on a loaded machine), saying nothing."""
 
 
 BUS_OFFSET: Final = 10000
@@ -166,6 +171,26 @@ class ClusterGroup:
                 return server
         raise AssertionError(f"no node of this cluster listens on port {port}")
 
+    async def fail_over(self, slot: int, timeout: float = READY_BOUND) -> RedisServer:
+        """A coordinated failover of the primary serving `slot` to its replica (`CLUSTER
+        FAILOVER` on the replica, asked again each `MANUAL_FAILOVER_TRY` seconds until the
+        replica serves the slot, within `timeout`); returns the new primary."""
+        primary = await self.owner(slot)
+        replica = await self.replica_of(primary)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            with contextlib.suppress(redis.exceptions.RedisError, OSError):
+                await _ask(replica.port, "CLUSTER", "FAILOVER")
+            left = deadline - loop.time()
+            try:
+                await _switched(self, slot, replica, max(min(MANUAL_FAILOVER_TRY, left), 0.0))
+            except WaitTimeout:
+                if loop.time() >= deadline:
+                    raise
+                continue
+            return replica
+
     async def replica_of(self, primary: RedisServer) -> RedisServer:
         for server in self.servers:
             replication = await _ask(server.port, "INFO", "replication")
@@ -199,9 +224,7 @@ class ClusterGroup:
                 primary.resume()
             return f"primary :{primary.port} of slot {slot} paused"
         if kind == "failover":
-            replica = await self.replica_of(primary)
-            await _ask(replica.port, "CLUSTER", "FAILOVER")
-            await _switched(self, slot, replica, READY_BOUND)
+            replica = await self.fail_over(slot)
             return f"slot {slot} failed over to :{replica.port}"
         if kind in ("reshard", "slow-reshard"):
             primaries = [s for s in self.servers if s is not primary and await _is_primary(s)]
