@@ -554,6 +554,11 @@ async def test_one_release_wakes_one_waiting_process(server_url: str, name: str)
         await asyncio.sleep(0.2)  # a herd, or a late withdrawal, would show up here
         spent = [log.since(mark) for log, mark in zip(logs, marks, strict=True)]
         assert spent[0] == Counter({"EVALSHA semaphore-release": 1})
+        # (Plus, on a loaded machine, the watchdog's own renewal if the first one's answer
+        # came later than a third of the grant's 0.9 s: it is scheduled by the grant until
+        # that answer postpones it.)
+        late = spent[1].pop("EVALSHA renew", 0)
+        assert late <= 1, spent[1]
         assert spent[1] == Counter({"EVAL renew": 1, "EVALSHA semaphore-release": 1})
         assert spent[2] == spent[3] == Counter()
         assert not waiters[1].done() and not waiters[2].done()

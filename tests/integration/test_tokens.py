@@ -252,7 +252,9 @@ async def test_release_by_token_of_a_lease_that_expired_and_was_passed_on_says_f
     """Its permit went to a queued waiter when it expired: the hold did not end as the
     token holder's, and releasing by token must say so (as a lock's does)."""
     token = secrets.token_hex(16)
-    expired = await _expiring(kind, clients[0], name, 0.3).acquire(token=token)
+    # (ttl 1 s: the acquire's reply must come within the lease's validity, and a first
+    # call on a loaded machine can take longer than 0.3 s)
+    expired = await _expiring(kind, clients[0], name, 1.0).acquire(token=token)
     waiter = asyncio.create_task(_expiring(kind, clients[1], name, 10).acquire(timeout=10))
     successor = await within(waiter, what="the waiter served once the lease expired")
     assert expired.lost
