@@ -252,6 +252,7 @@ async def test_without_renewal_the_lease_is_lost_at_its_deadline(
     client: redis.asyncio.Redis, name: str
 ) -> None:
     lock = Lock(client, name, ttl=0.2, renew=False)
+    await client.ping()  # a connection open: the acquire must be answered within 0.2 s
     lease = await lock.acquire()
     error = await asyncio.wait_for(lease.wait_lost(), 2)
     assert isinstance(error, LeaseLostError)

@@ -64,6 +64,7 @@ async def test_expiry_wakes_the_waiter_without_a_notification(
     client: redis.asyncio.Redis, name: str
 ) -> None:
     lock = Lock(client, name, ttl=0.3, renew=False)
+    await client.ping()  # a connection open: the acquire must be answered within 0.3 s
     loop = asyncio.get_running_loop()
     # (before the acquire is sent: its key expires at least 0.3 s after this, however late
     # its reply is read)
