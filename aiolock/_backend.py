@@ -349,7 +349,7 @@ class Backend:
                     then=then,
                 )
             finally:
-                await client.connection_pool.disconnect()
+                await _close_own(client)
         target = self.transport.script_client(background=background)
         if target is None:  # the transport lends a client for each call (a cluster's own)
             call = functools.partial(
@@ -540,7 +540,7 @@ class Backend:
         finally:
             self._deadlines.end(bound)
             if apart is not None:
-                await apart.connection_pool.disconnect()
+                await _close_own(apart)
         if bound.expired:
             task.uncancel()  # our timer's cancellation, swallowed: the answer came anyway
         if task.cancelling() > cancelling:
@@ -603,3 +603,10 @@ class Backend:
         """A pub/sub session on a connection of its own (on a cluster, to a primary other
         than the previous session's)."""
         return self.transport.new_pubsub()
+
+
+async def _close_own(client: redis.asyncio.Redis) -> None:
+    """Close the connections of a client aiolock made for one call: a failure to close them
+    (a socket already gone) changes nothing of the call's outcome, which it must not hide."""
+    with contextlib.suppress(Exception):
+        await client.connection_pool.disconnect()

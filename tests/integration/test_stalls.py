@@ -444,6 +444,34 @@ async def test_a_lease_whose_loop_closed_is_lost_and_can_be_released_here(
         await checker.aclose()
 
 
+async def test_a_connection_of_its_own_that_fails_to_close_does_not_change_the_release(
+    server_url: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The release of a lease whose loop closed goes on a connection of its own, closed
+    after; closing it fails (its socket already gone, say). The release's outcome is what
+    Redis answered: the key freed, the loss told (`LOOP_CLOSED`), not the closing's error."""
+    lease, _, _ = _acquire_in_another_loop(server_url, name, close=True)
+    disconnect = redis.asyncio.ConnectionPool.disconnect
+    closings: list[object] = []
+
+    async def failing(self: redis.asyncio.ConnectionPool, *args: Any, **kwargs: Any) -> None:
+        await disconnect(self, *args, **kwargs)  # closed all the same: nothing left open
+        closings.append(self)
+        raise OSError("the socket was gone already")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(redis.asyncio.ConnectionPool, "disconnect", failing)
+        with pytest.raises(LeaseLostError) as info:
+            await lease.release()
+    assert closings, "the release did not go on a connection of its own"
+    assert info.value.reason is LossReason.LOOP_CLOSED
+    checker = make_client(server_url)
+    try:
+        assert not await checker.hexists(LockKeys.build("aiolock", name).lock, "token"), "held"
+    finally:
+        await checker.aclose()
+
+
 async def test_releasing_a_lease_of_a_loop_still_open_elsewhere_is_refused(
     server_url: str, name: str
 ) -> None:
