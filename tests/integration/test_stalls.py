@@ -428,6 +428,15 @@ def _acquire_in_another_loop(
     return lease, loop, client
 
 
+async def _freed(url: str, name: str) -> None:
+    """Assert that lock `name` is held by nobody (read by a client of its own)."""
+    checker = make_client(url)
+    try:
+        assert not await checker.hexists(LockKeys.build("aiolock", name).lock, "token"), "held"
+    finally:
+        await checker.aclose()
+
+
 async def test_a_lease_whose_loop_closed_is_lost_and_can_be_released_here(
     server_url: str, name: str
 ) -> None:
@@ -437,11 +446,7 @@ async def test_a_lease_whose_loop_closed_is_lost_and_can_be_released_here(
     with pytest.raises(LeaseLostError) as info:
         await lease.release()
     assert info.value.reason is LossReason.LOOP_CLOSED
-    checker = make_client(server_url)
-    try:
-        assert not await checker.hexists(LockKeys.build("aiolock", name).lock, "token"), "held"
-    finally:
-        await checker.aclose()
+    await _freed(server_url, name)
 
 
 async def test_a_connection_of_its_own_that_fails_to_close_does_not_change_the_release(
@@ -465,11 +470,7 @@ async def test_a_connection_of_its_own_that_fails_to_close_does_not_change_the_r
             await lease.release()
     assert closings, "the release did not go on a connection of its own"
     assert info.value.reason is LossReason.LOOP_CLOSED
-    checker = make_client(server_url)
-    try:
-        assert not await checker.hexists(LockKeys.build("aiolock", name).lock, "token"), "held"
-    finally:
-        await checker.aclose()
+    await _freed(server_url, name)
 
 
 async def test_releasing_a_lease_of_a_loop_still_open_elsewhere_is_refused(
