@@ -14,14 +14,24 @@ have been missed, which is what a silent reconnection would have hidden.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, Final
 
 from redis.asyncio.client import PubSub
 
 __all__ = ("PubSubSession",)
 
-_MESSAGE = (b"message", "message", b"smessage", "smessage")
-"""A plain or sharded subscription's message, as bytes or decoded (`decode_responses=True`)."""
+_KINDS = {
+    b"message": "message",
+    "message": "message",
+    b"smessage": "smessage",
+    "smessage": "smessage",
+}
+"""The kind of a plain or shard channel's message, by its first element as bytes or decoded
+(`decode_responses=True`)."""
+
+_NONE: Final[Mapping[Any, Any]] = MappingProxyType({})
 
 
 class PubSubSession(PubSub):
@@ -52,15 +62,20 @@ class PubSubSession(PubSub):
         )
         if response is None:
             return None
-        if (
-            isinstance(response, list)
+        kind = (
+            _KINDS.get(response[0])
+            if isinstance(response, list)
             and len(response) == 3
-            and response[0] in _MESSAGE
-            and self.channels.get(response[1]) is None
-            and getattr(self, "shard_channels", {}).get(response[1]) is None
-        ):
-            kind = "message" if response[0] in _MESSAGE[:2] else "smessage"
-            return {"type": kind, "pattern": None, "channel": response[1], "data": response[2]}
+            and isinstance(response[0], str | bytes)
+            else None
+        )
+        if kind is not None:
+            # (a channel subscribed with a handler of redis-py's: its dispatch calls it)
+            handlers = (
+                self.channels if kind == "message" else getattr(self, "shard_channels", _NONE)
+            )  # (redis-py 5.0's asyncio PubSub keeps no shard channels)
+            if handlers.get(response[1]) is None:
+                return {"type": kind, "pattern": None, "channel": response[1], "data": response[2]}
         handled: dict[str, Any] | None = await self.handle_message(  # type: ignore[no-untyped-call]
             response, ignore_subscribe_messages
         )
