@@ -5,8 +5,9 @@ On Redis 7 and Valkey, a cluster's scripts publish with `SPUBLISH` (`_shard_scri
 message reaches the subscribers of the node serving its channel's slot only, not every node
 over the cluster bus. `ShardedPubSub` keeps one pub/sub session per node that serves a
 channel wanted, each in a task of its own, each with `SSUBSCRIBE` (one command per channel:
-a command's channels must share a slot). The notifier reads their messages from one inbox,
-as it reads a redis-py `PubSub` (a shard message as a message, a confirmation as one).
+a command's channels must share a slot). Their messages reach the notifier through one
+`Inbox` (a shard message as a message, a confirmation as one), dispatched in the session's
+task as they are read.
 
 - **A slot that moves.** The node that loses a slot tells its subscribers of the slot's
   channels (an unrequested `sunsubscribe`); the session subscribes the channel again on the
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Final
 from redis.crc import key_slot
 
 from ._clients import Errors
+from ._pubsub import Inbox
 from ._retry import Backoff
 
 if TYPE_CHECKING:
@@ -137,7 +139,7 @@ class ShardedPubSub:
         self._channels: set[str] = set()
         self._sessions: dict[str, _Session] = {}
         self._where: dict[str, _Session] = {}
-        self._inbox: asyncio.Queue[dict[str, Any] | Exception] = asyncio.Queue()
+        self.inbox = Inbox()  # what the sessions read, for the notifier
         self.connection: object | None = None  # not None once subscribed (see the notifier)
         self._closed = False
 
@@ -168,23 +170,12 @@ class ShardedPubSub:
         await asyncio.gather(*(self._send(s, "ping") for s in list(self._sessions.values())))
 
     async def get_message(self, *, timeout: float) -> dict[str, Any] | None:
-        """The next message any session sent (None if none came within `timeout`); a
-        refusal of the classic session is raised."""
-        inbox = self._inbox
-        if not inbox.empty():  # (no timer for a message already there)
-            item = inbox.get_nowait()
-        else:
-            try:
-                async with asyncio.timeout(timeout):
-                    item = await inbox.get()
-            except TimeoutError:
-                return None
-        if isinstance(item, Exception):
-            raise item
-        return item
+        """The next item of the sessions not handed to the inbox's `deliver` (None if none
+        came within `timeout`); a refusal of the classic session is raised."""
+        return await self.inbox.get(timeout)
 
     async def aclose(self) -> None:
-        self._closed = True
+        self._closed = self.inbox.closed = True
         tasks = [s.task for s in self._sessions.values() if s.task is not None]
         for task in tasks:
             task.cancel()
@@ -245,7 +236,7 @@ class ShardedPubSub:
     def _lost(self, channels: set[str]) -> None:
         """Tell the notifier that `channels` are not heard until subscribed again."""
         for channel in channels:
-            self._inbox.put_nowait({"type": "lost", "channel": channel, "data": None})
+            self.inbox.put({"type": "lost", "channel": channel, "data": None})
 
     # ----------------------------------------------------------------- one node's session
     async def _run(self, session: _Session) -> None:
@@ -326,15 +317,15 @@ class ShardedPubSub:
     async def _forward(self, session: _Session, message: dict[str, Any]) -> None:
         kind = message.get("type")
         if kind == "pong":
-            self._inbox.put_nowait(message)
+            self.inbox.put(message)
             return
         channel = _text(message.get("channel"))
         if channel not in session.wanted:
             return  # unsubscribed meanwhile, or moved to another session
         if kind in ("smessage", "message"):
-            self._inbox.put_nowait({"type": "message", "channel": channel, "data": message["data"]})
+            self.inbox.put({"type": "message", "channel": channel, "data": message["data"]})
         elif kind in ("ssubscribe", "subscribe"):
-            self._inbox.put_nowait({"type": "subscribe", "channel": channel, "data": None})
+            self.inbox.put({"type": "subscribe", "channel": channel, "data": None})
         elif kind == "sunsubscribe":
             # Not asked for: the channel's slot moved away from this node. Asked again, the
             # node answers MOVED with the new owner (or subscribes, if the slot came back).
@@ -347,7 +338,7 @@ class ShardedPubSub:
         pub/sub; the classic session's refusals are the notifier's."""
         if session.classic:
             assert isinstance(error, Exception)
-            self._inbox.put_nowait(error)
+            self.inbox.put(error)
             return
         slot = getattr(error, "slot_id", None)
         host, port = getattr(error, "host", None), getattr(error, "port", None)

@@ -48,6 +48,7 @@ import random
 import secrets
 from typing import TYPE_CHECKING, Any, Final
 
+from ._pubsub import Inbox
 from ._queue import Waiter, WaitQueue
 from ._retry import Backoff
 from .errors import BackendError
@@ -163,6 +164,7 @@ class Notifier:
         self._watches: dict[str, list[Watch]] = {}  # see watch()
         self._watch_requested: set[str] = set()  # watched channels SUBSCRIBEd on this connection
         self._pubsub: PubSub | None = None
+        self._health: _Health | None = None  # the listener's, while it runs
         self._task: asyncio.Task[None] | None = None
         self.rng = random.Random()
         self.messages_received = 0
@@ -395,13 +397,30 @@ class Notifier:
 
     def _ensure_listener(self) -> None:
         if self._task is None:
-            self._pubsub = self._backend.new_pubsub()
+            self._pubsub = self._new_pubsub()
             self._task = self._backend.loop.create_task(self._listen(), name="aiolock-notifier")
+
+    def _new_pubsub(self) -> PubSub:
+        """The backend's pub/sub; one made of node sessions (an `Inbox`) hands its
+        messages to `_delivered` as they are read."""
+        pubsub = self._backend.new_pubsub()
+        inbox = getattr(pubsub, "inbox", None)
+        if isinstance(inbox, Inbox):
+            inbox.deliver = self._delivered
+        return pubsub
+
+    def _delivered(self, message: dict[str, Any]) -> None:
+        """A message handed over by a node session as it was read: heard, and dispatched
+        (in the session's task) as if the listener had read it."""
+        health = self._health
+        if health is not None:
+            health.heard, health.pinged = self._backend.loop.time(), None
+        self._dispatch(message)
 
     async def _listen(self) -> None:
         backoff = Backoff(base=0.05, cap=2.0, rng=self.rng)
         cancelled = False
-        health = _Health(self._backend.loop.time(), self._backend.health_interval)
+        health = self._health = _Health(self._backend.loop.time(), self._backend.health_interval)
         try:
             while self._queues or self._subscribed or self._watches:
                 try:
@@ -435,6 +454,7 @@ class Notifier:
             cancelled = True
             raise
         finally:
+            self._health = None
             try:
                 await self._reset_pubsub(replace=False)
             finally:
@@ -534,7 +554,7 @@ class Notifier:
     async def _reset_pubsub(self, *, replace: bool) -> None:
         """Close the pub/sub connection; every subscription must be made again."""
         pubsub = self._pubsub
-        self._pubsub = self._backend.new_pubsub() if replace else None
+        self._pubsub = self._new_pubsub() if replace else None
         self._subscribed = {}
         for queue in self._queues.values():
             queue.subscription_lost()

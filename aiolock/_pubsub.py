@@ -10,17 +10,22 @@ same dict, and anything else (subscription answers, PONGs, a handler's channel, 
 connection with redis-py's own health check) takes redis-py's path. A read that fails
 raises at once: the notifier replaces the session and tells its waiters that a release may
 have been missed, which is what a silent reconnection would have hidden.
+
+A pub/sub made of a session per node (a cluster's, a quorum's: `_cluster_pubsub`,
+`_quorum_pubsub`) reads each node in a task of its own and hands what it reads to the
+notifier through an `Inbox`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Final
 
 from redis.asyncio.client import PubSub
 
-__all__ = ("PubSubSession",)
+__all__ = ("Inbox", "PubSubSession")
 
 _KINDS = {
     b"message": "message",
@@ -80,3 +85,53 @@ class PubSubSession(PubSub):
             response, ignore_subscribe_messages
         )
         return handled
+
+
+class Inbox:
+    """What the node sessions of a pub/sub made of several read, for the notifier.
+
+    Messages, subscription confirmations and lost channels go at once to `deliver` (set by
+    the notifier), in the session task that read them: each session's items keep their
+    order, and a release's message wakes its waiter without a hop through the notifier's
+    task (a queue, a timer and a task switch per message). The rest (a PING's answer, a
+    refusal to raise) and everything while `deliver` is None is read with `get`. Once
+    `closed` (the pub/sub is being closed, or replaced), nothing more is handed over: a
+    session still ending must not confirm a subscription to the notifier's new pub/sub.
+    """
+
+    __slots__ = ("_queue", "closed", "deliver")
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[dict[str, Any] | Exception] = asyncio.Queue()
+        self.deliver: Callable[[dict[str, Any]], None] | None = None
+        self.closed = False
+
+    def put(self, item: dict[str, Any] | Exception) -> None:
+        """Hand `item` over (see above)."""
+        if self.closed:
+            return
+        deliver = self.deliver
+        if deliver is not None and isinstance(item, dict) and item["type"] != "pong":
+            deliver(item)
+        else:
+            self._queue.put_nowait(item)
+
+    async def get(self, timeout: float) -> dict[str, Any] | None:
+        """The next item not delivered, or None if none came within `timeout` seconds; a
+        refusal is raised.
+
+        Cancellation:
+            Nothing is taken from the inbox by a cancelled wait.
+        """
+        queue = self._queue
+        if not queue.empty():  # (no timer for an item already there)
+            item = queue.get_nowait()
+        else:
+            try:
+                async with asyncio.timeout(timeout):
+                    item = await queue.get()
+            except TimeoutError:
+                return None
+        if isinstance(item, Exception):
+            raise item
+        return item

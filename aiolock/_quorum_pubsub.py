@@ -2,8 +2,9 @@
 
 A `Redlock`'s release is announced by every node it is released on; a waiter needs to hear
 one of them. `QuorumPubSub` keeps a session of its own on each node, in a task per node:
-it subscribes to the channels wanted, reads the node's messages into one inbox (the
-notifier reads the inbox as it reads a redis-py `PubSub`), pings the node when it has been
+it subscribes to the channels wanted, hands the node's messages to the notifier (an
+`Inbox`: dispatched in the node's task, or read as from a redis-py `PubSub`), pings the
+node when it has been
 silent for the health interval and opens a new session when the ping goes unanswered as
 long (a dead socket is not always reset), and reconnects a node that failed, with a
 backoff. A frozen or dead minority of nodes costs nothing: the others are heard.
@@ -21,6 +22,7 @@ import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
+from ._pubsub import Inbox
 from ._retry import Backoff
 
 if TYPE_CHECKING:
@@ -78,7 +80,7 @@ class QuorumPubSub:
     def __init__(self, backends: Sequence[Backend], every: float, rng: random.Random) -> None:
         self._nodes = [_Node(backend, every) for backend in backends]
         self._channels: set[str] = set()
-        self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.inbox = Inbox()  # what the sessions read, for the notifier
         self._wanted = asyncio.Event()
         self._rng = rng
         self.connection: object | None = None  # not None once subscribed (see the notifier)
@@ -103,14 +105,12 @@ class QuorumPubSub:
         await asyncio.gather(*(node.send("ping") for node in self._nodes))
 
     async def get_message(self, *, timeout: float) -> dict[str, Any] | None:
-        """The next message any node sent, or None if none came within `timeout`."""
-        try:
-            async with asyncio.timeout(timeout):
-                return await self._inbox.get()
-        except TimeoutError:
-            return None
+        """The next item of the nodes not handed to the inbox's `deliver`, or None if none
+        came within `timeout`."""
+        return await self.inbox.get(timeout)
 
     async def aclose(self) -> None:
+        self.inbox.closed = True
         tasks = [node.task for node in self._nodes if node.task is not None]
         for task in tasks:
             task.cancel()
@@ -154,7 +154,7 @@ class QuorumPubSub:
                 if message is not None:
                     heard, pinged = loop.time(), None
                     if message.get("type") in FORWARDED:
-                        self._inbox.put_nowait(message)
+                        self.inbox.put(message)
         finally:
             node.up, node.pubsub = False, None
             with contextlib.suppress(Exception):

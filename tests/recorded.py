@@ -1,9 +1,11 @@
 """What happens while a test runs, recorded: lock events, for tests that count renewals,
-failures and losses of particular leases; the pub/sub replies that take redis-py's way.
+failures and losses of particular leases; the pub/sub replies that take redis-py's way;
+the tasks the notifier's messages are dispatched in.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -12,6 +14,7 @@ import pytest
 from redis.asyncio.client import PubSub
 
 from aiolock import EventKind, LockEvent, add_listener
+from aiolock._notifier import Notifier
 
 
 @contextlib.contextmanager
@@ -51,3 +54,18 @@ def handled_by_redis_py(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
     monkeypatch.setattr(PubSub, "handle_message", recorded)
     return handled
+
+
+def dispatched_in(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Every pub/sub message the notifiers dispatch from now on, for the rest of the test:
+    its kind and the name of the task that dispatched it."""
+    seen: list[tuple[str, str]] = []
+    dispatch = Notifier._dispatch
+
+    def recorded(self: Notifier, message: dict[str, Any]) -> None:
+        task = asyncio.current_task()
+        seen.append((str(message["type"]), "" if task is None else task.get_name()))
+        dispatch(self, message)
+
+    monkeypatch.setattr(Notifier, "_dispatch", recorded)
+    return seen

@@ -25,7 +25,7 @@ from aiolock._scripts import ACQUIRE, RELEASE, acquire_args, acquired, release_a
 from aiolock._transport_cluster import ClusterTransport
 
 from ..load import scaled
-from ..recorded import handled_by_redis_py
+from ..recorded import dispatched_in, handled_by_redis_py
 from ..servers import ServerBinary
 from ..waits import eventually, within
 from .cluster import ClusterGroup, on_replica
@@ -131,8 +131,10 @@ async def test_a_waiter_is_woken_by_a_sharded_notification(
     primary) are announced with SPUBLISH, never PUBLISH: the bus carries no classic
     pub/sub message, only the shard's copies to its replica; the waiters of another client
     (one session per primary) are woken by them, each message read from the connection
-    past redis-py's handler dispatch (`PubSub.handle_message`), as on one server."""
+    past redis-py's handler dispatch (`PubSub.handle_message`), as on one server, and
+    dispatched in the session that read it (no hop through the notifier's task)."""
     handled = handled_by_redis_py(monkeypatch)
+    dispatched = dispatched_in(monkeypatch)
     async with cluster_of(binary_of(binaries, kind)) as group, clients(group, 2) as (a, b):
         before = await counts(group)
         # Waiters on a name served by each primary, all waiting at once: one session per
@@ -162,6 +164,8 @@ async def test_a_waiter_is_woken_by_a_sharded_notification(
     kinds = [response[0] for response in handled if isinstance(response, list)]
     assert b"ssubscribe" in kinds, "subscription answers still take redis-py's path"
     assert b"smessage" not in kinds
+    messages = [task for kind, task in dispatched if kind == "message"]
+    assert len(messages) >= 4 and set(messages) == {"aiolock-sharded-pubsub"}, dispatched
 
 
 @pytest.mark.parametrize("kind", ["redis", "valkey"])
@@ -291,12 +295,11 @@ async def test_a_frozen_nodes_session_is_found_silent_and_subscribed_again(
                     frozen.resume()
                 notifier = runtime_for(b).notifier
                 # Heard again: on a new connection, confirmed after the loss was told (the
-                # notifier has read every message the sessions sent).
+                # sessions hand each confirmation to the notifier as they read it).
                 await eventually(
                     lambda: (
                         session.up
                         and session.pubsub not in (None, deaf)
-                        and pubsub._inbox.empty()
                         and notifier.is_subscribed(channel)
                     ),
                     what="the channel subscribed again",

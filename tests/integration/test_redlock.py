@@ -34,6 +34,7 @@ from aiolock._redlock_scripts import RL_ACQUIRE, RL_RELEASE
 from aiolock._runtime import _runtimes, runtime_for
 
 from ..load import scaled
+from ..recorded import dispatched_in
 from ..servers import RedisServer, ServerBinary, clients_of, independent_servers
 from ..waits import eventually, until_cancelled, within
 
@@ -199,6 +200,10 @@ async def test_a_waiter_is_woken_by_the_release_not_by_the_expiry(
     name: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """A waiter of another process is woken by the release's message, not by the key's
+    expiry; the message is dispatched in the node's session that read it (no hop through
+    the notifier's task)."""
+    dispatched = dispatched_in(monkeypatch)
     lock = Redlock(nodes, name, ttl=30)
     holding = await lock.acquire()
     # The waiter's clients are another process's: its release is not seen here directly.
@@ -232,6 +237,8 @@ async def test_a_waiter_is_woken_by_the_release_not_by_the_expiry(
     # Without the release's message the waiter would sleep until the key's expiry (30 s).
     assert loop.time() - released_at < scaled(5.0)
     assert lease.fencing_token > holding.fencing_token
+    messages = {task for kind, task in dispatched if kind == "message"}
+    assert messages == {"aiolock-quorum-pubsub"}, dispatched
     await lease.release()
     await quorum_calls_ended(elsewhere)
     for client in elsewhere:
