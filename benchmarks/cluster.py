@@ -539,6 +539,16 @@ def report(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_results(out: str, data: Any, text: str, *, json_name: str, md_name: str) -> None:
+    """`data` as JSON and `text` as Markdown into the directory `out` (made if need be);
+    `text` printed."""
+    where = Path(out)
+    where.mkdir(parents=True, exist_ok=True)
+    (where / json_name).write_text(json.dumps(data, indent=2))
+    (where / md_name).write_text(text)
+    print(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=10.0)
@@ -558,11 +568,7 @@ def main() -> None:
     if args.pin and len(os.sched_getaffinity(0)) < 2:
         parser.error("--pin needs at least 2 cores")
     data = asyncio.run(main_async(args))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(data, indent=2))
-    (out / "RESULTS.md").write_text(report(data))
-    print(report(data))
+    write_results(args.out, data, report(data), json_name="results.json", md_name="RESULTS.md")
 
 
 if __name__ == "__main__":

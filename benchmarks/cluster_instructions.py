@@ -41,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 import redis.asyncio
-from cluster import spread_names
+from cluster import spread_names, write_results
 
 from aiolock import Lock
 from aiolock.testing import RedisServer, find_binaries
@@ -190,11 +190,8 @@ def main() -> None:
             print(deployment, runs[deployment][-1], flush=True)
     server = runs[DEPLOYMENTS[0]][0]["server"]
     data = {"server": server, "args": vars(args), "runs": runs}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "instructions.json").write_text(json.dumps(data, indent=2))
-    (out / "instructions.md").write_text(report(data))
-    print(report(data))
+    text = report(data)
+    write_results(args.out, data, text, json_name="instructions.json", md_name="instructions.md")
 
 
 if __name__ == "__main__":
