@@ -180,6 +180,13 @@ async def test_a_refused_attempt_is_given_back_where_it_was_granted(
     """Held on three of five nodes: the attempt over five is granted by the two others,
     refused by the quorum, and given back on those two."""
     async with Redlock(nodes[:3], name, ttl=10) as lease:
+        # Held on all three first: the lease is granted by two of them, and the third's
+        # grant may still be on its way (then the attempt over five is granted by it and
+        # the two others, a quorum of five disjoint from the first lock's quorum of three).
+        await eventually(
+            lambda: _holders_are(nodes, name, [lease.token] * 3 + [None, None]),
+            what="the lease on its three nodes",
+        )
         assert await Redlock(nodes, name, ttl=10).try_acquire() is None
         # (A node that had not answered when the quorum refused gets it in the background.)
         await eventually(
