@@ -141,7 +141,6 @@ class ShardedPubSub:
         self._where: dict[str, _Session] = {}
         self.inbox = Inbox()  # what the sessions read, for the notifier
         self.connection: object | None = None  # not None once subscribed (see the notifier)
-        self._closed = False
 
     # ----------------------------------------------------------------- the notifier's side
     async def subscribe(self, *channels: str) -> None:
@@ -151,7 +150,7 @@ class ShardedPubSub:
             address = self._placement.moved.get(_slot(channel))
             if address is None:  # as the cluster client knows it (a MOVED answer corrects it)
                 address = await self._owner(channel)
-            if self._closed:  # closed meanwhile: no session is started any more
+            if self.inbox.closed:  # closed meanwhile: no session is started any more
                 return
             if channel not in self._channels:  # unsubscribed meanwhile
                 continue
@@ -175,7 +174,7 @@ class ShardedPubSub:
         return await self.inbox.get(timeout)
 
     async def aclose(self) -> None:
-        self._closed = self.inbox.closed = True
+        self.inbox.closed = True
         tasks = [s.task for s in self._sessions.values() if s.task is not None]
         for task in tasks:
             task.cancel()

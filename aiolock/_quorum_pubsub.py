@@ -4,10 +4,9 @@ A `Redlock`'s release is announced by every node it is released on; a waiter nee
 one of them. `QuorumPubSub` keeps a session of its own on each node, in a task per node:
 it subscribes to the channels wanted, hands the node's messages to the notifier (an
 `Inbox`: dispatched in the node's task, or read as from a redis-py `PubSub`), pings the
-node when it has been
-silent for the health interval and opens a new session when the ping goes unanswered as
-long (a dead socket is not always reset), and reconnects a node that failed, with a
-backoff. A frozen or dead minority of nodes costs nothing: the others are heard.
+node when it has been silent for the health interval and opens a new session when the ping
+goes unanswered as long (a dead socket is not always reset), and reconnects a node that
+failed, with a backoff. A frozen or dead minority of nodes costs nothing: the others are heard.
 
 The notifier's own health check (a PING when nothing was heard, an answer expected) sees
 the whole: it is answered while any node answers.
