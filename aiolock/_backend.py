@@ -310,7 +310,7 @@ class Backend:
         connection goes on a connection of its own, closed after: for a call that may
         outlive its caller (a quorum's node), whose user may close the client meanwhile
         (which breaks the connection: sent again on the user's pool, it would open one that
-        nobody closes).
+        nobody closes); so does its EVAL after a NOSCRIPT.
 
         With a cluster client, `fresh` calls go on a connection of their own to the node
         that serves the first key's slot.
@@ -469,8 +469,8 @@ class Backend:
 
         A broken connection (a pooled connection the server closed, after a restart for
         example) is retried once at once on a new one: every script is safe to apply twice.
-        With `again`, the retries go on the client it makes, whose connections are closed
-        when the call ends.
+        With `again`, the retries, and the EVAL of a script the server did not know, go on
+        the client it makes, whose connections are closed when the call ends.
 
         Cancellation:
             A cancellation that arrives while the reply is being read propagates. On Python
@@ -490,8 +490,19 @@ class Backend:
                 try:
                     if send is not None:
                         result = await send()
-                    else:
+                    elif again is None:
                         result = await self._send_once(client, command, script, on_sent, then)
+                    else:
+
+                        def elsewhere() -> Client:
+                            nonlocal apart, client
+                            if apart is None:
+                                client = apart = again()
+                            return apart
+
+                        result = await self._send_once(
+                            client, command, script, on_sent, then, elsewhere=elsewhere
+                        )
                     break
                 except Errors.connection:
                     if (retried and not self.transport.retries_broken) or bound.overdue:
@@ -571,9 +582,13 @@ class Backend:
         script: Script | None,
         on_sent: Sent,
         then: Command | None,
+        *,
+        elsewhere: Callable[[], Client] | None = None,
     ) -> Any:
         """Send `command` (and `then`); an EVALSHA the server does not know (flushed, or
-        lost in a restart) is sent again as EVAL, which also caches the script."""
+        lost in a restart) is sent again as EVAL, which also caches the script, on the
+        client `elsewhere` gives if given (a call that may outlive its caller takes no
+        second connection from the user's pool, which the user may have closed since)."""
         try:
             return await self._send(client, command, on_sent, then)
         except Errors.noscript as exc:
@@ -586,6 +601,8 @@ class Backend:
             source = script.source
         # Sent once the error is no longer being handled: a client that keeps the exception
         # being handled (fakeredis's Lua bridge does on Python 3.12+) would keep it forever.
+        if elsewhere is not None:
+            client = elsewhere()
         return await self._send(client, ("EVAL", source, *command[2:]), on_sent, then)
 
     @staticmethod

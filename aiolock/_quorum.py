@@ -172,11 +172,14 @@ class _Node:
 class QuorumBackend(Backend):
     """The `Backend` of a `Quorum`: each call to every node, decided by a quorum."""
 
-    __slots__ = ("_background", "_health", "_quorum", "nodes")
+    __slots__ = ("_background", "_health", "names", "node_timeout", "nodes", "size")
 
     def __init__(self, quorum: Quorum) -> None:  # no client of its own: no super().__init__
         self.loop = asyncio.get_running_loop()
-        self._quorum = quorum
+        # Not the quorum itself: it is this runtime's key among the runtimes (held weakly),
+        # and a reference to it here would keep both alive, and the connections they hold,
+        # for as long as the process lives. What the calls need of it is copied.
+        self.size, self.node_timeout, self.names = quorum.quorum, quorum.node_timeout, quorum.names
         self.nodes = [Backend(client) for client in quorum.clients]
         self._health = [_Node() for _ in self.nodes]
         self._library = self.nodes[0].library
@@ -198,10 +201,6 @@ class QuorumBackend(Backend):
     @property
     def health_interval(self) -> float:
         return min(node.health_interval or HEALTH_INTERVAL for node in self.nodes)
-
-    @property
-    def quorum(self) -> Quorum:
-        return self._quorum
 
     async def master_moved(self, pubsub: PubSub) -> bool:
         return False
@@ -256,7 +255,7 @@ class QuorumBackend(Backend):
     @property
     def patience(self) -> float:
         """How long a node may leave a call unanswered before it is skipped (`_Node`)."""
-        return min(self._quorum.node_timeout / 2, UNANSWERED_AFTER)
+        return min(self.node_timeout / 2, UNANSWERED_AFTER)
 
     def hopeful(self, indexes: Collection[int], answered: Collection[int]) -> int:
         """How many of the nodes `indexes` (whose calls are in flight) may still answer in
@@ -267,7 +266,7 @@ class QuorumBackend(Backend):
         doubtful = {
             i for i, node in enumerate(self._health) if i in skipped or node.failed > node.answered
         }
-        if len(self._health) - len(doubtful) < self._quorum.quorum:
+        if len(self._health) - len(doubtful) < self.size:
             return len(indexes)
         return sum(1 for i in indexes if i in answered or i not in doubtful)
 
@@ -283,7 +282,7 @@ class QuorumBackend(Backend):
                 other.answered > since for i, other in enumerate(self._health) if i != index
             ):
                 silent[index] = now - since
-        if len(self._health) - len(silent) < self._quorum.quorum:
+        if len(self._health) - len(silent) < self.size:
             return {}
         return silent
 
@@ -339,7 +338,7 @@ class _Call:
 
     @property
     def quorum(self) -> int:
-        return self.backend.quorum.quorum
+        return self.backend.size
 
     def left(self) -> float:
         return self.bound - (self.backend.loop.time() - self.started)
@@ -361,7 +360,7 @@ class _Call:
         """
         backend = self.backend
         now = backend.loop.time()
-        timeout = max(min(self.left(), backend.quorum.node_timeout), 0.001)
+        timeout = max(min(self.left(), backend.node_timeout), 0.001)
         tasks: dict[asyncio.Task[Any], int] = {}
         errors: dict[int, BaseException] = {}
         unanswering = backend.unanswering(now)
@@ -406,7 +405,7 @@ class _Call:
                 # A quorum answered without a decision (a split vote): the rest are waited
                 # for, but a node that stops answering meanwhile no longer counts, so the
                 # wait is looked at again after `patience`.
-                split = len(replies) >= backend.quorum.quorum
+                split = len(replies) >= backend.size
                 done, pending = await asyncio.wait(
                     pending,
                     timeout=backend.patience if split else None,
@@ -434,7 +433,7 @@ class _Call:
         errors: dict[int, BaseException],
         word: Callable[[Any], str],
     ) -> QuorumError:
-        names = self.backend.quorum.names
+        names = self.backend.names
         nodes = {names[i]: word(reply) for i, reply in replies.items()}
         nodes.update({names[i]: f"error: {error}" for i, error in errors.items()})
         for node in names:

@@ -75,10 +75,18 @@ class DirectTransport(Transport):
         on_sent: Sent,
         then: Command | None = None,
     ) -> Any:
-        """One command on a connection of `client`'s pool (see `exchange`)."""
+        """One command on a connection of `client`'s pool (see `exchange`).
+
+        A connection closed while redis-py's checkout was handing it over (its user closed
+        the client) is not connected again, as redis-py's write would: that is a
+        `ConnectionError`, and the call is sent again as its caller decides (a call that
+        may outlive its caller, on a connection of its own, not in the pool the user
+        closed). (The quick checkout hands over a connected one without a pause.)"""
         pool = client.connection_pool
         connection, quick = await checkout(pool, str(command[0]))
         try:
+            if not quick and not connection.is_connected:
+                raise redis.exceptions.ConnectionError("the connection was closed under the call")
             return await exchange(connection, command, on_sent, then)
         finally:
             await checkin(pool, connection, quick)

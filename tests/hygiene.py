@@ -127,6 +127,72 @@ def open_fds() -> set[tuple[int, str]]:
     return found
 
 
+_TCP_STATES = {
+    "01": "established",
+    "06": "time-wait",
+    "07": "closed",
+    "08": "close-wait",
+    "0A": "listening",
+}
+
+
+def _endpoint(hex_address: str) -> str:
+    address, port = hex_address.split(":")
+    if len(address) == 8:  # IPv4, in host byte order (little-endian here)
+        host = ".".join(str(int(address[i : i + 2], 16)) for i in (6, 4, 2, 0))
+    else:
+        host = "[ipv6]"
+    return f"{host}:{int(port, 16)}"
+
+
+def _sockets() -> dict[str, str]:
+    """This process's TCP sockets by inode ("socket:[N]"): "local -> remote (state)"."""
+    found: dict[str, str] = {}
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            for line in (PROC / "self" / "net" / table).read_text().splitlines()[1:]:
+                fields = line.split()
+                local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
+                found[f"socket:[{inode}]"] = (
+                    f"{_endpoint(local)} -> {_endpoint(remote)}, {_TCP_STATES.get(state, state)}"
+                )
+    return found
+
+
+def _holders(number: int) -> list[str]:
+    """What holds descriptor `number`: its transport, and the redis-py connection over it."""
+    objects = gc.get_objects()
+    transports = [
+        obj
+        for obj in objects
+        if isinstance(obj, asyncio.BaseTransport)
+        and getattr(obj, "_sock", None) is not None
+        and obj._sock.fileno() == number  # type: ignore[attr-defined]
+    ]
+    held = [f"{type(t).__name__}, closing: {t.is_closing()}" for t in transports]
+    for obj in objects:
+        writer = (
+            getattr(obj, "_writer", None) if type(obj).__name__.endswith("Connection") else None
+        )
+        if writer is not None and getattr(writer, "transport", None) in transports:
+            held.append(repr(obj))
+    return held
+
+
+def _described(fds: Iterable[tuple[int, str]]) -> list[str]:
+    sockets = _sockets()
+    said: list[str] = []
+    for number, target in sorted(fds):
+        detail = [sockets[target]] if target in sockets else []
+        if target.startswith("socket:"):
+            detail += _holders(number)
+        said.append(
+            f"descriptor {number} ({target}{'; ' + '; '.join(detail) if detail else ''}) "
+            "is still open"
+        )
+    return said
+
+
 def _ignored(fd: tuple[int, str]) -> bool:
     """Descriptors that are not a test's: the standard streams, and the directory listing
     that `open_fds` itself had open."""
@@ -316,7 +382,7 @@ class Hygiene:
         )
         open_left = self._left_open(fds)
         problems = [f"{proc} is still running" for proc in sorted(left, key=str)]
-        problems += [f"descriptor {n} ({target}) is still open" for n, target in sorted(open_left)]
+        problems += _described(open_left)
         problems += self.pending_fixture_leaks
         problems += garbage
         self.pending_fixture_leaks = []
@@ -361,7 +427,7 @@ class Hygiene:
         left = self._left_running(owned.procs)
         open_left = self._left_open(owned.fds)
         problems = [f"{proc} is still running" for proc in sorted(left, key=str)]
-        problems += [f"descriptor {n} ({target}) is still open" for n, target in sorted(open_left)]
+        problems += _described(open_left)
         if problems:
             _kill(left)
             for number, _ in open_left:

@@ -16,8 +16,10 @@ import asyncio
 import statistics
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
+import redis.asyncio
 
 import aiolock
 from aiolock import EventKind, Lease, LeaseLostError, LockEvent, LossReason, QuorumError, Redlock
@@ -396,3 +398,73 @@ async def test_a_late_nodes_call_opens_nothing_in_a_client_closed_meanwhile(
         what="every connection to the third node closed",
         timeout=scaled(2.0),
     )
+
+
+class ClosedByItsUser(redis.asyncio.ConnectionPool):
+    """A pool whose user closes it (every connection) once, at the moment `close_at` says:
+    right after a call took a connection ("checkout"), or just as a call gave its
+    connection back with the answer ("checkin")."""
+
+    close_at: str | None = None
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        connection = await super().get_connection(*args, **kwargs)
+        await self._closed_at("checkout")
+        return connection
+
+    async def release(self, connection: Any) -> None:
+        await super().release(connection)
+        await self._closed_at("checkin")
+
+    async def _closed_at(self, moment: str) -> None:
+        if self.close_at == moment:
+            self.close_at = None
+            await self.disconnect()
+
+
+@pytest.mark.parametrize(
+    ("moment", "unknown_script"),
+    [("checkout", False), ("checkin", True)],
+    ids=["closed-as-the-call-takes-its-connection", "closed-as-noscript-comes-back"],
+)
+async def test_a_late_nodes_call_opens_nothing_in_a_pool_closed_under_it(
+    three_one_proxied: ServerGroup, name: str, moment: str, unknown_script: bool
+) -> None:
+    """The third node's release, left to run after two nodes decided, meets its client
+    closed by the user: right after it took its connection (it must not connect it again
+    to write), or as the NOSCRIPT answer of a node that does not know the script (its
+    scripts flushed: a restart) comes back (the script's text must not take a second
+    connection from the pool). Either way the call goes on a connection of its own,
+    closed when it ends, and frees the node: the pool the user closed opens nothing.
+
+    Breaks seen failing: the write on a connection the user closed (redis-py connects it
+    again); the EVAL after NOSCRIPT sent on the user's pool."""
+    group = three_one_proxied
+    proxy = group.proxies[2]
+    key = key_of(name).encode()
+    pools = [ClosedByItsUser.from_url(url) for url in group.urls]
+    clients = [redis.asyncio.Redis(connection_pool=pool) for pool in pools]
+    try:
+        lease = await within(Redlock(clients, name, ttl=30).acquire(), what="the acquire")
+        assert all(await holders(group, name))
+        if unknown_script:
+            await group.client(2).script_flush()
+        held = proxy.hold_requests(key)
+        pools[2].close_at = moment
+        await within(lease.release(), what="the release (decided by the two others)")
+        await within(held.wait(), what="the third node's release reaching its proxy")
+        await proxy.restore()
+
+        async def freed() -> bool:
+            return not any(await holders(group, name))
+
+        await eventually(freed, what="the third node freed too")
+        assert pools[2].close_at is None, f"the pool was never closed at {moment}"
+        await eventually(
+            lambda: proxy.open_connections == 0,
+            what="every connection to the third node closed",
+            timeout=scaled(2.0),
+        )
+    finally:
+        for pool in pools:
+            await pool.disconnect()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -511,6 +512,26 @@ async def test_redlocks_made_per_request_share_one_runtime(
     assert Redlock(nodes, name + ":other")._quorum is quorum
     assert Redlock(nodes, name, node_timeout=0.5)._quorum is not quorum
     assert Redlock(list(reversed(nodes)), name)._quorum is not quorum
+
+
+async def test_a_quorums_runtime_goes_with_its_clients(
+    servers: list[RedisServer], name: str
+) -> None:
+    """Clients that a Redlock used, closed and dropped leave nothing behind: the quorum's
+    runtime (its backends, its watchdog, the connections they hold) is not kept alive by
+    the registry of runtimes, whose key it is."""
+
+    async def used_and_closed() -> weakref.ref[Quorum]:
+        async with clients_of(servers[:3]) as clients:
+            lock = Redlock(clients, name, ttl=5)
+            async with lock:
+                pass
+            await quorum_calls_ended(clients)
+            return weakref.ref(lock._quorum)
+
+    quorum = await used_and_closed()
+    gc.collect()
+    assert quorum() is None, "the quorum (and its runtime) outlived its clients"
 
 
 async def test_a_node_that_granted_late_gets_the_agreed_fencing_token_at_the_next_renewal(
