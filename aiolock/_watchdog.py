@@ -190,16 +190,22 @@ class RenewalScheduler:
         """Stop renewing; takes effect before the scheduler sends anything else.
 
         The scheduler is not woken: it skips inactive entries when they come due, and
-        drops them in bulk once they outnumber the active ones.
+        drops them in bulk once they outnumber the active ones, or at once when none is
+        left active (each holds its lock, and so the client: an event loop that ends
+        before they come due must not keep them).
         """
         if entry.active:
             entry.active = False
             self._active -= 1
-            if len(self._heap) > 2 * self._active + 64:
-                self._heap = [
-                    item for item in self._heap if item[2].active and item[0] == item[2].due
-                ]
-                heapq.heapify(self._heap)
+            if not self._active:
+                self._heap.clear()
+            elif len(self._heap) > 2 * self._active + 64:
+                self._drop_inactive()
+
+    def _drop_inactive(self) -> None:
+        """Drop the heap's items of removed entries, and those a reschedule left behind."""
+        self._heap = [item for item in self._heap if item[2].active and item[0] == item[2].due]
+        heapq.heapify(self._heap)
 
     def postpone(self, entry: RenewalEntry, due: float) -> None:
         """The lease was renewed by other means: next due at `due` instead."""
@@ -320,6 +326,7 @@ class RenewalScheduler:
                 await self._backend.close_background_client()
             finally:
                 self._task = None
+                self._drop_inactive()  # the event loop may end now
                 if not cancelled and (self._active or self._abandoned):
                     self._ensure_running()  # work arrived while the connection was closing
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import sys
+import uuid
 import warnings
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -13,7 +15,7 @@ import pytest
 import redis.asyncio
 from redis.asyncio.connection import Connection
 
-from aiolock import Lock, _clients
+from aiolock import Lock, ReadWriteLock, Semaphore, _clients
 from aiolock._runtime import runtime_for
 from aiolock._transport import CommandTransport
 from aiolock._transport_direct import DirectTransport
@@ -171,3 +173,32 @@ async def test_renewal_stops_when_every_lease_is_released(
     assert scheduler.active == 0
     await asyncio.wait_for(scheduler.wait_idle(), 5)
     assert not scheduler.running
+
+
+def test_a_clients_runtime_goes_with_it_once_its_event_loop_ended(server_url: str) -> None:
+    """A program that runs an event loop per job (`asyncio.run` per task of a job queue)
+    with a client of its own: once the loop ended and the client was dropped, nothing of
+    either stays, the client's runtime included, although leases were renewed and handed
+    over in it. (The watchdog kept its records of released leases until each came due;
+    the loop's end left them for ever, and with them the lock, the client it holds, and so
+    the runtime whose key that client is.)"""
+
+    async def job(name: str) -> weakref.ref[redis.asyncio.Redis]:
+        client = redis.asyncio.Redis.from_url(server_url)
+        first = await Lock(client, name, ttl=5).acquire()
+        second = asyncio.create_task(Lock(client, name, ttl=5).acquire())
+        notifier = runtime_for(client).notifier
+        channel = f"aiolock:{{{name}}}:released"
+        await eventually(lambda: notifier.queue_length(channel) >= 1, what="the second waits")
+        await first.release()
+        await (await within(second, what="the hand-over")).release()
+        async with Semaphore(client, name + ":sem", limit=2, ttl=5):
+            pass
+        async with ReadWriteLock(client, name + ":rw", ttl=5).read():
+            pass
+        await client.aclose()
+        return weakref.ref(client)
+
+    gone = asyncio.run(job(f"aiolock-test:{uuid.uuid4().hex}"))
+    gc.collect()
+    assert gone() is None, "the client (and its runtime) outlived its event loop"
