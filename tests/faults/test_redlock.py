@@ -16,7 +16,6 @@ import asyncio
 import statistics
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import pytest
 import redis.asyncio
@@ -25,6 +24,7 @@ import aiolock
 from aiolock import EventKind, Lease, LeaseLostError, LockEvent, LossReason, QuorumError, Redlock
 
 from ..load import scaled
+from ..pools import ClosedByItsUser
 from ..servers import ServerBinary
 from ..waits import eventually, within
 from .quorum import ServerGroup
@@ -400,28 +400,6 @@ async def test_a_late_nodes_call_opens_nothing_in_a_client_closed_meanwhile(
     )
 
 
-class ClosedByItsUser(redis.asyncio.ConnectionPool):
-    """A pool whose user closes it (every connection) once, at the moment `close_at` says:
-    right after a call took a connection ("checkout"), or just as a call gave its
-    connection back with the answer ("checkin")."""
-
-    close_at: str | None = None
-
-    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-        connection = await super().get_connection(*args, **kwargs)
-        await self._closed_at("checkout")
-        return connection
-
-    async def release(self, connection: Any) -> None:
-        await super().release(connection)
-        await self._closed_at("checkin")
-
-    async def _closed_at(self, moment: str) -> None:
-        if self.close_at == moment:
-            self.close_at = None
-            await self.disconnect()
-
-
 @pytest.mark.parametrize(
     ("moment", "unknown_script"),
     [("checkout", False), ("checkin", True)],
@@ -459,7 +437,7 @@ async def test_a_late_nodes_call_opens_nothing_in_a_pool_closed_under_it(
             return not any(await holders(group, name))
 
         await eventually(freed, what="the third node freed too")
-        assert pools[2].close_at is None, f"the pool was never closed at {moment}"
+        assert pools[2].closes == 1, f"the pool was never closed at {moment}"
         await eventually(
             lambda: proxy.open_connections == 0,
             what="every connection to the third node closed",
