@@ -298,9 +298,10 @@ class PrimitiveBase(abc.ABC):
         timeout: float,
         background: bool = False,
         fresh: bool = False,
+        again_apart: bool = False,
         on_sent: Callable[[], None] | None = None,
     ) -> Released:
-        """One release call, and what it did."""
+        """One release call, and what it did (`again_apart`: see `Backend.run`)."""
         script, keys, args = call
         reply = await runtime.backend.run(
             script,
@@ -311,6 +312,7 @@ class PrimitiveBase(abc.ABC):
             name=self._name,
             background=background,
             fresh=fresh,
+            again_apart=again_apart,
             on_sent=on_sent,
         )
         reply = released(reply)

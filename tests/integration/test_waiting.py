@@ -10,12 +10,15 @@ import redis.asyncio
 
 from aiolock import Lease, Lock, ReadLock, ReadWriteLock, Semaphore
 from aiolock._backend import Backend
+from aiolock._engine import Primitive
 from aiolock._inspect import read_locks
+from aiolock._layout import LockKeys
 from aiolock._queue import Waiter
 from aiolock._runtime import Runtime, runtime_for
 
 from ..conftest import make_client
 from ..load import scaled
+from ..pools import ClosedByItsUser
 from ..recorded import handled_by_redis_py
 from ..servers import RedisServer
 from ..waits import eventually, within
@@ -379,3 +382,57 @@ async def test_a_head_woken_as_an_earlier_caller_queues_ahead_waits_its_turn(
     await holder.release()
     lease = await within(waiting, what="the waiter served by the release")
     await lease.release()
+
+
+async def test_a_withdrawal_left_running_opens_nothing_in_a_pool_closed_under_it(
+    server_url: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two tasks of a process wait for one of two permits held elsewhere, and each is
+    granted one in turn by a release elsewhere (the queue's entry put back in line for the
+    second). When the second acquire returns, two of its calls are still reading their
+    answers: its renewal (the grantee's, sent before the body starts) and the withdrawal of
+    its process's entry (it was the last waiter). Its user closes the client as that
+    withdrawal takes its connection (at shutdown, say): both go again on connections of
+    their own, closed when they end, and the entry is taken out all the same. The pool the
+    user closed opens nothing.
+
+    Breaks seen failing (each alone): the withdrawal, and the grantee's renewal, sent again
+    on the user's pool, which connects."""
+    pool = ClosedByItsUser.from_url(server_url)
+    client = redis.asyncio.Redis(connection_pool=pool)
+    other = make_client(server_url)
+    withdrawing = Primitive._withdraw_in_background
+
+    async def closed_under_it(self: Primitive, *args: Any, **kwargs: Any) -> None:
+        pool.close_at = "checkout"
+        await withdrawing(self, *args, **kwargs)
+
+    monkeypatch.setattr(Primitive, "_withdraw_in_background", closed_under_it)
+    keys = LockKeys.build("aiolock", name, "sem:")
+    notifier = runtime_for(client).notifier
+    held: list[Lease] = []
+    try:
+        held += [await Semaphore(other, name, limit=2, ttl=10).acquire() for _ in range(2)]
+        waiting = [
+            asyncio.create_task(Semaphore(client, name, limit=2, ttl=10).acquire())
+            for _ in range(2)
+        ]
+        await eventually(lambda: notifier.queue_length(keys.channel) == 2, what="two waiting")
+        await held.pop(0).release()
+        held.append(await within(waiting[0], what="the first waiter granted a permit"))
+        await held.pop(0).release()
+        held.append(await within(waiting[1], what="the second granted the next permit"))
+        await eventually(lambda: pool.closes == 1, what="the withdrawal taking a connection")
+
+        async def withdrawn() -> bool:
+            return not await other.zcard(keys.queue)
+
+        await eventually(withdrawn, what="the queue's entry taken out of Redis")
+        await eventually(
+            lambda: pool.open_connections() == 0, what="nothing open in the pool closed"
+        )
+    finally:
+        for lease in held:
+            await lease.release()
+        await pool.disconnect()
+        await other.aclose()
