@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import heapq
 import random
@@ -201,6 +202,20 @@ class _Deadlines:
             self._arm(heap[0][0])
 
 
+_DETACHED: Final = contextvars.ContextVar[bool]("aiolock_detached", default=False)
+"""Set in the tasks aiolock starts for work that may go on after its caller returned
+(`detached`): their calls are made as `Backend.run`'s `again_apart` ones."""
+
+
+def detached() -> contextvars.Context:
+    """A copy of the current context in which calls may outlive their caller: for a task
+    of aiolock's own (a grantee's first renewal, a queue's withdrawal, a give-back), whose
+    user may close the client before it ends."""
+    context = contextvars.copy_context()
+    context.run(_DETACHED.set, True)
+    return context
+
+
 class Backend:
     """How aiolock talks to one redis client: script calls on its pool, and connections of
     aiolock's own with its settings.
@@ -310,7 +325,8 @@ class Backend:
         connection goes on a connection of its own, closed after: for a call that may
         outlive its caller (a quorum's node), whose user may close the client meanwhile
         (which breaks the connection: sent again on the user's pool, it would open one that
-        nobody closes); so does its EVAL after a NOSCRIPT.
+        nobody closes); so does its EVAL after a NOSCRIPT. Every call made in a task that
+        aiolock started with `detached` is made so.
 
         With a cluster client, `fresh` calls go on a connection of their own to the node
         that serves the first key's slot.
@@ -375,7 +391,7 @@ class Backend:
                 then=then,
                 again=(
                     functools.partial(self._own_client, keys[0] if keys else None)
-                    if again_apart
+                    if again_apart or _DETACHED.get()
                     else None
                 ),
             )

@@ -22,18 +22,22 @@ _FACTORY: Final[Any] = getattr(asyncio, "eager_task_factory", None)
 
 
 def start_eagerly(
-    loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]
+    loop: asyncio.AbstractEventLoop,
+    coro: Coroutine[Any, Any, None],
+    *,
+    context: contextvars.Context | None = None,
 ) -> asyncio.Task[None]:
-    """A task running `coro`, which has run up to its first suspension when this returns.
+    """A task running `coro` (in `context`, else a copy of the current one), which has run
+    up to its first suspension when this returns.
 
     Cancellation:
         Cancelling the task before its first step at the loop throws `CancelledError` into
         `coro` where it is suspended, as for any task.
     """
     if _FACTORY is not None:
-        task: asyncio.Task[None] = _FACTORY(loop, coro)
+        task: asyncio.Task[None] = _FACTORY(loop, coro, context=context)
         return task
-    return _start_by_hand(loop, coro)  # pragma: no cover - Python 3.11
+    return _start_by_hand(loop, coro, context)  # pragma: no cover - Python 3.11
 
 
 class _Started(Coroutine[Any, Any, None]):
@@ -79,9 +83,12 @@ class _Started(Coroutine[Any, Any, None]):
 
 
 def _start_by_hand(
-    loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]
+    loop: asyncio.AbstractEventLoop,
+    coro: Coroutine[Any, Any, None],
+    context: contextvars.Context | None,
 ) -> asyncio.Task[None]:  # pragma: no cover - Python 3.11
-    context = contextvars.copy_context()
+    if context is None:
+        context = contextvars.copy_context()
     started = _Started(coro)
     task = loop.create_task(started, context=context)
     caller = asyncio.current_task(loop)

@@ -186,9 +186,6 @@ class Granting(Releasing):
                     on_sent=on_sent,
                     by_text=True,
                     background=backend.cluster,
-                    # Its answer is read after the caller went on: sent again, it takes
-                    # a connection of its own (the user may have closed the client).
-                    again_apart=True,
                 )
             except BackendError as exc:
                 lease._renew_failed(exc)

@@ -298,10 +298,9 @@ class PrimitiveBase(abc.ABC):
         timeout: float,
         background: bool = False,
         fresh: bool = False,
-        again_apart: bool = False,
         on_sent: Callable[[], None] | None = None,
     ) -> Released:
-        """One release call, and what it did (`again_apart`: see `Backend.run`)."""
+        """One release call, and what it did."""
         script, keys, args = call
         reply = await runtime.backend.run(
             script,
@@ -312,7 +311,6 @@ class PrimitiveBase(abc.ABC):
             name=self._name,
             background=background,
             fresh=fresh,
-            again_apart=again_apart,
             on_sent=on_sent,
         )
         reply = released(reply)

@@ -120,9 +120,7 @@ class Releasing(PrimitiveBase):
         async def withdraw() -> None:
             try:
                 with contextlib.suppress(BackendError, TimeoutError):
-                    await self._withdraw(
-                        runtime, queue, timeout=timeout, on_sent=on_sent, apart=True
-                    )
+                    await self._withdraw(runtime, queue, timeout=timeout, on_sent=on_sent)
             finally:
                 on_sent()
 
@@ -138,15 +136,11 @@ class Releasing(PrimitiveBase):
         *,
         timeout: float,
         on_sent: Callable[[], None] | None = None,
-        apart: bool = False,
     ) -> None:
         """Take this process's wait queue out of Redis; pass on a reservation or grant made
-        for it. With `apart` (a withdrawal that outlives its caller, whose user may close
-        the client meanwhile), a call sent again goes on a connection of its own."""
+        for it."""
         call = self._release_call(withdraw=queue.wid, claims=queue.claim_tokens())
-        reply = await self._run_release(
-            runtime, call, timeout=timeout, on_sent=on_sent, again_apart=apart
-        )
+        reply = await self._run_release(runtime, call, timeout=timeout, on_sent=on_sent)
         runtime.notifier.local_release(
             self._channel,
             f"w{queue.wid}",

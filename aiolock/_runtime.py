@@ -15,7 +15,7 @@ import weakref
 from collections.abc import Coroutine
 from typing import Any
 
-from ._backend import Backend
+from ._backend import Backend, detached
 from ._clients import AsyncClient
 from ._eager import start_eagerly
 from ._notifier import Notifier
@@ -71,17 +71,19 @@ class Runtime:
         self, call: Coroutine[Any, Any, None], *, eager: bool = False
     ) -> asyncio.Future[None]:
         """Run `call` in a task of its own, kept until it ends (it must bound itself); the
-        task, for a caller that waits for it.
+        task, for a caller that waits for it. Its calls may outlive their caller (`detached`):
+        a call sent again goes on a connection of its own, never in a pool the user may
+        have closed meanwhile.
 
         `eager`: `call` runs at once, up to its first suspension, before this returns (a
         command it writes is written by then; see `_eager`); else it starts at the loop's
         next turn, as any task."""
         if eager:
-            task = start_eagerly(self.loop, call)
+            task = start_eagerly(self.loop, call, context=detached())
             if task.done():
                 return task
         else:
-            task = self.loop.create_task(call)
+            task = self.loop.create_task(call, context=detached())
         self._spawned.add(task)
         task.add_done_callback(self._spawned.discard)
         return task

@@ -396,8 +396,9 @@ async def test_a_withdrawal_left_running_opens_nothing_in_a_pool_closed_under_it
     their own, closed when they end, and the entry is taken out all the same. The pool the
     user closed opens nothing.
 
-    Breaks seen failing (each alone): the withdrawal, and the grantee's renewal, sent again
-    on the user's pool, which connects."""
+    Breaks seen failing: the withdrawal, and the grantee's renewal, each sent again on the
+    user's pool, which connects (aiolock's own tasks not `detached`, or either call made
+    as any other)."""
     pool = ClosedByItsUser.from_url(server_url)
     client = redis.asyncio.Redis(connection_pool=pool)
     other = make_client(server_url)
