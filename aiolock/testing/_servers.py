@@ -224,6 +224,50 @@ def _free_port() -> int:
     return free_ports(1)[0]
 
 
+def _family(pid: int) -> list[int]:
+    """`pid` and its descendants (Linux): a server binary may be a wrapper."""
+    found, pending = [], [pid]
+    while pending:
+        each = pending.pop()
+        found.append(each)
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{each}/task"):
+                children = Path(f"/proc/{each}/task/{task}/children").read_text().split()
+                pending.extend(int(child) for child in children)
+    return found
+
+
+def _listens(pid: int, port: int) -> bool | None:
+    """Whether process `pid` (or a process it started) holds the socket listening on
+    127.0.0.1:`port` (Linux: their descriptors against the kernel's table of TCP sockets);
+    None where that cannot be read. Another process may listen there: one that took the
+    port between the check that found it free and the server's bind (the server then fails
+    to bind, and exits)."""
+    try:
+        os.listdir(f"/proc/{pid}/fd")
+        lines = [
+            line
+            for table in ("/proc/net/tcp", "/proc/net/tcp6")
+            if os.path.exists(table)
+            for line in Path(table).read_text().splitlines()[1:]
+        ]
+    except OSError:
+        return None
+    held: set[str] = set()
+    for each in _family(pid):
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{each}/fd"):
+                with contextlib.suppress(OSError):
+                    held.add(os.readlink(f"/proc/{each}/fd/{fd}"))
+    for line in lines:
+        fields = line.split()
+        local, state, inode = fields[1], fields[3], fields[9]
+        listening = state == "0A" and int(local.rsplit(":", 1)[1], 16) == port
+        if listening and f"socket:[{inode}]" in held:
+            return True
+    return False
+
+
 def _accepts(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -428,8 +472,14 @@ class RedisServer:
         deadline = time.monotonic() + self.start_timeout
         while True:
             code = process.poll()
-            if code is None and _accepts(self.port):
-                if process.poll() is None:  # the port is this server's, not another's
+            # Accepting, and the listener is this process's: another process may have
+            # taken the port first (this one then fails to bind, and exits).
+            if (
+                code is None
+                and _accepts(self.port)
+                and _listens(process.pid, self.port) is not False
+            ):
+                if process.poll() is None:
                     return None
                 code = process.poll()
             if code is not None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from aiolock.testing import RedisServer, ServerBinary, ServerStartError, find_binaries
+from aiolock.testing import RedisServer, ServerBinary, ServerStartError, _servers, find_binaries
 
 from ..conftest import in_ci
 
@@ -49,6 +49,10 @@ def _state(pid: int) -> str | None:
 def alive(pid: int) -> bool:
     """A zombie (dead, not yet reaped by whoever inherited it) counts as gone."""
     return _state(pid) not in {None, "Z", "X"}
+
+
+free = _servers._port_is_free
+free_port = _servers._free_port
 
 
 def accepts(port: int) -> bool:
@@ -377,3 +381,31 @@ def test_restarting_on_a_port_taken_meanwhile_fails(binary: ServerBinary) -> Non
                     raise
             with pytest.raises(ServerStartError, match="taken"):
                 server.start()
+
+
+def test_a_port_taken_between_the_check_and_the_bind_is_not_mistaken_for_the_server(
+    binary: ServerBinary, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process (a test run beside this one) starts listening on the port after it
+    was found free and before the new server binds it: the connections the start waits
+    for are the other process's, while the new server fails to bind and exits. That is a
+    failed start (on a port of its own choosing, it picks another), never a server
+    "ready" on a port where nothing of its own listens.
+
+    Break seen failing: the start returned, its port answered by the other listener."""
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = int(squatter.getsockname()[1])
+        # Found free: the other process takes it right after.
+        monkeypatch.setattr(_servers, "_port_is_free", lambda p: True if p == port else free(p))
+        fixed = RedisServer(binary)
+        fixed.port = port  # a restart on its port, or a cluster node's chosen port
+        with pytest.raises(ServerStartError, match="already in use"):
+            fixed.start()
+        assert not fixed.running
+        chosen = iter([port])
+        monkeypatch.setattr(_servers, "_free_port", lambda: next(chosen, None) or free_port())
+        with RedisServer(binary) as moved:
+            assert moved.port != port
+            assert accepts(moved.port)
