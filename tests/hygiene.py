@@ -40,6 +40,8 @@ from typing import Any
 
 import pytest
 
+from aiolock.testing._servers import family, tcp_sockets
+
 PROC = Path("/proc")
 GRACE = 3.0
 """How long a process that is ending (signalled, its parent gone) gets to be gone before it
@@ -87,31 +89,12 @@ def _command(pid: int) -> str:
     return words if len(words) <= 200 else words[:197] + "..."
 
 
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    try:
-        tasks = os.listdir(PROC / str(pid) / "task")
-    except OSError:
-        return found
-    for tid in tasks:
-        with contextlib.suppress(OSError):
-            found.extend(
-                int(c) for c in (PROC / str(pid) / "task" / tid / "children").read_text().split()
-            )
-    return found
-
-
 def descendants() -> set[Proc]:
     """This process's living descendants."""
     found: set[Proc] = set()
-    pending = _children(os.getpid())
-    while pending:
-        pid = pending.pop()
+    for pid in family(os.getpid())[1:]:
         stat = _stat(pid)
-        if stat is None:
-            continue
-        pending.extend(_children(pid))
-        if stat[0] not in {"Z", "X"}:
+        if stat is not None and stat[0] not in {"Z", "X"}:
             found.add(Proc(pid, stat[1], _command(pid)))
     return found
 
@@ -136,27 +119,12 @@ _TCP_STATES = {
 }
 
 
-def _endpoint(hex_address: str) -> str:
-    address, port = hex_address.split(":")
-    if len(address) == 8:  # IPv4, in host byte order (little-endian here)
-        host = ".".join(str(int(address[i : i + 2], 16)) for i in (6, 4, 2, 0))
-    else:
-        host = "[ipv6]"
-    return f"{host}:{int(port, 16)}"
-
-
 def _sockets() -> dict[str, str]:
-    """This process's TCP sockets by inode ("socket:[N]"): "local -> remote (state)"."""
-    found: dict[str, str] = {}
-    for table in ("tcp", "tcp6"):
-        with contextlib.suppress(OSError):
-            for line in (PROC / "self" / "net" / table).read_text().splitlines()[1:]:
-                fields = line.split()
-                local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
-                found[f"socket:[{inode}]"] = (
-                    f"{_endpoint(local)} -> {_endpoint(remote)}, {_TCP_STATES.get(state, state)}"
-                )
-    return found
+    """The TCP sockets by what a descriptor of each reads as: "local -> remote, state"."""
+    return {
+        target: f"{local[0]}:{local[1]} -> {remote[0]}:{remote[1]}, {_TCP_STATES.get(state, state)}"
+        for target, (local, remote, state) in (tcp_sockets() or {}).items()
+    }
 
 
 def _holders(number: int) -> list[str]:

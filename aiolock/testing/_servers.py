@@ -224,8 +224,8 @@ def _free_port() -> int:
     return free_ports(1)[0]
 
 
-def _family(pid: int) -> list[int]:
-    """`pid` and its descendants (Linux): a server binary may be a wrapper."""
+def family(pid: int) -> list[int]:
+    """`pid` and its descendants (Linux; elsewhere `pid` alone)."""
     found, pending = [], [pid]
     while pending:
         each = pending.pop()
@@ -237,34 +237,55 @@ def _family(pid: int) -> list[int]:
     return found
 
 
-def _listens(pid: int, port: int) -> bool | None:
-    """Whether process `pid` (or a process it started) holds the socket listening on
-    127.0.0.1:`port` (Linux: their descriptors against the kernel's table of TCP sockets);
-    None where that cannot be read. Another process may listen there: one that took the
-    port between the check that found it free and the server's bind (the server then fails
-    to bind, and exits)."""
+def _address(hexadecimal: str) -> tuple[str, int]:
+    """A host and port from the kernel's TCP table ("0100007F:1F90": IPv4 in host order)."""
+    address, port = hexadecimal.rsplit(":", 1)
+    if len(address) == 8:
+        host = ".".join(str(int(address[i : i + 2], 16)) for i in (6, 4, 2, 0))
+    else:
+        host = "[ipv6]"
+    return host, int(port, 16)
+
+
+def tcp_sockets() -> dict[str, tuple[tuple[str, int], tuple[str, int], str]] | None:
+    """The system's TCP sockets (Linux), by what a descriptor of each reads as
+    ("socket:[inode]"): local and remote (host, port), and state ("0A": listening, "01":
+    established...); None where the kernel's tables cannot be read."""
+    found: dict[str, tuple[tuple[str, int], tuple[str, int], str]] = {}
+    tables = [Path("/proc/net/tcp"), Path("/proc/net/tcp6")]
     try:
-        os.listdir(f"/proc/{pid}/fd")
         lines = [
             line
-            for table in ("/proc/net/tcp", "/proc/net/tcp6")
-            if os.path.exists(table)
-            for line in Path(table).read_text().splitlines()[1:]
+            for table in tables
+            if table.exists()
+            for line in table.read_text().splitlines()[1:]
         ]
     except OSError:
         return None
-    held: set[str] = set()
-    for each in _family(pid):
+    if not lines and not tables[0].exists():
+        return None
+    for line in lines:
+        fields = line.split()
+        found[f"socket:[{fields[9]}]"] = (_address(fields[1]), _address(fields[2]), fields[3])
+    return found
+
+
+def _listens(pid: int, port: int) -> bool | None:
+    """Whether process `pid` (or a process it started: the binary may be a wrapper) holds
+    the socket listening on `port` (Linux: their descriptors against the kernel's table of
+    TCP sockets); None where that cannot be read. Another process may listen there: one
+    that took the port between the check that found it free and the server's bind (the
+    server then fails to bind, and exits)."""
+    sockets = tcp_sockets()
+    if sockets is None or not os.path.isdir(f"/proc/{pid}/fd"):
+        return None
+    for each in family(pid):
         with contextlib.suppress(OSError):
             for fd in os.listdir(f"/proc/{each}/fd"):
                 with contextlib.suppress(OSError):
-                    held.add(os.readlink(f"/proc/{each}/fd/{fd}"))
-    for line in lines:
-        fields = line.split()
-        local, state, inode = fields[1], fields[3], fields[9]
-        listening = state == "0A" and int(local.rsplit(":", 1)[1], 16) == port
-        if listening and f"socket:[{inode}]" in held:
-            return True
+                    ends = sockets.get(os.readlink(f"/proc/{each}/fd/{fd}"))
+                    if ends is not None and ends[2] == "0A" and ends[0][1] == port:
+                        return True
     return False
 
 
