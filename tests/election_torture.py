@@ -40,6 +40,9 @@ Checked (the run fails on any):
   the grant lapses after 1 s; those are timed apart, and reported; so are those that the
   stalls of the processes involved (the resigning leader, the one first in line, the
   winner) account for, as they measured them: within the bound with the stalled time out;
+  a resignation whose leader was killed or paused before the takeover (after it logged the
+  resignation, its release may not have reached Redis) is judged as a takeover after a
+  kill or a pause, from the fault on;
 - the observer saw every term won, in increasing order, and nothing after a term's end but
   None or a later term.
 
@@ -555,11 +558,17 @@ def _check_resignations(
             for f in faults
         )
 
+    def cut_short(pid: int, start: float, end: float) -> Fault | None:
+        """The kill or pause of `pid` that began between its resignation and the takeover:
+        its release may not have reached Redis (the term then ends when its key expires)."""
+        return next((f for f in faults if f.pid == pid and start <= f.start <= end), None)
+
     report.counts["stalls of a candidate over 50 ms"] = sum(e["ev"] == "stalled" for e in events)
     takeovers = report.takeovers
     timed: list[tuple[float, dict[str, Any], dict[str, Any]]] = []
     takeovers["resign to a killed or paused candidate"] = []
     takeovers["resign while a candidate stalled"] = []
+    takeovers["resign cut short by a kill or pause"] = []
     lost_terms = {(e["pid"], e["term"]) for e in events if e["ev"] == "lost"}
     for event in events:
         if event["ev"] != "resign" or (event["pid"], event["term"]) in lost_terms:
@@ -570,7 +579,21 @@ def _check_resignations(
         delay = taken["t"] - event["t"]
         involved = {event["pid"], event.get("next", 0), taken["pid"]}
         stalled = _stalled(events, involved, event["t"], taken["t"])
-        if faulty(event.get("next", 0), event["t"]):
+        fault = cut_short(event["pid"], event["t"], taken["t"])
+        if fault is not None:
+            # Judged as a takeover after a kill or a pause of the leader (less the winner's
+            # own stalls), from the fault on.
+            takeovers["resign cut short by a kill or pause"].append(delay)
+            late = (
+                taken["t"] - fault.start - _stalled(events, {taken["pid"]}, fault.start, taken["t"])
+            )
+            if late > config.ttl + config.kill_bound:
+                report.violations.append(
+                    f"resignation of term {event['term']} cut short by a "
+                    f"{fault.kind.split('-')[0]} of its leader: taken over after "
+                    f"{(taken['t'] - fault.start) * 1000:.0f} ms"
+                )
+        elif faulty(event.get("next", 0), event["t"]):
             takeovers["resign to a killed or paused candidate"].append(delay)
         elif stalled > 0 and delay - stalled <= config.resign_bound:
             takeovers["resign while a candidate stalled"].append(delay)

@@ -88,6 +88,42 @@ def test_a_takeover_that_a_stall_of_the_winner_accounts_for_is_timed_apart() -> 
     assert report.takeovers["resign"] == []
 
 
+def _killed_while_resigning(won_at: float, kill_at: float = 1.01) -> Report:
+    """The leader of term 5 logs its resignation at 1.0 s and is killed at `kill_at`, its
+    release perhaps not yet applied: the next candidate wins term 6 at `won_at`."""
+    events = [
+        _event("won", LEADER, 5, 0.0),
+        _event("resign", LEADER, 5, 1.0, next=NEXT),
+        _event("acquired", NEXT, 6, won_at - 0.01, attempts=5, wait=won_at - 1.0),
+        _event("won", NEXT, 6, won_at),
+    ]
+    fault = Fault("kill-leader", 0, LEADER, 5, start=kill_at, resumed=kill_at, end=kill_at)
+    config = TortureConfig(seconds=3, ttl=1.0, kill_bound=0.2, resign_bound=0.05)
+    return _checked(config, events, [fault])
+
+
+def test_a_resignation_cut_short_by_a_kill_is_timed_as_a_takeover_after_a_kill() -> None:
+    # Killed between logging its resignation and its release reaching Redis: the term is
+    # taken over once the key expires, within a ttl of the kill (plus the kill bound).
+    report = _killed_while_resigning(won_at=1.99)
+    assert report.violations == []
+    assert report.takeovers["resign cut short by a kill or pause"] == [pytest.approx(0.99)]
+    assert report.takeovers["resign"] == []
+
+
+def test_a_resignation_cut_short_by_a_kill_is_still_bounded_by_the_ttl() -> None:
+    report = _killed_while_resigning(won_at=2.5)
+    assert report.violations == [
+        "resignation of term 5 cut short by a kill of its leader: taken over after 1490 ms"
+    ]
+
+
+def test_a_kill_of_the_leader_after_the_takeover_excuses_nothing() -> None:
+    report = _killed_while_resigning(won_at=1.99, kill_at=2.2)
+    assert len(report.violations) == 1
+    assert report.violations[0].startswith("takeover after a resignation: p99 990.0 ms")
+
+
 def test_a_stall_of_a_candidate_not_involved_excuses_nothing() -> None:
     report = _resigned_run(_event("stalled", 300, 0, 1.88, since=1.01))
     assert len(report.violations) == 1
