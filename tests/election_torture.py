@@ -496,9 +496,8 @@ def check(
             continue
         delay = taken["t"] - fault.start
         takeovers[kind].append(delay)
-        # (less what the winner's own stalls in between account for, as it measured them)
-        stalled = _stalled(events, {taken["pid"]}, fault.start, taken["t"])
-        if delay - stalled > config.ttl + config.kill_bound:
+        stalled = _late_after_fault(config, events, fault, taken)
+        if stalled is not None:
             violations.append(
                 f"{kind} of the leader of term {term}: taken over after {delay * 1000:.0f} ms"
                 + (f" ({stalled * 1000:.0f} ms of it stalled)" if stalled else "")
@@ -584,10 +583,7 @@ def _check_resignations(
             # Judged as a takeover after a kill or a pause of the leader (less the winner's
             # own stalls), from the fault on.
             takeovers["resign cut short by a kill or pause"].append(delay)
-            late = (
-                taken["t"] - fault.start - _stalled(events, {taken["pid"]}, fault.start, taken["t"])
-            )
-            if late > config.ttl + config.kill_bound:
+            if _late_after_fault(config, events, fault, taken) is not None:
                 report.violations.append(
                     f"resignation of term {event['term']} cut short by a "
                     f"{fault.kind.split('-')[0]} of its leader: taken over after "
@@ -612,6 +608,18 @@ def _check_resignations(
             f"first in line, term {taken['term']} won by pid {taken['pid']} after "
             f"{delay * 1000:.1f} ms, in {acquired.get('attempts')} attempt(s))"
         )
+
+
+def _late_after_fault(
+    config: TortureConfig, events: list[dict[str, Any]], fault: Fault, taken: dict[str, Any]
+) -> float | None:
+    """If the term `taken` was won later than ttl + kill_bound after `fault` began, less
+    what the winner's own stalls in between account for (as it measured them): how long
+    the winner stalled meanwhile; else None."""
+    stalled = _stalled(events, {taken["pid"]}, fault.start, taken["t"])
+    if taken["t"] - fault.start - stalled > config.ttl + config.kill_bound:
+        return stalled
+    return None
 
 
 def _next_won(won: list[dict[str, Any]], after: float, term: int) -> dict[str, Any] | None:

@@ -253,6 +253,8 @@ def tcp_sockets() -> dict[str, tuple[tuple[str, int], tuple[str, int], str]] | N
     established...); None where the kernel's tables cannot be read."""
     found: dict[str, tuple[tuple[str, int], tuple[str, int], str]] = {}
     tables = [Path("/proc/net/tcp"), Path("/proc/net/tcp6")]
+    if not tables[0].exists():  # no /proc
+        return None
     try:
         lines = [
             line
@@ -261,8 +263,6 @@ def tcp_sockets() -> dict[str, tuple[tuple[str, int], tuple[str, int], str]] | N
             for line in table.read_text().splitlines()[1:]
         ]
     except OSError:
-        return None
-    if not lines and not tables[0].exists():
         return None
     for line in lines:
         fields = line.split()
