@@ -1,7 +1,9 @@
-"""A connection pool that its user closes under a call, at a chosen moment."""
+"""Connections that misbehave on cue: a pool that its user closes under a call, at a chosen
+moment (`ClosedByItsUser`); a connection slow to connect (`SlowToConnect`)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import redis.asyncio
@@ -35,3 +37,16 @@ class ClosedByItsUser(redis.asyncio.ConnectionPool):
         """How many of its connections are connected."""
         every = [*self._available_connections, *self._in_use_connections]
         return sum(1 for connection in every if connection.is_connected)
+
+
+class SlowToConnect(redis.asyncio.Connection):
+    """A connection that takes `delay` seconds more to connect (a loaded machine, a server
+    far away): a call on a new one reaches its server that much later. For a client of
+    its own: `redis.asyncio.Redis.from_url(url, connection_class=SlowToConnect)`."""
+
+    delay = 0.5
+
+    async def connect(self, *args: Any, **kwargs: Any) -> None:
+        if not self.is_connected:
+            await asyncio.sleep(self.delay)
+        await super().connect(*args, **kwargs)  # type: ignore[no-untyped-call]

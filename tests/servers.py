@@ -1,14 +1,26 @@
 """The test suite's servers are the public helpers of `aiolock.testing`; a Redlock's nodes are
-several of them, with a client each."""
+several of them, with a client each; `quorum_calls_ended` waits for the calls a Redlock left
+to its slower nodes."""
 
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 
 import redis.asyncio
 
+from aiolock._quorum import Quorum, QuorumBackend
+from aiolock._runtime import _runtimes
 from aiolock.testing import RedisServer, ServerBinary, find_binaries
 
-__all__ = ("RedisServer", "ServerBinary", "clients_of", "find_binaries", "independent_servers")
+from .waits import eventually
+
+__all__ = (
+    "RedisServer",
+    "ServerBinary",
+    "clients_of",
+    "find_binaries",
+    "independent_servers",
+    "quorum_calls_ended",
+)
 
 
 @contextlib.contextmanager
@@ -33,3 +45,18 @@ async def clients_of(servers: list[RedisServer]) -> AsyncIterator[list[redis.asy
     finally:
         for client in clients:
             await client.aclose()
+
+
+async def quorum_calls_ended(clients: list[redis.asyncio.Redis]) -> None:
+    """Wait for the calls a quorum decided without (a slow node's, a late one's) to end:
+    each ends within its node timeout. Until then such a call may still reach its node,
+    or reach it again: after a restart, on the new, empty server."""
+    backends = [
+        runtime.backend
+        for owner, runtime in list(_runtimes.items())
+        if isinstance(owner, Quorum) and any(owner.uses(client) for client in clients)
+    ]
+    await eventually(
+        lambda: not any(isinstance(b, QuorumBackend) and b._background for b in backends),
+        what="the calls left to the slower nodes ended",
+    )

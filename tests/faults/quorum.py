@@ -122,9 +122,10 @@ class ServerGroup:
         self._clients += made
         return made
 
-    def client(self, index: int, *, direct: bool = True) -> redis.asyncio.Redis:
+    def client(self, index: int, *, direct: bool = True, **kwargs: Any) -> redis.asyncio.Redis:
         """A new client of node `index` (the server itself by default), closed with the group."""
-        made = redis.asyncio.Redis.from_url(self.servers[index].url if direct else self.url(index))
+        url = self.servers[index].url if direct else self.url(index)
+        made = redis.asyncio.Redis.from_url(url, **kwargs)
         self._clients.append(made)
         return made
 

@@ -24,8 +24,8 @@ import aiolock
 from aiolock import EventKind, Lease, LeaseLostError, LockEvent, LossReason, QuorumError, Redlock
 
 from ..load import scaled
-from ..pools import ClosedByItsUser
-from ..servers import ServerBinary
+from ..pools import ClosedByItsUser, SlowToConnect
+from ..servers import ServerBinary, quorum_calls_ended
 from ..waits import eventually, within
 from .quorum import ServerGroup
 
@@ -252,8 +252,10 @@ async def test_nodes_restarted_empty_one_at_a_time_get_the_key_back(
     wait for the key times out; without that wait, the contender gets in after the third
     restart)."""
     ttl = scaled(1.0)
-    lock = Redlock(five.clients(), name, ttl=ttl)
+    nodes = five.clients()
+    lock = Redlock(nodes, name, ttl=ttl)
     async with lock as lease:
+        await quorum_calls_ended(nodes)  # (the calls to the nodes beyond the quorum landed)
         assert await holders(five, name) == [lease.token] * 5
         for index in (0, 1, 2):
             await five.restart_empty(index)
@@ -285,15 +287,25 @@ async def test_a_majority_restarted_empty_at_once_lets_a_second_holder_in(
     and its body is cancelled. The cure is operational: restart a node only after the
     longest ttl (docs/fencing.md).
 
-    Break seen failing: the per-node counter without its clock floor (the second holder's
-    token is below the first's)."""
+    Breaks seen failing: the per-node counter without its clock floor (the second holder's
+    token is below the first's); the restarts before the call left to node 0 ended (it
+    lands on the new, empty node 0: the contender gets no quorum, or the first holder's
+    extend finds that node's call still unanswered and cannot tell it lost the lease)."""
     ttl = 30.0  # no renewal between the restarts and the contender (ttl/3 away)
-    first = Redlock(five.clients(), name, ttl=ttl)
+    # The first holder's connection to node 0 is slow to open: its acquire reaches node 0
+    # after the quorum of the four others decided (as a loaded machine may have it).
+    nodes = [five.client(0, connection_class=SlowToConnect), *five.clients()[1:]]
+    first = Redlock(nodes, name, ttl=ttl)
     second = Redlock(five.clients(), name, ttl=ttl)
     other: Lease | None = None
     loop = asyncio.get_running_loop()
     with pytest.raises(LeaseLostError) as info:
         async with first as lease:
+            # The acquire's call to node 0 is still on its way: written after the restart,
+            # to the new empty server, it would grant the first holder there (a late copy
+            # of a held lease's acquire is granted) and leave the contender short of a
+            # quorum. The restarts come after the calls the quorum decided without.
+            await quorum_calls_ended(nodes)
             # Tries until the first holder's renewal (ttl/3 after its acquire) is near: a
             # try is bounded by 1 s, and on a loaded machine the empty nodes' first answers
             # (a new connection, the script sent again) may miss it; the next try is given

@@ -32,11 +32,17 @@ from aiolock._info import text
 from aiolock._layout import LockKeys
 from aiolock._quorum import Quorum, QuorumBackend
 from aiolock._redlock_scripts import RL_ACQUIRE, RL_RELEASE
-from aiolock._runtime import _runtimes, runtime_for
+from aiolock._runtime import runtime_for
 
 from ..load import scaled
 from ..recorded import dispatched_in
-from ..servers import RedisServer, ServerBinary, clients_of, independent_servers
+from ..servers import (
+    RedisServer,
+    ServerBinary,
+    clients_of,
+    independent_servers,
+    quorum_calls_ended,
+)
 from ..waits import eventually, until_cancelled, within
 
 NODES = 5
@@ -57,20 +63,6 @@ async def nodes(servers: list[RedisServer]) -> AsyncIterator[list[redis.asyncio.
             yield clients
         finally:
             await quorum_calls_ended(clients)
-
-
-async def quorum_calls_ended(clients: list[redis.asyncio.Redis]) -> None:
-    """Wait for the calls a quorum decided without (a slow node's, a late one's) to end:
-    each ends within its node timeout."""
-    backends = [
-        runtime.backend
-        for owner, runtime in list(_runtimes.items())
-        if isinstance(owner, Quorum) and any(owner.uses(client) for client in clients)
-    ]
-    await eventually(
-        lambda: not any(isinstance(b, QuorumBackend) and b._background for b in backends),
-        what="the calls left to the slower nodes ended",
-    )
 
 
 def key_of(name: str) -> str:
