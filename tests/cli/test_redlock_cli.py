@@ -11,7 +11,13 @@ import redis.asyncio
 
 from aiolock import LossReason, Redlock
 
-from ..servers import RedisServer, ServerBinary, clients_of, independent_servers
+from ..servers import (
+    RedisServer,
+    ServerBinary,
+    clients_of,
+    independent_servers,
+    quorum_calls_ended,
+)
 from ..waits import within
 from .conftest import Run, closed_port
 
@@ -44,6 +50,7 @@ async def test_show_reads_every_node_and_the_quorums_holder(
     free = await arun("show", name, *node_args(three), "--json")
     assert free.code == 1 and free.json()["holder"] is None
     lease = await Redlock(clients, name, ttl=30).acquire()
+    await quorum_calls_ended(clients)  # (the third node's acquire landed too)
     shown = await arun("show", name, *node_args(three), "--json")
     assert shown.code == 0, shown.err
     data = shown.json()
@@ -78,6 +85,7 @@ async def test_release_force_evicts_the_holder_on_every_node(
 ) -> None:
     name = f"{tag}:release"
     lease = await Redlock(clients, name, ttl=30, renew_interval=0.2).acquire()
+    await quorum_calls_ended(clients)  # (the third node's acquire landed too)
     done = await arun("release", name, "--force", "--yes", *node_args(three), "--json")
     assert done.code == 0, done.err
     assert done.json()["holder"]["fencing_token"] == lease.fencing_token
