@@ -33,7 +33,7 @@ from typing import Any, Self
 
 import redis.asyncio
 
-from ..servers import RedisServer, ServerBinary
+from ..servers import RedisServer, ServerBinary, quorum_calls_ended
 from .proxy import FaultProxy
 
 __all__ = ("ServerGroup",)
@@ -86,17 +86,22 @@ class ServerGroup:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the group's clients and proxies, stop every server (each step bounded by
-        its own helper: a client's close, a proxy's `aclose`, a server's `stop`)."""
+        """Wait for the calls a Redlock left to its slower nodes (each ends within its node
+        timeout), then close the group's clients and proxies and stop every server (each
+        step bounded by its own helper: a client's close, a proxy's `aclose`, a server's
+        `stop`)."""
         clients, self._clients = self._clients, []
-        for client in clients:
-            with contextlib.suppress(Exception):
-                await client.aclose()
-        proxies, self.proxies = list(self.proxies.values()), {}
-        for proxy in proxies:
-            await proxy.aclose()
-        for server in self.servers:
-            server.stop()
+        try:
+            await quorum_calls_ended(clients)
+        finally:
+            for client in clients:
+                with contextlib.suppress(Exception):
+                    await client.aclose()
+            proxies, self.proxies = list(self.proxies.values()), {}
+            for proxy in proxies:
+                await proxy.aclose()
+            for server in self.servers:
+                server.stop()
 
     # ------------------------------------------------------------------ addresses, clients
     def url(self, index: int) -> str:
