@@ -321,16 +321,35 @@ def _verify_rw(sections: list[Section]) -> Verdict:
                     Violation("duplicate token", seen[section.token], section)
                 )
             seen.setdefault(section.token, section)
-        writers = [s for s in history if s.slot == 1]
-        for writer in writers:
-            for other in history:
-                if other is writer or other.lost or writer.lost:
-                    continue
-                if other.enter < writer.enter and other.token > writer.token:
-                    verdict.violations.append(Violation("token order", other, writer))
-                elif other.enter > writer.enter and other.token < writer.token:
-                    verdict.violations.append(Violation("token order", writer, other))
+        _check_writers_order(history, verdict)
     return verdict
+
+
+def _check_writers_order(history: list[Section], verdict: Verdict) -> None:
+    """A writer's token is above those of the sections entered before it and below those
+    entered after it (lost ones aside). `history` is sorted by entry. One pass: each
+    section is compared with the highest token entered strictly before it, among the
+    writers (a reader), or among all (a writer); at most one violation per section, named
+    with the earlier section of that highest token."""
+    top_writer: Section | None = None  # the highest token of a writer entered earlier
+    top_any: Section | None = None  # the highest token of any section entered earlier
+    kept = [s for s in history if not s.lost]
+    start = 0
+    while start < len(kept):
+        end = start
+        while end < len(kept) and kept[end].enter == kept[start].enter:
+            end += 1
+        tied = kept[start:end]  # entered at the same moment: neither is before the other
+        for section in tied:
+            earlier = top_any if section.slot == 1 else top_writer
+            if earlier is not None and earlier.token > section.token:
+                verdict.violations.append(Violation("token order", earlier, section))
+        for section in tied:
+            if top_any is None or section.token > top_any.token:
+                top_any = section
+            if section.slot == 1 and (top_writer is None or section.token > top_writer.token):
+                top_writer = section
+        start = end
 
 
 def _check_limit(history: list[Section], limit: int, verdict: Verdict) -> None:

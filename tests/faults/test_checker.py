@@ -466,3 +466,20 @@ def test_the_upgrade_check_counts_hand_offs_and_waits_from_the_history() -> None
     assert old.waits == [1.0, pytest.approx(2.1), 1.0]  # start, between, until the end
     assert new.waits == [2.5, 0.0, 2.0]
     assert (old.sections, new.sections, old.tasks_seen, old.tasks) == (2, 2, 1, 1)
+
+
+def test_a_long_runs_read_write_history_is_checked_in_one_pass() -> None:
+    """A long run records hundreds of thousands of sections per name: each is compared with
+    the highest token entered before it (among the writers, or among all for a writer),
+    not every writer with every other section (a 180 s run's check, comparing every pair,
+    had not ended after 10 minutes). 100,000 sections, every other a writer, then one
+    reader entered after them with a lower token: one violation, against the last writer.
+
+    Break seen failing: the pairwise check (pytest-timeout's bound, 60 s)."""
+    history = [section(2 * i, 2 * i + 1, 10 + i, slot=i % 2) for i in range(100_000)]
+    assert not verify(history, rw=True).violations
+    history.append(section(2 * 100_000, 2 * 100_000 + 1, 5, slot=0))
+    verdict = verify(history, rw=True)
+    assert [(v.kind, v.earlier.token, v.later.token) for v in verdict.violations] == [
+        ("token order", 10 + 99_999, 5)
+    ]
