@@ -7,6 +7,7 @@ python -m tests.checker --seconds 10 --faults      # its own server, paused and 
 python -m tests.checker --old-python OLD/venv/bin/python --old-tree OLD --old-processes 2
 python -m tests.checker --seconds 60 --cluster --faults   # a 3+3 Redis Cluster of its own
 python -m tests.checker --redlock 5 --faults --minutes 10 --fault-every 5   # a Redlock
+python -m tests.checker --names 4 --multi 2 --seconds 60 --faults   # MultiLocks of 2 names
 ```
 
 With `--cluster` the workers use a `RedisCluster` client on a cluster the checker builds
@@ -30,6 +31,12 @@ replies of the two proxied nodes
 delayed by 30 % of the ttl (longer than the default per-node bound of a tenth of it) for
 twice the ttl. The nodes are picked at random (`--seed`). The sweep of check 3 reads every
 node.
+
+With `--multi K` each section holds K of the names at once, picked at random and listed in
+a random order, through `aiolock.MultiLock` (the names are taken in one canonical order, so
+no two tasks wait for each other in a circle): it is recorded as one section per name, with
+that name's fencing token, and a loss marks only the name whose lease was lost. Each name's
+history is then checked as a lock's.
 
 Without `--url` the checker starts a throwaway server of its own (`aiolock.testing`), and
 only then may it inject faults (`--faults`): SIGSTOP the server briefly, restart it empty.
@@ -110,6 +117,7 @@ DEFAULT_LOCK = "aiolock:Lock"
 DEFAULT_SEMAPHORE = "aiolock:Semaphore"
 DEFAULT_RWLOCK = "aiolock:ReadWriteLock"
 DEFAULT_REDLOCK = "aiolock:Redlock"
+DEFAULT_MULTILOCK = "aiolock:MultiLock"
 REDLOCK_PROXIED = (0, 1)
 """The nodes of a `--redlock` run reached through a fault proxy (whose replies are delayed)."""
 WRITE_SHARE = 0.25
@@ -509,8 +517,25 @@ class CheckerConfig:
     redlock: int = 0
     """A Redlock over this many servers the checker starts (by default then the factory is
     `aiolock:Redlock`, called with the list of a client per node); 0: one server."""
+    multi: int = 0
+    """Each section holds this many of the names at once (by default then the factory is
+    `aiolock:MultiLock`, called with the list of names); 0: one name."""
 
     def __post_init__(self) -> None:
+        if self.multi:
+            if (
+                not 1 <= self.multi <= self.names
+                or self.limit
+                or self.rw
+                or self.redlock
+                or self.old_processes
+            ):
+                raise ValueError(
+                    f"multi: 1 to {self.names} names (the run's), of locks (no limit, rw, "
+                    "redlock or old processes)"
+                )
+            if self.lock == DEFAULT_LOCK:
+                object.__setattr__(self, "lock", DEFAULT_MULTILOCK)
         if self.redlock:
             if self.redlock < 1 or self.limit or self.rw or self.cluster or self.old_processes:
                 raise ValueError("redlock: N >= 1 servers, a lock (no limit, rw, cluster)")
@@ -587,6 +612,7 @@ class Report:
                 f"{c.names} names ({'semaphore' if c.limit else 'read-write lock' if c.rw else 'lock'} "
                 f"{c.lock}"
                 f"{f', limit {c.limit}' if c.limit else ''}"
+                f"{f', {c.multi} names at once' if c.multi else ''}"
                 f"{f' over {c.redlock} servers' if c.redlock else ''}, ttl {c.ttl:g}s, "
                 f"seed {c.seed}); "
                 f"{self.elapsed:.1f}s in all"
@@ -676,26 +702,34 @@ async def _contend(
     counters: Counter[str],
     limit: int = 0,
     rw: bool = False,
+    multi: int = 0,
 ) -> None:
-    """One task: take a random lock, hold it a little, record the section; until `end_at`."""
+    """One task: take a random lock (or `multi` random names at once), hold it a little,
+    record the section (one per name); until `end_at`."""
     extra = {"limit": limit} if limit else {}
     while (now := time.monotonic()) < end_at:
         name = rng.choice(names)
+        held = rng.sample(list(names), multi) if multi else [name]
         enter: float | None = None
         exit_ = 0.0
         token = 0
+        tokens: dict[str, int] = {}
         slot = -1
         lost = False
+        lost_name = ""
         reason = ""
         try:
             timeout = min(5.0, end_at - now)
-            made: Any = factory(client, name, ttl=ttl, timeout=timeout, **extra)
+            made: Any = factory(client, held if multi else name, ttl=ttl, timeout=timeout, **extra)
             writing = rw and rng.random() < WRITE_SHARE
             if rw:
                 made = made.write() if writing else made.read()
             async with made as lease:
                 enter = time.monotonic()
-                token = int(lease.fencing_token)
+                if multi:
+                    tokens = {str(n): int(t) for n, t in lease.fencing_tokens.items()}
+                else:
+                    token = int(lease.fencing_token)
                 slot = -1 if getattr(lease, "slot", None) is None else int(lease.slot)
                 if rw:
                     slot = int(writing)
@@ -705,6 +739,7 @@ async def _contend(
                     exit_ = time.monotonic()  # also when the loss cancels the body
         except LeaseLostError as error:
             lost = True
+            lost_name = error.name
             reason = error.reason.value
             counters["lost"] += 1
         except AcquireTimeoutError:
@@ -719,8 +754,12 @@ async def _contend(
         if enter is None:
             continue  # lost before the body began: no critical section
         counters["sections"] += 1
-        section = Section(name, token, enter, exit_, lost, worker, reason, slot)
-        out.write(section.to_json() + "\n")
+        for each in held:
+            lost_here = lost and (not multi or each == lost_name)
+            section = Section(
+                each, tokens.get(each, token), enter, exit_, lost_here, worker, reason, slot
+            )
+            out.write(section.to_json() + "\n")
         out.flush()
 
 
@@ -759,6 +798,7 @@ async def _worker(args: argparse.Namespace) -> None:
                             counters=counters,
                             limit=int(getattr(args, "limit", 0) or 0),
                             rw=bool(getattr(args, "rw", False)),
+                            multi=int(getattr(args, "multi", 0) or 0),
                         )
                     )
     finally:
@@ -905,6 +945,7 @@ async def _spawn(
         config.lock,
         *(("--limit", str(config.limit)) if config.limit else ()),
         *(("--rw",) if config.rw else ()),
+        *(("--multi", str(config.multi)) if config.multi else ()),
         *(("--cluster",) if config.cluster else ()),
         "--out",
         str(out),
@@ -1167,6 +1208,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"check a read-write lock ({DEFAULT_RWLOCK} unless --lock says)",
     )
     parser.add_argument(
+        "--multi",
+        type=int,
+        default=0,
+        metavar="K",
+        help=f"each section holds K of the names at once ({DEFAULT_MULTILOCK} unless --lock says)",
+    )
+    parser.add_argument(
         "--cluster",
         action="store_true",
         help="on a Redis Cluster of the checker's own (3 primaries, 3 replicas)",
@@ -1240,6 +1288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lock=args.lock,
         limit=args.limit,
         rw=args.rw,
+        multi=args.multi,
         seed=int(args.seed),
         old_processes=args.old_processes,
         old_python=args.old_python,
