@@ -174,21 +174,25 @@ async def test_the_timeout_covers_the_whole_acquisition(
     clients: list[redis.asyncio.Redis], name: str
 ) -> None:
     """The first name is free only near the end of the timeout, the second never: the
-    acquire gives up at the timeout, not a timeout later."""
+    acquire gives up at the timeout, not a timeout later, and says how long it waited (at
+    least the timeout, at most what the caller saw: a loaded machine may hold the process
+    between the two clocks' readings, so no closer bound is asserted)."""
     a, b = named(name, "a", "b")
     timeout = scaled(1.0)
     first = await Lock(clients[1], a, ttl=30).acquire()
     second = await Lock(clients[2], b, ttl=30).acquire()
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    loop.call_later(0.8 * timeout, lambda: asyncio.ensure_future(first.release()))
-    with pytest.raises(AcquireTimeoutError) as caught:
-        await MultiLock(clients[0], [a, b], ttl=10, timeout=timeout).acquire()
-    elapsed = loop.time() - started
-    assert caught.value.name == b and caught.value.timeout == timeout
-    assert timeout <= elapsed < 1.5 * timeout, elapsed
-    assert caught.value.waited == pytest.approx(elapsed, abs=0.1)
-    await second.release()
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        loop.call_later(0.8 * timeout, lambda: asyncio.ensure_future(first.release()))
+        with pytest.raises(AcquireTimeoutError) as caught:
+            await MultiLock(clients[0], [a, b], ttl=10, timeout=timeout).acquire()
+        elapsed = loop.time() - started
+        assert caught.value.name == b and caught.value.timeout == timeout
+        assert timeout <= elapsed < 1.5 * timeout, elapsed
+        assert timeout - 0.01 <= caught.value.waited <= elapsed, (caught.value.waited, elapsed)
+    finally:
+        await second.release()
     await nothing_left(clients[0], [a, b], "after the timeout")
 
 
