@@ -8,6 +8,7 @@ python -m tests.checker --old-python OLD/venv/bin/python --old-tree OLD --old-pr
 python -m tests.checker --seconds 60 --cluster --faults   # a 3+3 Redis Cluster of its own
 python -m tests.checker --redlock 5 --faults --minutes 10 --fault-every 5   # a Redlock
 python -m tests.checker --names 4 --multi 2 --seconds 60 --faults   # MultiLocks of 2 names
+python -m tests.checker --sentinel --seconds 60 --faults   # a master, a replica, 3 Sentinels
 ```
 
 With `--cluster` the workers use a `RedisCluster` client on a cluster the checker builds
@@ -31,6 +32,14 @@ replies of the two proxied nodes
 delayed by 30 % of the ttl (longer than the default per-node bound of a tenth of it) for
 twice the ttl. The nodes are picked at random (`--seed`). The sweep of check 3 reads every
 node.
+
+With `--sentinel` the workers reach a master and its replica through three Sentinels of
+the checker's own (`tests/faults/sentinel.py`), with `Sentinel.master_for` clients, and lock
+with `replicas=1` (an acquire is confirmed once the replica has it), so that a failover
+keeps every lease granted. The faults, in turn: a pause of the master shorter than the
+Sentinels' down-after time, a coordinated failover (`SENTINEL FAILOVER`), and a kill of the
+master, whose replica the Sentinels promote, the killed server then started again, empty,
+to become the new master's replica. The sweep of check 3 reads the master of the end.
 
 With `--multi K` each section holds K of the names at once, picked at random and listed in
 a random order, through `aiolock.MultiLock` (the names are taken in one canonical order, so
@@ -94,10 +103,12 @@ from typing import Any, Literal
 
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.sentinel import Sentinel
 
 from aiolock import AcquireTimeoutError, BackendError, LeaseLostError, Lock
 from tests.faults.cluster import ClusterGroup
 from tests.faults.quorum import ServerGroup
+from tests.faults.sentinel import SERVICE, SentinelGroup
 
 __all__ = (
     "CheckerConfig",
@@ -118,6 +129,7 @@ DEFAULT_SEMAPHORE = "aiolock:Semaphore"
 DEFAULT_RWLOCK = "aiolock:ReadWriteLock"
 DEFAULT_REDLOCK = "aiolock:Redlock"
 DEFAULT_MULTILOCK = "aiolock:MultiLock"
+DEFAULT_SENTINEL_LOCK = "tests.checker:replicated_lock"
 REDLOCK_PROXIED = (0, 1)
 """The nodes of a `--redlock` run reached through a fault proxy (whose replies are delayed)."""
 WRITE_SHARE = 0.25
@@ -378,7 +390,11 @@ def _check_limit(history: list[Section], limit: int, verdict: Verdict) -> None:
 
 
 # =========================================================================== configuration
-FaultKind = Literal["pause", "restart", "failover", "reshard", "slow-reshard", "kill", "delay"]
+FaultKind = Literal[
+    "pause", "restart", "failover", "reshard", "slow-reshard", "kill", "delay", "kill-master"
+]
+SENTINEL_FAULTS: tuple[FaultKind, ...] = ("pause", "failover", "kill-master")
+"""The faults of a `--sentinel` run, in turn (on the master of the moment)."""
 REDLOCK_FAULTS: tuple[FaultKind, ...] = ("pause", "kill", "restart", "delay")
 """The faults of a `--redlock` run (each on a minority of the nodes)."""
 
@@ -390,6 +406,10 @@ class Fault:
     Of a Redlock's servers (one picked at random, or the two proxied ones): "pause" one for
     `length` s, "kill" one and start it again (empty) `length` s later, "restart" one empty
     at once, "delay" the replies of the two proxied ones by `amount` s for `length` s.
+
+    Of a Sentinel deployment's master: "pause" it, "failover" (`SENTINEL FAILOVER`),
+    "kill-master" (the Sentinels promote its replica; it is started again, empty, as the
+    new master's replica).
     """
 
     at: float
@@ -408,6 +428,8 @@ class Fault:
             return f"kill, restart empty {self.length:g}s later at {self.at:g}s"
         if self.kind == "delay":
             return f"replies delayed {self.amount:g}s for {self.length:g}s at {self.at:g}s"
+        if self.kind == "kill-master":
+            return f"master killed, replica promoted at {self.at:g}s"
         return f"{self.kind} at {self.at:g}s"
 
 
@@ -435,16 +457,22 @@ def periodic_faults(
     every: float = 5.0,
     cluster: bool = False,
     redlock: bool = False,
+    sentinel: bool = False,
 ) -> list[Fault]:
     """A pause of 30 % of the ttl and an empty restart, alternately, every `every` seconds;
     on a cluster a pause, a failover, a resharding and a resharding held open for
     SLOW_RESHARD seconds in turn; of a Redlock's servers (`redlock`), a pause of twice the
     ttl, a kill with a restart 1.5 ttl later, an empty restart and reply delays of 30 % of
-    the ttl for twice the ttl, in turn (see the module docstring)."""
+    the ttl for twice the ttl, in turn; of a Sentinel deployment's master (`sentinel`), a
+    pause, a failover and a kill, in turn (see the module docstring)."""
     if redlock:
         return _redlock_faults(duration, ttl, every)
     kinds: list[FaultKind] = (
-        ["pause", "failover", "reshard", "slow-reshard"] if cluster else ["pause", "restart"]
+        ["pause", "failover", "reshard", "slow-reshard"]
+        if cluster
+        else list(SENTINEL_FAULTS)
+        if sentinel
+        else ["pause", "restart"]
     )
     faults: list[Fault] = []
     at = min(2.0, duration / 4)
@@ -520,8 +548,27 @@ class CheckerConfig:
     multi: int = 0
     """Each section holds this many of the names at once (by default then the factory is
     `aiolock:MultiLock`, called with the list of names); 0: one name."""
+    sentinel: bool = False
+    """Through Sentinels, on a master and its replica the checker starts (by default then
+    the factory is `replicated_lock`: a `Lock` with `replicas=1`)."""
 
     def __post_init__(self) -> None:
+        if self.sentinel:
+            if (
+                self.cluster
+                or self.redlock
+                or self.url is not None
+                or self.old_processes
+                or self.limit
+                or self.rw
+                or self.multi
+            ):
+                raise ValueError(
+                    "sentinel: the checker starts the deployment (no url), of locks (no "
+                    "cluster, redlock, old processes, limit, rw or multi)"
+                )
+            if self.lock == DEFAULT_LOCK:
+                object.__setattr__(self, "lock", DEFAULT_SENTINEL_LOCK)
         if self.multi:
             if (
                 not 1 <= self.multi <= self.names
@@ -547,6 +594,8 @@ class CheckerConfig:
                 raise ValueError("redlock: delays on two nodes need at least three")
         elif any(f.kind in ("kill", "delay") for f in self.faults):
             raise ValueError("kill and delay faults are for a Redlock's servers (redlock=N)")
+        if not self.sentinel and any(f.kind == "kill-master" for f in self.faults):
+            raise ValueError("kill-master faults are for a Sentinel deployment (sentinel=True)")
         if self.limit and self.lock == DEFAULT_LOCK:
             object.__setattr__(self, "lock", DEFAULT_SEMAPHORE)
         if self.rw and self.lock == DEFAULT_LOCK:
@@ -613,7 +662,8 @@ class Report:
                 f"{c.lock}"
                 f"{f', limit {c.limit}' if c.limit else ''}"
                 f"{f', {c.multi} names at once' if c.multi else ''}"
-                f"{f' over {c.redlock} servers' if c.redlock else ''}, ttl {c.ttl:g}s, "
+                f"{f' over {c.redlock} servers' if c.redlock else ''}"
+                f"{' through Sentinels' if c.sentinel else ''}, ttl {c.ttl:g}s, "
                 f"seed {c.seed}); "
                 f"{self.elapsed:.1f}s in all"
             ),
@@ -680,6 +730,12 @@ def lock_without_handoff_renewal(client: Any, name: str, **options: Any) -> Lock
     `renew_on_handoff=False` (a lease handed over by another process starts its block
     without first renewing it to the full ttl)."""
     return Lock(client, name, renew_on_handoff=False, **options)
+
+
+def replicated_lock(client: Any, name: str, **options: Any) -> Lock:
+    """`--sentinel`'s default factory: a `Lock` with `replicas=1` (each acquire and renewal
+    confirmed by the replica, which a failover promotes)."""
+    return Lock(client, name, replicas=1, **options)
 
 
 def load_factory(spec: str) -> LockFactory:
@@ -773,9 +829,16 @@ async def _worker(args: argparse.Namespace) -> None:
     nodes: list[redis.asyncio.Redis] = [
         redis.asyncio.Redis.from_url(url) for url in (args.urls or "").split(",") if url
     ]
+    sentinel = (
+        Sentinel([("127.0.0.1", int(port)) for port in args.sentinels.split(",")])  # type: ignore[no-untyped-call]
+        if getattr(args, "sentinels", None)
+        else None
+    )
     client: Any = (
         nodes
         if nodes
+        else sentinel.master_for(SERVICE)
+        if sentinel is not None
         else RedisCluster.from_url(args.url)
         if args.cluster
         else redis.asyncio.Redis.from_url(args.url)
@@ -803,6 +866,8 @@ async def _worker(args: argparse.Namespace) -> None:
                     )
     finally:
         for each in nodes or [client]:
+            await each.aclose()
+        for each in sentinel.sentinels if sentinel is not None else []:
             await each.aclose()
     _say(json.dumps({"event": "done", "counters": dict(counters)}))
 
@@ -844,6 +909,9 @@ async def _nemesis(
             assert rng is not None
             done = await server.inject(fault.kind, rng.choice(list(names)), fault.length)
             log.append(f"{fault} ({done})")
+            continue
+        if isinstance(server, SentinelGroup):
+            log.append(f"{fault} ({await _sentinel_fault(server, fault)})")
             continue
         if isinstance(server, ServerGroup):
             assert rng is not None
@@ -899,6 +967,33 @@ async def _group_fault(group: ServerGroup, fault: Fault, rng: random.Random) -> 
             proxy.arrivals.clear()  # a long run would keep every request otherwise
 
 
+async def _sentinel_fault(group: SentinelGroup, fault: Fault) -> str:
+    """Inject `fault` into the master of the moment, and undo it before returning: where it
+    was done."""
+    master = group.by_port(await group.master_port())
+    if fault.kind == "pause":
+        master.pause()
+        try:
+            await asyncio.sleep(fault.length)
+        finally:
+            master.resume()
+        return f"master on {master.port}"
+    if fault.kind == "failover":
+        new = await group.failover()
+        return f"from {master.port} to {new.port}"
+    if fault.kind == "kill-master":
+        (replica,) = [server for server in group.data_servers if server is not master]
+        master.kill()
+        try:
+            await group.wait_for_master(replica.port)
+        finally:
+            await asyncio.to_thread(master.start)
+        await group.wait_for_role(master, "slave")
+        await group.replicated()
+        return f"{master.port} killed, {replica.port} promoted"
+    raise ValueError(f"{fault.kind} is not a fault of a Sentinel deployment")
+
+
 def _worker_command(config: CheckerConfig, index: int) -> tuple[str, Path, dict[str, str]]:
     """The interpreter, working directory and environment of worker `index`."""
     env = dict(os.environ)
@@ -918,7 +1013,13 @@ def _worker_command(config: CheckerConfig, index: int) -> tuple[str, Path, dict[
 
 
 async def _spawn(
-    config: CheckerConfig, urls: Sequence[str], names: Sequence[str], index: int, directory: Path
+    config: CheckerConfig,
+    urls: Sequence[str],
+    names: Sequence[str],
+    index: int,
+    directory: Path,
+    *,
+    sentinels: Sequence[int] = (),
 ) -> tuple[asyncio.subprocess.Process, Path, Any]:
     out = directory / f"worker-{index}.jsonl"
     stderr = _open_log(directory / f"worker-{index}.stderr", "wb")  # closed by run()
@@ -947,6 +1048,7 @@ async def _spawn(
         *(("--rw",) if config.rw else ()),
         *(("--multi", str(config.multi)) if config.multi else ()),
         *(("--cluster",) if config.cluster else ()),
+        *(("--sentinels", ",".join(map(str, sentinels))) if sentinels else ()),
         "--out",
         str(out),
         cwd=cwd,
@@ -969,12 +1071,14 @@ async def run(config: CheckerConfig, *, server: Any = None) -> Report:
     """Run the workload and verify it. `server` (an `aiolock.testing.RedisServer`) is needed
     to inject faults; without it and without `config.url`, the checker starts its own."""
     own_server: Any = None
-    if config.cluster and server is None:
+    if (config.cluster or config.sentinel) and server is None:
         from aiolock.testing import find_binaries
 
-        own_server = server = ClusterGroup(find_binaries()[0]).__enter__()
+        binary = find_binaries()[0]
+        deployment = ClusterGroup(binary) if config.cluster else SentinelGroup(binary)
+        own_server = server = deployment.__enter__()
         try:
-            await server.create()
+            await (server.create() if config.cluster else server.ready())
         except BaseException:
             server.stop()
             raise
@@ -996,7 +1100,12 @@ async def run(config: CheckerConfig, *, server: Any = None) -> Report:
     nodes: list[str] = []
     url: str | None
     urls: list[str]
-    if isinstance(server, ClusterGroup):
+    sentinels: list[int] = []
+    if isinstance(server, SentinelGroup):
+        url = f"redis://127.0.0.1:{await server.master_port()}/0"
+        sentinels = [s.port for s in server.sentinels]
+        urls = [url]
+    elif isinstance(server, ClusterGroup):
         url = f"redis://127.0.0.1:{server.servers[0].port}/0"
         ports = [s.port for s in server.servers]
         urls = [url]
@@ -1025,7 +1134,8 @@ async def run(config: CheckerConfig, *, server: Any = None) -> Report:
         directory = Path(tmp)
         try:
             workers = [
-                await _spawn(config, urls, names, i, directory) for i in range(config.processes)
+                await _spawn(config, urls, names, i, directory, sentinels=sentinels)
+                for i in range(config.processes)
             ]
             for process, _, _ in workers:
                 ready = await _line(process, 60)
@@ -1084,6 +1194,8 @@ async def run(config: CheckerConfig, *, server: Any = None) -> Report:
                 # (a node's call is bounded by a tenth of the ttl; a moment more to enter)
                 written=config.ttl / 10 + 0.05,
             )
+            if isinstance(server, SentinelGroup):  # the master of the end
+                url = f"redis://127.0.0.1:{await server.master_port()}/0"
             held, leaked = await _sweep(url, names, config.ttl, ports, nodes=nodes)
         finally:
             for process, _, stderr in workers:
@@ -1208,6 +1320,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"check a read-write lock ({DEFAULT_RWLOCK} unless --lock says)",
     )
     parser.add_argument(
+        "--sentinel",
+        action="store_true",
+        help="through 3 Sentinels of the checker's own, on a master and its replica",
+    )
+    parser.add_argument(
         "--multi",
         type=int,
         default=0,
@@ -1244,6 +1361,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--urls", help=argparse.SUPPRESS)
+    parser.add_argument("--sentinels", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -1257,6 +1375,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.redlock and args.url:
         sys.stderr.write("--redlock starts servers of the checker's own: leave out --url\n")
+        return 2
+    if args.sentinel and args.url:
+        sys.stderr.write("--sentinel starts servers of the checker's own: leave out --url\n")
         return 2
     if args.faults and args.url:
         sys.stderr.write("--faults needs a server of the checker's own: leave out --url\n")
@@ -1279,11 +1400,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 every=args.fault_every,
                 cluster=args.cluster,
                 redlock=bool(args.redlock),
+                sentinel=args.sentinel,
             )
         )
         if args.faults
         else (),
         cluster=args.cluster,
+        sentinel=args.sentinel,
         redlock=args.redlock,
         lock=args.lock,
         limit=args.limit,

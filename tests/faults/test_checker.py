@@ -34,6 +34,7 @@ from ..checker import (
 from ..servers import RedisServer, ServerBinary
 from ..upgrade import analyse
 from .cluster import ClusterGroup
+from .sentinel import SentinelGroup
 
 pytestmark = pytest.mark.real_only
 
@@ -151,6 +152,17 @@ def test_the_report_counts_faults_by_kind_with_their_first_and_last_time() -> No
 
 
 # --------------------------------------------------------------------------- a run under faults
+def found_nothing(report: Report, faults: list[str]) -> str:
+    """The summary of a run that found no violation, injected `faults` (each as logged, up
+    to what it says of where it was done), checked enough sections and left nothing held."""
+    summary = report.summary()
+    assert report.ok, summary
+    assert [fault.split(" (")[0] for fault in report.faults_injected] == faults, summary
+    assert report.verdict.sections >= 100, summary
+    assert not report.held_at_end, summary
+    return summary
+
+
 async def test_a_short_run_under_faults_finds_no_violation(server: RedisServer) -> None:
     """3 processes x 4 tasks on 2 names for 8 s, the server paused for less than the ttl,
     then restarted empty: no overlap beyond the reported losses, fencing in order, and no
@@ -166,11 +178,7 @@ async def test_a_short_run_under_faults_finds_no_violation(server: RedisServer) 
         seed=20261122,
     )
     report = await run(config, server=server)
-    summary = report.summary()
-    assert report.ok, summary
-    assert report.faults_injected == ["pause 0.3s at 2s", "restart empty at 5s"], summary
-    assert report.verdict.sections >= 100, summary
-    assert not report.held_at_end, summary
+    found_nothing(report, ["pause 0.3s at 2s", "restart empty at 5s"])
 
 
 async def test_a_short_run_on_a_cluster_under_failover_and_resharding_finds_no_violation(
@@ -193,13 +201,45 @@ async def test_a_short_run_on_a_cluster_under_failover_and_resharding_finds_no_v
     with ClusterGroup(binaries[0]) as group:
         await group.create()
         report = await run(config, server=group)
-    summary = report.summary()
-    assert report.ok, summary
-    assert [fault.split(" (")[0] for fault in report.faults_injected] == [
-        "pause 0.3s at 2s", "failover at 4.5s", "reshard at 7s"
-    ], summary  # fmt: skip
-    assert report.verdict.sections >= 100, summary
-    assert not report.held_at_end, summary
+    found_nothing(report, ["pause 0.3s at 2s", "failover at 4.5s", "reshard at 7s"])
+
+
+async def test_a_short_sentinel_run_under_failovers_and_a_killed_master_finds_no_violation(
+    binaries: list[ServerBinary],
+) -> None:
+    """3 processes x 4 tasks on 2 names for 12 s through Sentinel `master_for` clients, the
+    locks confirmed by the replica (`replicas=1`): the master paused, a coordinated
+    failover, then the master killed (the Sentinels promote its replica; it comes back
+    empty as the new master's replica). No overlap beyond the reported losses, fencing in
+    order, nothing left held on the master of the end."""
+    config = CheckerConfig(
+        processes=3,
+        tasks=4,
+        names=2,
+        duration=12.0,
+        ttl=1.0,
+        hold=0.05,
+        faults=(Fault(1.5, "pause", 0.3), Fault(3.5, "failover"), Fault(7.0, "kill-master")),
+        seed=20261127,
+        sentinel=True,
+    )
+    with SentinelGroup(binaries[0]) as group:
+        await group.ready()
+        report = await run(config, server=group)
+    summary = found_nothing(
+        report,
+        ["pause 0.3s at 1.5s", "failover at 3.5s", "master killed, replica promoted at 7s"],
+    )
+    assert "lock tests.checker:replicated_lock through Sentinels" in summary
+
+
+def test_a_sentinel_run_starts_its_own_deployment_of_locks() -> None:
+    with pytest.raises(ValueError, match="no url"):
+        CheckerConfig(sentinel=True, url="redis://127.0.0.1:1/0")
+    with pytest.raises(ValueError, match="limit, rw or multi"):
+        CheckerConfig(sentinel=True, limit=2)
+    with pytest.raises(ValueError, match="for a Sentinel deployment"):
+        CheckerConfig(faults=(Fault(1.0, "kill-master"),))
 
 
 def most_at_once(sections: list[Section]) -> int:
@@ -293,16 +333,13 @@ async def test_a_short_multilock_run_under_faults_finds_no_violation(
         seed=20261127,
     )
     report = await run(config, server=server)
-    summary = report.summary()
-    assert report.ok, summary
+    summary = found_nothing(report, ["pause 0.3s at 1.5s", "restart empty at 4s"])
     assert "lock aiolock:MultiLock, 2 names at once" in summary
-    assert report.verdict.sections >= 100, summary
     together: dict[tuple[str, float], set[str]] = {}
     for each in report.sections:
         together.setdefault((each.worker, each.enter), set()).add(each.name)
     assert {len(names) for names in together.values()} == {2}, summary
     assert len({frozenset(names) for names in together.values()}) == 3, summary
-    assert not report.held_at_end, summary
 
 
 def test_a_multilock_run_needs_fewer_names_at_once_than_the_run_has() -> None:
@@ -313,6 +350,16 @@ def test_a_multilock_run_needs_fewer_names_at_once_than_the_run_has() -> None:
 
 
 # --------------------------------------------------------------------------- it can fail
+def found_overlaps(report: Report) -> str:
+    """The summary of a run that found overlaps, and says how many."""
+    summary = report.summary()
+    assert not report.ok, summary
+    assert report.verdict.overlaps, summary
+    assert "VIOLATIONS FOUND" in summary
+    assert f"overlaps found: {len(report.verdict.overlaps)}" in summary
+    return summary
+
+
 class SharedWriteLock:
     """A broken read-write lock for the checker's negative control: its write side is a
     read side (writers share with everyone)."""
@@ -339,10 +386,7 @@ async def test_the_checker_reports_a_writer_that_shares(server: RedisServer) -> 
         rw=True,
         lock="tests.faults.test_checker:SharedWriteLock",
     )
-    report = await run(config, server=server)
-    summary = report.summary()
-    assert not report.ok, summary
-    assert report.verdict.overlaps, summary
+    found_overlaps(await run(config, server=server))
 
 
 class LooseSemaphore:
@@ -408,12 +452,7 @@ async def test_the_checker_reports_overlaps_of_a_broken_lock(server: RedisServer
         hold=0.01,
         lock="tests.faults.test_checker:SetWithoutNxLock",
     )
-    report = await run(config, server=server)
-    summary = report.summary()
-    assert not report.ok, summary
-    assert report.verdict.overlaps, summary
-    assert "VIOLATIONS FOUND" in summary
-    assert f"overlaps found: {len(report.verdict.overlaps)}" in summary
+    found_overlaps(await run(config, server=server))
 
 
 class FirstNameOnlyMultiLock:
@@ -451,10 +490,7 @@ async def test_the_checker_reports_a_multilock_that_holds_one_name(server: Redis
         multi=2,
         lock="tests.faults.test_checker:FirstNameOnlyMultiLock",
     )
-    report = await run(config, server=server)
-    summary = report.summary()
-    assert not report.ok, summary
-    assert report.verdict.overlaps, summary
+    found_overlaps(await run(config, server=server))
 
 
 # --------------------------------------------------------------------------- mixed versions
