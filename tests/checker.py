@@ -764,8 +764,7 @@ async def _contend(
     record the section (one per name); until `end_at`."""
     extra = {"limit": limit} if limit else {}
     while (now := time.monotonic()) < end_at:
-        name = rng.choice(names)
-        held = rng.sample(list(names), multi) if multi else [name]
+        held = rng.sample(list(names), multi) if multi else [rng.choice(names)]
         enter: float | None = None
         exit_ = 0.0
         token = 0
@@ -776,7 +775,9 @@ async def _contend(
         reason = ""
         try:
             timeout = min(5.0, end_at - now)
-            made: Any = factory(client, held if multi else name, ttl=ttl, timeout=timeout, **extra)
+            made: Any = factory(
+                client, held if multi else held[0], ttl=ttl, timeout=timeout, **extra
+            )
             writing = rw and rng.random() < WRITE_SHARE
             if rw:
                 made = made.write() if writing else made.read()
@@ -922,14 +923,19 @@ async def _nemesis(
             log.append(f"{fault} ({done})")
             continue
         if fault.kind == "pause":
-            server.pause()
-            try:
-                await asyncio.sleep(fault.length)
-            finally:
-                server.resume()
+            await _paused(server, fault.length)
         else:
             await asyncio.to_thread(server.restart_empty)
         log.append(str(fault))
+
+
+async def _paused(server: Any, seconds: float) -> None:
+    """SIGSTOP `server` (a `RedisServer`) for `seconds`; SIGCONT on every path."""
+    server.pause()
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        server.resume()
 
 
 async def _group_fault(group: ServerGroup, fault: Fault, rng: random.Random) -> str:
@@ -972,11 +978,7 @@ async def _sentinel_fault(group: SentinelGroup, fault: Fault) -> str:
     was done."""
     master = group.by_port(await group.master_port())
     if fault.kind == "pause":
-        master.pause()
-        try:
-            await asyncio.sleep(fault.length)
-        finally:
-            master.resume()
+        await _paused(master, fault.length)
         return f"master on {master.port}"
     if fault.kind == "failover":
         new = await group.failover()
