@@ -311,7 +311,7 @@ class ShardedPubSub:
         finally:
             session.up, session.pubsub = False, None
             with contextlib.suppress(Exception):
-                await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call]
+                await asyncio.shield(pubsub.aclose())
 
     async def _forward(self, session: _Session, message: dict[str, Any]) -> None:
         kind = message.get("type")

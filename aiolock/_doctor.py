@@ -575,7 +575,7 @@ async def _try_commands(
     except redis.exceptions.ResponseError as exc:
         failed.append(f"subscribe: {exc}")
     finally:
-        await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await pubsub.aclose()
     # Clean up at once where allowed: the scratch keys expire within seconds anyway.
     with contextlib.suppress(redis.exceptions.ResponseError, TimeoutError):
         async with asyncio.timeout(_READ_TIMEOUT):

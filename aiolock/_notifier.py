@@ -560,7 +560,7 @@ class Notifier:
             queue.subscription_lost()
         self._unsubscribe_watches()
         if pubsub is not None:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await pubsub.aclose()
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         kind = message["type"]

@@ -157,4 +157,4 @@ class QuorumPubSub:
         finally:
             node.up, node.pubsub = False, None
             with contextlib.suppress(Exception):
-                await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call]
+                await asyncio.shield(pubsub.aclose())

@@ -831,7 +831,7 @@ async def _worker(args: argparse.Namespace) -> None:
         redis.asyncio.Redis.from_url(url) for url in (args.urls or "").split(",") if url
     ]
     sentinel = (
-        Sentinel([("127.0.0.1", int(port)) for port in args.sentinels.split(",")])  # type: ignore[no-untyped-call]
+        Sentinel([("127.0.0.1", int(port)) for port in args.sentinels.split(",")])
         if getattr(args, "sentinels", None)
         else None
     )

@@ -140,7 +140,7 @@ class SentinelGroup:
     def sentinel(self, **kwargs: Any) -> Sentinel:
         """A redis-py `Sentinel` that knows every Sentinel of the group."""
         sentinels = [("127.0.0.1", s.port) for s in self.sentinels]
-        return Sentinel(sentinels, **kwargs)  # type: ignore[no-untyped-call]
+        return Sentinel(sentinels, **kwargs)
 
     def master_client(self, **kwargs: Any) -> redis.asyncio.Redis:
         """`Sentinel(...).master_for(SERVICE)`: a client that follows the master."""

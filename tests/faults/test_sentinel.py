@@ -371,7 +371,7 @@ async def test_a_demoted_master_refusing_writes_sends_the_renewal_to_the_new_mas
         """A view of the Sentinels that lags behind a failover."""
 
         def __init__(self, sentinels: list[tuple[str, int]]) -> None:
-            super().__init__(sentinels)  # type: ignore[no-untyped-call]
+            super().__init__(sentinels)
 
         async def discover_master(self, service_name: str) -> tuple[str, int]:
             if lagging[0]:

@@ -101,7 +101,7 @@ class Heard:
         return True
 
     async def aclose(self) -> None:
-        await self.pubsub.aclose()  # type: ignore[no-untyped-call]
+        await self.pubsub.aclose()
 
 
 @pytest.fixture

@@ -303,4 +303,4 @@ async def test_a_grant_is_announced_apart_from_the_granted_leases_own_release(
         assert first != str(lease.fencing_token)
         await lease.release()
     finally:
-        await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await pubsub.aclose()

@@ -517,7 +517,7 @@ async def test_a_queued_process_met_again_gets_no_second_grant_in_one_call(
         for lease in (holder, permit, *others):
             await lease.release()
     finally:
-        await listener.aclose()  # type: ignore[no-untyped-call]
+        await listener.aclose()
 
 
 async def test_one_release_wakes_one_waiting_process(server_url: str, name: str) -> None:
@@ -613,7 +613,7 @@ async def test_a_grant_is_announced_apart_from_the_granted_permits_own_release(
         assert message["data"].decode().split(" ")[0] != str(permit.fencing_token)
         await permit.release()
     finally:
-        await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await pubsub.aclose()
 
 
 @pytest.mark.real_only
