@@ -35,6 +35,7 @@ from aiolock._redlock_scripts import RL_ACQUIRE, RL_RELEASE
 from aiolock._runtime import runtime_for
 
 from ..load import scaled
+from ..pools import SlowToConnect
 from ..recorded import dispatched_in
 from ..servers import (
     RedisServer,
@@ -548,28 +549,59 @@ async def test_a_node_that_granted_late_gets_the_agreed_fencing_token_at_the_nex
     await lease.release()
 
 
-async def test_another_process_resumes_the_lease_with_a_token_the_quorum_agrees_on(
-    servers: list[RedisServer], nodes: list[redis.asyncio.Redis], name: str
-) -> None:
-    lease = await Redlock(nodes, name, ttl=10).acquire()
-    # Every node has answered the acquire: a node that granted it after the quorum did
-    # (its own clock past the proposed token) is not read as refusing by the resume.
-    await quorum_calls_ended(nodes)
-    elsewhere = [redis.asyncio.Redis.from_url(server.url) for server in servers]
+@contextlib.asynccontextmanager
+async def one_slow_node(servers: list[RedisServer]) -> AsyncIterator[list[redis.asyncio.Redis]]:
+    """A client of each server, the last one's new connections 0.5 s slow to open: its
+    first call reaches it after the others have decided, its clock past the fencing
+    token they agreed on (the proposal's lead is at most 100 ms)."""
+    clients = [redis.asyncio.Redis.from_url(server.url) for server in servers[:-1]]
+    clients.append(redis.asyncio.Redis.from_url(servers[-1].url, connection_class=SlowToConnect))
     try:
-        resumed = await Redlock(elsewhere, name, ttl=10).resume(lease.token)
-        assert resumed.held and resumed.fencing_token >= lease.fencing_token
-        await quorum_calls_ended(elsewhere)  # (a fencing write the quorum decided without)
+        yield clients
+    finally:
+        await quorum_calls_ended(clients)
+        for client in clients:
+            await client.aclose()
+
+
+async def test_a_node_granting_after_the_quorum_decided_gets_the_agreed_token(
+    servers: list[RedisServer], name: str
+) -> None:
+    """The late node issued a token of its own, higher than the one agreed: once its call
+    has ended it holds the agreed one, as every other node, not only after the first
+    renewal (ttl/3 later)."""
+    async with one_slow_node(servers) as clients:
+        lease = await Redlock(clients, name, ttl=20).acquire()
+        try:
+            await quorum_calls_ended(clients)
+            held = [(await fields(client, name)).get("fence") for client in clients]
+            assert held == [str(lease.fencing_token)] * NODES
+        finally:
+            await lease.release()
+
+
+async def test_another_process_resumes_the_lease_with_a_token_the_quorum_agrees_on(
+    servers: list[RedisServer], name: str
+) -> None:
+    async with one_slow_node(servers) as nodes, contextlib.AsyncExitStack() as stack:
+        lease = await Redlock(nodes, name, ttl=20).acquire()
+        stack.push_async_callback(lease.release)  # (once released by the resumer: a no-op)
+        # Every node has answered the acquire (the slow one after the quorum decided) and
+        # holds the agreed token: whichever nodes answer the resume first agree.
+        await quorum_calls_ended(nodes)
+        elsewhere = [redis.asyncio.Redis.from_url(server.url) for server in servers]
+        for client in elsewhere:
+            stack.push_async_callback(client.aclose)
+        stack.push_async_callback(quorum_calls_ended, elsewhere)
+        resumed = await Redlock(elsewhere, name, ttl=20).resume(lease.token)
+        stack.push_async_callback(resumed.release)
+        assert resumed.held and resumed.fencing_token == lease.fencing_token
+        await quorum_calls_ended(elsewhere)
         for node in nodes:
             assert int((await fields(node, name))["fence"]) == resumed.fencing_token
         await resumed.release()
         with pytest.raises(LeaseLostError):
-            await Redlock(elsewhere, name, ttl=10).resume(lease.token)
-        await lease.release()  # released already, by the process that resumed it
-    finally:
-        await quorum_calls_ended(elsewhere)
-        for client in elsewhere:
-            await client.aclose()
+            await Redlock(elsewhere, name, ttl=20).resume(lease.token)
 
 
 async def test_an_uncontended_cycle_is_one_call_per_node_each_way(
