@@ -11,7 +11,8 @@ midway). What a quorum of replies means is the script's vote, below:
   agreed in a second phase (t = the highest token a granting node issued; RL_FENCE writes
   it back to every node, token-guarded, raising their counters; the lease exists only once
   a quorum acknowledged it), so that any later quorum, which shares a node with this one,
-  issues a higher token. A refused acquire is given back on every node (an abort, which
+  issues a higher token. A node whose grant comes after the decision, with a token of its
+  own, is written the agreed one then (in the background). A refused acquire is given back on every node (an abort, which
   also refuses a late copy of the acquire), under a shield, before the answer is returned;
 - a resume (RESUME) likewise, without giving anything back;
 - a renewal batch (RENEW) renews each lease a quorum renewed, and loses each lease a
@@ -349,10 +350,13 @@ class _Call:
         script: Script | None = None,
         args: Sequence[str | int] | None = None,
         answered: Collection[int] = (),
+        late: dict[int, asyncio.Task[Any]] | None = None,
     ) -> tuple[Votes, dict[int, BaseException]]:
         """Send the call (or `script` with `args`, on the same keys) to every node; return
         the replies and the errors once `decided(replies, hopeful)` (`hopeful`: the calls
-        in flight that may still be answered in time) or every node is done.
+        in flight that may still be answered in time) or every node is done. The calls
+        still in flight then go on in the background; `late`, if given, is filled with
+        them (by node index).
 
         A node that is not answering is skipped (see `_Node`), and a call in flight to one
         is not waited for, unless it is one of `answered` (it answered the first phase of
@@ -399,6 +403,8 @@ class _Call:
         if not pending or settled():
             for task in pending:
                 backend.keep(task)
+            if late is not None:
+                late.update((tasks[task], task) for task in pending)
             return replies, errors
         try:
             while pending:
@@ -424,6 +430,8 @@ class _Call:
         finally:
             for task in pending:
                 backend.keep(task)
+            if late is not None:
+                late.update((tasks[task], task) for task in pending)
         return replies, errors
 
     def failed(
@@ -459,7 +467,23 @@ class _Call:
             out_of_reach = granted + pending < q
             return granted >= q or (out_of_reach and (answered >= q or answered + pending < q))
 
-        replies, errors = await self.gather(decided)
+        late: dict[int, asyncio.Task[Any]] = {}
+        replies, errors = await self.gather(decided, late=late)
+        agreed: asyncio.Future[int | None] = self.backend.loop.create_future()
+        for index, call in late.items():
+            self.backend.keep(self.backend.loop.create_task(self.fence_late(index, call, agreed)))
+        fence = None
+        try:
+            reply = await self.decide(replies, errors)
+            fence = int(reply[1]) if int(reply[0]) == 1 else None
+            return reply
+        finally:
+            agreed.set_result(fence)
+
+    async def decide(self, replies: Votes, errors: dict[int, BaseException]) -> list[Any]:
+        """The acquire's (or resume's) answer from the nodes' first replies: the agreed
+        fencing token, written back if they differ; a refused acquire given back."""
+        q = self.quorum
         granted = {i: int(r[1]) for i, r in replies.items() if int(r[0]) == 1}
         if len(granted) >= q:
             agreed = max(granted.values())
@@ -482,6 +506,35 @@ class _Call:
         if sum(1 for r in refused if int(r[0]) == -1) >= q:
             return [-1, 0]
         return _busiest([r for r in refused if int(r[0]) == 0]) or [0, -1]
+
+    async def fence_late(
+        self, index: int, call: asyncio.Task[Any], agreed: asyncio.Future[int | None]
+    ) -> None:
+        """A node whose grant came after the quorum decided issued a fencing token of its
+        own (higher, when its clock had passed the proposal): once the lease exists, it
+        gets the agreed one, as the nodes that decided, rather than at the first renewal.
+        In the background, within the node timeout; token-guarded (a late copy changes
+        nothing once the lease is gone)."""
+        await asyncio.wait([call])
+        fence = await agreed
+        if fence is None or call.cancelled() or call.exception() is not None:
+            return
+        reply = call.result()
+        if int(reply[0]) != 1 or int(reply[1]) == fence:
+            return
+        node = self.backend.nodes[index]
+        sent = node.run(
+            RL_FENCE,
+            self.names,
+            [self.args[0], fence],
+            timeout=self.backend.node_timeout,
+            operation=self.operation,
+            name=self.name,
+            background=True,
+            again_apart=True,
+        )
+        with contextlib.suppress(BackendError):
+            await self.backend.send(index, sent, self.backend.loop.time())
 
     async def fenced(
         self, agreed: int, granted: Collection[int]
