@@ -17,6 +17,7 @@ __all__ = (
     "RedisServer",
     "ServerBinary",
     "clients_of",
+    "connections_named",
     "find_binaries",
     "independent_servers",
     "quorum_calls_ended",
@@ -60,3 +61,13 @@ async def quorum_calls_ended(clients: list[redis.asyncio.Redis]) -> None:
         lambda: not any(isinstance(b, QuorumBackend) and b._background for b in backends),
         what="the calls left to the slower nodes ended",
     )
+
+
+async def connections_named(server: RedisServer, name: str) -> int:
+    """How many connections the server has under the client name `name` (redis-py's
+    `client_name`, which the connections aiolock opens for a client take too)."""
+    admin = redis.asyncio.Redis.from_url(server.url)
+    try:
+        return sum(1 for client in await admin.client_list() if client.get("name") == name)
+    finally:
+        await admin.aclose()
