@@ -530,7 +530,8 @@ class _Call:
             timeout=self.backend.node_timeout,
             operation=self.operation,
             name=self.name,
-            background=True,
+            background=self.background,  # as the acquire went: nothing left open after it
+            fresh=self.fresh,
             again_apart=True,
         )
         with contextlib.suppress(BackendError):
