@@ -30,6 +30,7 @@ from aiolock import (
 )
 from aiolock._info import text
 from aiolock._layout import LockKeys
+from aiolock._lease_scripts import RENEW
 from aiolock._quorum import Quorum, QuorumBackend
 from aiolock._redlock_scripts import RL_ACQUIRE, RL_RELEASE
 from aiolock._runtime import runtime_for
@@ -661,3 +662,57 @@ async def test_a_split_vote_is_not_held_up_by_a_node_that_stopped_answering(
         assert await lock.try_acquire() is None
         assert loop.time() - started < 1.0  # not the fifth's 2 s
     await quorum_calls_ended(nodes)
+
+
+async def test_a_late_copy_of_an_acquire_on_a_node_that_held_and_released_it_is_refused(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    """The acquire was granted on every node, then released on every node: a copy of it
+    that arrives now (a retry of a call whose reply was lost) must not hold the key again
+    under a token already released."""
+    lease = await Redlock(nodes, name, ttl=10).acquire()
+    await lease.release()
+    await quorum_calls_ended(nodes)  # the release applied on every node
+    node, key = nodes[0], key_of(name)
+    channel = LockKeys.build("aiolock", name, "rl:").channel
+    late = await node.eval(
+        RL_ACQUIRE.source, 2, key, channel, lease.token, 10_000, "h 1 t", 60_000, 0
+    )
+    assert late == [-1, 0]
+    assert await holders([node], name) == [None]
+
+
+async def test_locked_at_the_edge_of_the_quorum(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    """Three nodes: held by someone else on one of them, an acquire still gets two (a
+    quorum), so the lock is not locked; held on two, it is."""
+    three = nodes[:3]
+    lock = Redlock(three, name, ttl=10)
+    first = await Redlock(three[:1], name, ttl=10).acquire()
+    assert not await lock.locked()
+    mine = await lock.try_acquire()
+    assert mine is not None, "an acquire gets the two other nodes"
+    await mine.release()
+    await quorum_calls_ended(nodes)
+    second = await Redlock(three[1:2], name, ttl=10).acquire()
+    assert await lock.locked()
+    assert await lock.try_acquire() is None
+    await first.release()
+    await second.release()
+
+
+async def test_a_renewal_does_not_hold_a_node_again_for_a_token_forbidden_there(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    """A node that missed the acquire gets the release first (which forbids the token
+    there), then a late renewal of the lease: the renewal, which gives a node that lost
+    the key the lease back, must not give it a token already released."""
+    node, key = nodes[0], key_of(name)
+    channel = LockKeys.build("aiolock", name, "rl:").channel
+    token, fence = "cd" * 16, 1_000_000
+    released = await node.eval(RL_RELEASE.source, 2, key, channel, token, "", "")
+    assert released[0] == 0  # not held here
+    renewed = await node.eval(RENEW.source, 1, key, token, 10_000, f"r{fence}")
+    assert renewed == [0]
+    assert await holders([node], name) == [None]
