@@ -117,6 +117,20 @@ async def test_another_process_resumes_or_releases_a_lease_by_its_token(
             await lease.release()
 
 
+async def test_resume_resets_the_keys_expiry(client: redis.asyncio.Redis, name: str) -> None:
+    """A lease taken up by its token is valid for the ttl from then on, before its first
+    renewal: its key's expiry, however short it had become, is reset to the ttl."""
+    key = LockKeys.build("aiolock", name).lock
+    token = secrets.token_hex(16)
+    first = await Lock(client, name, ttl=10).acquire(token=token)
+    await client.pexpire(key, 300)  # time passed: 0.3 s of it left
+    taken = await Lock(client, name, ttl=10).resume(token)
+    assert await client.pttl(key) > 9000
+    assert taken.remaining() > 9
+    await taken.release()
+    await first.release()  # released already, by the same token
+
+
 async def test_a_release_by_token_serves_a_waiter_of_this_process_at_once(
     client: redis.asyncio.Redis, name: str
 ) -> None:
