@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import time
 import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -36,7 +37,7 @@ from aiolock._redlock_scripts import RL_ACQUIRE, RL_RELEASE
 from aiolock._runtime import runtime_for
 
 from ..load import scaled
-from ..recorded import dispatched_in
+from ..recorded import dispatched_in, recorded
 from ..servers import (
     RedisServer,
     ServerBinary,
@@ -272,6 +273,35 @@ async def test_tasks_contending_get_it_one_at_a_time_with_increasing_tokens(
         asyncio.gather(*(worker() for _ in range(6))), what="60 sections", timeout=scaled(60)
     )
     assert len(tokens) == 60 and tokens == sorted(tokens) and len(set(tokens)) == 60
+
+
+async def test_a_grant_read_past_its_validity_is_given_back_and_tried_again(
+    nodes: list[redis.asyncio.Redis], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first acquire's grant is read between ttl - drift and ttl after it was sent (the
+    event loop was held meanwhile): a lease from it would be past its deadline already. It
+    is given back, and the acquire tries again; the lease it returns is valid."""
+    ttl, drift = 1.2, 0.6
+    lock = Redlock(nodes, name, ttl=ttl, drift=drift, node_timeout=drift)
+    backend = runtime_for(lock._client).backend
+    run = type(backend).run
+    loop = asyncio.get_running_loop()
+    stalls: list[float] = []
+
+    async def read_late(self: Any, script: Any, keys: Any, args: Any, **kwargs: Any) -> Any:
+        sent_at = loop.time()
+        reply = await run(self, script, keys, args, **kwargs)
+        if self is backend and script is RL_ACQUIRE and not stalls:
+            stalls.append(sent_at)
+            time.sleep(max(sent_at + ttl - drift / 2 - loop.time(), 0))  # the loop held
+        return reply
+
+    monkeypatch.setattr(type(backend), "run", read_late)
+    with recorded(EventKind.ACQUIRED, where=lambda event: event.name == name) as acquired:
+        lease = await lock.acquire(timeout=10)
+    assert lease.held, f"a lease past its deadline was returned: {lease}"
+    assert [event.attempts for event in acquired] == [2]
+    await lease.release()
 
 
 async def test_renewal_keeps_the_lease_and_gives_a_node_its_key_back(
