@@ -21,7 +21,18 @@ import pytest
 import redis.asyncio
 
 import aiolock
-from aiolock import EventKind, Lease, LeaseLostError, LockEvent, LossReason, QuorumError, Redlock
+from aiolock import (
+    EventKind,
+    Lease,
+    LeaseLostError,
+    LockEvent,
+    LossReason,
+    QuorumError,
+    Redlock,
+    _quorum,
+)
+from aiolock._queue import WaitQueue
+from aiolock._runtime import runtime_for
 
 from ..load import scaled
 from ..pools import ClosedByItsUser, SlowToConnect
@@ -458,3 +469,62 @@ async def test_a_late_nodes_call_opens_nothing_in_a_pool_closed_under_it(
     finally:
         for pool in pools:
             await pool.disconnect()
+
+
+# --------------------------------------------------------------------------- silent sessions
+async def _pubsub_ids(node: redis.asyncio.Redis) -> set[str]:
+    """The ids of the subscribed pub/sub connections to a node, as it lists them."""
+    return {c["id"] for c in await node.client_list(_type="pubsub") if int(c["sub"])}
+
+
+async def test_a_silent_session_of_the_nodes_that_hold_is_replaced_while_another_answers(
+    binaries: list[ServerBinary], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The holder holds two of three nodes; a waiter sleeps (the holder's ttl is 30 s). Its
+    pub/sub sessions to those two nodes go silent (dropped without a reset) while the third
+    node's answers, so the notifier's own PINGs are answered: each silent session pings its
+    node, finds no answer, and is replaced; the release, announced by the two nodes only,
+    then wakes the waiter at once, not at the holder's expiry.
+
+    Break seen failing: a session whose PING goes unanswered pinged again, never replaced."""
+    monkeypatch.setattr(_quorum, "HEALTH_INTERVAL", scaled(0.5))
+    async with ServerGroup(binaries[0], 3, proxied=(0, 1)) as group:
+        direct = [group.client(i) for i in range(3)]
+        holding = await Redlock(direct[:2], name, ttl=30).acquire()
+        waiting = Redlock(group.clients(), name, ttl=30)
+        waiter = asyncio.create_task(waiting.acquire(timeout=40))
+        try:
+            queue = await _asleep(waiting, direct)
+            before = [await _pubsub_ids(node) for node in direct[:2]]
+            assert [len(ids) for ids in before] == [1, 1]
+            assert [group.proxies[i].silence_subscribers() for i in (0, 1)] == [1, 1]
+
+            async def replaced() -> bool:
+                now = [await _pubsub_ids(node) for node in direct[:2]]
+                return all(ids - old for ids, old in zip(now, before, strict=True))
+
+            await eventually(replaced, what="both silent sessions replaced", interval=0.05)
+            await eventually(lambda: queue.waiters[0].checks_within(60), what="asleep again")
+            await holding.release()
+            lease = await within(waiter, what="the waiter, woken by the release")
+            await lease.release()
+        finally:
+            waiter.cancel()
+            await asyncio.gather(waiter, return_exceptions=True)
+            await holding.release()
+
+
+async def _asleep(lock: Redlock, nodes: list[redis.asyncio.Redis]) -> WaitQueue:
+    """Wait until `lock`'s waiter is subscribed to every node (listed by `nodes`, clients
+    of each) and its head asleep (after its try once subscribed); its queue."""
+    notifier = runtime_for(lock._client).notifier
+    await eventually(lambda: notifier.is_subscribed(lock._channel), what="subscribed")
+    queue = notifier.queue_for(lock._channel)
+    assert queue is not None
+
+    async def settled() -> bool:
+        subscribed = [len(await _pubsub_ids(node)) for node in nodes] == [1] * len(nodes)
+        return subscribed and bool(queue.waiters) and queue.waiters[0].checks_within(60)
+
+    await eventually(settled, what="subscribed on every node, the head asleep", interval=0.05)
+    return queue
