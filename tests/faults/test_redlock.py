@@ -32,6 +32,7 @@ from aiolock import (
     _quorum,
 )
 from aiolock._queue import WaitQueue
+from aiolock._redlock_scripts import RL_ACQUIRE, RL_FENCE, RL_RELEASE
 from aiolock._runtime import runtime_for
 
 from ..load import scaled
@@ -469,6 +470,49 @@ async def test_a_late_nodes_call_opens_nothing_in_a_pool_closed_under_it(
     finally:
         for pool in pools:
             await pool.disconnect()
+
+
+# --------------------------------------------------------------------------- fencing
+async def test_a_grant_whose_fencing_token_no_quorum_acknowledged_is_given_back(
+    binaries: list[ServerBinary], name: str
+) -> None:
+    """Each pair of nodes issues different fencing tokens (two counters ahead), so the one
+    agreed is written back, and no quorum acknowledges it: two nodes lost the key before
+    it came (they answer "not held"), the third's answer is held up in the network. That
+    third node holds the grant, and accepts no new connection (as a server at its
+    `maxclients`). The grant is given back on the connections the nodes still answer on:
+    once the calls left to the slower nodes ended, no node holds it, and a contender gets
+    the lock at once.
+
+    Break seen failing: the grant left to the acquire's own clean-up after the error,
+    which goes on connections of its own."""
+    async with ServerGroup(binaries[0], 3, proxied=(0, 1, 2)) as group:
+        clients = group.clients()
+        for index in range(3):
+            node = group.client(index)
+            for script in (RL_ACQUIRE, RL_FENCE, RL_RELEASE):
+                await node.script_load(script.source)  # (no NOSCRIPT, no EVAL apart)
+            if index:
+                ahead = (index + 3) * 10**15
+                await node.hset(key_of(name), mapping={"n": ahead, "fence": ahead})
+        await asyncio.gather(*(clients[2].ping() for _ in range(3)))  # open, idle
+        group.proxies[2].refuse_new()
+        held = [proxy.hold_requests(RL_FENCE.sha.encode()) for proxy in group.proxies.values()]
+        lock = Redlock(clients, name, ttl=10, node_timeout=scaled(0.5))
+        acquiring = asyncio.create_task(lock.try_acquire())
+        await within(asyncio.gather(*(event.wait() for event in held)), what="the writes")
+        for index in (0, 1):
+            await group.client(index).delete(key_of(name))  # the key lost meanwhile
+            await group.proxies[index].restore()
+        with pytest.raises(QuorumError, match="fencing token was not acknowledged"):
+            await within(acquiring, what="the acquire")
+        await quorum_calls_ended(clients)
+        assert await holders(group, name) == ["", "", ""]
+        contender = Redlock(group.clients(direct=True), name, ttl=10)
+        lease = await contender.try_acquire()
+        assert lease is not None, "held still, on some node"
+        await lease.release()
+        await group.undelay()  # (the write held up reaches its node, which refuses it)
 
 
 # --------------------------------------------------------------------------- silent sessions
