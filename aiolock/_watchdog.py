@@ -75,7 +75,7 @@ class Renewable(Protocol):
 
     def _renewal_sent(self, sent_at: float, ttl: float) -> None: ...
 
-    def _renewal_answered(self, sent_at: float) -> None: ...
+    def _renewal_answered(self, sent_at: float, ttl: float) -> None: ...
 
     def _renewed(self, sent_at: float, ttl: float | None = None) -> None: ...
 
@@ -393,8 +393,8 @@ class RenewalScheduler:
             self._failed(live, exc, sent_at)
             return
         except asyncio.CancelledError:
-            for _, lease, *_ in live:
-                lease._renewal_answered(sent_at)
+            for _, lease, ttl_ms, _ in live:
+                lease._renewal_answered(sent_at, ttl_ms / 1000)
             raise
         except Exception as exc:  # a bug must not stop renewals silently
             logger.exception("aiolock: unexpected error while renewing %d leases", len(live))
@@ -414,7 +414,7 @@ class RenewalScheduler:
             if int(reply) == 1 and acked < entry.replicas:
                 short.append((entry, lease, ttl_ms, last))  # applied, but not confirmed: retried
                 continue
-            lease._renewal_answered(sent_at)
+            lease._renewal_answered(sent_at, ttl_ms / 1000)
             if not entry.active:
                 continue  # released while the batch was in flight
             if int(reply) == 1:
@@ -463,8 +463,8 @@ class RenewalScheduler:
 
     def _failed(self, live: list[_Live], exc: BackendError, sent_at: float) -> None:
         now = self._backend.loop.time()
-        for entry, lease, *_ in live:
-            lease._renewal_answered(sent_at)
+        for entry, lease, ttl_ms, _ in live:
+            lease._renewal_answered(sent_at, ttl_ms / 1000)
             if entry.active:
                 lease._renew_failed(exc)
                 if entry.backoff is None:
