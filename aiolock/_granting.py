@@ -191,7 +191,7 @@ class Granting(Releasing):
                 lease._renew_failed(exc)
                 return
             finally:
-                lease._renewal_answered(sent_at)
+                lease._renewal_answered(sent_at, config.ttl)
                 on_sent()
                 if not answered.done():
                     answered.set_result(None)
@@ -241,10 +241,10 @@ class Granting(Releasing):
                 operation="acquire",
             )
         except BaseException:
-            lease._renewal_answered(sent_at)
+            lease._renewal_answered(sent_at, config.ttl)
             await lease._cleanup_after_loss()
             raise
-        lease._renewal_answered(sent_at)
+        lease._renewal_answered(sent_at, config.ttl)
         if int(reply[0]) != 1:
             lease._not_owner()
             raise lease.loss_error()

@@ -358,7 +358,7 @@ class Lease:
                 self, timeout=max(self.remaining(), 0.001), ttl_ms=math.ceil(target * 1000)
             )
         finally:
-            self._renewal_answered(sent_at)
+            self._renewal_answered(sent_at, target)
         if not ours:
             self._not_owner()
         elif new_ttl is not None and self._state is _State.HELD:
@@ -526,9 +526,10 @@ class Lease:
         """A renewal setting the expiry to `ttl` was sent at `sent_at`."""
         self._validity.sent(sent_at, ttl)
 
-    def _renewal_answered(self, sent_at: float) -> None:
-        """The renewal sent at `sent_at` was answered (or failed, or was given up)."""
-        self._validity.answered(sent_at)
+    def _renewal_answered(self, sent_at: float, ttl: float) -> None:
+        """The renewal sent at `sent_at` setting the expiry to `ttl` was answered (or
+        failed, or was given up)."""
+        self._validity.answered(sent_at, ttl)
 
     def _renewed(self, sent_at: float, ttl: float | None = None) -> None:
         """Redis confirmed a renewal sent at `sent_at` that set the expiry to `ttl`."""

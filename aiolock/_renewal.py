@@ -185,10 +185,12 @@ class Validity:
         """A renewal setting the expiry to `ttl` was sent at `sent_at`."""
         self.in_flight.append((sent_at, ttl))
 
-    def answered(self, sent_at: float) -> None:
-        """The renewal sent at `sent_at` was answered (or failed, or was given up)."""
-        for index, (sent, _) in enumerate(self.in_flight):
-            if sent == sent_at:
+    def answered(self, sent_at: float, ttl: float) -> None:
+        """The renewal sent at `sent_at` setting the expiry to `ttl` was answered (or
+        failed, or was given up). Two renewals may be sent at one reading of the clock
+        (uvloop's counts whole milliseconds): the expiry tells them apart."""
+        for index, renewal in enumerate(self.in_flight):
+            if renewal == (sent_at, ttl):
                 del self.in_flight[index]
                 return
 

@@ -75,7 +75,7 @@ class Renewable(Protocol):
 
     def _renewal_sent(self, sent_at: float, ttl: float) -> None: ...
 
-    def _renewal_answered(self, sent_at: float) -> None: ...
+    def _renewal_answered(self, sent_at: float, ttl: float) -> None: ...
 
     def _renewed(self, sent_at: float, ttl: float | None = None) -> None: ...
 
@@ -140,8 +140,10 @@ class RenewalEntry:
         return renewal.capped_ttl_ms(self.ttl_ms, self.stop_at, now)
 
 
-_Live = tuple[RenewalEntry, Renewable, int]
-"""An entry of a batch, its lease, and the expiry (ms) the batch sets."""
+_Live = tuple[RenewalEntry, Renewable, int, bool]
+"""An entry of a batch, its lease, the expiry (ms) the batch sets, and whether that
+expiry is capped at the lease's `max_hold` (its last renewal). Decided when the batch is
+sent: the lease may have a new ttl (`extend(ttl=...)`) by the time it is answered."""
 
 
 def _one_call_per_key(
@@ -331,9 +333,9 @@ class RenewalScheduler:
                     self._ensure_running()  # work arrived while the connection was closing
 
     def _live(self, batch: list[RenewalEntry], now: float) -> list[_Live]:
-        """The entries of `batch` to renew now, with their leases and the expiry to set;
-        the others are abandoned (their lease was garbage-collected) or stopped (at their
-        `max_hold`)."""
+        """The entries of `batch` to renew now, with their leases and the expiry to set
+        (capped or not); the others are abandoned (their lease was garbage-collected) or
+        stopped (at their `max_hold`)."""
         live: list[_Live] = []
         for entry in batch:
             lease = entry.lease_ref()
@@ -344,7 +346,7 @@ class RenewalScheduler:
                 self.remove(entry)
                 lease._renewal_stopped()
             else:
-                live.append((entry, lease, ttl_ms))
+                live.append((entry, lease, ttl_ms, ttl_ms < entry.ttl_ms))
         return live
 
     async def _renew(self, batch: list[RenewalEntry]) -> None:
@@ -355,20 +357,20 @@ class RenewalScheduler:
         # Bound the call by the deadlines of its own leases, so that a dead connection is
         # noticed in time to retry on a new one (other batches are not held up meanwhile).
         sent_at = loop.time()
-        remaining = min(lease.deadline for _, lease, _ in live) - sent_at
+        remaining = min(lease.deadline for _, lease, *_ in live) - sent_at
         timeout = max(remaining / 2, 0.005)
-        keys = [entry.key for entry, _, _ in live]
+        keys = [entry.key for entry, *_ in live]
         args: list[str | int] = []
-        for entry, lease, ttl_ms in live:
+        for entry, lease, ttl_ms, _ in live:
             args += (entry.token, ttl_ms, entry.kind)
             lease._renewal_sent(sent_at, ttl_ms / 1000)
         self.batches_sent += 1
         # With leases that need replicas (`replicas=N`), a WAIT for the most any of them
         # needs follows the batch; each is confirmed if enough replicas acknowledged.
-        needed = max(entry.replicas for entry, _, _ in live)
+        needed = max(entry.replicas for entry, *_ in live)
         wait = None
         if needed:
-            patience = min(e.replica_timeout for e, _, _ in live if e.replicas)
+            patience = min(e.replica_timeout for e, *_ in live if e.replicas)
             wait = (needed, replica_wait_ms(patience, timeout))
         acked = 0
         try:
@@ -391,8 +393,8 @@ class RenewalScheduler:
             self._failed(live, exc, sent_at)
             return
         except asyncio.CancelledError:
-            for _, lease, _ in live:
-                lease._renewal_answered(sent_at)
+            for _, lease, ttl_ms, _ in live:
+                lease._renewal_answered(sent_at, ttl_ms / 1000)
             raise
         except Exception as exc:  # a bug must not stop renewals silently
             logger.exception("aiolock: unexpected error while renewing %d leases", len(live))
@@ -408,18 +410,18 @@ class RenewalScheduler:
         acknowledgement): each lease is renewed, lost, or (not confirmed by enough
         replicas) retried like a failed batch."""
         short: list[_Live] = []
-        for (entry, lease, ttl_ms), reply in zip(live, replies, strict=True):
+        for (entry, lease, ttl_ms, last), reply in zip(live, replies, strict=True):
             if int(reply) == 1 and acked < entry.replicas:
-                short.append((entry, lease, ttl_ms))  # applied, but not confirmed: retried
+                short.append((entry, lease, ttl_ms, last))  # applied, but not confirmed: retried
                 continue
-            lease._renewal_answered(sent_at)
+            lease._renewal_answered(sent_at, ttl_ms / 1000)
             if not entry.active:
                 continue  # released while the batch was in flight
             if int(reply) == 1:
                 if entry.backoff is not None:
                     entry.backoff.reset()
                 lease._renewed(sent_at, ttl_ms / 1000)
-                if ttl_ms < entry.ttl_ms:  # renewed up to max_hold: the last renewal
+                if last:  # renewed up to max_hold: the last renewal
                     self.remove(entry)
                     lease._renewal_stopped()
                 else:
@@ -430,7 +432,7 @@ class RenewalScheduler:
         if short:
             error = ReplicationError(
                 f"renew: {acked} replicas acknowledged within the wait, "
-                f"{max(entry.replicas for entry, _, _ in short)} required",
+                f"{max(entry.replicas for entry, *_ in short)} required",
                 operation="renew",
                 replicas=needed,
                 acknowledged=acked,
@@ -443,7 +445,7 @@ class RenewalScheduler:
         """On a cluster, a script's keys must share one slot: one RENEW call per slot,
         sent in one round trip per node; the replies in `live`'s order."""
         by_slot: dict[int, list[int]] = {}
-        for index, (entry, _, _) in enumerate(live):
+        for index, (entry, *_) in enumerate(live):
             by_slot.setdefault(self._backend.slot(entry.key), []).append(index)
         groups = list(by_slot.values())
         calls = [
@@ -461,8 +463,8 @@ class RenewalScheduler:
 
     def _failed(self, live: list[_Live], exc: BackendError, sent_at: float) -> None:
         now = self._backend.loop.time()
-        for entry, lease, _ in live:
-            lease._renewal_answered(sent_at)
+        for entry, lease, ttl_ms, _ in live:
+            lease._renewal_answered(sent_at, ttl_ms / 1000)
             if entry.active:
                 lease._renew_failed(exc)
                 if entry.backoff is None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 import pytest
 
-from aiolock import Lease, LeaseLostError, Lock
+from aiolock import Lease, LeaseLostError, Lock, LossReason
 from aiolock._info import text
 from aiolock._layout import RESERVATION_MS, LockKeys
 from aiolock._lease_scripts import RENEW
@@ -167,3 +168,57 @@ async def server_ms(proxied: Proxied) -> int:
 async def lapsed(proxied: Proxied, granted_ms: int) -> bool:
     """Whether a grant made after `granted_ms` (server time) may have lapsed by now."""
     return await server_ms(proxied) - granted_ms >= RESERVATION_MS
+
+
+async def test_a_grant_whose_first_renewal_finds_it_gone_is_lost_at_that_answer(
+    proxied: Proxied, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The grant lapsed (here: its key deleted) before the grantee's renewal to the full
+    ttl arrived: that renewal's answer, "not the owner", loses the lease there and then,
+    not at the watchdog's next renewal.
+
+    A grant heard later than half its 0.9 s after the registration (a loaded machine) is
+    claimed by an acquire instead, with no such renewal: the run says nothing, and is run
+    again."""
+    grantee = runtime_for(proxied.client).backend
+    run = type(grantee).run
+    renewing, answered = asyncio.Event(), asyncio.Event()
+
+    async def gone_first(self: Any, script: Any, keys: Any, args: Any, **kwargs: Any) -> Any:
+        if self is grantee and kwargs.get("operation") == "renew" and kwargs.get("by_text"):
+            renewing.set()
+            await proxied.direct.delete(keys[0])  # the grant lapsed meanwhile
+            try:
+                return await run(self, script, keys, args, **kwargs)
+            finally:
+                answered.set()
+        return await run(self, script, keys, args, **kwargs)
+
+    monkeypatch.setattr(type(grantee), "run", gone_first)
+    for attempt in range(3):
+        lease = await _granted(proxied, f"{name}:{attempt}")
+        if not renewing.is_set():
+            await lease.release()  # claimed by an acquire: no renewal of a grant to check
+            continue
+        await within(answered.wait(), what="the grant's renewal answered")
+        assert lease.lost and lease.loss_reason is LossReason.NOT_OWNER
+        with pytest.raises(LeaseLostError):
+            await lease.release()
+        return
+    pytest.fail("the grant was heard too late to be taken, three times in a row")
+
+
+async def _granted(proxied: Proxied, name: str) -> Lease:
+    """A lease of the proxied client's process, granted by a release of the direct one."""
+    keys = LockKeys.build("aiolock", name)
+    holder = await Lock(proxied.direct, name, ttl=30).acquire()
+    waiting = asyncio.create_task(Lock(proxied.client, name, ttl=30).acquire())
+    notifier = runtime_for(proxied.client).notifier
+    await until(lambda: notifier.is_subscribed(keys.channel), "the waiter subscribed", timeout=10)
+
+    async def queued() -> bool:
+        return int(await proxied.direct.zcard(keys.queue)) == 1
+
+    await until(queued, "the waiter queued in Redis", timeout=10)
+    await holder.release()
+    return await within(waiting, what="the waiter's lease")

@@ -21,7 +21,19 @@ import pytest
 import redis.asyncio
 
 import aiolock
-from aiolock import EventKind, Lease, LeaseLostError, LockEvent, LossReason, QuorumError, Redlock
+from aiolock import (
+    EventKind,
+    Lease,
+    LeaseLostError,
+    LockEvent,
+    LossReason,
+    QuorumError,
+    Redlock,
+    _quorum,
+)
+from aiolock._queue import WaitQueue
+from aiolock._redlock_scripts import RL_ACQUIRE, RL_FENCE, RL_RELEASE
+from aiolock._runtime import runtime_for
 
 from ..load import scaled
 from ..pools import ClosedByItsUser, SlowToConnect
@@ -458,3 +470,105 @@ async def test_a_late_nodes_call_opens_nothing_in_a_pool_closed_under_it(
     finally:
         for pool in pools:
             await pool.disconnect()
+
+
+# --------------------------------------------------------------------------- fencing
+async def test_a_grant_whose_fencing_token_no_quorum_acknowledged_is_given_back(
+    binaries: list[ServerBinary], name: str
+) -> None:
+    """Each pair of nodes issues different fencing tokens (two counters ahead), so the one
+    agreed is written back, and no quorum acknowledges it: two nodes lost the key before
+    it came (they answer "not held"), the third's answer is held up in the network. That
+    third node holds the grant, and accepts no new connection (as a server at its
+    `maxclients`). The grant is given back on the connections the nodes still answer on:
+    once the calls left to the slower nodes ended, no node holds it, and a contender gets
+    the lock at once.
+
+    Break seen failing: the grant left to the acquire's own clean-up after the error,
+    which goes on connections of its own."""
+    async with ServerGroup(binaries[0], 3, proxied=(0, 1, 2)) as group:
+        clients = group.clients()
+        for index in range(3):
+            node = group.client(index)
+            for script in (RL_ACQUIRE, RL_FENCE, RL_RELEASE):
+                await node.script_load(script.source)  # (no NOSCRIPT, no EVAL apart)
+            if index:
+                ahead = (index + 3) * 10**15
+                await node.hset(key_of(name), mapping={"n": ahead, "fence": ahead})
+        await asyncio.gather(*(clients[2].ping() for _ in range(3)))  # open, idle
+        group.proxies[2].refuse_new()
+        held = [proxy.hold_requests(RL_FENCE.sha.encode()) for proxy in group.proxies.values()]
+        lock = Redlock(clients, name, ttl=10, node_timeout=scaled(0.5))
+        acquiring = asyncio.create_task(lock.try_acquire())
+        await within(asyncio.gather(*(event.wait() for event in held)), what="the writes")
+        for index in (0, 1):
+            await group.client(index).delete(key_of(name))  # the key lost meanwhile
+            await group.proxies[index].restore()
+        with pytest.raises(QuorumError, match="fencing token was not acknowledged"):
+            await within(acquiring, what="the acquire")
+        await quorum_calls_ended(clients)
+        assert await holders(group, name) == ["", "", ""]
+        contender = Redlock(group.clients(direct=True), name, ttl=10)
+        lease = await contender.try_acquire()
+        assert lease is not None, "held still, on some node"
+        await lease.release()
+        await group.undelay()  # (the write held up reaches its node, which refuses it)
+
+
+# --------------------------------------------------------------------------- silent sessions
+async def _pubsub_ids(node: redis.asyncio.Redis) -> set[str]:
+    """The ids of the subscribed pub/sub connections to a node, as it lists them."""
+    return {c["id"] for c in await node.client_list(_type="pubsub") if int(c["sub"])}
+
+
+async def test_a_silent_session_of_the_nodes_that_hold_is_replaced_while_another_answers(
+    binaries: list[ServerBinary], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The holder holds two of three nodes; a waiter sleeps (the holder's ttl is 30 s). Its
+    pub/sub sessions to those two nodes go silent (dropped without a reset) while the third
+    node's answers, so the notifier's own PINGs are answered: each silent session pings its
+    node, finds no answer, and is replaced; the release, announced by the two nodes only,
+    then wakes the waiter at once, not at the holder's expiry.
+
+    Break seen failing: a session whose PING goes unanswered pinged again, never replaced."""
+    monkeypatch.setattr(_quorum, "HEALTH_INTERVAL", scaled(0.5))
+    async with ServerGroup(binaries[0], 3, proxied=(0, 1)) as group:
+        direct = [group.client(i) for i in range(3)]
+        holding = await Redlock(direct[:2], name, ttl=30).acquire()
+        waiting = Redlock(group.clients(), name, ttl=30)
+        waiter = asyncio.create_task(waiting.acquire(timeout=40))
+        try:
+            queue = await _asleep(waiting, direct)
+            before = [await _pubsub_ids(node) for node in direct[:2]]
+            assert [len(ids) for ids in before] == [1, 1]
+            assert [group.proxies[i].silence_subscribers() for i in (0, 1)] == [1, 1]
+
+            async def replaced() -> bool:
+                now = [await _pubsub_ids(node) for node in direct[:2]]
+                return all(ids - old for ids, old in zip(now, before, strict=True))
+
+            await eventually(replaced, what="both silent sessions replaced", interval=0.05)
+            await eventually(lambda: queue.waiters[0].checks_within(60), what="asleep again")
+            await holding.release()
+            lease = await within(waiter, what="the waiter, woken by the release")
+            await lease.release()
+        finally:
+            waiter.cancel()
+            await asyncio.gather(waiter, return_exceptions=True)
+            await holding.release()
+
+
+async def _asleep(lock: Redlock, nodes: list[redis.asyncio.Redis]) -> WaitQueue:
+    """Wait until `lock`'s waiter is subscribed to every node (listed by `nodes`, clients
+    of each) and its head asleep (after its try once subscribed); its queue."""
+    notifier = runtime_for(lock._client).notifier
+    await eventually(lambda: notifier.is_subscribed(lock._channel), what="subscribed")
+    queue = notifier.queue_for(lock._channel)
+    assert queue is not None
+
+    async def settled() -> bool:
+        subscribed = [len(await _pubsub_ids(node)) for node in nodes] == [1] * len(nodes)
+        return subscribed and bool(queue.waiters) and queue.waiters[0].checks_within(60)
+
+    await eventually(settled, what="subscribed on every node, the head asleep", interval=0.05)
+    return queue

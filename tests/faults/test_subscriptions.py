@@ -13,10 +13,13 @@ import asyncio
 
 import pytest
 
-from aiolock import Lock
+from aiolock import BackendError, Lock
 from aiolock._layout import LockKeys
 from aiolock._runtime import runtime_for
+from aiolock._scripts import ACQUIRE
 
+from ..conftest import CommandLog, make_client
+from ..waits import within
 from .test_network_faults import Proxied, proxied, until
 
 __all__ = ("proxied",)  # the fixture, used by name
@@ -90,3 +93,70 @@ async def test_a_watch_made_while_the_connection_opens_is_subscribed_with_it(
         notifier.unwatch(first)
         if second is not None:
             notifier.unwatch(second)
+
+
+async def _refused_while(proxied: Proxied, name: str, *, trying: bool) -> None:
+    """A waiter of a user of its own sleeps (the holder's key expires in 30 s), woken only
+    by its pub/sub connection; the user loses the right to the name's channel, so the
+    server closes that connection, and subscribing again is refused. The refusal comes
+    while the waiter sleeps again after the lost connection's try (`trying` False), or
+    while that try is on its way (True). Either way the waiter raises `BackendError` at
+    once, not at its timeout (25 s)."""
+    keys = LockKeys.build("aiolock", name)
+    admin = proxied.direct
+    await admin.execute_command(  # type: ignore[no-untyped-call]
+        "ACL", "SETUSER", "waiter", "on", ">pw", "~*", "&*", "+@all"
+    )
+    log = CommandLog()
+    limited = make_client(proxied.proxy.url, log, username="waiter", password="pw")
+    holder = await Lock(admin, name, ttl=30).acquire()
+    waiting = asyncio.create_task(Lock(limited, name, ttl=30).acquire(timeout=25))
+    try:
+        notifier = runtime_for(limited).notifier
+
+        async def queued() -> bool:
+            return notifier.is_subscribed(keys.channel) and bool(await admin.zcard(keys.queue))
+
+        await until(queued, "the waiter subscribed and queued in Redis", timeout=10)
+        queue = notifier.queue_for(keys.channel)
+        assert queue is not None
+        await until(lambda: queue.waiters[0].checks_within(60), "the waiter asleep", timeout=10)
+        held = proxied.proxy.hold_requests(ACQUIRE.sha.encode() if trying else b"SUBSCRIBE")
+        mark = log.mark()
+        # (the server closes its pub/sub connection)
+        await admin.execute_command(  # type: ignore[no-untyped-call]
+            "ACL", "SETUSER", "waiter", "resetchannels"
+        )
+        await within(held.wait(), what="the step the refusal must come after, held")
+        if trying:
+            await until(lambda: queue.refusal is not None, "the refusal heard", timeout=10)
+        else:
+            await until(
+                lambda: (
+                    log.since(mark)["EVALSHA acquire"] == 1 and queue.waiters[0].checks_within(60)
+                ),
+                "the waiter's try after the lost connection answered, and asleep again",
+                timeout=10,
+            )
+        await proxied.proxy.restore()
+        with pytest.raises(BackendError) as caught:
+            await within(waiting, what="the refusal told to the waiter")
+        assert caught.value.operation == "subscribe"
+    finally:
+        await proxied.proxy.restore()
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        await holder.release()
+        await limited.aclose()
+
+
+async def test_a_sleeping_waiter_is_told_at_once_that_its_subscription_was_refused(
+    proxied: Proxied, name: str
+) -> None:
+    await _refused_while(proxied, name, trying=False)
+
+
+async def test_a_waiter_refused_its_subscription_while_it_tries_is_told_after_its_try(
+    proxied: Proxied, name: str
+) -> None:
+    await _refused_while(proxied, name, trying=True)

@@ -25,10 +25,11 @@ from aiolock import (
     LossReason,
     Term,
 )
-from aiolock._election_scripts import EL_PROCLAIM, LOG_KEPT, stored_value
+from aiolock._election_scripts import EL_ANNOUNCE, EL_PROCLAIM, LOG_KEPT, stored_value
 from aiolock._runtime import runtime_for
 
 from ..conftest import CommandLog, make_client
+from ..faults.proxy import FaultProxy
 from ..load import scaled
 from ..recorded import recorded
 from ..servers import RedisServer
@@ -244,6 +245,46 @@ async def test_a_resign_hands_the_term_over_with_one_notification(
         await b.aclose()
 
 
+@pytest.mark.real_only
+async def test_a_candidate_whose_term_ended_before_its_announcement_gets_no_term(
+    server: RedisServer, name: str
+) -> None:
+    """B wins, but its announcement is held on its way while B's term expires and A wins and
+    announces: when B's announcement arrives, the record stays A's and B's campaign yields
+    no term (it campaigns again)."""
+    proxy = await FaultProxy(server.port).start()
+    a, b = make_client(server.url), make_client(proxy.url)
+    stale = Election(b, name, ttl=10, identity="b")
+    campaign = stale.campaign()
+    announcing: asyncio.Task[Term] | None = None
+    try:
+        held = proxy.hold_requests(EL_ANNOUNCE.sha.encode())
+        announcing = asyncio.create_task(anext(campaign))
+        await within(held.wait(), what="b's announcement held on its way")
+        await a.delete(stale.key)  # b's term expired
+        term_a = await first_term(Election(a, name, ttl=10, identity="a"))
+        with recorded(EventKind.LOST, where=lambda event: event.name == name) as lost:
+            await proxy.restore()
+            await eventually(
+                lambda: announcing is not None and (announcing.done() or bool(lost)),
+                what="b's announcement answered",
+            )
+        assert not announcing.done(), f"a term yielded to b: {announcing.result()}"
+        assert described(await stale.leader()) == ("a", None)
+        announcing.cancel()  # (b waits for its next term)
+        await asyncio.gather(announcing, return_exceptions=True)
+        await term_a.resign()
+    finally:
+        if announcing is not None and not announcing.done():
+            announcing.cancel()
+            await asyncio.gather(announcing, return_exceptions=True)
+        await campaign.aclose()
+        await proxy.restore()
+        await a.aclose()
+        await b.aclose()
+        await proxy.aclose()
+
+
 # --------------------------------------------------------------------------- loss
 async def test_a_lost_term_cancels_the_leaders_work(client: redis.asyncio.Redis, name: str) -> None:
     election = Election(client, name, ttl=scaled(1.0))
@@ -334,6 +375,56 @@ async def test_an_observer_sees_a_dead_leaders_term_end_without_a_message(
         assert observer.described == [None, ("dies", None), None]
         with pytest.raises(LeaseLostError):
             await term.resign()
+
+
+async def test_an_expired_term_is_logged_as_ended_before_the_next_one(
+    clients: list[redis.asyncio.Redis], name: str
+) -> None:
+    """The leader dies while another candidate waits; the candidate wins at the expiry,
+    long before the observer would read the record again (at the dead term's 30 s): the
+    observer is told of the end of the dead term, then of the new one."""
+    a = Election(clients[1], name, ttl=30, identity="a")
+    b = Election(clients[2], name, ttl=10, identity="b")
+    async with Observer(Election(clients[0], name, identity="watcher")) as observer:
+        term_a = await first_term(a)
+        await observer.saw(2, "a's term")  # (read with its expiry 30 s away)
+        await clients[1].pexpire(a.key, 300)  # a dies: its term expires in 0.3 s
+        term_b = await first_term(b)
+        await eventually(
+            lambda: described(observer.seen[-1]) == ("b", None),
+            what=f"b's term observed ({observer.seen})",
+        )
+        assert observer.described == [None, ("a", None), None, ("b", None)]
+    with pytest.raises(LeaseLostError):
+        await term_a.resign()
+    await term_b.resign()
+
+
+async def test_a_late_resignation_does_not_end_the_next_leaders_term(
+    clients: list[redis.asyncio.Redis], name: str
+) -> None:
+    """A's term expires (its process paused past the ttl), B wins and announces, then A's
+    resignation arrives: B's term goes on, recorded and logged as B's."""
+    a = Election(clients[1], name, ttl=10, identity="a")
+    b = Election(clients[2], name, ttl=10, identity="b")
+    term_a = await first_term(a)
+    await clients[1].pexpire(a.key, 1)  # a's term expires, a not knowing it yet
+
+    async def expired() -> bool:
+        return not await clients[1].exists(a.key)
+
+    await eventually(expired, what="a's term expired")
+    term_b = await first_term(b)
+    async with Observer(Election(clients[0], name, identity="watcher")) as observer:
+        with pytest.raises(LeaseLostError):
+            await term_a.resign()  # late: the term is b's
+        assert described(await b.leader()) == ("b", None)
+        await term_b.proclaim("after")  # a change after the resignation's, if it made one
+        await observer.saw(2, "b's proclamation")
+        assert observer.described == [("b", None), ("b", "after")]
+    log = (await b._read("0-0")).changes
+    assert [c.event for c in log if c.term == term_b.fencing_token] == ["won", "value"]
+    await term_b.resign()
 
 
 @pytest.mark.real_only

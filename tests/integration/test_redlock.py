@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import time
 import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -30,13 +31,14 @@ from aiolock import (
 )
 from aiolock._info import text
 from aiolock._layout import LockKeys
+from aiolock._lease_scripts import RENEW
 from aiolock._quorum import Quorum, QuorumBackend
 from aiolock._redlock_scripts import RL_ACQUIRE, RL_RELEASE
 from aiolock._runtime import runtime_for
 
 from ..load import scaled
 from ..pools import SlowToConnect
-from ..recorded import dispatched_in
+from ..recorded import dispatched_in, recorded
 from ..servers import (
     RedisServer,
     ServerBinary,
@@ -273,6 +275,35 @@ async def test_tasks_contending_get_it_one_at_a_time_with_increasing_tokens(
         asyncio.gather(*(worker() for _ in range(6))), what="60 sections", timeout=scaled(60)
     )
     assert len(tokens) == 60 and tokens == sorted(tokens) and len(set(tokens)) == 60
+
+
+async def test_a_grant_read_past_its_validity_is_given_back_and_tried_again(
+    nodes: list[redis.asyncio.Redis], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first acquire's grant is read between ttl - drift and ttl after it was sent (the
+    event loop was held meanwhile): a lease from it would be past its deadline already. It
+    is given back, and the acquire tries again; the lease it returns is valid."""
+    ttl, drift = 1.2, 0.6
+    lock = Redlock(nodes, name, ttl=ttl, drift=drift, node_timeout=drift)
+    backend = runtime_for(lock._client).backend
+    run = type(backend).run
+    loop = asyncio.get_running_loop()
+    stalls: list[float] = []
+
+    async def read_late(self: Any, script: Any, keys: Any, args: Any, **kwargs: Any) -> Any:
+        sent_at = loop.time()
+        reply = await run(self, script, keys, args, **kwargs)
+        if self is backend and script is RL_ACQUIRE and not stalls:
+            stalls.append(sent_at)
+            time.sleep(max(sent_at + ttl - drift / 2 - loop.time(), 0))  # the loop held
+        return reply
+
+    monkeypatch.setattr(type(backend), "run", read_late)
+    with recorded(EventKind.ACQUIRED, where=lambda event: event.name == name) as acquired:
+        lease = await lock.acquire(timeout=10)
+    assert lease.held, f"a lease past its deadline was returned: {lease}"
+    assert [event.attempts for event in acquired] == [2]
+    await lease.release()
 
 
 async def test_renewal_keeps_the_lease_and_gives_a_node_its_key_back(
@@ -708,3 +739,57 @@ async def test_a_split_vote_is_not_held_up_by_a_node_that_stopped_answering(
         assert await lock.try_acquire() is None
         assert loop.time() - started < 1.0  # not the fifth's 2 s
     await quorum_calls_ended(nodes)
+
+
+async def test_a_late_copy_of_an_acquire_on_a_node_that_held_and_released_it_is_refused(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    """The acquire was granted on every node, then released on every node: a copy of it
+    that arrives now (a retry of a call whose reply was lost) must not hold the key again
+    under a token already released."""
+    lease = await Redlock(nodes, name, ttl=10).acquire()
+    await lease.release()
+    await quorum_calls_ended(nodes)  # the release applied on every node
+    node, key = nodes[0], key_of(name)
+    channel = LockKeys.build("aiolock", name, "rl:").channel
+    late = await node.eval(
+        RL_ACQUIRE.source, 2, key, channel, lease.token, 10_000, "h 1 t", 60_000, 0
+    )
+    assert late == [-1, 0]
+    assert await holders([node], name) == [None]
+
+
+async def test_locked_at_the_edge_of_the_quorum(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    """Three nodes: held by someone else on one of them, an acquire still gets two (a
+    quorum), so the lock is not locked; held on two, it is."""
+    three = nodes[:3]
+    lock = Redlock(three, name, ttl=10)
+    first = await Redlock(three[:1], name, ttl=10).acquire()
+    assert not await lock.locked()
+    mine = await lock.try_acquire()
+    assert mine is not None, "an acquire gets the two other nodes"
+    await mine.release()
+    await quorum_calls_ended(nodes)
+    second = await Redlock(three[1:2], name, ttl=10).acquire()
+    assert await lock.locked()
+    assert await lock.try_acquire() is None
+    await first.release()
+    await second.release()
+
+
+async def test_a_renewal_does_not_hold_a_node_again_for_a_token_forbidden_there(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    """A node that missed the acquire gets the release first (which forbids the token
+    there), then a late renewal of the lease: the renewal, which gives a node that lost
+    the key the lease back, must not give it a token already released."""
+    node, key = nodes[0], key_of(name)
+    channel = LockKeys.build("aiolock", name, "rl:").channel
+    token, fence = "cd" * 16, 1_000_000
+    released = await node.eval(RL_RELEASE.source, 2, key, channel, token, "", "")
+    assert released[0] == 0  # not held here
+    renewed = await node.eval(RENEW.source, 1, key, token, 10_000, f"r{fence}")
+    assert renewed == [0]
+    assert await holders([node], name) == [None]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from typing import Any
 
 import pytest
 import redis.asyncio
@@ -24,8 +25,10 @@ from aiolock import (
 )
 from aiolock._engine import Primitive
 from aiolock._layout import LockKeys
+from aiolock._runtime import runtime_for
 
 from ..conftest import CommandLog
+from ..load import scaled
 from ..waits import eventually, within
 
 
@@ -117,6 +120,20 @@ async def test_another_process_resumes_or_releases_a_lease_by_its_token(
             await lease.release()
 
 
+async def test_resume_resets_the_keys_expiry(client: redis.asyncio.Redis, name: str) -> None:
+    """A lease taken up by its token is valid for the ttl from then on, before its first
+    renewal: its key's expiry, however short it had become, is reset to the ttl."""
+    key = LockKeys.build("aiolock", name).lock
+    token = secrets.token_hex(16)
+    first = await Lock(client, name, ttl=10).acquire(token=token)
+    await client.pexpire(key, 300)  # time passed: 0.3 s of it left
+    taken = await Lock(client, name, ttl=10).resume(token)
+    assert await client.pttl(key) > 9000
+    assert taken.remaining() > 9
+    await taken.release()
+    await first.release()  # released already, by the same token
+
+
 async def test_a_release_by_token_serves_a_waiter_of_this_process_at_once(
     client: redis.asyncio.Redis, name: str
 ) -> None:
@@ -161,6 +178,40 @@ async def test_extend_to_a_new_ttl(client: redis.asyncio.Redis, name: str) -> No
     assert 0 < await client.pttl(key) <= 600
     with pytest.raises(ConfigError, match="ttl"):
         await lease.extend(ttl=0)
+    await lease.release()
+
+
+async def test_extend_to_a_longer_ttl_counts_a_shorter_renewal_still_in_flight(
+    client: redis.asyncio.Redis, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watchdog's renewal to the old ttl is on its way when `extend(ttl=10)` is
+    answered: Redis may apply it last, leaving the key the old ttl to live. Until it is
+    answered, the lease counts on no more than that; once it is, the lease is renewed to
+    the new ttl from then on."""
+    backend = runtime_for(client).backend
+    run = type(backend).run
+    on_its_way, land = asyncio.Event(), asyncio.Event()
+
+    async def renewal_held(self: Any, script: Any, keys: Any, args: Any, **kwargs: Any) -> Any:
+        if self is backend and kwargs.get("operation") == "renew" and not land.is_set():
+            on_its_way.set()
+            await within(land.wait(), what="the test to let the renewal land")
+        return await run(self, script, keys, args, **kwargs)
+
+    monkeypatch.setattr(type(backend), "run", renewal_held)
+    loop = asyncio.get_running_loop()
+    ttl = scaled(1.0)
+    lease = await Lock(client, name, ttl=ttl).acquire()
+    try:
+        await within(on_its_way.wait(), what="the watchdog's renewal on its way")
+        await lease.extend(ttl=10)
+        assert lease.deadline <= loop.time() + ttl, "past what the renewal in flight allows"
+    finally:
+        land.set()
+    await eventually(
+        lambda: lease.remaining() > 5 or lease.lost, what=f"renewed to the new ttl ({lease})"
+    )
+    assert not lease.lost, f"lost once the renewal in flight was answered: {lease.loss_reason}"
     await lease.release()
 
 
