@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import re
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +27,8 @@ from aiolock import (
     fenced_get,
     fenced_set,
 )
+from aiolock._acl import _CALLS
+from aiolock._fencing_scripts import FENCING_SCRIPTS
 from aiolock.testing import expire_now
 
 from ..conftest import CommandLog, make_client
@@ -368,3 +372,12 @@ async def test_each_call_is_one_script_in_one_round_trip(
         mark = commands.mark()
         await call()
         assert commands.since(mark) == {f"EVALSHA {script}": 1}
+
+
+def test_the_docs_name_every_command_the_scripts_run() -> None:
+    """docs/fencing.md's list of the commands a Redis user needs (for an ACL)."""
+    called = {c.upper() for s in FENCING_SCRIPTS for c in _CALLS.findall(s.source)}
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "fencing.md").read_text()
+    line = re.search(r"\*\*Permissions\*\*: (.*?) on your data", docs, re.DOTALL)
+    assert line is not None
+    assert set(re.findall(r"`([A-Z]+)`", line.group(1))) == called | {"EVALSHA", "EVAL"}
