@@ -7,6 +7,7 @@ Each test runs on a real server and on fakeredis (its Lua extra), but those mark
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
 import re
@@ -145,6 +146,28 @@ async def test_concurrent_writers_never_lose_the_newest(
     for token, ok in results:
         if not ok:
             assert token < highest and any(a > token for a in accepted)
+
+
+async def test_a_cancelled_write_may_have_landed_and_writing_again_is_safe(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    """Cancelled at various points of its round trip, a write has landed or not; written
+    again with the same token, it is accepted, and the value is the one written."""
+    key = f"{name}:data"
+    before = FencedValue(value=None, fencing_token=0)
+    for turns in range(6):
+        value, token = f"v{turns}", 10 + turns
+        task = asyncio.create_task(fenced_set(client, key, value, token))
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        written = FencedValue(value=value.encode(), fencing_token=token)
+        assert await fenced_get(client, key) in (before, written)
+        assert await fenced_set(client, key, value, token)
+        assert await fenced_get(client, key) == written
+        before = written
 
 
 @pytest.mark.parametrize(
