@@ -104,7 +104,7 @@ def _check_value(value: object) -> str | bytes:
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value)
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return repr(value) if isinstance(value, float) else str(value)
+        return repr(float(value)) if isinstance(value, float) else str(int(value))
     raise TypeError(
         "value must be bytes (or bytearray, memoryview), str, int or float, got "
         f"{type(value).__name__}; encode it first (json.dumps, for example)"
@@ -201,8 +201,9 @@ async def fenced_set(
 
     Raises:
         TypeError: `client`, `key`, `value`, `fencing_token` or `ttl` of the wrong type.
-        ConfigError: `key` empty, `fencing_token` out of range, `ttl` or `timeout` out of
-            range; nothing was sent.
+        ConfigError: `key` empty, `key` or a str `value` not encodable as UTF-8,
+            `fencing_token` out of range, `ttl` or `timeout` out of range; nothing was
+            sent.
         BackendError: Redis could not be reached, did not answer within `timeout`, or
             refused the command (`key` holds another type: WRONGTYPE; its field `fence`
             is not a number). A timeout or a broken connection leaves the outcome unknown:

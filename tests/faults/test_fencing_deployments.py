@@ -18,7 +18,7 @@ from aiolock._backend import Backend
 
 from ..servers import ServerBinary
 from .cluster import SLOTS, ClusterGroup, _is_primary
-from .sentinel import SentinelGroup, _ask
+from .sentinel import SentinelGroup, _ask, closing
 
 pytestmark = pytest.mark.real_only
 
@@ -95,11 +95,10 @@ async def sentinel(binaries: list[ServerBinary]) -> AsyncIterator[SentinelGroup]
 
 @contextlib.asynccontextmanager
 async def master_client(group: SentinelGroup) -> AsyncIterator[redis.asyncio.Redis]:
+    """`master_for`'s client, closed on the way out with its Sentinel's connections."""
     client = group.master_client()
-    try:
+    async with closing(client):
         yield client
-    finally:
-        await client.aclose()
 
 
 async def test_a_failover_that_replicated_the_writes_keeps_the_highest_token(
