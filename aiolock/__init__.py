@@ -18,6 +18,10 @@ from ._engine import Busy as Busy
 from ._events import EventKind as EventKind
 from ._events import LockEvent as LockEvent
 from ._events import add_listener as add_listener
+from ._fencing import FencedValue as FencedValue
+from ._fencing import fenced_delete as fenced_delete
+from ._fencing import fenced_get as fenced_get
+from ._fencing import fenced_set as fenced_set
 from ._holdstats import HoldStats as HoldStats
 from ._info import LockInfo as LockInfo
 from ._inspect import hold_stats as hold_stats
@@ -64,6 +68,7 @@ __all__ = (
     "DoneMarker",
     "Election",
     "EventKind",
+    "FencedValue",
     "HoldStats",
     "Leader",
     "Lease",
@@ -93,6 +98,9 @@ __all__ = (
     "WriteLock",
     "__version__",
     "add_listener",
+    "fenced_delete",
+    "fenced_get",
+    "fenced_set",
     "hold_stats",
     "locked",
     "release_all",

@@ -24,6 +24,7 @@ from redis.asyncio.connection import Connection
 
 from aiolock import _clients
 from aiolock._election_scripts import EL_ANNOUNCE, EL_PROCLAIM, EL_READ, EL_RELEASE
+from aiolock._fencing_scripts import FENCING_SCRIPTS
 from aiolock._hash_scripts import EXPIRE_LEASES
 from aiolock._lease_scripts import RENEW, RESUME
 from aiolock._rwlock_scripts import RW_ACQUIRE, RW_RELEASE
@@ -38,6 +39,7 @@ SCRIPTS = (
     *(ACQUIRE, RELEASE, RENEW, RESUME, INSPECT),
     *(SEM_ACQUIRE, SEM_RELEASE, SEM_SET_LIMIT, *RW_ACQUIRE, *RW_RELEASE, EXPIRE_LEASES),
     *(EL_ANNOUNCE, EL_PROCLAIM, EL_READ, EL_RELEASE),
+    *FENCING_SCRIPTS,
 )
 SCRIPT_NAMES = {script.sha: script.name for script in SCRIPTS}
 HANDSHAKE = {"HELLO", "CLIENT", "SELECT", "AUTH", "READONLY"}

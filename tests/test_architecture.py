@@ -41,6 +41,7 @@ LAYERS: dict[str, int] = {
     "_redlock_scripts": DATA,
     "_rwlock_scripts": DATA,
     "_election_scripts": DATA,
+    "_fencing_scripts": DATA,
     "_shard_scripts": DATA,
     "_acl": DATA,
     "_queue": DATA,
@@ -77,6 +78,7 @@ LAYERS: dict[str, int] = {
     "_inspect": PRIMITIVES,
     "_locked": PRIMITIVES,
     "_once": PRIMITIVES,
+    "_fencing": PRIMITIVES,
     "_shutdown": PRIMITIVES,
     "_glue": PRIMITIVES,
     # The leaves: the public package, the command line, the integrations, testing helpers.

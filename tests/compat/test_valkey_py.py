@@ -25,11 +25,15 @@ from valkey.asyncio.cluster import ClusterNode, ValkeyCluster
 from aiolock import (
     AcquireTimeoutError,
     BackendError,
+    FencedValue,
     Lease,
     Lock,
     LossReason,
     ReadWriteLock,
     Semaphore,
+    fenced_delete,
+    fenced_get,
+    fenced_set,
     hold_stats,
     locked,
     run_once,
@@ -276,6 +280,33 @@ async def test_a_valkey_cluster_client(valkey_cluster: ClusterGroup, name: str) 
     finally:
         await one.aclose()
         await two.aclose()
+
+
+async def test_fenced_storage_on_a_valkey_client_and_a_valkey_cluster(
+    vclients: list[valkey.asyncio.Valkey], valkey_cluster: ClusterGroup, name: str
+) -> None:
+    """`fenced_set`, `fenced_get` and `fenced_delete` take valkey-py's clients, of one
+    server and of a cluster (a key on each primary); a WRONGTYPE is a `BackendError`."""
+    nodes = [ClusterNode("127.0.0.1", server.port) for server in valkey_cluster.servers]
+    cluster = ValkeyCluster(startup_nodes=nodes)
+    try:
+        for client, keys in (
+            (vclients[0], [f"{name}:data"]),
+            (cluster, [f"{name}:{suffix}" for suffix in "abcdef"]),
+        ):
+            for key in keys:
+                assert await fenced_set(client, key, "v", 10)
+                assert not await fenced_set(client, key, "late", 9)
+                assert await fenced_delete(client, key, 11)
+                assert not await fenced_set(client, key, "late", 10)
+                assert await fenced_set(client, key, "w", 12)
+                stored = await fenced_get(client, key)
+                assert stored == FencedValue(value=b"w", fencing_token=12)
+        await vclients[0].set(f"{name}:plain", "text")
+        with pytest.raises(BackendError, match="WRONGTYPE"):
+            await fenced_set(vclients[0], f"{name}:plain", "v", 1)
+    finally:
+        await cluster.aclose()
 
 
 async def test_a_valkey_sentinel_client(valkey_binary: ServerBinary, name: str) -> None:

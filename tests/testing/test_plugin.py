@@ -14,7 +14,7 @@ import asyncio
 
 import pytest
 
-from aiolock import AcquireTimeoutError, LeaseLostError, Lock, LossReason
+from aiolock import AcquireTimeoutError, LeaseLostError, Lock, LossReason, fenced_set
 from aiolock.testing import RedisServer, expire_now, hold_elsewhere
 
 
@@ -66,6 +66,15 @@ async def test_lost_on_a_real_server(aiolock_client):
 @pytest.mark.asyncio
 async def test_lost_on_fakeredis(aiolock_fakeredis):
     await lose(aiolock_fakeredis)
+
+
+@pytest.mark.asyncio
+async def test_a_superseded_write_refused_on_fakeredis(aiolock_fakeredis):
+    first = await Lock(aiolock_fakeredis, "orders:4").acquire()
+    await first.release()
+    async with Lock(aiolock_fakeredis, "orders:4") as second:
+        assert await fenced_set(aiolock_fakeredis, "orders:4:total", 10, second.fencing_token)
+    assert not await fenced_set(aiolock_fakeredis, "orders:4:total", 99, first.fencing_token)
 """
 
 INI = """
@@ -92,7 +101,7 @@ def user_tests(pytester: pytest.Pytester) -> pytest.Pytester:
 def test_the_plugins_fixtures_in_a_users_tests(user_tests: pytest.Pytester, mode: str) -> None:
     user_tests.makeini(INI.format(mode=mode))
     result = user_tests.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
-    result.assert_outcomes(passed=5)
+    result.assert_outcomes(passed=6)
 
 
 def test_the_plugin_without_auto_loading(
@@ -106,7 +115,7 @@ def test_the_plugin_without_auto_loading(
         "-p", "no:cacheprovider", "-p", "asyncio", "-p", "pytest_timeout",
         "-p", "aiolock.testing.plugin", timeout=120,
     )  # fmt: skip
-    result.assert_outcomes(passed=5)
+    result.assert_outcomes(passed=6)
     monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
     result = user_tests.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:aiolock")
     result.stdout.fnmatch_lines(["*fixture 'aiolock_client' not found*"])
