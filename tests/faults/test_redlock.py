@@ -22,6 +22,7 @@ import redis.asyncio
 
 import aiolock
 from aiolock import EventKind, Lease, LeaseLostError, LockEvent, LossReason, QuorumError, Redlock
+from aiolock._redlock_scripts import RL_ACQUIRE, RL_FENCE, RL_RELEASE
 
 from ..load import scaled
 from ..pools import ClosedByItsUser, SlowToConnect
@@ -399,6 +400,63 @@ async def test_a_late_nodes_call_opens_nothing_in_a_client_closed_meanwhile(
         lambda: bool(proxy.arrived(key, since=closed_at)),
         what="the third node's release sent again",
     )
+    await proxy.restore()
+
+    async def freed() -> bool:
+        return not any(await holders(group, name))
+
+    await eventually(freed, what="the third node freed too")
+    await eventually(
+        lambda: proxy.open_connections == 0,
+        what="every connection to the third node closed",
+        timeout=scaled(2.0),
+    )
+
+
+async def test_a_late_nodes_fencing_token_is_written_apart_once_the_client_is_closed(
+    three_one_proxied: ServerGroup, name: str
+) -> None:
+    """The third node grants after the two others decided (its first connection slow to
+    open: its clock past the proposal, it issues a token of its own), and its answer is
+    lost on the way: its call is still waiting when the user, having released, closes the
+    clients. Sent again apart, the acquire is answered with that token, and only then is
+    the node written the agreed one: on a connection of its own, closed when it ends, not
+    on the user's closed pool (which would open a connection nobody closes).
+
+    Break seen failing: the agreed token written on the user's client."""
+    group = three_one_proxied
+    proxy = group.proxies[2]
+    key = key_of(name)
+    direct = group.client(2)
+    for script in (RL_ACQUIRE, RL_FENCE, RL_RELEASE):  # every call an EVALSHA the node knows
+        await direct.script_load(script.source)
+    clients = group.clients()
+    proxy.delay_connections(0.3)
+    proxy.lose_reply_to(key.encode())  # the acquire's
+    # (The lost answer keeps the third node's call waiting within its node timeout.)
+    lock = Redlock(clients, name, ttl=30, node_timeout=15)
+    lease = await within(lock.acquire(), what="the acquire (decided by the two others)")
+
+    async def all_hold() -> bool:
+        return all(await holders(group, name))
+
+    await eventually(all_hold, what="the third node's grant")
+    held = proxy.hold_requests(RL_RELEASE.sha.encode())
+    await within(lease.release(), what="the release (decided by the two others)")
+    await within(held.wait(), what="the third node's release reaching its proxy")
+    closed_at = asyncio.get_running_loop().time()
+    for client in clients:
+        await client.aclose()
+
+    async def fenced() -> bool:
+        fields = (await group.fields(key))[2]
+        return fields is not None and fields.get("fence") == str(lease.fencing_token)
+
+    await eventually(
+        lambda: bool(proxy.arrived(RL_FENCE.sha.encode(), since=closed_at)),
+        what="the agreed token written to the third node",
+    )
+    await eventually(fenced, what="the third node holding the agreed token")
     await proxy.restore()
 
     async def freed() -> bool:
