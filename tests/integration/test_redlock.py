@@ -575,8 +575,8 @@ async def test_a_node_granting_after_the_quorum_decided_gets_the_agreed_token(
 ) -> None:
     """The late node issued a token of its own, higher than the one agreed: once its call
     has ended it holds the agreed one, as every other node, not only after the first
-    renewal (ttl/3 later). The write goes as the acquire went, on the user's client: once
-    the user closed the clients, nothing of theirs is left open on that node."""
+    renewal (ttl/3 later). The write goes on a connection of its own, closed when it ends:
+    once the user closed the clients, nothing of theirs is left open on that node."""
     async with one_slow_node(servers, client_name=name) as clients:
         lease = await Redlock(clients, name, ttl=20).acquire()
         try:
