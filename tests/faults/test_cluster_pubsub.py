@@ -17,9 +17,11 @@ from typing import Any
 import pytest
 from redis.asyncio.cluster import RedisCluster
 
-from aiolock import Lock, Semaphore
+from aiolock import BackendError, LeaseLostError, Lock, Semaphore
+from aiolock._backend import Backend
 from aiolock._cluster_pubsub import ShardedPubSub
 from aiolock._layout import LockKeys
+from aiolock._lease_scripts import RENEW
 from aiolock._runtime import runtime_for
 from aiolock._scripts import ACQUIRE, RELEASE, acquire_args, acquired, release_args
 from aiolock._transport_cluster import ClusterTransport
@@ -27,7 +29,7 @@ from aiolock._transport_cluster import ClusterTransport
 from ..load import scaled
 from ..recorded import dispatched_in, handled_by_redis_py
 from ..servers import ServerBinary
-from ..waits import eventually, within
+from ..waits import BOUND, eventually, within
 from .cluster import ClusterGroup, on_replica
 from .sentinel import _ask
 from .test_cluster import NOTIFIED_BOUND, names_in_thirds, queued, slot_of
@@ -110,6 +112,46 @@ def cancelled_on_exit(*tasks: asyncio.Future[Any]) -> Iterator[None]:
     finally:
         for task in tasks:
             task.cancel()
+
+
+@contextlib.asynccontextmanager
+async def waiter_ended(waiting: asyncio.Future[Any]) -> AsyncIterator[None]:
+    """The acquire `waiting` cancelled if it still waits when the block ends, and the lease
+    it got released, however the block ended (one released already: nothing more)."""
+    try:
+        yield
+    finally:
+        waiting.cancel()
+        done, _ = await asyncio.wait([waiting], timeout=BOUND)
+        if waiting in done and not waiting.cancelled() and waiting.exception() is None:
+            with contextlib.suppress(LeaseLostError, BackendError):
+                await waiting.result().release()
+
+
+@contextlib.asynccontextmanager
+async def renewed_by_hand(
+    backend: Backend, key: str, token: str, ttl: float, name: str
+) -> AsyncIterator[None]:
+    """A lock written by hand under `token` renewed every third of its ttl while the block
+    runs, as the watchdog of the process holding it would: it is still held when the
+    block releases it, however long the steps before took."""
+
+    async def renew() -> None:
+        while True:
+            await asyncio.sleep(ttl / 3)
+            args: list[str | int] = [token, int(ttl * 1000), ""]
+            await backend.run(RENEW, [key], args, timeout=5.0, operation="renew", name=name)
+
+    task = asyncio.ensure_future(renew())
+    try:
+        yield
+        if task.done():
+            task.result()  # a renewal that failed
+    finally:
+        task.cancel()
+        await asyncio.wait([task])
+        if not task.cancelled():
+            task.exception()  # (raised above, unless the block raised first)
 
 
 async def hand_over_in_each_third(a: Any, b: Any, name: str, *, reader: Any | None = None) -> None:
@@ -349,9 +391,10 @@ async def test_a_release_of_the_classic_kind_reaches_its_waiter_within_a_ttl(
     binaries: list[ServerBinary], name: str
 ) -> None:
     """The other side of a rolling upgrade: a process of a version without sharded pub/sub
-    releases (RELEASE's own text, which PUBLISHes), and this version's waiter, subscribed
-    with SSUBSCRIBE, does not hear it; it falls back to its timer and gets the lock within
-    the holder's ttl (plus the spread): slower, never unsafe, and bounded."""
+    holds the lock (renewed, as its watchdog would) and releases it (RELEASE's own text,
+    which PUBLISHes), and this version's waiter, subscribed with SSUBSCRIBE, does not hear
+    it; it falls back to its timer and gets the lock within the holder's ttl (plus the
+    spread): slower, never unsafe, and bounded."""
     async with cluster_of(binary_of(binaries, "redis")) as group, clients(group, 2) as (a, b):
         ttl = 3.0
         keys = LockKeys.build("aiolock", name)
@@ -363,14 +406,16 @@ async def test_a_release_of_the_classic_kind_reaches_its_waiter_within_a_ttl(
         )  # fmt: skip
         assert acquired(answer)[0] == 1, answer
         waiting = asyncio.ensure_future(Lock(b, name, ttl=ttl).acquire(timeout=4 * ttl))
-        with cancelled_on_exit(waiting):
-            await queued(a, keys.queue)
-            assert sharded(b)._where[keys.channel].up
-            loop = asyncio.get_running_loop()
-            published = (await counts(group))["publish"]
-            released = loop.time()
-            release = [keys.lock, keys.queue, keys.waiters, keys.holds]
-            reply = await a.eval(RELEASE.source, 4, *release, *release_args(token=token))
+        async with waiter_ended(waiting):
+            # (Held as its process would, renewed: the steps below may outlast the ttl.)
+            async with renewed_by_hand(holder, keys.lock, token, ttl, name):
+                await queued(a, keys.queue)
+                assert sharded(b)._where[keys.channel].up
+                loop = asyncio.get_running_loop()
+                published = (await counts(group))["publish"]
+                released = loop.time()
+                release = [keys.lock, keys.queue, keys.waiters, keys.holds]
+                reply = await a.eval(RELEASE.source, 4, *release, *release_args(token=token))
             assert reply[0] == 1 and reply[1] != b"", reply  # granted to the waiter's queue
             assert (await counts(group))["publish"] == published + 1  # the classic way
             lease = await within(waiting, what="the sharded waiter's lease", timeout=3 * ttl)
