@@ -26,6 +26,7 @@ from aiolock._engine import Primitive
 from aiolock._layout import LockKeys
 
 from ..conftest import CommandLog
+from ..load import scaled
 from ..waits import eventually, within
 
 
@@ -86,9 +87,10 @@ async def test_another_process_resumes_or_releases_a_lease_by_its_token(
     client: redis.asyncio.Redis, name: str, backend_kind: str, request: pytest.FixtureRequest
 ) -> None:
     token = secrets.token_hex(16)
-    first = await Lock(client, name, ttl=2).acquire(token=token)
+    ttl = scaled(2.0)  # (the leases must outlive the machine's stalls until released)
+    first = await Lock(client, name, ttl=ttl).acquire(token=token)
     # "Another process": a lease object of its own under the same token, renewed from here.
-    taken = await Lock(client, name, ttl=2).resume(token)
+    taken = await Lock(client, name, ttl=ttl).resume(token)
     assert (taken.token, taken.fencing_token) == (token, first.fencing_token)
     renewed = asyncio.Event()
     remove = add_listener(
@@ -99,10 +101,10 @@ async def test_another_process_resumes_or_releases_a_lease_by_its_token(
         )
     )
     try:
-        await asyncio.wait_for(renewed.wait(), 5)
+        await asyncio.wait_for(renewed.wait(), scaled(5.0))
     finally:
         remove()
-    waiter = asyncio.create_task(Lock(client, name, ttl=2).acquire(timeout=10))
+    waiter = asyncio.create_task(Lock(client, name, ttl=ttl).acquire(timeout=10))
     await asyncio.sleep(0.05)
     assert await Lock(client, name).release_token(token) is True  # and the waiter is served
     successor = await asyncio.wait_for(waiter, 10)
