@@ -138,16 +138,20 @@ async def test_fencing_tokens_increase_across_different_majorities(
 ) -> None:
     """The counter-example of the maximum over each majority's counters: node 0 far
     ahead. The first lease is granted by {0, 1} (node 2 frozen), the next by {1, 2} (node 0
-    frozen): without the agreed token written back to node 1, the second would be lower."""
+    frozen): without the agreed token written back to node 1, the second would be lower.
+    The second starts once every call of the first has ended: a call still unanswered
+    then (a loaded machine's) has the quorum skip its node, and with node 0 frozen too,
+    no majority is left."""
     three = nodes[:3]
     ahead = 4 * 10**15  # far ahead of the clocks, yet exact in Lua (below 2**53)
     await three[0].hset(key_of(name), mapping={"n": ahead, "fence": ahead})
     with paused(servers[2]):
-        async with Redlock(three, name, ttl=5, node_timeout=1) as first:
+        async with Redlock(three, name, ttl=5, node_timeout=2) as first:
             pass
     assert first.fencing_token > ahead
+    await quorum_calls_ended(three)
     with paused(servers[0]):
-        async with Redlock(three, name, ttl=5, node_timeout=1) as second:
+        async with Redlock(three, name, ttl=5, node_timeout=2) as second:
             pass
     assert second.fencing_token > first.fencing_token
 
