@@ -273,7 +273,10 @@ async def test_permits_held_by_two_processes(
         async def queued() -> bool:
             return bool(await clients[0].zcard(sem_keys(name).queue) == 1)
 
-        await eventually(queued, what="the other process queued behind the two permits")
+        # (A new Python process: it may take seconds to start on a loaded machine.)
+        await eventually(
+            queued, what="the other process queued behind the two permits", timeout=scaled(10.0)
+        )
         await handed.release()
         line = await within(other.stdout.readline(), what="the other process's permit")
         acquired = json.loads(line)
