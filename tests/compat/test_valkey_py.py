@@ -263,9 +263,10 @@ async def test_a_valkey_cluster_client(valkey_cluster: ClusterGroup, name: str) 
         )
         assert not any(lease.lost for lease in leases)
         waiting = asyncio.ensure_future(Lock(two, names[0], ttl=5).acquire(timeout=20))
-        await eventually(
+        await eventually(  # (its first call finds the cluster's nodes: slow on a loaded machine)
             lambda: one.zcard(LockKeys.build("aiolock", names[0]).queue),
             what="the second client queued",
+            timeout=scaled(10.0),
         )
         for lease in leases:
             await lease.release()
