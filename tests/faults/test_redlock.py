@@ -260,7 +260,10 @@ async def test_nodes_restarted_empty_one_at_a_time_get_the_key_back(
         assert await holders(five, name) == [lease.token] * 5
         for index in (0, 1, 2):
             await five.restart_empty(index)
-            assert (await holders(five, name))[index] == ""
+            # Empty; or, if a renewal came first (a restart may take that long on a loaded
+            # machine), its key made again by the renewal, which names no holder (`m`).
+            fields = (await five.fields(key_of(name)))[index]
+            assert fields is not None and fields.get("m", "") == "", fields
             # A contender of its own (no connection broken by the restart): the restarted
             # node grants, the four others refuse.
             contender = Redlock(five.clients(), name, ttl=ttl)
