@@ -109,7 +109,7 @@ async def test_two_of_five_killed_a_contender_is_told_busy(
 ) -> None:
     """Two nodes dead, the lock held on the three others: a contender's try_acquire is
     busy (None), whatever order the three live nodes answer in. Here the third live node
-    answers 0.1 s late (well within the per-node bound of 1 s): the two refusals and the
+    answers 0.1 s late (well within the per-node bound, 1 s or more): the two refusals and the
     two errors come first, and the contender must wait for the third answer to know that
     a quorum refused.
 
@@ -119,14 +119,16 @@ async def test_two_of_five_killed_a_contender_is_told_busy(
     async with ServerGroup(binaries[0], 5, proxied=(2,)) as group:
         group.kill(3)
         group.kill(4)
-        ttl = 3.0
-        # The holder gives each node 1 s too: with its default (a tenth of the ttl), a
-        # loaded machine can make it skip the delayed node, leaving no quorum to release.
-        holder = Redlock(group.clients(), name, ttl=ttl, node_timeout=1.0)
+        ttl = scaled(3.0)
+        node_timeout = ttl / 3  # 1 s on an idle machine
+        # The holder gives each node as long: with its default (a tenth of the ttl), or
+        # with 1 s on a heavily loaded machine, its renewals to the delayed node can fail
+        # unanswered and the release then skip that node, leaving no quorum to release.
+        holder = Redlock(group.clients(), name, ttl=ttl, node_timeout=node_timeout)
         lease = await holder.acquire(timeout=scaled(2.0))
         try:
             await group.delay((2,), 0.1)
-            contender = Redlock(group.clients(), name, ttl=ttl, node_timeout=1.0)
+            contender = Redlock(group.clients(), name, ttl=ttl, node_timeout=node_timeout)
             for _ in range(3):
                 assert await contender.try_acquire() is None
         finally:
