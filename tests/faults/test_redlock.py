@@ -421,12 +421,12 @@ async def test_a_late_nodes_call_opens_nothing_in_a_client_closed_meanwhile(
 async def test_a_late_nodes_fencing_token_is_written_apart_once_the_client_is_closed(
     three_one_proxied: ServerGroup, name: str
 ) -> None:
-    """The third node grants after the two others decided (its first connection slow to
-    open: its clock past the proposal, it issues a token of its own), and its answer is
-    lost on the way: its call is still waiting when the user, having released, closes the
-    clients. Sent again apart, the acquire is answered with that token, and only then is
-    the node written the agreed one: on a connection of its own, closed when it ends, not
-    on the user's closed pool (which would open a connection nobody closes).
+    """The third node's grant is read after the two others decided (its answer lost on
+    the way), with a token of its own (the two others' counters are far ahead): its call
+    is still waiting when the user, having released, closes the clients. Sent again apart,
+    the acquire is answered with that token, and only then is the node written the agreed
+    one: on a connection of its own, closed when it ends, not on the user's closed pool
+    (which would open a connection nobody closes).
 
     Break seen failing: the agreed token written on the user's client."""
     group = three_one_proxied
@@ -435,13 +435,17 @@ async def test_a_late_nodes_fencing_token_is_written_apart_once_the_client_is_cl
     direct = group.client(2)
     for script in (RL_ACQUIRE, RL_FENCE, RL_RELEASE):  # every call an EVALSHA the node knows
         await direct.script_load(script.source)
+    # The two others issue one token, and agree on it without writing it back: no call of
+    # the quorum is answered after the third node's acquire, which it then does not skip
+    # (nor does it skip it for a renewal's answers: none, the lease is not renewed).
+    ahead = 4 * 10**15  # far ahead of the clocks, yet exact in Lua (below 2**53)
+    for index in (0, 1):
+        await group.client(index).hset(key, mapping={"n": ahead, "fence": ahead})
     clients = group.clients()
-    proxy.delay_connections(0.3)
-    proxy.lose_reply_to(key.encode())  # the acquire's
-    # (The lost answer keeps the third node's call waiting within its node timeout; no
-    # renewal meanwhile, whose answers from the two others would have the release skip it.)
+    proxy.lose_reply_to(key.encode())  # the acquire's: its call waits, within its bound
     lock = Redlock(clients, name, ttl=30, node_timeout=15, renew=False)
     lease = await within(lock.acquire(), what="the acquire (decided by the two others)")
+    assert lease.fencing_token == ahead + 1
 
     async def all_hold() -> bool:
         return all(await holders(group, name))
