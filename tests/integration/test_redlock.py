@@ -140,16 +140,20 @@ async def test_fencing_tokens_increase_across_different_majorities(
 ) -> None:
     """The counter-example of the maximum over each majority's counters: node 0 far
     ahead. The first lease is granted by {0, 1} (node 2 frozen), the next by {1, 2} (node 0
-    frozen): without the agreed token written back to node 1, the second would be lower."""
+    frozen): without the agreed token written back to node 1, the second would be lower.
+    The second starts once every call of the first has ended: a call still unanswered
+    then (a loaded machine's) has the quorum skip its node, and with node 0 frozen too,
+    no majority is left."""
     three = nodes[:3]
     ahead = 4 * 10**15  # far ahead of the clocks, yet exact in Lua (below 2**53)
     await three[0].hset(key_of(name), mapping={"n": ahead, "fence": ahead})
     with paused(servers[2]):
-        async with Redlock(three, name, ttl=5, node_timeout=1) as first:
+        async with Redlock(three, name, ttl=5, node_timeout=2) as first:
             pass
     assert first.fencing_token > ahead
+    await quorum_calls_ended(three)
     with paused(servers[0]):
-        async with Redlock(three, name, ttl=5, node_timeout=1) as second:
+        async with Redlock(three, name, ttl=5, node_timeout=2) as second:
             pass
     assert second.fencing_token > first.fencing_token
 
@@ -606,8 +610,8 @@ async def test_a_node_granting_after_the_quorum_decided_gets_the_agreed_token(
 ) -> None:
     """The late node issued a token of its own, higher than the one agreed: once its call
     has ended it holds the agreed one, as every other node, not only after the first
-    renewal (ttl/3 later). The write goes as the acquire went, on the user's client: once
-    the user closed the clients, nothing of theirs is left open on that node."""
+    renewal (ttl/3 later). The write goes on a connection of its own, closed when it ends:
+    once the user closed the clients, nothing of theirs is left open on that node."""
     async with one_slow_node(servers, client_name=name) as clients:
         lease = await Redlock(clients, name, ttl=20).acquire()
         try:

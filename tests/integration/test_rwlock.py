@@ -37,11 +37,12 @@ async def test_readers_share_and_a_writer_is_alone(
     most_readers = 0
     violations: list[str] = []
     done = 0
+    ttl = scaled(10.0)  # (the bound below, under it, must outlast a loaded machine's run)
 
     async def reader(client: redis.asyncio.Redis) -> None:
         nonlocal most_readers, done
         for _ in range(6):
-            async with ReadWriteLock(client, name, ttl=10).read():
+            async with ReadWriteLock(client, name, ttl=ttl).read():
                 if inside["write"]:
                     violations.append("a reader inside with the writer")
                 inside["read"] += 1
@@ -52,7 +53,7 @@ async def test_readers_share_and_a_writer_is_alone(
 
     async def writer(client: redis.asyncio.Redis) -> None:
         for _ in range(4):
-            async with ReadWriteLock(client, name, ttl=10).write():
+            async with ReadWriteLock(client, name, ttl=ttl).write():
                 if inside["write"] or inside["read"]:
                     violations.append(f"a writer inside with {dict(inside)}")
                 inside["write"] += 1
@@ -61,8 +62,10 @@ async def test_readers_share_and_a_writer_is_alone(
 
     tasks = [reader(clients[i % 4]) for i in range(8)] + [writer(clients[i]) for i in (0, 2)]
     # Each release reaches the next in line: a grant left unheard would idle the lock
-    # until the waiters' fallback check (the ttl: 10 s).
-    await within(asyncio.gather(*tasks), what="the readers and writers, never idle", timeout=8)
+    # until the waiters' fallback check (the ttl).
+    await within(
+        asyncio.gather(*tasks), what="the readers and writers, never idle", timeout=0.8 * ttl
+    )
     assert not violations, violations[:5]
     assert most_readers >= 2, "readers never overlapped"
     info = await ReadWriteLock(clients[0], name).info()
@@ -258,17 +261,18 @@ async def test_leases_handed_between_processes_are_never_left_idle(
     """Two processes, three tasks each, taking turns (writers; or readers kept waiting by
     a writer every other turn): each release reaches the next in line, so the run takes a
     fraction of a second; a grant left unheard would idle the lock until the fallback check
-    (the ttl: 10 s)."""
+    (the ttl: 10 s, scaled by the machine's load, as the bound under it)."""
+    ttl = scaled(10.0)
 
     async def worker(client: redis.asyncio.Redis, index: int) -> None:
-        rw = ReadWriteLock(client, name, ttl=10)
+        rw = ReadWriteLock(client, name, ttl=ttl)
         for turn in range(4):
             writing = side == "write" or (turn + index) % 3 == 0
             async with rw.write() if writing else rw.read():
                 await asyncio.sleep(0.01)
 
     work = asyncio.gather(*(worker(clients[i % 2], i) for i in range(6)))
-    await within(work, what="24 turns without idling", timeout=5)
+    await within(work, what="24 turns without idling", timeout=ttl / 2)
 
 
 @pytest.mark.real_only

@@ -11,9 +11,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux"), reason="the process and descriptor checks read /proc"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux"),
+        reason="the process and descriptor checks read /proc",
+    ),
+    # Each runs pytest in a new interpreter (bounded below), which may take more than the
+    # suite's minute to start and run on a loaded machine.
+    pytest.mark.timeout(180),
+]
 
 LEAKY = """
 import asyncio, socket, subprocess
@@ -92,7 +98,7 @@ def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     return pytester.runpytest_subprocess(
         "-p", "tests.hygiene", "-p", "no:cacheprovider", "-o", "asyncio_mode=auto",
         "-o", "asyncio_default_fixture_loop_scope=function",
-        "-W", "error", *args,
+        "-W", "error", *args, timeout=120,
     )  # fmt: skip
 
 

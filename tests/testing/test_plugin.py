@@ -97,6 +97,9 @@ def user_tests(pytester: pytest.Pytester) -> pytest.Pytester:
     return pytester
 
 
+# (Each runs pytest in a new interpreter, bounded below: that may take more than the
+# suite's minute on a loaded machine.)
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize("mode", ["strict", "auto"])
 def test_the_plugins_fixtures_in_a_users_tests(user_tests: pytest.Pytester, mode: str) -> None:
     user_tests.makeini(INI.format(mode=mode))
@@ -104,6 +107,7 @@ def test_the_plugins_fixtures_in_a_users_tests(user_tests: pytest.Pytester, mode
     result.assert_outcomes(passed=6)
 
 
+@pytest.mark.timeout(300)
 def test_the_plugin_without_auto_loading(
     user_tests: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -117,5 +121,7 @@ def test_the_plugin_without_auto_loading(
     )  # fmt: skip
     result.assert_outcomes(passed=6)
     monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
-    result = user_tests.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:aiolock")
+    result = user_tests.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:aiolock", timeout=120
+    )
     result.stdout.fnmatch_lines(["*fixture 'aiolock_client' not found*"])

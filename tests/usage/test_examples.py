@@ -38,6 +38,7 @@ def test_every_example_is_listed_here() -> None:
     ]  # fmt: skip
 
 
+@pytest.mark.timeout(BOUND + 60)  # its own bound, not the suite's minute, ends a slow run
 @pytest.mark.parametrize("example", example_names())
 def test_the_example_runs_and_its_invariant_holds(example: str, binaries: list[object]) -> None:
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}

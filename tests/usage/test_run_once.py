@@ -82,6 +82,7 @@ async def test_with_a_lock_alone_the_same_servers_run_it_three_times(
 
 
 @pytest.mark.real_only
+@pytest.mark.timeout(240)  # three processes one after another, each within 60 s
 async def test_three_server_processes_started_apart_run_the_job_once(
     server_url: str, client: redis.asyncio.Redis, name: str
 ) -> None:
