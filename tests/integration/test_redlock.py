@@ -441,6 +441,44 @@ async def test_bad_input_is_refused_before_anything_is_sent(
     assert await holders(nodes, name) == [None] * NODES
 
 
+async def test_two_clients_of_one_server_are_refused_naming_both(
+    servers: list[RedisServer], nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    """Two client objects that address one server (the same host, port and database, or
+    the same socket path) would give it two votes: one empty restart would then lose a
+    majority. Refused with a `ConfigError` naming both, by every helper that takes a
+    Redlock's clients, before anything is sent. Another database of the server, or an
+    alias of its host, is an address of its own: not detected (documented)."""
+    port = servers[0].port
+    again = redis.asyncio.Redis(host="127.0.0.1", port=port)  # nodes[0]'s server, once more
+    other_db = redis.asyncio.Redis(host="127.0.0.1", port=port, db=1)
+    alias = redis.asyncio.Redis(host="localhost", port=port)
+    sockets = [redis.asyncio.Redis(unix_socket_path="/tmp/aiolock-test.sock") for _ in range(2)]
+    try:
+        with pytest.raises(ConfigError) as caught:
+            Redlock([nodes[0], nodes[1], again], name)
+        assert caught.value.argument == "clients"
+        message = str(caught.value)
+        assert "clients[0]" in message and "clients[2]" in message, message
+        assert f"127.0.0.1:{port}" in message, message
+        with pytest.raises(ConfigError, match=r"clients\[0\].*clients\[1\].*aiolock-test\.sock"):
+            Redlock(sockets, name)
+
+        async def job() -> None:
+            raise AssertionError("run under a Redlock that counts a server twice")
+
+        with pytest.raises(ConfigError, match="same server"):
+            await run_once([again, nodes[1], nodes[0]], name, job, retention=60)
+        with pytest.raises(ConfigError, match="same server"):
+            locked([nodes[0], again, nodes[1]], name, on_busy="raise")
+        Redlock([nodes[0], other_db, nodes[1]], name)  # another database: accepted
+        Redlock([nodes[0], alias, nodes[1]], name)  # an alias: not detected
+        assert await holders(nodes, name) == [None] * NODES
+    finally:
+        for client in (again, other_db, alias, *sockets):
+            await client.aclose()
+
+
 async def test_locked_takes_the_clients_of_a_redlock(
     nodes: list[redis.asyncio.Redis], name: str
 ) -> None:
