@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, Unpack, final
+from typing import Any, Final, Unpack, final
 
 from ._clients import AsyncClient, check_client, is_cluster
 from ._config import check_name, check_seconds
@@ -24,7 +24,7 @@ from ._lease import Lease
 from ._lease_scripts import RENEW, RESUME
 from ._options import LockOptions, lock_config
 from ._primitive import UNSET, Unset
-from ._quorum import Quorum, QuorumBackend
+from ._quorum import Quorum, QuorumBackend, node_name
 from ._redlock_scripts import RL_ACQUIRE, RL_RELEASE
 from ._runtime import Runtime, runtime_for
 from ._scripts import INSPECT, release_args
@@ -108,7 +108,9 @@ class Redlock(Primitive):
 
     Args:
         clients: `redis.asyncio.Redis` clients (or valkey-py's) of independent servers (no
-            replication between them), at least one, none twice; 3 or 5 is usual.
+            replication between them), at least one, no server twice (the same host, port
+            and database, or socket path: two addresses of one server, such as
+            `localhost` and `127.0.0.1` or a proxy, cannot be told apart); 3 or 5 is usual.
         name: the lock's name, as `Lock`'s.
         node_timeout: seconds each node's call may take (0.001 to half the ttl); default
             None: a tenth of the ttl.
@@ -118,9 +120,10 @@ class Redlock(Primitive):
             `prefix`, `retain`); `hold_stats` and `replicas` are not taken.
 
     Raises:
-        TypeError: a wrong type (a cluster client, a client given twice, ...), or an
-            unknown keyword.
-        ConfigError: a value out of range; the message names the argument and the range.
+        TypeError: a wrong type (not a sequence, a cluster client, ...), or an unknown
+            keyword.
+        ConfigError: a value out of range (the message names the argument and the
+            range), no client, or two clients of one server (naming both).
 
     Not offered: `acquire(token=...)`, a token chosen by the caller (a refused attempt is
     given back on every node with an abort that forbids its token); `resume(token)` and
@@ -403,8 +406,8 @@ def _quorum_holder(
 
 
 def check_clients(clients: object) -> tuple[AsyncClient, ...]:
-    """The clients of a Redlock: a non-empty sequence of clients of one server each, none
-    given twice."""
+    """The clients of a Redlock: a non-empty sequence of clients of one server each, no
+    server addressed twice (see `_address`)."""
     if isinstance(clients, (str, bytes)) or not isinstance(clients, Sequence):
         raise TypeError(
             "clients must be a sequence (a list or tuple) of redis.asyncio.Redis clients of "
@@ -423,10 +426,40 @@ def check_clients(clients: object) -> tuple[AsyncClient, ...]:
                 "clients must be clients of one server each (redis.asyncio.Redis), not "
                 "a cluster client: a Redlock's nodes are independent servers"
             )
-    if len({id(client) for client in checked}) != len(checked):
-        raise ConfigError(
-            "clients must not hold the same client twice (each node would vote twice)",
-            argument="clients",
-            value=clients,
-        )
+    seen: dict[object, int] = {}
+    for index, client in enumerate(checked):
+        address = _address(client)
+        first = seen.setdefault(address, index)
+        if first != index:
+            where = "the same client" if checked[first] is client else "the same server"
+            raise ConfigError(
+                f"clients[{first}] and clients[{index}] address {where} "
+                f"({node_name(client)}{_database(client)}): it would vote twice, and one "
+                "empty restart could lose a majority; give each independent server once",
+                argument="clients",
+                value=clients,
+            )
     return checked
+
+
+def _address(client: AsyncClient) -> object:
+    """What tells a client's server: its host (as written: an alias is another address),
+    port and database, or its socket path and database; the client itself where its pool
+    names no server (Sentinel's, or a pool of the user's making)."""
+    kwargs = _pool_kwargs(client)
+    db = kwargs.get("db") or 0
+    if "path" in kwargs:
+        return ("unix", str(kwargs["path"]), db)
+    if "host" in kwargs:
+        return ("tcp", str(kwargs["host"]).lower(), int(kwargs.get("port") or 6379), db)
+    return ("client", id(client))
+
+
+def _database(client: AsyncClient) -> str:
+    return f" database {_pool_kwargs(client).get('db') or 0}"
+
+
+def _pool_kwargs(client: AsyncClient) -> dict[str, Any]:
+    """The connection settings of a client's pool (none for a pool without them)."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+    return kwargs if isinstance(kwargs, dict) else {}
