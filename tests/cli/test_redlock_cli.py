@@ -4,12 +4,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 import redis.asyncio
 
-from aiolock import LossReason, Redlock
+from aiolock import Lease, LeaseLostError, LossReason, Redlock
 
 from ..servers import (
     RedisServer,
@@ -95,6 +96,41 @@ async def test_release_force_evicts_the_holder_on_every_node(
     assert again.code == 1 and again.json()["outcome"] == "not_held"
     refused = await arun("release", name, "--force", *node_args(three))  # stdin not a tty
     assert refused.code == 2 and "--yes" in refused.err
+
+
+async def test_release_force_of_a_minority_says_what_it_deleted_and_where(
+    three: list[RedisServer],
+    clients: list[redis.asyncio.Redis],
+    tag: str,
+    arun: Callable[..., Awaitable[Run]],
+) -> None:
+    """Held on one node of three (a Redlock over it alone): `release --force` deletes it
+    there and says so, naming the node (exit code 0), rather than "not held: nothing
+    released" (exit code 1)."""
+    name = f"{tag}:minority"
+    where = f"127.0.0.1:{three[0].port}"
+    async with contextlib.AsyncExitStack() as leases:
+        lease = await Redlock(clients[:1], name, ttl=30).acquire()
+        leases.push_async_callback(released, lease)
+        done = await arun("release", name, "--force", "--yes", *node_args(three), "--json")
+        assert done.code == 0, (done.out, done.err)
+        data = done.json()
+        assert data["outcome"] == "released" and data["released"] is True
+        assert data["nodes"] == [where] and data["unknown"] == []
+        assert data["holder"]["fencing_token"] == lease.fencing_token
+        assert not await clients[0].exists(f"aiolock:rl:{{{name}}}")
+        lease = await Redlock(clients[:1], name, ttl=30).acquire()
+        leases.push_async_callback(released, lease)
+        table = await arun("release", name, "--force", "--yes", *node_args(three))
+        assert table.code == 0, (table.out, table.err)
+        assert where in table.out and "1 of 3" in table.out, table.out
+        assert str(lease.fencing_token) in table.out, table.out
+
+
+async def released(lease: Lease) -> None:
+    """Release `lease` if still held (evicted: it is lost, which its release says)."""
+    with contextlib.suppress(LeaseLostError):
+        await lease.release()
 
 
 def test_doctor_checks_each_node(three: list[RedisServer], run: Callable[..., Run]) -> None:

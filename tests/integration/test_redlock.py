@@ -395,11 +395,37 @@ async def test_force_release_evicts_the_quorum_holder(
     lock = Redlock(nodes, name, ttl=10)
     with pytest.raises(LeaseLostError):
         async with lock as lease:
+            await quorum_calls_ended(nodes)  # (held on the fifth node too)
             evicted = await Redlock(nodes, name).force_release()
-            assert evicted is not None and evicted.fencing_token == lease.fencing_token
+            assert evicted is not None and evicted.holder.fencing_token == lease.fencing_token
+            assert evicted.released == lock.nodes and evicted.unknown == ()
+            assert evicted.majority
             assert await _none_hold(nodes, name)
             await lease.extend()
     assert await Redlock(nodes, name).force_release() is None
+
+
+async def test_force_release_of_a_minority_says_what_it_deleted_and_where(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    """A name held on two of the five nodes only (a Redlock over those two): evicted there,
+    and said so, with the holder and the two nodes (not "nothing released")."""
+    lease = await Redlock(nodes[:2], name, ttl=30).acquire()
+    try:
+        await quorum_calls_ended(nodes)
+        assert await holders(nodes, name) == [lease.token] * 2 + [None] * 3
+        lock = Redlock(nodes, name)
+        evicted = await lock.force_release()
+        assert evicted is not None, "deleted on two nodes, reported as nothing released"
+        assert evicted.holder.fencing_token == lease.fencing_token
+        assert evicted.released == lock.nodes[:2] and evicted.unknown == ()
+        assert not evicted.majority and evicted.quorum == 3
+        assert await _none_hold(nodes, name)
+        with pytest.raises(LeaseLostError):
+            await lease.extend()
+    finally:
+        with contextlib.suppress(LeaseLostError):
+            await lease.release()
 
 
 async def test_events_report_a_redlock_as_a_lock(
