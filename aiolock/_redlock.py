@@ -27,11 +27,11 @@ from ._primitive import UNSET, Unset
 from ._quorum import Quorum, QuorumBackend, node_name
 from ._redlock_scripts import RL_ACQUIRE, RL_RELEASE
 from ._runtime import Runtime, runtime_for
-from ._scripts import INSPECT, release_args
+from ._scripts import INSPECT, Script, release_args
 from ._watchdog import RenewalEntry
 from .errors import BackendError, ConfigError, QuorumError
 
-__all__ = ("Redlock", "RedlockInfo", "RedlockNode", "check_clients")
+__all__ = ("Redlock", "RedlockInfo", "RedlockNode", "RedlockRelease", "check_clients")
 
 PROPOSAL_LEAD_US: Final = 100_000
 """How far ahead of this machine's clock (us) the fencing token an acquire proposes is:
@@ -78,6 +78,31 @@ class RedlockInfo:
     def free(self) -> int:
         """1 if no one holds a quorum, else 0."""
         return 0 if self.holder is not None else 1
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RedlockRelease:
+    """What `Redlock.force_release()` deleted, and on which nodes. Added in 0.3."""
+
+    name: str
+    holder: LockInfo
+    """The holder evicted: the one most nodes held, with the fencing token most of them
+    had."""
+    released: tuple[str, ...]
+    """The nodes ("host:port") its key was deleted from, in the order of the clients."""
+    unknown: tuple[str, ...]
+    """The nodes that could not be read, or did not answer the release: a key of the
+    holder's there, if any, expires by its ttl."""
+    quorum: int
+    """How many nodes make a majority (N // 2 + 1)."""
+
+    @property
+    def majority(self) -> bool:
+        """Whether it was deleted from a majority of the nodes: the holder held the lock.
+        (On fewer, it did not: an acquire given back or a lease lost meanwhile, or keys
+        left behind.)"""
+        return len(self.released) >= self.quorum
 
 
 @final
@@ -311,55 +336,92 @@ class Redlock(Primitive):
             return None
         return info
 
-    async def force_release(self) -> LockInfo | None:
-        """Evict the holder of the most nodes (a stuck lock), token-guarded on each node, as
-        `Lock.force_release`. The evicted holder's watchdog finds out at its next renewal.
+    async def force_release(self) -> RedlockRelease | None:
+        """Evict the holder of the most nodes (a stuck lock, or keys a lost lease left on a
+        minority), token-guarded on each node, as `Lock.force_release`. The evicted
+        holder's watchdog finds out at its next renewal.
+
+        Every node is read at once (each within max(`node_timeout`, 1 s)); then the
+        holder's key is deleted on the nodes that hold it, token-guarded, each within
+        that bound too.
 
         Returns:
-            The evicted holder, or None if nothing was released.
+            What was deleted, and on which nodes (`RedlockRelease`; its `majority` says
+            whether the holder held a majority of them), or None if nothing was (no node
+            held it, or its holder released it meanwhile).
 
         Raises:
-            QuorumError: fewer than a quorum of nodes could be read or answered.
+            QuorumError: fewer than a quorum of nodes could be read.
+
+        Cancellation:
+            Safe to cancel: a node that received the release has deleted the key, the
+            others keep it (token-guarded, it can be sent again).
         """
         info, tokens = await self._read_tokens()
         if not tokens:
             return None
         token = Counter(tokens.values()).most_common(1)[0][0]
         holder = _quorum_holder(list(info.nodes), tokens, 1, token)
-        runtime = runtime_for(self._client)
-        call = self._release_call(token=token, forced=True)
-        reply = await self._run_release(runtime, call, timeout=5.0)
-        return holder if reply.status == 1 else None
+        assert holder is not None
+        holding = [index for index, held in tokens.items() if held == token]
+        args = release_args(token=token, forced=True)
+        said = await self._on_nodes(holding, RL_RELEASE, self._release_keys, args, "release")
+        deleted = {i for i, reply in said.items() if not _failed(reply) and int(reply[0]) == 1}
+        if not deleted:
+            return None
+        names = self._quorum.names
+        unknown = {i for i, node in enumerate(info.nodes) if node.error is not None}
+        unknown |= {i for i, reply in said.items() if _failed(reply)}
+        return RedlockRelease(
+            name=self._name,
+            holder=holder,
+            released=tuple(names[i] for i in sorted(deleted)),
+            unknown=tuple(names[i] for i in sorted(unknown)),
+            quorum=self._quorum.quorum,
+        )
 
     async def _read(self) -> RedlockInfo:
         return (await self._read_tokens())[0]
 
-    async def _read_tokens(self) -> tuple[RedlockInfo, dict[int, str]]:
-        """Every node's state (read at once), and the token held on each node that holds."""
+    async def _on_nodes(
+        self,
+        indexes: Sequence[int],
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[str | int],
+        operation: str,
+    ) -> dict[int, Any]:
+        """`script` on the nodes `indexes`, at once, each bounded by max(`node_timeout`,
+        1 s): each node's reply, or its `BackendError`."""
         backend = runtime_for(self._client).backend
         assert isinstance(backend, QuorumBackend)
-        keys = self._keys
         bound = max(self._quorum.node_timeout, 1.0)
         answers = await asyncio.gather(
             *(
-                node.run(
-                    INSPECT,
-                    (keys.lock, keys.queue, keys.waiters),
-                    [],
-                    timeout=bound,
-                    operation="inspect",
-                    name=self._name,
+                backend.nodes[index].run(
+                    script, keys, args, timeout=bound, operation=operation, name=self._name
                 )
-                for node in backend.nodes
+                for index in indexes
             ),
             return_exceptions=True,
         )
+        for answer in answers:
+            if isinstance(answer, BaseException) and not isinstance(answer, BackendError):
+                raise answer
+        return dict(zip(indexes, answers, strict=True))
+
+    async def _read_tokens(self) -> tuple[RedlockInfo, dict[int, str]]:
+        """Every node's state (read at once), and the token held on each node that holds."""
+        keys = self._keys
+        everyone = range(len(self._quorum.names))
+        read = await self._on_nodes(
+            everyone, INSPECT, (keys.lock, keys.queue, keys.waiters), [], "inspect"
+        )
+        answers = [read[index] for index in everyone]
         nodes: list[RedlockNode] = []
         tokens: dict[int, str] = {}
         for index, (name, answer) in enumerate(zip(self._quorum.names, answers, strict=True)):
             if isinstance(answer, BaseException):
-                if not isinstance(answer, BackendError):
-                    raise answer
                 nodes.append(RedlockNode(node=name, holder=None, error=str(answer)))
                 continue
             pttl, raw = answer[0], answer[1]
@@ -386,6 +448,10 @@ class Redlock(Primitive):
             quorum=quorum,
             nodes=tuple(nodes),
         ), tokens
+
+
+def _failed(reply: Any) -> bool:
+    return isinstance(reply, BaseException)
 
 
 def _quorum_holder(

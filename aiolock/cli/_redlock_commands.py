@@ -17,7 +17,7 @@ from rich.text import Text
 
 from .._doctor import Diagnosis, diagnose
 from .._info import LockInfo
-from .._redlock import Redlock, RedlockInfo
+from .._redlock import Redlock, RedlockInfo, RedlockRelease
 from ..errors import BackendError, QuorumError
 from ._connection import connect, redact
 from ._errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, error
@@ -140,16 +140,17 @@ def _most_held(info: RedlockInfo | None) -> LockInfo | None:
 
 
 async def release_redlock(args: argparse.Namespace, nodes: Sequence[str]) -> int:
-    """`release --force` over the nodes (the caller has checked --force and --yes)."""
+    """`release --force` over the nodes (the caller has checked --force and --yes): with
+    --yes the nodes are read once, by the eviction itself."""
     console = make_console()
-    evicted = None
+    evicted: RedlockRelease | None = None
     async with _clients(nodes) as clients:
         redlock = Redlock(clients, args.name, prefix=args.prefix)
         try:
-            holder = _most_held(await redlock.info())
-            if holder is None:
+            holder = None if args.yes else _most_held(await redlock.info())
+            if not args.yes and holder is None:
                 outcome = "not_held"
-            elif not args.yes and not release_confirmed(console, holder):
+            elif not args.yes and holder is not None and not release_confirmed(console, holder):
                 outcome = "declined"
             else:
                 evicted = await redlock.force_release()
@@ -162,19 +163,38 @@ async def release_redlock(args: argparse.Namespace, nodes: Sequence[str]) -> int
                 "name": args.name,
                 "outcome": outcome,
                 "released": evicted is not None,
-                "holder": info_dict(evicted),
+                "holder": info_dict(evicted.holder if evicted is not None else None),
+                "nodes": list(evicted.released) if evicted is not None else [],
+                "unknown": list(evicted.unknown) if evicted is not None else [],
             }
         )
     elif evicted is not None:
-        console.print(
-            f"released Redlock {quoted(args.name)} on every node that held it (fencing token "
-            f"{evicted.fencing_token}); its holder finds out at its next renewal"
-        )
+        console.print(_released_text(args.name, evicted, len(nodes)))
     elif outcome == "declined":
         console.print(f"left Redlock {quoted(args.name)} as it is")
     else:
         console.print(f"Redlock {quoted(args.name)} is not held: nothing released")
     return EXIT_OK if evicted is not None else EXIT_FAILED
+
+
+def _released_text(name: str, evicted: RedlockRelease, count: int) -> str:
+    """What `release --force` deleted, and where, in a sentence or two."""
+    where = ", ".join(printable(node) for node in evicted.released)
+    said = (
+        f"released Redlock {quoted(name)} on {len(evicted.released)} of {count} nodes "
+        f"({where}), fencing token {evicted.holder.fencing_token}: "
+    )
+    if evicted.majority:
+        said += "its holder finds out at its next renewal"
+    else:
+        said += (
+            f"its holder held fewer than a quorum ({evicted.quorum}): keys left by an "
+            "acquire or a lease that ended"
+        )
+    if evicted.unknown:
+        unknown = ", ".join(printable(node) for node in evicted.unknown)
+        said += f"; not read or no answer, its key left to expire there: {unknown}"
+    return said
 
 
 async def doctor_redlock(args: argparse.Namespace, nodes: Sequence[str]) -> int:

@@ -118,7 +118,7 @@ async def test_release_force_of_a_minority_says_what_it_deleted_and_where(
         assert data["outcome"] == "released" and data["released"] is True
         assert data["nodes"] == [where] and data["unknown"] == []
         assert data["holder"]["fencing_token"] == lease.fencing_token
-        assert not await clients[0].exists(f"aiolock:rl:{{{name}}}")
+        assert await clients[0].hget(f"aiolock:rl:{{{name}}}", "token") is None
         lease = await Redlock(clients[:1], name, ttl=30).acquire()
         leases.push_async_callback(released, lease)
         table = await arun("release", name, "--force", "--yes", *node_args(three))
