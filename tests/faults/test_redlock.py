@@ -13,15 +13,18 @@ said in its docstring.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 import redis.asyncio
 
 import aiolock
 from aiolock import EventKind, Lease, LeaseLostError, LockEvent, LossReason, QuorumError, Redlock
+from aiolock._runtime import runtime_for
 
 from ..load import scaled
 from ..pools import ClosedByItsUser, SlowToConnect
@@ -362,6 +365,83 @@ async def test_replies_of_two_nodes_delayed_still_granted_by_the_quorum(
         finally:
             await within(lease.release(), what="the release")
     await group.undelay()
+
+
+# --------------------------------------------------------------------------- waiting
+async def test_a_waiter_is_woken_by_the_announcements_that_free_a_majority(
+    binaries: list[ServerBinary], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The holder's release reaches one node at once and the four others late (its
+    requests to them held in their fault proxies). The first node's announcement wakes the
+    waiter (of another process: other clients), whose try is refused by the four still
+    held. Their announcements, once they release, carry the same fencing token as the
+    first: the waiter must try again then, and take the lock, not sleep until the key's
+    expiry (ttl 30 s).
+
+    Break seen failing: the queue dropping a fencing token it has heard (the four late
+    announcements ignored: the waiter sleeps for the refusal's pttl)."""
+    async with ServerGroup(binaries[0], 5, proxied=(1, 2, 3, 4)) as group:
+        # The holder's calls may wait 10 s for a node: its release is held meanwhile.
+        holder = Redlock(group.clients(), name, ttl=30, node_timeout=10)
+        waiting = Redlock(group.clients(direct=True), name, ttl=30)
+        answered = 0
+        attempt = Redlock._attempt
+
+        async def counted(self: Redlock, *args: Any, **kwargs: Any) -> Any:
+            nonlocal answered
+            try:
+                return await attempt(self, *args, **kwargs)
+            finally:
+                answered += self is waiting
+
+        monkeypatch.setattr(Redlock, "_attempt", counted)
+        lease = await within(holder.acquire(), what="the holder's acquire")
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(released, lease)
+            waiter = asyncio.create_task(waiting.acquire(timeout=scaled(30)))
+            stack.push_async_callback(cancelled, waiter)
+            notifier = runtime_for(waiting._quorum).notifier
+            await eventually(
+                lambda: answered >= 2 and notifier.is_subscribed(waiting._channel),
+                what="the waiter subscribed, and its attempt after subscribing answered",
+            )
+            key = key_of(name).encode()
+            held = [group.proxies[index].hold_requests(key) for index in (1, 2, 3, 4)]
+            before = answered
+            release = asyncio.create_task(lease.release())
+            stack.push_async_callback(cancelled, release)
+            for event in held:
+                await within(event.wait(), what="the release held on its way to four nodes")
+            await eventually(
+                lambda: answered > before,
+                what="the waiter's try, woken by the first node's announcement, answered",
+            )
+            assert not waiter.done(), "taken while four nodes still held the lock"
+            for index in (1, 2, 3, 4):
+                await group.proxies[index].restore()
+            await within(release, what="the release, decided once the four answer")
+            taken = await within(
+                asyncio.shield(waiter),
+                what="the waiter, woken by the four late announcements (not the key's expiry)",
+                timeout=scaled(5.0),
+            )
+            stack.push_async_callback(released, taken)
+            assert taken.fencing_token > lease.fencing_token
+
+
+async def released(lease: Lease) -> None:
+    """Release `lease` if it is still held."""
+    if lease.held:
+        await lease.release()
+
+
+async def cancelled(task: asyncio.Task[Any]) -> None:
+    """End `task` (cancelled if it still runs), a lease it got released."""
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        got = await task
+        if isinstance(got, Lease):
+            await released(got)
 
 
 # --------------------------------------------------------------------------- closed clients
