@@ -312,6 +312,14 @@ class Redlock(Primitive):
     async def _withdraw(self, *args: object, **kwargs: object) -> None:
         """Nothing to withdraw: waiters are not queued on the nodes."""
 
+    def _granted(self, lease: Lease, waited: float, attempts: int) -> Lease:
+        """The engine's, telling this process's waiters of the lease: the nodes'
+        announcements of older releases, still on their way, wake none of them."""
+        queue = runtime_for(self._client).notifier.queue_for(self._channel)
+        if queue is not None:
+            queue.lease_taken(lease.fencing_token)
+        return super()._granted(lease, waited, attempts)
+
     # ----------------------------------------------------------------- inspection
     async def locked(self) -> bool:
         """Whether an acquire now would be refused: held (by anyone) on more nodes than
