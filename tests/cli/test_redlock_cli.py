@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
@@ -12,6 +13,7 @@ import redis.asyncio
 
 from aiolock import Lease, LeaseLostError, LossReason, Redlock
 
+from ..load import scaled
 from ..servers import (
     RedisServer,
     ServerBinary,
@@ -131,6 +133,50 @@ async def released(lease: Lease) -> None:
     """Release `lease` if still held (evicted: it is lost, which its release says)."""
     with contextlib.suppress(LeaseLostError):
         await lease.release()
+
+
+@pytest.mark.parametrize("fault", ["killed", "frozen"])
+async def test_a_dead_or_frozen_node_is_waited_for_one_second(
+    binaries: list[ServerBinary], tag: str, arun: Callable[..., Awaitable[Run]], fault: str
+) -> None:
+    """One node of three killed or frozen (SIGSTOP): `show`, `release --force --yes` and
+    `doctor` read every node, and give the failed one 1 s to answer (shown as such, the
+    others read as usual) rather than their connections' 5 s per command."""
+    name = f"{tag}:failed"
+    with independent_servers(binaries[0], 3) as servers:
+        async with clients_of(servers) as clients:
+            lease = await Redlock(clients, name, ttl=30).acquire()
+            await quorum_calls_ended(clients)
+            if fault == "killed":
+                servers[2].kill()
+            else:
+                servers[2].pause()
+            try:
+                timings: dict[str, float] = {}
+                loop = asyncio.get_running_loop()
+                runs: dict[str, Run] = {}
+                for command in (["show", name], ["doctor"], ["release", name, "--force", "--yes"]):
+                    began = loop.time()
+                    runs[command[0]] = await arun(*command, *node_args(servers), "--json")
+                    timings[command[0]] = loop.time() - began
+            finally:
+                if fault == "frozen":
+                    servers[2].resume()
+                await released(lease)
+    shown = runs["show"].json()
+    assert runs["show"].code == 0, runs["show"].err
+    assert shown["holder"]["fencing_token"] == lease.fencing_token
+    assert [n["error"] is not None for n in shown["nodes"]] == [False, False, True]
+    doctor = runs["doctor"].json()["nodes"]
+    assert all("findings" in n for n in doctor[:2]) and doctor[2]["error"]
+    evicted = runs["release"].json()
+    assert runs["release"].code == 0, runs["release"].err
+    assert evicted["unknown"] == [f"127.0.0.1:{servers[2].port}"] and len(evicted["nodes"]) == 2
+    if fault == "frozen":
+        for said in (shown["nodes"][2]["error"], doctor[2]["error"]):
+            assert "1s" in said, said
+    for command, took in timings.items():
+        assert took < 1.0 + scaled(1.5), (command, timings)
 
 
 def test_doctor_checks_each_node(three: list[RedisServer], run: Callable[..., Run]) -> None:

@@ -23,7 +23,17 @@ import pytest
 import redis.asyncio
 
 import aiolock
-from aiolock import EventKind, Lease, LeaseLostError, LockEvent, LossReason, QuorumError, Redlock
+from aiolock import (
+    EventKind,
+    Lease,
+    LeaseLostError,
+    LockEvent,
+    LossReason,
+    OnceStatus,
+    QuorumError,
+    Redlock,
+    run_once,
+)
 from aiolock._runtime import runtime_for
 
 from ..load import scaled
@@ -367,6 +377,83 @@ async def test_replies_of_two_nodes_delayed_still_granted_by_the_quorum(
     await group.undelay()
 
 
+# --------------------------------------------------------------------------- a node down or frozen
+@pytest.mark.parametrize("fault", ["killed", "frozen"])
+async def test_run_once_decides_its_markers_without_a_dead_or_frozen_node(
+    binaries: list[ServerBinary], name: str, fault: str
+) -> None:
+    """One of three servers killed (its client retrying, as redis-py's do by default) or
+    frozen: `run_once` of a new job, and of a job done, is decided by the two others (the
+    done marker read and written on a majority, the rest in the background), well within
+    the node timeout that a wait for the failed node would cost at least.
+
+    Break seen failing: the markers read and written on every node, each call bounded by
+    5 s (10.4 to 15 s for a new job), and `node_timeout` refused with `TypeError`."""
+    async with ServerGroup(binaries[0], 3) as group:
+        clients = group.clients(retrying=True)
+        node_timeout = 2.0
+        settings: dict[str, Any] = {"retention": 60, "node_timeout": node_timeout, "ttl": 10}
+
+        async def job() -> str:
+            return "done"
+
+        warm = await run_once(clients, f"{name}:warm", job, **settings)  # connections open
+        assert warm.ran
+        await quorum_calls_ended(clients)
+        if fault == "killed":
+            group.kill(2)
+        else:
+            group.pause(2)
+        loop = asyncio.get_running_loop()
+        took: list[float] = []
+        results = []
+        for _ in range(2):
+            began = loop.time()
+            results.append(await within(run_once(clients, name, job, **settings), what="run_once"))
+            took.append(loop.time() - began)
+        assert [r.status for r in results] == [OnceStatus.RAN, OnceStatus.ALREADY_DONE]
+        assert results[1].marker == results[0].marker
+        assert max(took) < node_timeout / 2, (fault, took)
+        if fault == "frozen":
+            group.resume(2)
+        with pytest.raises(aiolock.ConfigError, match="node_timeout"):
+            await run_once(clients[0], name, job, **settings)
+
+
+@pytest.mark.parametrize("fault", ["killed", "frozen"])
+async def test_reading_every_node_waits_for_a_failed_one_at_most_its_bound(
+    binaries: list[ServerBinary], name: str, fault: str
+) -> None:
+    """`info()`, `locked()` and `force_release()` read every node: one killed (its client
+    retrying a refused connection, as redis-py's do by default, for seconds) or frozen is
+    waited for at most max(node_timeout, 1 s), and shown as unknown."""
+    async with ServerGroup(binaries[0], 3) as group:
+        clients = group.clients(retrying=True)
+        ttl = 10.0  # node_timeout 1 s: the bound is 1 s
+        lease = await within(Redlock(clients, name, ttl=ttl).acquire(), what="the acquire")
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(released, lease)
+            await quorum_calls_ended(clients)
+            if fault == "killed":
+                group.kill(2)
+            else:
+                group.pause(2)
+                stack.callback(group.resume, 2)
+            lock = Redlock(clients, name, ttl=ttl)
+            unknown = lock.nodes[2]
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            info = await within(lock.info(), what="info()")
+            assert info is not None and info.holder is not None
+            assert info.nodes[2].error is not None and info.nodes[2].holder is None
+            assert await within(lock.locked(), what="locked()")
+            evicted = await within(lock.force_release(), what="force_release()")
+            assert evicted is not None and evicted.unknown == (unknown,)
+            assert evicted.released == lock.nodes[:2] and evicted.majority
+            took = loop.time() - began
+            assert took < 3 * 1.0 + scaled(1.0), took  # three calls, each within its 1 s
+
+
 # --------------------------------------------------------------------------- waiting
 async def test_a_waiter_is_woken_by_the_announcements_that_free_a_majority(
     binaries: list[ServerBinary], name: str, monkeypatch: pytest.MonkeyPatch
@@ -430,9 +517,10 @@ async def test_a_waiter_is_woken_by_the_announcements_that_free_a_majority(
 
 
 async def released(lease: Lease) -> None:
-    """Release `lease` if it is still held."""
+    """Release `lease` if it is still held (an evicted one is lost: its release says so)."""
     if lease.held:
-        await lease.release()
+        with contextlib.suppress(LeaseLostError):
+            await lease.release()
 
 
 async def cancelled(task: asyncio.Task[Any]) -> None:
