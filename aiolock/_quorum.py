@@ -47,7 +47,7 @@ from ._scripts import Script
 from ._transport import Sent
 from .errors import BackendError, QuorumError
 
-__all__ = ("Quorum", "QuorumBackend", "node_name")
+__all__ = ("Quorum", "QuorumBackend", "Votes", "node_name")
 
 GIVE_BACK_MIN: Final = 0.1
 """Shortest time a refused acquire's give-back waits for a quorum of nodes to answer (it
@@ -301,6 +301,105 @@ class QuorumBackend(Backend):
         if not task.cancelled():
             task.exception()  # retrieved: a late node's failure is of no consequence
 
+    async def spread(
+        self,
+        send: Callable[[Backend, float], Awaitable[Any]],
+        decided: Callable[[Votes, int], bool],
+        *,
+        bound: float,
+        operation: str,
+        name: str | None,
+        answered: Collection[int] = (),
+        late: dict[int, asyncio.Task[Any]] | None = None,
+    ) -> tuple[Votes, dict[int, BaseException]]:
+        """Send a call to every node (`send(node, timeout)`, each bounded by the node
+        timeout and `bound`); return the replies and the errors once `decided(replies,
+        hopeful)` (`hopeful`: the calls in flight that may still be answered in time) or
+        every node is done. The calls still in flight then go on in the background; `late`,
+        if given, is filled with them (by node index).
+
+        A node that is not answering is skipped (see `_Node`), and a call in flight to one
+        is not waited for, unless it is one of `answered` (it answered an earlier phase of
+        the same call).
+        """
+        now = self.loop.time()
+        timeout = max(min(bound, self.node_timeout), 0.001)
+        tasks: dict[asyncio.Task[Any], int] = {}
+        errors: dict[int, BaseException] = {}
+        unanswering = self.unanswering(now)
+        for index, node in enumerate(self.nodes):
+            silent = None if index in answered else unanswering.get(index)
+            if silent is not None:  # frozen or cut off: not sent (see `_Node`)
+                errors[index] = BackendError(
+                    f"{operation} of {name!r}: not sent, the server has not answered for "
+                    f"{silent:.3g}s while the others do",
+                    operation=operation,
+                    name=name,
+                )
+                continue
+            tasks[self.send(index, send(node, timeout), now)] = index
+        replies: Votes = {}
+        pending = set(tasks)
+
+        def settled() -> bool:
+            # Decided, counting every call in flight; or counting only those that may still
+            # be answered in time (fewer: decided sooner), which takes longer to find out.
+            return decided(replies, len(pending)) or decided(
+                replies, self.hopeful([tasks[task] for task in pending], answered)
+            )
+
+        try:
+            while pending and not settled():
+                # A quorum answered without a decision (a split vote): the rest are waited
+                # for, but a node that stops answering meanwhile no longer counts, so the
+                # wait is looked at again after `patience`.
+                split = len(replies) >= self.size
+                done, pending = await asyncio.wait(
+                    pending,
+                    timeout=self.patience if split else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                for task in done:
+                    error = task.exception()
+                    if error is None:
+                        replies[tasks[task]] = task.result()
+                    elif isinstance(error, BackendError):
+                        errors[tasks[task]] = error
+                    else:
+                        raise error
+        finally:
+            for task in pending:
+                self.keep(task)
+            if late is not None:
+                late.update((tasks[task], task) for task in pending)
+        return replies, errors
+
+    def no_quorum(
+        self,
+        what: str,
+        replies: Votes,
+        errors: dict[int, BaseException],
+        word: Callable[[Any], str],
+        *,
+        operation: str,
+        name: str | None,
+    ) -> QuorumError:
+        """The `QuorumError` of a call that no quorum decided: what each node said (`word`
+        of its reply), its error, or "not awaited"."""
+        names = self.names
+        nodes = {names[i]: word(reply) for i, reply in replies.items()}
+        nodes.update({names[i]: f"error: {error}" for i, error in errors.items()})
+        for node in names:
+            nodes.setdefault(node, "not awaited")
+        listed = ", ".join(f"{node}: {said}" for node, said in nodes.items())
+        return QuorumError(
+            f"{operation} of {name!r}: {what}, {self.size} of {len(names)} nodes needed ({listed})",
+            operation=operation,
+            name=name,
+            quorum=self.size,
+            nodes=nodes,
+        )
+
 
 class _Call:
     """One script call on every node of a quorum, and the reading of their votes."""
@@ -352,33 +451,11 @@ class _Call:
         answered: Collection[int] = (),
         late: dict[int, asyncio.Task[Any]] | None = None,
     ) -> tuple[Votes, dict[int, BaseException]]:
-        """Send the call (or `script` with `args`, on the same keys) to every node; return
-        the replies and the errors once `decided(replies, hopeful)` (`hopeful`: the calls
-        in flight that may still be answered in time) or every node is done. The calls
-        still in flight then go on in the background; `late`, if given, is filled with
-        them (by node index).
+        """The call (or `script` with `args`, on the same keys) on every node, within what
+        is left of its bound, decided as `QuorumBackend.spread` says."""
 
-        A node that is not answering is skipped (see `_Node`), and a call in flight to one
-        is not waited for, unless it is one of `answered` (it answered the first phase of
-        this same call).
-        """
-        backend = self.backend
-        now = backend.loop.time()
-        timeout = max(min(self.left(), backend.node_timeout), 0.001)
-        tasks: dict[asyncio.Task[Any], int] = {}
-        errors: dict[int, BaseException] = {}
-        unanswering = backend.unanswering(now)
-        for index, node in enumerate(backend.nodes):
-            silent = None if index in answered else unanswering.get(index)
-            if silent is not None:  # frozen or cut off: not sent (see `_Node`)
-                errors[index] = BackendError(
-                    f"{self.operation} of {self.name!r}: not sent, the server has not "
-                    f"answered for {silent:.3g}s while the others do",
-                    operation=self.operation,
-                    name=self.name,
-                )
-                continue
-            call = node.run(
+        def send(node: Backend, timeout: float) -> Awaitable[Any]:
+            return node.run(
                 script or self.script,
                 self.names,
                 self.args if args is None else args,
@@ -389,50 +466,16 @@ class _Call:
                 fresh=self.fresh,
                 again_apart=True,  # the call may outlive its caller (`QuorumBackend.keep`)
             )
-            tasks[backend.send(index, call, now)] = index
-        replies: Votes = {}
-        pending = set(tasks)
 
-        def settled() -> bool:
-            # Decided, counting every call in flight; or counting only those that may still
-            # be answered in time (fewer: decided sooner), which takes longer to find out.
-            return decided(replies, len(pending)) or decided(
-                replies, backend.hopeful([tasks[task] for task in pending], answered)
-            )
-
-        if not pending or settled():
-            for task in pending:
-                backend.keep(task)
-            if late is not None:
-                late.update((tasks[task], task) for task in pending)
-            return replies, errors
-        try:
-            while pending:
-                # A quorum answered without a decision (a split vote): the rest are waited
-                # for, but a node that stops answering meanwhile no longer counts, so the
-                # wait is looked at again after `patience`.
-                split = len(replies) >= backend.size
-                done, pending = await asyncio.wait(
-                    pending,
-                    timeout=backend.patience if split else None,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                for task in done:
-                    error = task.exception()
-                    if error is None:
-                        replies[tasks[task]] = task.result()
-                    elif isinstance(error, BackendError):
-                        errors[tasks[task]] = error
-                    else:
-                        raise error
-                if settled():
-                    break
-        finally:
-            for task in pending:
-                backend.keep(task)
-            if late is not None:
-                late.update((tasks[task], task) for task in pending)
-        return replies, errors
+        return await self.backend.spread(
+            send,
+            decided,
+            bound=self.left(),
+            operation=self.operation,
+            name=self.name,
+            answered=answered,
+            late=late,
+        )
 
     def failed(
         self,
@@ -441,19 +484,8 @@ class _Call:
         errors: dict[int, BaseException],
         word: Callable[[Any], str],
     ) -> QuorumError:
-        names = self.backend.names
-        nodes = {names[i]: word(reply) for i, reply in replies.items()}
-        nodes.update({names[i]: f"error: {error}" for i, error in errors.items()})
-        for node in names:
-            nodes.setdefault(node, "not awaited")
-        listed = ", ".join(f"{node}: {said}" for node, said in nodes.items())
-        return QuorumError(
-            f"{self.operation} of {self.name!r}: {what}, {self.quorum} of {len(names)} nodes "
-            f"needed ({listed})",
-            operation=self.operation,
-            name=self.name,
-            quorum=self.quorum,
-            nodes=nodes,
+        return self.backend.no_quorum(
+            what, replies, errors, word, operation=self.operation, name=self.name
         )
 
     # ----------------------------------------------------------------- acquire and resume

@@ -391,6 +391,12 @@ class Redlock(Primitive):
     async def _read(self) -> RedlockInfo:
         return (await self._read_tokens())[0]
 
+    def _nodes_backend(self) -> QuorumBackend:
+        """The backend of the quorum's runtime: a `Backend` per node, and their health."""
+        backend = runtime_for(self._client).backend
+        assert isinstance(backend, QuorumBackend)
+        return backend
+
     async def _on_nodes(
         self,
         indexes: Sequence[int],
@@ -401,8 +407,7 @@ class Redlock(Primitive):
     ) -> dict[int, Any]:
         """`script` on the nodes `indexes`, at once, each bounded by max(`node_timeout`,
         1 s): each node's reply, or its `BackendError`."""
-        backend = runtime_for(self._client).backend
-        assert isinstance(backend, QuorumBackend)
+        backend = self._nodes_backend()
         bound = max(self._quorum.node_timeout, 1.0)
         answers = await asyncio.gather(
             *(
