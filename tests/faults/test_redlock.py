@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio
+import redis.exceptions
 
 import aiolock
 from aiolock import (
@@ -34,6 +35,7 @@ from aiolock import (
     Redlock,
     run_once,
 )
+from aiolock._quorum import QuorumBackend
 from aiolock._runtime import runtime_for
 
 from ..load import scaled
@@ -452,6 +454,106 @@ async def test_reading_every_node_waits_for_a_failed_one_at_most_its_bound(
             assert evicted.released == lock.nodes[:2] and evicted.majority
             took = loop.time() - began
             assert took < 3 * 1.0 + scaled(1.0), took  # three calls, each within its 1 s
+
+
+# --------------------------------------------------------------------------- node errors
+async def test_node_failures_that_leave_no_majority_are_retried_within_the_timeout(
+    binaries: list[ServerBinary], name: str
+) -> None:
+    """Two nodes (a majority is both), one frozen: each attempt fails, its node's call
+    unanswered within the node timeout. Within the acquire's timeout the attempts are
+    tried again (with a backoff): once the node is resumed, the lease is granted.
+
+    Break seen failing: the first failure raised (`QuorumError` after the node timeout,
+    whatever the acquire's timeout)."""
+    async with ServerGroup(binaries[0], 2) as group:
+        lock = Redlock(group.clients(), name, ttl=5, node_timeout=0.2)
+        await (await within(lock.acquire(), what="a first acquire")).release()
+        await quorum_calls_ended(group._clients)
+        backend = runtime_for(lock._client).backend
+        assert isinstance(backend, QuorumBackend)
+        frozen = backend._health[1]
+        group.pause(1)
+        try:
+            waiting = asyncio.create_task(lock.acquire(timeout=scaled(30)))
+            try:
+                await eventually(
+                    lambda: frozen.failed > frozen.answered or waiting.done(),
+                    what="an attempt failed, the frozen node's call unanswered",
+                )
+                assert not waiting.done(), waiting
+                group.resume(1)
+                lease = await within(waiting, what="the lease, once the node answers")
+            finally:
+                await cancelled(waiting)
+        finally:
+            if 1 in group.paused:
+                group.resume(1)
+        assert lease.held
+        await lease.release()
+
+
+async def test_a_cancellation_while_node_failures_are_retried_gives_the_grants_back(
+    binaries: list[ServerBinary], name: str
+) -> None:
+    """Three nodes, two frozen: each attempt is granted by the third and fails on the two,
+    and is tried again. Cancelled while an attempt holds the third node, the acquire gives
+    its grant back before the cancellation propagates; once the two are resumed, nothing
+    is held anywhere.
+
+    Break seen failing: the first failure raised (no attempt to cancel)."""
+    async with ServerGroup(binaries[0], 3) as group:
+        lock = Redlock(group.clients(), name, ttl=5, node_timeout=0.3)
+        await (await within(lock.acquire(), what="a first acquire")).release()
+        await quorum_calls_ended(group._clients)
+        group.pause(1)
+        group.pause(2)
+        try:
+            waiting = asyncio.create_task(lock.acquire(timeout=scaled(30)))
+            try:
+
+                async def granted_by_the_third() -> bool:
+                    assert not waiting.done(), waiting
+                    return (await holders(group, name))[0] not in ("", None)
+
+                await eventually(granted_by_the_third, what="an attempt held by the third node")
+            finally:
+                await cancelled(waiting)
+            assert waiting.cancelled()
+            assert (await holders(group, name))[0] == "", "the grant left after the cancel"
+        finally:
+            group.resume(1)
+            group.resume(2)
+        await quorum_calls_ended(group._clients)
+        assert await holders(group, name) == ["", "", ""]
+
+
+async def test_a_node_refusing_the_command_raises_at_once_naming_it(
+    binaries: list[ServerBinary], name: str
+) -> None:
+    """Two nodes, the second holding the lock's key as a string (WRONGTYPE for every
+    script): sending again cannot cure it, and no majority is left without it. The acquire
+    raises at once, well within its timeout, `QuorumError` naming the node, the node's own
+    error as its cause (and in `errors`), the redis-py error as that one's.
+
+    Break seen failing: the error carrying each node's answer as a string only."""
+    async with ServerGroup(binaries[0], 2) as group:
+        clients = group.clients()
+        await group.client(1).set(key_of(name), "not a hash")
+        lock = Redlock(clients, name, ttl=5)
+        timeout = scaled(10)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        with pytest.raises(QuorumError) as caught:
+            await within(lock.acquire(timeout=timeout), what="the acquire")
+        assert loop.time() - began < timeout / 2
+        node = lock.nodes[1]
+        assert "WRONGTYPE" in caught.value.nodes[node], caught.value.nodes
+        cause = caught.value.__cause__
+        assert isinstance(cause, aiolock.BackendError) and cause is caught.value.errors[node]
+        assert isinstance(cause.__cause__, redis.exceptions.ResponseError)
+        assert "WRONGTYPE" in str(cause.__cause__)
+        assert list(caught.value.errors) == [node]
 
 
 # --------------------------------------------------------------------------- waiting

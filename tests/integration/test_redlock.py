@@ -505,6 +505,18 @@ async def test_two_clients_of_one_server_are_refused_naming_both(
             await client.aclose()
 
 
+async def test_the_default_node_timeout_has_a_floor_that_a_loaded_host_meets(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    """A tenth of the ttl, but at least 50 ms (a loaded host answers a call within that),
+    and at most half the ttl: a short ttl's tries are not turned into `QuorumError` by a
+    20 ms bound."""
+    assert Redlock(nodes, name, ttl=10)._quorum.node_timeout == 1.0
+    assert Redlock(nodes, name, ttl=0.2)._quorum.node_timeout == 0.05
+    assert Redlock(nodes, name, ttl=0.06)._quorum.node_timeout == 0.03
+    assert Redlock(nodes, name, ttl=0.2, node_timeout=0.01)._quorum.node_timeout == 0.01
+
+
 async def test_locked_takes_the_clients_of_a_redlock(
     nodes: list[redis.asyncio.Redis], name: str
 ) -> None:
