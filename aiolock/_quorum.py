@@ -39,7 +39,7 @@ from redis.asyncio.client import PubSub
 
 from ._backend import Backend
 from ._cancel import run_shielded
-from ._clients import AsyncClient
+from ._clients import AsyncClient, lasting
 from ._lease_scripts import RENEW, RESUME
 from ._quorum_pubsub import QuorumPubSub
 from ._redlock_scripts import RL_ACQUIRE, RL_FENCE, RL_RELEASE
@@ -47,7 +47,7 @@ from ._scripts import Script
 from ._transport import Sent
 from .errors import BackendError, QuorumError
 
-__all__ = ("Quorum", "QuorumBackend", "Votes", "node_name")
+__all__ = ("Quorum", "QuorumBackend", "Votes", "curable", "node_name")
 
 GIVE_BACK_MIN: Final = 0.1
 """Shortest time a refused acquire's give-back waits for a quorum of nodes to answer (it
@@ -385,20 +385,34 @@ class QuorumBackend(Backend):
         name: str | None,
     ) -> QuorumError:
         """The `QuorumError` of a call that no quorum decided: what each node said (`word`
-        of its reply), its error, or "not awaited"."""
+        of its reply), its error, or "not awaited"; each node's own error, the first that
+        sending again would not cure (`lasting`), else the first, as its cause."""
         names = self.names
         nodes = {names[i]: word(reply) for i, reply in replies.items()}
         nodes.update({names[i]: f"error: {error}" for i, error in errors.items()})
         for node in names:
             nodes.setdefault(node, "not awaited")
         listed = ", ".join(f"{node}: {said}" for node, said in nodes.items())
-        return QuorumError(
+        failed = QuorumError(
             f"{operation} of {name!r}: {what}, {self.size} of {len(names)} nodes needed ({listed})",
             operation=operation,
             name=name,
             quorum=self.size,
             nodes=nodes,
+            errors={names[i]: error for i, error in sorted(errors.items())},
         )
+        causes = sorted(errors.items(), key=lambda item: (not lasting(item[1]), item[0]))
+        if causes:
+            failed.__cause__ = causes[0][1]
+        return failed
+
+
+def curable(error: QuorumError) -> bool:
+    """Whether sending the call again may decide it: the nodes whose error would be the
+    same again (`lasting`: a wrong type, a permission, a script error) leave a majority
+    that failed for passing reasons (no reply in time, a connection refused or reset)."""
+    lasting_ones = sum(1 for failed in error.errors.values() if lasting(failed))
+    return len(error.nodes) - lasting_ones >= error.quorum
 
 
 class _Call:

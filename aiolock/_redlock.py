@@ -23,9 +23,11 @@ from ._layout import LockKeys
 from ._lease import Lease
 from ._lease_scripts import RENEW, RESUME
 from ._options import LockOptions, lock_config
-from ._primitive import UNSET, Unset
-from ._quorum import Quorum, QuorumBackend, node_name
+from ._primitive import UNSET, Attempt, Unset
+from ._queue import WaitQueue
+from ._quorum import Quorum, QuorumBackend, curable, node_name
 from ._redlock_scripts import RL_ACQUIRE, RL_RELEASE
+from ._retry import Backoff
 from ._runtime import Runtime, runtime_for
 from ._scripts import INSPECT, Script, release_args
 from ._watchdog import RenewalEntry
@@ -33,6 +35,12 @@ from .errors import BackendError, ConfigError, QuorumError
 
 __all__ = ("Redlock", "RedlockInfo", "RedlockNode", "RedlockRelease", "check_clients")
 
+MIN_NODE_TIMEOUT: Final = 0.05
+"""The default `node_timeout`'s floor (a tenth of the ttl, but at least this, and at most
+half the ttl), seconds: a call that a loaded host answers within it."""
+RETRY_BACKOFF: Final = (0.05, 1.0)
+"""The first and the longest pause, seconds, before an acquire's attempt that node failures
+left undecided is tried again (each in [d/2, d], d doubling)."""
 PROPOSAL_LEAD_US: Final = 100_000
 """How far ahead of this machine's clock (us) the fencing token an acquire proposes is:
 more than the usual skew between the servers' clocks (at most half the ttl)."""
@@ -138,7 +146,8 @@ class Redlock(Primitive):
             `localhost` and `127.0.0.1` or a proxy, cannot be told apart); 3 or 5 is usual.
         name: the lock's name, as `Lock`'s.
         node_timeout: seconds each node's call may take (0.001 to half the ttl); default
-            None: a tenth of the ttl.
+            None: a tenth of the ttl, but at least 50 ms (what a loaded host answers in),
+            and at most half the ttl.
         drift: seconds subtracted from a lease's validity for clock drift (0 to half the
             ttl); default None: 1 % of the ttl plus 2 ms.
         options: `LockOptions` (`ttl`, `renew`, `renew_interval`, `timeout`, `max_hold`,
@@ -187,7 +196,7 @@ class Redlock(Primitive):
             drift = check_seconds("drift", drift, minimum=0.0, maximum=half)
             config = dataclasses.replace(config, drift=drift)
         if node_timeout is None:
-            node_timeout = config.ttl / 10
+            node_timeout = min(max(config.ttl / 10, MIN_NODE_TIMEOUT), half)
         else:
             node_timeout = check_seconds("node_timeout", node_timeout, minimum=0.001, maximum=half)
         self._clients_held = checked  # the quorum holds them weakly
@@ -228,17 +237,26 @@ class Redlock(Primitive):
     ) -> Lease:
         """Wait for a quorum of the nodes and return the `Lease` (see `Lock.acquire`).
 
+        Node failures that leave no majority for either side (no reply within the node
+        timeout, a connection refused or reset) are tried again, with a backoff, while the
+        acquire waits: up to its timeout (none with 0: `try_acquire()`), or, without one,
+        up to a ttl. A node that refuses the command for what it is (a wrong type, a
+        permission, a script error), when the others cannot make a majority without it,
+        raises at once.
+
         Raises:
             AcquireTimeoutError: it stayed held by others for the whole timeout.
             QuorumError: too many nodes were unreachable or failed for a quorum, for or
-                against, to be known (raised within the timeout); what was granted has been
-                given back.
+                against, to be known, until the timeout; or at once, naming the node, if a
+                refusal that sending again would not cure leaves no majority (its own
+                error is the cause, and each node's is in `errors`). What was granted has
+                been given back.
             BackendError: Redis refused the command.
             TypeError: a `token` was given (not offered by Redlock).
 
         Cancellation:
-            As for `Lock.acquire`: a cancelled acquire is given back on every node, under a
-            shield.
+            As for `Lock.acquire`: a cancelled acquire, during an attempt or between two,
+            is given back on every node, under a shield.
         """
         if token is not None:
             raise TypeError(
@@ -246,6 +264,39 @@ class Redlock(Primitive):
                 "on every node with an abort that forbids its token"
             )
         return await super().acquire(timeout=timeout)
+
+    async def _attempt(
+        self,
+        runtime: Runtime,
+        time_left: float | None,
+        *,
+        queue: WaitQueue | None = None,
+        behind: int = 0,
+        token: str | None = None,
+    ) -> Attempt:
+        """The engine's attempt, tried again after node failures that left it undecided
+        (`QuorumError`, each attempt's grants given back), with a backoff, while the caller
+        waits: for `time_left` (0: one attempt), or a ttl when it waits for ever; unless the
+        failures would be the same again (`curable`). Each attempt has a token of its own.
+
+        Cancellation:
+            As for the engine's attempt; between two, nothing is held.
+        """
+        loop = runtime.loop
+        wait = self._config.ttl if time_left is None else time_left
+        until = loop.time() + wait
+        backoff = Backoff(base=RETRY_BACKOFF[0], cap=RETRY_BACKOFF[1], rng=runtime.notifier.rng)
+        while True:
+            left = None if time_left is None else max(until - loop.time(), 0.0)
+            try:
+                return await super()._attempt(
+                    runtime, left, queue=queue, behind=behind, token=token
+                )
+            except QuorumError as failed:
+                pause = backoff.next()
+                if not curable(failed) or loop.time() + pause >= until:
+                    raise
+            await asyncio.sleep(pause)
 
     def _acquire_call(
         self, token: str, task: str, queue: tuple[str, int, str] | None, claims: Sequence[str]

@@ -220,7 +220,10 @@ class QuorumError(BackendError):
 
     `quorum` is how many nodes must agree (N // 2 + 1); `nodes` maps each node ("host:port")
     to what it answered ("ok", "refused", ...), the error it raised ("error: ..."), or "not
-    awaited" (the answer was known without it).
+    awaited" (the answer was known without it); `errors` maps each node that failed to its
+    own error (a `BackendError`, whose cause is the redis-py exception). `__cause__` is one
+    of them: a node's refusal that sending again would not cure (a wrong type, a
+    permission, a script error) if there is one.
 
     Added in 0.3.
     """
@@ -233,7 +236,9 @@ class QuorumError(BackendError):
         name: str | None = None,
         quorum: int,
         nodes: dict[str, str],
+        errors: dict[str, BaseException] | None = None,
     ) -> None:
         super().__init__(message, operation=operation, name=name)
         self.quorum = quorum
         self.nodes = nodes
+        self.errors: dict[str, BaseException] = {} if errors is None else errors
