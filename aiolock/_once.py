@@ -227,7 +227,7 @@ class _Markers:
         backend = self.backend
         assert backend is not None
 
-        def send(node: Backend, timeout: float) -> Awaitable[Any]:
+        def send(index: int, node: Backend, timeout: float) -> Awaitable[Any]:
             return node.command(
                 *command, timeout=timeout, operation=operation, name=self.name, again_apart=True
             )

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import random
 import weakref
@@ -303,7 +304,7 @@ class QuorumBackend(Backend):
 
     async def spread(
         self,
-        send: Callable[[Backend, float], Awaitable[Any]],
+        send: Callable[[int, Backend, float], Awaitable[Any]],
         decided: Callable[[Votes, int], bool],
         *,
         bound: float,
@@ -312,16 +313,13 @@ class QuorumBackend(Backend):
         answered: Collection[int] = (),
         late: dict[int, asyncio.Task[Any]] | None = None,
     ) -> tuple[Votes, dict[int, BaseException]]:
-        """Send a call to every node (`send(node, timeout)`, each bounded by the node
+        """Send a call to every node (`send(index, node, timeout)`, bounded by the node
         timeout and `bound`); return the replies and the errors once `decided(replies,
         hopeful)` (`hopeful`: the calls in flight that may still be answered in time) or
         every node is done. The calls still in flight then go on in the background; `late`,
-        if given, is filled with them (by node index).
-
-        A node that is not answering is skipped (see `_Node`), and a call in flight to one
-        is not waited for, unless it is one of `answered` (it answered an earlier phase of
-        the same call).
-        """
+        if given, is filled with them (by node index). A node that is not answering is
+        skipped (see `_Node`), and a call in flight to one is not waited for, unless it is
+        one of `answered` (it answered an earlier phase of the same call)."""
         now = self.loop.time()
         timeout = max(min(bound, self.node_timeout), 0.001)
         tasks: dict[asyncio.Task[Any], int] = {}
@@ -337,7 +335,7 @@ class QuorumBackend(Backend):
                     name=name,
                 )
                 continue
-            tasks[self.send(index, send(node, timeout), now)] = index
+            tasks[self.send(index, send(index, node, timeout), now)] = index
         replies: Votes = {}
         pending = set(tasks)
 
@@ -429,6 +427,7 @@ class _Call:
         "operation",
         "script",
         "started",
+        "written",
     )
 
     def __init__(
@@ -449,6 +448,7 @@ class _Call:
         self.bound, self.operation, self.name = bound, operation, name
         self.background, self.fresh = background, fresh
         self.started = backend.loop.time()
+        self.written: set[int] = set()  # nodes the call was written to (or handed to redis-py)
 
     @property
     def quorum(self) -> int:
@@ -468,7 +468,7 @@ class _Call:
         """The call (or `script` with `args`, on the same keys) on every node, within what
         is left of its bound, decided as `QuorumBackend.spread` says."""
 
-        def send(node: Backend, timeout: float) -> Awaitable[Any]:
+        def send(index: int, node: Backend, timeout: float) -> Awaitable[Any]:
             return node.run(
                 script or self.script,
                 self.names,
@@ -479,6 +479,8 @@ class _Call:
                 background=self.background,
                 fresh=self.fresh,
                 again_apart=True,  # the call may outlive its caller (`QuorumBackend.keep`)
+                # (the first phase's: a node it reached may apply it however late)
+                on_sent=None if script else functools.partial(self.written.add, index),
             )
 
         return await self.backend.spread(
@@ -531,6 +533,9 @@ class _Call:
         fencing token, written back if they differ; a refused acquire given back."""
         q = self.quorum
         granted = {i: int(r[1]) for i, r in replies.items() if int(r[0]) == 1}
+        # Reached, unanswered (not refused): it may apply the acquire when it answers again.
+        reached = self.written - replies.keys()
+        unknown = {i for i in reached if not (i in errors and Backend.refused(errors[i]))}
         if len(granted) >= q:
             agreed = max(granted.values())
             if Counter(granted.values())[agreed] >= q:
@@ -539,11 +544,11 @@ class _Call:
             if acked:
                 return [1, agreed]
             if self.script is RL_ACQUIRE:
-                await self.give_back(set(granted))
+                await self.give_back(set(granted), unknown)
             what = "the fencing token was not acknowledged by a quorum"
             raise self.failed(what, fence_replies, fence_errors, _fence_said)
         if self.script is RL_ACQUIRE:
-            await self.give_back(set(granted))
+            await self.give_back(set(granted), unknown)
         refused = [r for r in replies.values() if int(r[0]) != 1]
         if len(refused) + len(granted) < q or not refused:
             raise self.failed("no quorum answered", replies, errors, _said)
@@ -597,23 +602,35 @@ class _Call:
         replies, errors = await self.gather(decided, RL_FENCE, [self.args[0], agreed], granted)
         return sum(1 for r in replies.values() if int(r) == 1) >= q, replies, errors
 
-    async def give_back(self, granted: set[int]) -> None:
+    async def give_back(self, granted: set[int], unknown: Collection[int] = ()) -> None:
         """Undo a refused acquire on every node, under a shield: an abort that also refuses
         a late copy of the acquire (or, for a token the caller chose, a plain release).
         Waits for the nodes that granted it to answer (within the call's bound, at least
-        GIVE_BACK_MIN); the nodes that had not answered the acquire get it in the
-        background, within their node timeout."""
+        GIVE_BACK_MIN); the others get it in the background, within their node timeout,
+        but for those `unknown` (the acquire reached them, unanswered: frozen, say), which
+        are given the ttl, so that an acquire they apply when they answer again is undone
+        there too (the abort comes after it, or refuses it)."""
         token, retain = self.args[0], self.args[3] if len(self.args) > 3 else ""
         args = [token, "abort", retain] if retain != "" else [token, ""]
+        ttl = int(self.args[1]) / 1000
+
+        def send(index: int, node: Backend, timeout: float) -> Awaitable[Any]:
+            bound = ttl if index in unknown else timeout
+            return node.run(
+                RL_RELEASE, self.names, args, timeout=bound, operation=self.operation,
+                name=self.name, background=self.background, fresh=self.fresh, again_apart=True,
+            )  # fmt: skip
 
         def decided(replies: Votes, pending: int) -> bool:
             return granted <= replies.keys()
 
+        backend, answered = self.backend, granted | set(unknown)
+        spread = backend.spread(
+            send, decided, bound=self.left(), operation=self.operation, name=self.name,
+            answered=answered,
+        )  # fmt: skip
         with contextlib.suppress(BackendError, TimeoutError):
-            await run_shielded(
-                self.gather(decided, RL_RELEASE, args, granted),
-                timeout=max(self.left(), GIVE_BACK_MIN),
-            )
+            await run_shielded(spread, timeout=max(self.left(), GIVE_BACK_MIN))
 
     # ----------------------------------------------------------------- renew and release
     async def renew(self) -> list[int]:

@@ -214,8 +214,8 @@ class QuorumError(BackendError):
     their `node_timeout`: neither "acquired" (or "renewed", "released") nor "held by
     someone else" can be told. An acquire that raises it has been given back on every node
     that granted it (a token-guarded abort, under a shield), and is given back in the
-    background, within their node timeout, on those that had not answered yet; nothing runs
-    under it. As the cause of a lease's loss, it says that no quorum confirmed its renewals
+    background on those that had not answered yet (within their node timeout; as long as
+    the ttl on those it reached, which may apply it later); nothing runs under it. As the cause of a lease's loss, it says that no quorum confirmed its renewals
     before its deadline.
 
     `quorum` is how many nodes must agree (N // 2 + 1); `nodes` maps each node ("host:port")
