@@ -29,9 +29,9 @@ from ._tables import doctor_renderable, make_console, release_confirmed
 from ._text import duration, printable, quoted
 
 NODE_TIMEOUT = 1.0
-"""Seconds each node is given to answer a read or a release (the smallest bound of a
-Redlock's `info()`): a dead or frozen node is shown as such after that, the others read
-as usual."""
+"""Seconds each node is given to answer a read or a release by default (`--node-timeout`;
+the smallest bound of a Redlock's `info()`): a dead or frozen node is shown as such after
+that, the others read as usual."""
 
 ONE_SERVER_COMMANDS = ("ls", "watch", "stats", "demo")
 """Commands of one server or cluster (`--url`; `demo`: a throwaway one), never a Redlock's
@@ -123,7 +123,7 @@ def _redlock_renderable(info: RedlockInfo) -> Group:
 async def show_redlock(args: argparse.Namespace, nodes: Sequence[str]) -> int:
     async with _clients(nodes) as clients:
         try:
-            redlock = Redlock(clients, args.name, prefix=args.prefix, node_timeout=NODE_TIMEOUT)
+            redlock = Redlock(clients, args.name, prefix=args.prefix, node_timeout=_bound(args))
             info = await redlock.info()
         except QuorumError as exc:
             return _quorum_failure(exc)
@@ -154,7 +154,7 @@ async def release_redlock(args: argparse.Namespace, nodes: Sequence[str]) -> int
     console = make_console()
     evicted: RedlockRelease | None = None
     async with _clients(nodes) as clients:
-        redlock = Redlock(clients, args.name, prefix=args.prefix, node_timeout=NODE_TIMEOUT)
+        redlock = Redlock(clients, args.name, prefix=args.prefix, node_timeout=_bound(args))
         try:
             holder = None if args.yes else _most_held(await redlock.info())
             if not args.yes and holder is None:
@@ -208,7 +208,7 @@ def _released_text(name: str, evicted: RedlockRelease, count: int) -> str:
 
 async def doctor_redlock(args: argparse.Namespace, nodes: Sequence[str]) -> int:
     """`doctor` on every node at once; a node that cannot be read (that does not answer a
-    PING within NODE_TIMEOUT) is a problem of its own."""
+    PING within the node timeout) is a problem of its own."""
     async with _clients(nodes) as clients:
         diagnosed = await asyncio.gather(
             *(_diagnose_node(client, args) for client in clients), return_exceptions=True
@@ -243,16 +243,22 @@ async def doctor_redlock(args: argparse.Namespace, nodes: Sequence[str]) -> int:
 
 
 async def _diagnose_node(client: redis.asyncio.Redis, args: argparse.Namespace) -> Diagnosis:
-    """The doctor's checks on one node, once it answered a PING within NODE_TIMEOUT (a
-    PING refused, by an ACL, is an answer: the checks say what is refused)."""
+    """The doctor's checks on one node, once it answered a PING within the node timeout
+    (a PING refused, by an ACL, is an answer: the checks say what is refused)."""
+    bound = _bound(args)
     try:
-        with translate_errors("ping", None, NODE_TIMEOUT):
-            async with asyncio.timeout(NODE_TIMEOUT):
+        with translate_errors("ping", None, bound):
+            async with asyncio.timeout(bound):
                 await client.ping()
     except BackendError as exc:
         if not Backend.refused(exc):
             raise
     return await diagnose(client, prefix=args.prefix, acl_user=args.acl_user)
+
+
+def _bound(args: argparse.Namespace) -> float:
+    """Seconds each node is given to answer (`--node-timeout`)."""
+    return float(getattr(args, "node_timeout", None) or NODE_TIMEOUT)
 
 
 def _said(found: Diagnosis | BaseException) -> Diagnosis | str:

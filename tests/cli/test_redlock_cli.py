@@ -136,12 +136,13 @@ async def released(lease: Lease) -> None:
 
 
 @pytest.mark.parametrize("fault", ["killed", "frozen"])
-async def test_a_dead_or_frozen_node_is_waited_for_one_second(
+async def test_a_dead_or_frozen_node_is_waited_for_the_node_timeout(
     binaries: list[ServerBinary], tag: str, arun: Callable[..., Awaitable[Run]], fault: str
 ) -> None:
     """One node of three killed or frozen (SIGSTOP): `show`, `release --force --yes` and
-    `doctor` read every node, and give the failed one 1 s to answer (shown as such, the
-    others read as usual) rather than their connections' 5 s per command."""
+    `doctor` read every node, and give the failed one the node timeout to answer (1 s
+    by default; `--node-timeout`, here more on a loaded machine), shown as such, the
+    others read as usual, rather than their connections' 5 s per command."""
     name = f"{tag}:failed"
     with independent_servers(binaries[0], 3) as servers:
         async with clients_of(servers) as clients:
@@ -153,11 +154,13 @@ async def test_a_dead_or_frozen_node_is_waited_for_one_second(
                 servers[2].pause()
             try:
                 timings: dict[str, float] = {}
+                bound = max(1.0, scaled(1.0))
+                given = [*node_args(servers), "--node-timeout", f"{bound:g}", "--json"]
                 loop = asyncio.get_running_loop()
                 runs: dict[str, Run] = {}
                 for command in (["show", name], ["doctor"], ["release", name, "--force", "--yes"]):
                     began = loop.time()
-                    runs[command[0]] = await arun(*command, *node_args(servers), "--json")
+                    runs[command[0]] = await arun(*command, *given)
                     timings[command[0]] = loop.time() - began
             finally:
                 if fault == "frozen":
@@ -175,9 +178,9 @@ async def test_a_dead_or_frozen_node_is_waited_for_one_second(
     assert evicted["unknown"] == [f"127.0.0.1:{servers[2].port}"] and len(evicted["nodes"]) == 2
     if fault == "frozen":
         for said in (shown["nodes"][2]["error"], doctor[2]["error"]):
-            assert "1s" in said, said
+            assert f"{bound:.3g}s" in said, said
     for what, took in timings.items():
-        assert took < 1.0 + scaled(1.5), (what, timings)
+        assert took < bound + scaled(1.5), (what, timings)
 
 
 def test_doctor_checks_each_node(three: list[RedisServer], run: Callable[..., Run]) -> None:
