@@ -39,6 +39,7 @@ from ._options import LockOptions as LockOptions
 from ._redlock import Redlock as Redlock
 from ._redlock import RedlockInfo as RedlockInfo
 from ._redlock import RedlockNode as RedlockNode
+from ._redlock import RedlockRelease as RedlockRelease
 from ._rwlock import ReadLock as ReadLock
 from ._rwlock import ReadWriteInfo as ReadWriteInfo
 from ._rwlock import ReadWriteLock as ReadWriteLock
@@ -90,6 +91,7 @@ __all__ = (
     "Redlock",
     "RedlockInfo",
     "RedlockNode",
+    "RedlockRelease",
     "ReleaseReport",
     "ReplicationError",
     "Semaphore",

@@ -446,6 +446,28 @@ class Backend:
         async with self.transport.node_clients(None) as clients:
             yield clients
 
+    async def command(
+        self,
+        *command: str | int,
+        timeout: float,
+        operation: str,
+        name: str | None,
+        again_apart: bool = False,
+    ) -> Any:
+        """One plain command on the client's server, bounded by `timeout` (a broken
+        connection's retry included, whatever retries the client has of its own), its
+        errors translated; with `again_apart`, sent again on a connection of its own (a
+        call that may outlive its caller: see `run`)."""
+        return await self._call(
+            self.client,
+            command,
+            script=None,
+            timeout=timeout,
+            operation=operation,
+            name=name,
+            again=functools.partial(self._own_client, None) if again_apart else None,
+        )
+
     async def exists(self, key: str, *, timeout: float, name: str) -> bool:
         reply = await self._call(
             self.client,

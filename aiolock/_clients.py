@@ -32,6 +32,7 @@ from .errors import BackendError
 __all__ = (
     "DIRECT_CONNECTIONS",
     "DURING_MIGRATION",
+    "PASSING_REFUSALS",
     "REDIS",
     "AsyncClient",
     "AsyncRedis",
@@ -44,6 +45,7 @@ __all__ = (
     "check_client",
     "closed_transport",
     "is_cluster",
+    "lasting",
     "library_of",
     "migrating",
     "migrating_refusal",
@@ -329,6 +331,20 @@ def outcome_unknown(error: BaseException) -> bool:
     """
     cause = error.__cause__ if isinstance(error, BackendError) else error
     return not (isinstance(cause, Errors.response) or migrating_refusal(cause))
+
+
+PASSING_REFUSALS: Final = ("BUSY", "LOADING", "OOM", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN")
+"""Error replies that say the server cannot run the command now, not that it never will."""
+
+
+def lasting(error: BaseException) -> bool:
+    """Whether a failed call would fail the same way if sent again: the server refused the
+    command for what it is (a wrong type, a permission, a script error), not for a passing
+    state (busy, loading, out of memory); a timeout or a broken connection may pass."""
+    cause = error.__cause__ if isinstance(error, BackendError) else error
+    if not isinstance(cause, Errors.response) or migrating_refusal(cause):
+        return False
+    return not str(cause).startswith(PASSING_REFUSALS)
 
 
 def migrating_refusal(error: BaseException | None) -> bool:

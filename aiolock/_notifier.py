@@ -588,7 +588,11 @@ class Notifier:
             data = message["data"]
             text = data.decode() if isinstance(data, bytes) else str(data)
             fence, reserved_for, granted, seq, slot, *_ = (*text.split(" ", 5), "", "", "", "")
-            queue.released(fence, reserved_for, granted=granted, seq=seq, slot=slot)
+            node = message.get("node")  # a quorum's node (`QuorumPubSub`): each announces it
+            if node is not None:
+                queue.announced(fence, node)
+            else:
+                queue.released(fence, reserved_for, granted=granted, seq=seq, slot=slot)
 
     async def _drop_idle_channels(self, now: float) -> None:
         idle = [ch for ch, since in self._subscribed.items() if now - since >= LINGER]

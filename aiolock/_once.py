@@ -22,16 +22,18 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Generic, TypeVar, Unpack, final
+from typing import Any, Final, Generic, TypeVar, Unpack, cast, final
 
-from ._clients import AsyncClient, check_client, translate_errors
+from ._backend import Backend
+from ._clients import AsyncClient, AsyncRedis, check_client, translate_errors
 from ._config import MAX_NAME_LENGTH, MAX_SECONDS, check_seconds
 from ._info import LockInfo
 from ._lease import Lease
 from ._lock import Lock
 from ._options import LockOptions, lock_config
+from ._quorum import Votes
 from ._redlock import Redlock, check_clients
-from .errors import AcquireTimeoutError, BackendError, ConfigError
+from .errors import AcquireTimeoutError, ConfigError
 
 __all__ = ("DoneMarker", "OnceResult", "OnceStatus", "run_once")
 
@@ -174,45 +176,77 @@ def _parse_marker(raw: bytes | str | None) -> DoneMarker | None:
 
 
 class _Markers:
-    """Where the done marker lives: one client's server, or a Redlock's nodes (written to
-    every node, counted once a quorum stored it; read from every node, done if any has it,
-    unknown if fewer than a quorum answered)."""
+    """Where the done marker lives: one client's server, each call bounded by
+    _MARKER_TIMEOUT; or a Redlock's nodes, through its quorum (written to every node,
+    stored once a majority stored it; read from every node, done as soon as one has it,
+    not done once a majority answered without it; each node's call bounded by the node
+    timeout, a slow or failed minority's left to end in the background)."""
 
-    __slots__ = ("clients", "key", "name")
+    __slots__ = ("backend", "client", "key", "name")
 
-    def __init__(self, clients: tuple[AsyncClient, ...], key: str, name: str) -> None:
-        self.clients, self.key, self.name = clients, key, name
-
-    @property
-    def quorum(self) -> int:
-        return len(self.clients) // 2 + 1
-
-    async def _each(self, operation: str, call: Callable[[Any], Awaitable[object]]) -> list[object]:
-        async def one(client: AsyncClient) -> object:
-            with translate_errors(operation, self.name, _MARKER_TIMEOUT):
-                async with asyncio.timeout(_MARKER_TIMEOUT):
-                    return await call(client)
-
-        if len(self.clients) == 1:
-            return [await one(self.clients[0])]
-        answers = await asyncio.gather(*map(one, self.clients), return_exceptions=True)
-        failed = [a for a in answers if isinstance(a, BaseException)]
-        for error in failed:
-            if not isinstance(error, BackendError):
-                raise error
-        if len(answers) - len(failed) < self.quorum:
-            raise failed[0]
-        return [a for a in answers if not isinstance(a, BaseException)]
+    def __init__(self, lock: Lock | Redlock, client: AsyncClient) -> None:
+        self.client = cast(AsyncRedis, client)  # (a cluster client reads and writes alike)
+        self.backend = lock._nodes_backend() if isinstance(lock, Redlock) else None
+        self.key, self.name = f"{lock.key}:done", lock.name
 
     async def read(self) -> DoneMarker | None:
-        answers = await self._each("read the done marker", lambda c: c.get(self.key))
-        for raw in answers:
-            if raw is not None:
-                return _parse_marker(raw)  # type: ignore[arg-type]
-        return None
+        operation = "read the done marker"
+        if self.backend is None:
+            with translate_errors(operation, self.name, _MARKER_TIMEOUT):
+                async with asyncio.timeout(_MARKER_TIMEOUT):
+                    return _parse_marker(await self.client.get(self.key))
+        quorum = self.backend.size
+
+        def decided(replies: Votes, pending: int) -> bool:
+            absent = sum(1 for raw in replies.values() if raw is None)
+            return absent < len(replies) or absent >= quorum or absent + pending < quorum
+
+        replies = await self._each(decided, operation, "GET", self.key)
+        found = [raw for raw in replies.values() if raw is not None]
+        return _parse_marker(found[0]) if found else None
 
     async def write(self, payload: str, px: int) -> None:
-        await self._each("write the done marker", lambda c: c.set(self.key, payload, px=px))
+        operation = "write the done marker"
+        if self.backend is None:
+            with translate_errors(operation, self.name, _MARKER_TIMEOUT):
+                async with asyncio.timeout(_MARKER_TIMEOUT):
+                    await self.client.set(self.key, payload, px=px)
+            return
+        quorum = self.backend.size
+
+        def decided(replies: Votes, pending: int) -> bool:
+            return len(replies) >= quorum or len(replies) + pending < quorum
+
+        await self._each(decided, operation, "SET", self.key, payload, "PX", px)
+
+    async def _each(
+        self, decided: Callable[[Votes, int], bool], operation: str, *command: str | int
+    ) -> Votes:
+        """`command` on every node, until `decided`: the replies; `QuorumError` if the
+        answers decide nothing (fewer than a majority answered)."""
+        backend = self.backend
+        assert backend is not None
+
+        def send(index: int, node: Backend, timeout: float) -> Awaitable[Any]:
+            return node.command(
+                *command, timeout=timeout, operation=operation, name=self.name, again_apart=True
+            )
+
+        replies, errors = await backend.spread(
+            send, decided, bound=backend.node_timeout, operation=operation, name=self.name
+        )
+        found = any(raw is not None for raw in replies.values())
+        if len(replies) < backend.size and not (command[0] == "GET" and found):
+            what = "fewer than a quorum answered"
+            raise backend.no_quorum(
+                what, replies, errors, _stored, operation=operation, name=self.name
+            )
+        return replies
+
+
+def _stored(reply: Any) -> str:
+    """What a node's answer to a marker's read or write says (for `QuorumError.nodes`)."""
+    return "absent" if reply is None else "ok"
 
 
 async def run_once(
@@ -221,6 +255,7 @@ async def run_once(
     fn: Callable[[], Awaitable[T]] | Callable[[Lease], Awaitable[T]],
     *,
     retention: float,
+    node_timeout: float | None = None,
     **options: Unpack[LockOptions],
 ) -> OnceResult[T]:
     """Run `fn` unless the job `job_key` is done or running elsewhere; mark it done.
@@ -252,8 +287,10 @@ async def run_once(
         client: a `redis.asyncio.Redis` or `RedisCluster` (or valkey-py's
             `valkey.asyncio.Valkey` or `ValkeyCluster`); or a list or tuple of clients of
             independent servers: the job's lock is then a `Redlock` over them, and the
-            marker is written to every node (done once a quorum stored it) and read from
-            every node (done if any has it; `BackendError` if fewer than a quorum answer).
+            marker is decided on a majority, the rest in the background: written to every
+            node (stored once a majority stored it), read from every node (done as soon
+            as one has it, not done once a majority answered without it; `QuorumError`
+            if fewer than a majority answer), each node's call bounded by `node_timeout`.
         job_key: the job's identity for this run (1 to 995 characters).
         fn: the job, called with no arguments, or with one: the `Lease` (for its
             `fencing_token`). An `async def` function or method, a `functools.partial`
@@ -263,6 +300,9 @@ async def run_once(
             a lambda's result is checked when it is called, under the lock: one that is
             not awaitable raises `TypeError` there (released, not marked done).
         retention: seconds the done marker is kept (0.001 to 1 year).
+        node_timeout: with a list of clients, the `Redlock`'s `node_timeout`: seconds each
+            node's call may take (its lock's and its markers'); default None, as
+            `Redlock`'s. Refused with one client (`ConfigError`). Added in 0.3.
         options: the settings of the job's `Lock`, `LockOptions`, with their defaults but
             one: `timeout`, the seconds to wait for a job running elsewhere, is 0 (do not
             wait). After a wait, a job that finished there is ALREADY_DONE, and one that
@@ -286,20 +326,26 @@ async def run_once(
     Added in 0.2; every setting of `LockOptions` besides `ttl`, `timeout` and `prefix` in
     0.3.
     """
-    clients = (
-        check_clients(client) if isinstance(client, (list, tuple)) else (check_client(client),)
-    )
+    several = isinstance(client, (list, tuple))
+    clients = check_clients(client) if several else (check_client(client),)
     job_key = _check_job_key(job_key)
     pass_lease = _check_fn(fn)
     retention_s = check_seconds("retention", retention, minimum=0.001, maximum=MAX_SECONDS)
     lock_config("run_once()", options, timeout=0)
     settings: LockOptions = {"timeout": 0, **options}
     lock: Lock | Redlock
-    if isinstance(client, (list, tuple)):
-        lock = Redlock(clients, _NAME_PREFIX + job_key, **settings)
+    if several:
+        lock = Redlock(clients, _NAME_PREFIX + job_key, node_timeout=node_timeout, **settings)
+    elif node_timeout is not None:
+        raise ConfigError(
+            "node_timeout is taken with a list of clients (a Redlock's servers), not with "
+            "one client",
+            argument="node_timeout",
+            value=node_timeout,
+        )
     else:
         lock = Lock(clients[0], _NAME_PREFIX + job_key, **settings)
-    markers = _Markers(clients, f"{lock.key}:done", lock.name)
+    markers = _Markers(lock, clients[0])
     read_marker = markers.read
 
     found = await read_marker()

@@ -204,6 +204,8 @@ class WaitQueue:
 
     __slots__ = (
         "_granted",
+        "_heard",
+        "_newest",
         "_recent",
         "_seq",
         "_spent",
@@ -257,6 +259,10 @@ class WaitQueue:
         # Fencing tokens of the grants to this queue heard of: the channel and a release's
         # reply may both tell of one.
         self._granted: collections.deque[str] = collections.deque(maxlen=8)
+        # A quorum's releases as each node announced them (fencing token, node), and the
+        # newest fencing token of a lease taken here (see `announced`).
+        self._heard: collections.deque[tuple[str, int]] = collections.deque(maxlen=64)
+        self._newest = -1
 
     @property
     def registered(self) -> bool:
@@ -447,6 +453,31 @@ class WaitQueue:
             and self.counted != len(self.waiters)
             and not (self.attempting or self.joining)
         )
+
+    def announced(self, fence: str, node: int) -> None:
+        """Node `node` of a quorum (a Redlock's) announced the release of the lease whose
+        fencing token is `fence`: the release is effective on that node.
+
+        Every node the release lands on announces it, with the same fencing token, each
+        when it gets there: the first may come before a majority is free (the head's try
+        is then refused). So each node's announcement wakes the head, whatever their order
+        and timing; one heard while the head's try is in flight leaves a wake-up for after
+        its answer. Not woken: by a node heard twice; by the echoes of a release of this
+        process (its reply, once a majority released, woke the head: `released`); by a
+        release older than a lease this process took since (`lease_taken`), which holds
+        the lock, or did."""
+        if not self.waiters or fence in self._recent or (fence, node) in self._heard:
+            return
+        if fence.isdigit() and int(fence) <= self._newest:
+            return
+        self._heard.append((fence, node))
+        self.wake_head()
+
+    def lease_taken(self, fencing_token: int) -> None:
+        """A lease with `fencing_token` was taken in this process (a quorum's, whose tokens
+        increase from one holder to the next): a release announced with a token no higher
+        is of a lease that ended before it began."""
+        self._newest = max(self._newest, fencing_token)
 
     def released(
         self,

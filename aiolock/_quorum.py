@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import random
 import weakref
@@ -39,7 +40,7 @@ from redis.asyncio.client import PubSub
 
 from ._backend import Backend
 from ._cancel import run_shielded
-from ._clients import AsyncClient
+from ._clients import AsyncClient, lasting
 from ._lease_scripts import RENEW, RESUME
 from ._quorum_pubsub import QuorumPubSub
 from ._redlock_scripts import RL_ACQUIRE, RL_FENCE, RL_RELEASE
@@ -47,7 +48,7 @@ from ._scripts import Script
 from ._transport import Sent
 from .errors import BackendError, QuorumError
 
-__all__ = ("Quorum", "QuorumBackend", "node_name")
+__all__ = ("Quorum", "QuorumBackend", "Votes", "curable", "node_name")
 
 GIVE_BACK_MIN: Final = 0.1
 """Shortest time a refused acquire's give-back waits for a quorum of nodes to answer (it
@@ -301,6 +302,116 @@ class QuorumBackend(Backend):
         if not task.cancelled():
             task.exception()  # retrieved: a late node's failure is of no consequence
 
+    async def spread(
+        self,
+        send: Callable[[int, Backend, float], Awaitable[Any]],
+        decided: Callable[[Votes, int], bool],
+        *,
+        bound: float,
+        operation: str,
+        name: str | None,
+        answered: Collection[int] = (),
+        late: dict[int, asyncio.Task[Any]] | None = None,
+    ) -> tuple[Votes, dict[int, BaseException]]:
+        """Send a call to every node (`send(index, node, timeout)`, bounded by the node
+        timeout and `bound`); return the replies and the errors once `decided(replies,
+        hopeful)` (`hopeful`: the calls in flight that may still be answered in time) or
+        every node is done. The calls still in flight then go on in the background; `late`,
+        if given, is filled with them (by node index). A node that is not answering is
+        skipped (see `_Node`), and a call in flight to one is not waited for, unless it is
+        one of `answered` (it answered an earlier phase of the same call)."""
+        now = self.loop.time()
+        timeout = max(min(bound, self.node_timeout), 0.001)
+        tasks: dict[asyncio.Task[Any], int] = {}
+        errors: dict[int, BaseException] = {}
+        unanswering = self.unanswering(now)
+        for index, node in enumerate(self.nodes):
+            silent = None if index in answered else unanswering.get(index)
+            if silent is not None:  # frozen or cut off: not sent (see `_Node`)
+                errors[index] = BackendError(
+                    f"{operation} of {name!r}: not sent, the server has not answered for "
+                    f"{silent:.3g}s while the others do",
+                    operation=operation,
+                    name=name,
+                )
+                continue
+            tasks[self.send(index, send(index, node, timeout), now)] = index
+        replies: Votes = {}
+        pending = set(tasks)
+
+        def settled() -> bool:
+            # Decided, counting every call in flight; or counting only those that may still
+            # be answered in time (fewer: decided sooner), which takes longer to find out.
+            return decided(replies, len(pending)) or decided(
+                replies, self.hopeful([tasks[task] for task in pending], answered)
+            )
+
+        try:
+            while pending and not settled():
+                # A quorum answered without a decision (a split vote): the rest are waited
+                # for, but a node that stops answering meanwhile no longer counts, so the
+                # wait is looked at again after `patience`.
+                split = len(replies) >= self.size
+                done, pending = await asyncio.wait(
+                    pending,
+                    timeout=self.patience if split else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                for task in done:
+                    error = task.exception()
+                    if error is None:
+                        replies[tasks[task]] = task.result()
+                    elif isinstance(error, BackendError):
+                        errors[tasks[task]] = error
+                    else:
+                        raise error
+        finally:
+            for task in pending:
+                self.keep(task)
+            if late is not None:
+                late.update((tasks[task], task) for task in pending)
+        return replies, errors
+
+    def no_quorum(
+        self,
+        what: str,
+        replies: Votes,
+        errors: dict[int, BaseException],
+        word: Callable[[Any], str],
+        *,
+        operation: str,
+        name: str | None,
+    ) -> QuorumError:
+        """The `QuorumError` of a call that no quorum decided: what each node said (`word`
+        of its reply), its error, or "not awaited"; each node's own error, the first that
+        sending again would not cure (`lasting`), else the first, as its cause."""
+        names = self.names
+        nodes = {names[i]: word(reply) for i, reply in replies.items()}
+        nodes.update({names[i]: f"error: {error}" for i, error in errors.items()})
+        for node in names:
+            nodes.setdefault(node, "not awaited")
+        listed = ", ".join(f"{node}: {said}" for node, said in nodes.items())
+        failed = QuorumError(
+            f"{operation} of {name!r}: {what}, {self.size} of {len(names)} nodes needed ({listed})",
+            operation=operation,
+            name=name,
+            quorum=self.size,
+            nodes=nodes,
+            errors={names[i]: error for i, error in sorted(errors.items())},
+        )
+        causes = sorted(errors.items(), key=lambda item: (not lasting(item[1]), item[0]))
+        if causes:
+            failed.__cause__ = causes[0][1]
+        return failed
+
+
+def curable(error: QuorumError) -> bool:
+    """Whether sending the call again may decide it: the nodes whose error would be the
+    same again (`lasting`: a wrong type, a permission, a script error) leave a majority
+    that failed for passing reasons (no reply in time, a connection refused or reset)."""
+    lasting_ones = sum(1 for failed in error.errors.values() if lasting(failed))
+    return len(error.nodes) - lasting_ones >= error.quorum
+
 
 class _Call:
     """One script call on every node of a quorum, and the reading of their votes."""
@@ -316,6 +427,7 @@ class _Call:
         "operation",
         "script",
         "started",
+        "written",
     )
 
     def __init__(
@@ -336,6 +448,7 @@ class _Call:
         self.bound, self.operation, self.name = bound, operation, name
         self.background, self.fresh = background, fresh
         self.started = backend.loop.time()
+        self.written: set[int] = set()  # nodes the call was written to (or handed to redis-py)
 
     @property
     def quorum(self) -> int:
@@ -352,33 +465,11 @@ class _Call:
         answered: Collection[int] = (),
         late: dict[int, asyncio.Task[Any]] | None = None,
     ) -> tuple[Votes, dict[int, BaseException]]:
-        """Send the call (or `script` with `args`, on the same keys) to every node; return
-        the replies and the errors once `decided(replies, hopeful)` (`hopeful`: the calls
-        in flight that may still be answered in time) or every node is done. The calls
-        still in flight then go on in the background; `late`, if given, is filled with
-        them (by node index).
+        """The call (or `script` with `args`, on the same keys) on every node, within what
+        is left of its bound, decided as `QuorumBackend.spread` says."""
 
-        A node that is not answering is skipped (see `_Node`), and a call in flight to one
-        is not waited for, unless it is one of `answered` (it answered the first phase of
-        this same call).
-        """
-        backend = self.backend
-        now = backend.loop.time()
-        timeout = max(min(self.left(), backend.node_timeout), 0.001)
-        tasks: dict[asyncio.Task[Any], int] = {}
-        errors: dict[int, BaseException] = {}
-        unanswering = backend.unanswering(now)
-        for index, node in enumerate(backend.nodes):
-            silent = None if index in answered else unanswering.get(index)
-            if silent is not None:  # frozen or cut off: not sent (see `_Node`)
-                errors[index] = BackendError(
-                    f"{self.operation} of {self.name!r}: not sent, the server has not "
-                    f"answered for {silent:.3g}s while the others do",
-                    operation=self.operation,
-                    name=self.name,
-                )
-                continue
-            call = node.run(
+        def send(index: int, node: Backend, timeout: float) -> Awaitable[Any]:
+            return node.run(
                 script or self.script,
                 self.names,
                 self.args if args is None else args,
@@ -388,51 +479,19 @@ class _Call:
                 background=self.background,
                 fresh=self.fresh,
                 again_apart=True,  # the call may outlive its caller (`QuorumBackend.keep`)
-            )
-            tasks[backend.send(index, call, now)] = index
-        replies: Votes = {}
-        pending = set(tasks)
-
-        def settled() -> bool:
-            # Decided, counting every call in flight; or counting only those that may still
-            # be answered in time (fewer: decided sooner), which takes longer to find out.
-            return decided(replies, len(pending)) or decided(
-                replies, backend.hopeful([tasks[task] for task in pending], answered)
+                # (the first phase's: a node it reached may apply it however late)
+                on_sent=None if script else functools.partial(self.written.add, index),
             )
 
-        if not pending or settled():
-            for task in pending:
-                backend.keep(task)
-            if late is not None:
-                late.update((tasks[task], task) for task in pending)
-            return replies, errors
-        try:
-            while pending:
-                # A quorum answered without a decision (a split vote): the rest are waited
-                # for, but a node that stops answering meanwhile no longer counts, so the
-                # wait is looked at again after `patience`.
-                split = len(replies) >= backend.size
-                done, pending = await asyncio.wait(
-                    pending,
-                    timeout=backend.patience if split else None,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                for task in done:
-                    error = task.exception()
-                    if error is None:
-                        replies[tasks[task]] = task.result()
-                    elif isinstance(error, BackendError):
-                        errors[tasks[task]] = error
-                    else:
-                        raise error
-                if settled():
-                    break
-        finally:
-            for task in pending:
-                backend.keep(task)
-            if late is not None:
-                late.update((tasks[task], task) for task in pending)
-        return replies, errors
+        return await self.backend.spread(
+            send,
+            decided,
+            bound=self.left(),
+            operation=self.operation,
+            name=self.name,
+            answered=answered,
+            late=late,
+        )
 
     def failed(
         self,
@@ -441,19 +500,8 @@ class _Call:
         errors: dict[int, BaseException],
         word: Callable[[Any], str],
     ) -> QuorumError:
-        names = self.backend.names
-        nodes = {names[i]: word(reply) for i, reply in replies.items()}
-        nodes.update({names[i]: f"error: {error}" for i, error in errors.items()})
-        for node in names:
-            nodes.setdefault(node, "not awaited")
-        listed = ", ".join(f"{node}: {said}" for node, said in nodes.items())
-        return QuorumError(
-            f"{self.operation} of {self.name!r}: {what}, {self.quorum} of {len(names)} nodes "
-            f"needed ({listed})",
-            operation=self.operation,
-            name=self.name,
-            quorum=self.quorum,
-            nodes=nodes,
+        return self.backend.no_quorum(
+            what, replies, errors, word, operation=self.operation, name=self.name
         )
 
     # ----------------------------------------------------------------- acquire and resume
@@ -485,6 +533,9 @@ class _Call:
         fencing token, written back if they differ; a refused acquire given back."""
         q = self.quorum
         granted = {i: int(r[1]) for i, r in replies.items() if int(r[0]) == 1}
+        # Reached, unanswered (not refused): it may apply the acquire when it answers again.
+        reached = self.written - replies.keys()
+        unknown = {i for i in reached if not (i in errors and Backend.refused(errors[i]))}
         if len(granted) >= q:
             agreed = max(granted.values())
             if Counter(granted.values())[agreed] >= q:
@@ -493,11 +544,11 @@ class _Call:
             if acked:
                 return [1, agreed]
             if self.script is RL_ACQUIRE:
-                await self.give_back(set(granted))
+                await self.give_back(set(granted), unknown)
             what = "the fencing token was not acknowledged by a quorum"
             raise self.failed(what, fence_replies, fence_errors, _fence_said)
         if self.script is RL_ACQUIRE:
-            await self.give_back(set(granted))
+            await self.give_back(set(granted), unknown)
         refused = [r for r in replies.values() if int(r[0]) != 1]
         if len(refused) + len(granted) < q or not refused:
             raise self.failed("no quorum answered", replies, errors, _said)
@@ -552,23 +603,35 @@ class _Call:
         replies, errors = await self.gather(decided, RL_FENCE, [self.args[0], agreed], granted)
         return sum(1 for r in replies.values() if int(r) == 1) >= q, replies, errors
 
-    async def give_back(self, granted: set[int]) -> None:
+    async def give_back(self, granted: set[int], unknown: Collection[int] = ()) -> None:
         """Undo a refused acquire on every node, under a shield: an abort that also refuses
         a late copy of the acquire (or, for a token the caller chose, a plain release).
         Waits for the nodes that granted it to answer (within the call's bound, at least
-        GIVE_BACK_MIN); the nodes that had not answered the acquire get it in the
-        background, within their node timeout."""
+        GIVE_BACK_MIN); the others get it in the background, within their node timeout,
+        but for those `unknown` (the acquire reached them, unanswered: frozen, say), which
+        are given the ttl, so that an acquire they apply when they answer again is undone
+        there too (the abort comes after it, or refuses it)."""
         token, retain = self.args[0], self.args[3] if len(self.args) > 3 else ""
         args = [token, "abort", retain] if retain != "" else [token, ""]
+        ttl = int(self.args[1]) / 1000
+
+        def send(index: int, node: Backend, timeout: float) -> Awaitable[Any]:
+            bound = ttl if index in unknown else timeout
+            return node.run(
+                RL_RELEASE, self.names, args, timeout=bound, operation=self.operation,
+                name=self.name, background=self.background, fresh=self.fresh, again_apart=True,
+            )  # fmt: skip
 
         def decided(replies: Votes, pending: int) -> bool:
             return granted <= replies.keys()
 
+        backend, answered = self.backend, granted | set(unknown)
+        spread = backend.spread(
+            send, decided, bound=self.left(), operation=self.operation, name=self.name,
+            answered=answered,
+        )  # fmt: skip
         with contextlib.suppress(BackendError, TimeoutError):
-            await run_shielded(
-                self.gather(decided, RL_RELEASE, args, granted),
-                timeout=max(self.left(), GIVE_BACK_MIN),
-            )
+            await run_shielded(spread, timeout=max(self.left(), GIVE_BACK_MIN))
 
     # ----------------------------------------------------------------- renew and release
     async def renew(self) -> list[int]:

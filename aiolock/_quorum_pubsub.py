@@ -1,7 +1,8 @@
 """One pub/sub session per node of a quorum, seen by the notifier as one session.
 
-A `Redlock`'s release is announced by every node it is released on; a waiter needs to hear
-one of them. `QuorumPubSub` keeps a session of its own on each node, in a task per node:
+A `Redlock`'s release is announced by every node it is released on, each message tagged
+with its node's index (`"node"`): the waiter tries again at each node's announcement, so
+that the one that frees a majority is not missed. `QuorumPubSub` keeps a session of its own on each node, in a task per node:
 it subscribes to the channels wanted, hands the node's messages to the notifier (an
 `Inbox`: dispatched in the node's task, or read as from a redis-py `PubSub`), pings the
 node when it has been silent for the health interval and opens a new session when the ping
@@ -44,9 +45,10 @@ FORWARDED: Final = frozenset({"message", "subscribe", "pong"})
 class _Node:
     """The session on one node, run by a task of its own."""
 
-    __slots__ = ("backend", "every", "pubsub", "subscribed", "task", "up")
+    __slots__ = ("backend", "every", "index", "pubsub", "subscribed", "task", "up")
 
-    def __init__(self, backend: Backend, every: float) -> None:
+    def __init__(self, index: int, backend: Backend, every: float) -> None:
+        self.index = index  # its place among the quorum's nodes
         self.backend = backend
         self.every = every
         self.pubsub: PubSub | None = None
@@ -77,7 +79,7 @@ class QuorumPubSub:
     """The sessions of a quorum's nodes, read as one `PubSub` by the notifier."""
 
     def __init__(self, backends: Sequence[Backend], every: float, rng: random.Random) -> None:
-        self._nodes = [_Node(backend, every) for backend in backends]
+        self._nodes = [_Node(index, backend, every) for index, backend in enumerate(backends)]
         self._channels: set[str] = set()
         self.inbox = Inbox()  # what the sessions read, for the notifier
         self._wanted = asyncio.Event()
@@ -153,6 +155,7 @@ class QuorumPubSub:
                 if message is not None:
                     heard, pinged = loop.time(), None
                     if message.get("type") in FORWARDED:
+                        message["node"] = node.index  # each node announces a release
                         self.inbox.put(message)
         finally:
             node.up, node.pubsub = False, None

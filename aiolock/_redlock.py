@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, Unpack, final
+from typing import Any, Final, Unpack, final
 
 from ._clients import AsyncClient, check_client, is_cluster
 from ._config import check_name, check_seconds
@@ -23,16 +23,24 @@ from ._layout import LockKeys
 from ._lease import Lease
 from ._lease_scripts import RENEW, RESUME
 from ._options import LockOptions, lock_config
-from ._primitive import UNSET, Unset
-from ._quorum import Quorum, QuorumBackend
+from ._primitive import UNSET, Attempt, Unset
+from ._queue import WaitQueue
+from ._quorum import Quorum, QuorumBackend, curable, node_name
 from ._redlock_scripts import RL_ACQUIRE, RL_RELEASE
+from ._retry import Backoff
 from ._runtime import Runtime, runtime_for
-from ._scripts import INSPECT, release_args
+from ._scripts import INSPECT, Script, release_args
 from ._watchdog import RenewalEntry
 from .errors import BackendError, ConfigError, QuorumError
 
-__all__ = ("Redlock", "RedlockInfo", "RedlockNode", "check_clients")
+__all__ = ("Redlock", "RedlockInfo", "RedlockNode", "RedlockRelease", "check_clients")
 
+MIN_NODE_TIMEOUT: Final = 0.05
+"""The default `node_timeout`'s floor (a tenth of the ttl, but at least this, and at most
+half the ttl), seconds: a call that a loaded host answers within it."""
+RETRY_BACKOFF: Final = (0.05, 1.0)
+"""The first and the longest pause, seconds, before an acquire's attempt that node failures
+left undecided is tried again (each in [d/2, d], d doubling)."""
 PROPOSAL_LEAD_US: Final = 100_000
 """How far ahead of this machine's clock (us) the fencing token an acquire proposes is:
 more than the usual skew between the servers' clocks (at most half the ttl)."""
@@ -81,6 +89,31 @@ class RedlockInfo:
 
 
 @final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RedlockRelease:
+    """What `Redlock.force_release()` deleted, and on which nodes. Added in 0.3."""
+
+    name: str
+    holder: LockInfo
+    """The holder evicted: the one most nodes held, with the fencing token most of them
+    had."""
+    released: tuple[str, ...]
+    """The nodes ("host:port") its key was deleted from, in the order of the clients."""
+    unknown: tuple[str, ...]
+    """The nodes that could not be read, or did not answer the release: a key of the
+    holder's there, if any, expires by its ttl."""
+    quorum: int
+    """How many nodes make a majority (N // 2 + 1)."""
+
+    @property
+    def majority(self) -> bool:
+        """Whether it was deleted from a majority of the nodes: the holder held the lock.
+        (On fewer, it did not: an acquire given back or a lease lost meanwhile, or keys
+        left behind.)"""
+        return len(self.released) >= self.quorum
+
+
+@final
 class Redlock(Primitive):
     """A lock held on a quorum (N // 2 + 1) of N independent Redis servers: it survives the
     loss, the freeze or the restart of a minority of them.
@@ -108,19 +141,23 @@ class Redlock(Primitive):
 
     Args:
         clients: `redis.asyncio.Redis` clients (or valkey-py's) of independent servers (no
-            replication between them), at least one, none twice; 3 or 5 is usual.
+            replication between them), at least one, no server twice (the same host, port
+            and database, or socket path: two addresses of one server, such as
+            `localhost` and `127.0.0.1` or a proxy, cannot be told apart); 3 or 5 is usual.
         name: the lock's name, as `Lock`'s.
         node_timeout: seconds each node's call may take (0.001 to half the ttl); default
-            None: a tenth of the ttl.
+            None: a tenth of the ttl, but at least 50 ms (what a loaded host answers in),
+            and at most half the ttl.
         drift: seconds subtracted from a lease's validity for clock drift (0 to half the
             ttl); default None: 1 % of the ttl plus 2 ms.
         options: `LockOptions` (`ttl`, `renew`, `renew_interval`, `timeout`, `max_hold`,
             `prefix`, `retain`); `hold_stats` and `replicas` are not taken.
 
     Raises:
-        TypeError: a wrong type (a cluster client, a client given twice, ...), or an
-            unknown keyword.
-        ConfigError: a value out of range; the message names the argument and the range.
+        TypeError: a wrong type (not a sequence, a cluster client, ...), or an unknown
+            keyword.
+        ConfigError: a value out of range (the message names the argument and the
+            range), no client, or two clients of one server (naming both).
 
     Not offered: `acquire(token=...)`, a token chosen by the caller (a refused attempt is
     given back on every node with an abort that forbids its token); `resume(token)` and
@@ -159,7 +196,7 @@ class Redlock(Primitive):
             drift = check_seconds("drift", drift, minimum=0.0, maximum=half)
             config = dataclasses.replace(config, drift=drift)
         if node_timeout is None:
-            node_timeout = config.ttl / 10
+            node_timeout = min(max(config.ttl / 10, MIN_NODE_TIMEOUT), half)
         else:
             node_timeout = check_seconds("node_timeout", node_timeout, minimum=0.001, maximum=half)
         self._clients_held = checked  # the quorum holds them weakly
@@ -200,17 +237,26 @@ class Redlock(Primitive):
     ) -> Lease:
         """Wait for a quorum of the nodes and return the `Lease` (see `Lock.acquire`).
 
+        Node failures that leave no majority for either side (no reply within the node
+        timeout, a connection refused or reset) are tried again, with a backoff, while the
+        acquire waits: up to its timeout (none with 0: `try_acquire()`), or, without one,
+        up to a ttl. A node that refuses the command for what it is (a wrong type, a
+        permission, a script error), when the others cannot make a majority without it,
+        raises at once.
+
         Raises:
             AcquireTimeoutError: it stayed held by others for the whole timeout.
             QuorumError: too many nodes were unreachable or failed for a quorum, for or
-                against, to be known (raised within the timeout); what was granted has been
-                given back.
+                against, to be known, until the timeout; or at once, naming the node, if a
+                refusal that sending again would not cure leaves no majority (its own
+                error is the cause, and each node's is in `errors`). What was granted has
+                been given back.
             BackendError: Redis refused the command.
             TypeError: a `token` was given (not offered by Redlock).
 
         Cancellation:
-            As for `Lock.acquire`: a cancelled acquire is given back on every node, under a
-            shield.
+            As for `Lock.acquire`: a cancelled acquire, during an attempt or between two,
+            is given back on every node, under a shield.
         """
         if token is not None:
             raise TypeError(
@@ -218,6 +264,39 @@ class Redlock(Primitive):
                 "on every node with an abort that forbids its token"
             )
         return await super().acquire(timeout=timeout)
+
+    async def _attempt(
+        self,
+        runtime: Runtime,
+        time_left: float | None,
+        *,
+        queue: WaitQueue | None = None,
+        behind: int = 0,
+        token: str | None = None,
+    ) -> Attempt:
+        """The engine's attempt, tried again after node failures that left it undecided
+        (`QuorumError`, each attempt's grants given back), with a backoff, while the caller
+        waits: for `time_left` (0: one attempt), or a ttl when it waits for ever; unless the
+        failures would be the same again (`curable`). Each attempt has a token of its own.
+
+        Cancellation:
+            As for the engine's attempt; between two, nothing is held.
+        """
+        loop = runtime.loop
+        wait = self._config.ttl if time_left is None else time_left
+        until = loop.time() + wait
+        backoff = Backoff(base=RETRY_BACKOFF[0], cap=RETRY_BACKOFF[1], rng=runtime.notifier.rng)
+        while True:
+            left = None if time_left is None else max(until - loop.time(), 0.0)
+            try:
+                return await super()._attempt(
+                    runtime, left, queue=queue, behind=behind, token=token
+                )
+            except QuorumError as failed:
+                pause = backoff.next()
+                if not curable(failed) or loop.time() + pause >= until:
+                    raise
+            await asyncio.sleep(pause)
 
     def _acquire_call(
         self, token: str, task: str, queue: tuple[str, int, str] | None, claims: Sequence[str]
@@ -284,6 +363,14 @@ class Redlock(Primitive):
     async def _withdraw(self, *args: object, **kwargs: object) -> None:
         """Nothing to withdraw: waiters are not queued on the nodes."""
 
+    def _granted(self, lease: Lease, waited: float, attempts: int) -> Lease:
+        """The engine's, telling this process's waiters of the lease: the nodes'
+        announcements of older releases, still on their way, wake none of them."""
+        queue = runtime_for(self._client).notifier.queue_for(self._channel)
+        if queue is not None:
+            queue.lease_taken(lease.fencing_token)
+        return super()._granted(lease, waited, attempts)
+
     # ----------------------------------------------------------------- inspection
     async def locked(self) -> bool:
         """Whether an acquire now would be refused: held (by anyone) on more nodes than
@@ -308,55 +395,97 @@ class Redlock(Primitive):
             return None
         return info
 
-    async def force_release(self) -> LockInfo | None:
-        """Evict the holder of the most nodes (a stuck lock), token-guarded on each node, as
-        `Lock.force_release`. The evicted holder's watchdog finds out at its next renewal.
+    async def force_release(self) -> RedlockRelease | None:
+        """Evict the holder of the most nodes (a stuck lock, or keys a lost lease left on a
+        minority), token-guarded on each node, as `Lock.force_release`. The evicted
+        holder's watchdog finds out at its next renewal.
+
+        Every node is read at once (each within max(`node_timeout`, 1 s)); then the
+        holder's key is deleted on the nodes that hold it, token-guarded, each within
+        that bound too.
 
         Returns:
-            The evicted holder, or None if nothing was released.
+            What was deleted, and on which nodes (`RedlockRelease`; its `majority` says
+            whether the holder held a majority of them), or None if nothing was (no node
+            held it, or its holder released it meanwhile).
 
         Raises:
-            QuorumError: fewer than a quorum of nodes could be read or answered.
+            QuorumError: fewer than a quorum of nodes could be read.
+
+        Cancellation:
+            Safe to cancel: a node that received the release has deleted the key, the
+            others keep it (token-guarded, it can be sent again).
         """
         info, tokens = await self._read_tokens()
         if not tokens:
             return None
         token = Counter(tokens.values()).most_common(1)[0][0]
         holder = _quorum_holder(list(info.nodes), tokens, 1, token)
-        runtime = runtime_for(self._client)
-        call = self._release_call(token=token, forced=True)
-        reply = await self._run_release(runtime, call, timeout=5.0)
-        return holder if reply.status == 1 else None
+        assert holder is not None
+        holding = [index for index, held in tokens.items() if held == token]
+        args = release_args(token=token, forced=True)
+        said = await self._on_nodes(holding, RL_RELEASE, self._release_keys, args, "release")
+        deleted = {i for i, reply in said.items() if not _failed(reply) and int(reply[0]) == 1}
+        if not deleted:
+            return None
+        names = self._quorum.names
+        unknown = {i for i, node in enumerate(info.nodes) if node.error is not None}
+        unknown |= {i for i, reply in said.items() if _failed(reply)}
+        return RedlockRelease(
+            name=self._name,
+            holder=holder,
+            released=tuple(names[i] for i in sorted(deleted)),
+            unknown=tuple(names[i] for i in sorted(unknown)),
+            quorum=self._quorum.quorum,
+        )
 
     async def _read(self) -> RedlockInfo:
         return (await self._read_tokens())[0]
 
-    async def _read_tokens(self) -> tuple[RedlockInfo, dict[int, str]]:
-        """Every node's state (read at once), and the token held on each node that holds."""
+    def _nodes_backend(self) -> QuorumBackend:
+        """The backend of the quorum's runtime: a `Backend` per node, and their health."""
         backend = runtime_for(self._client).backend
         assert isinstance(backend, QuorumBackend)
-        keys = self._keys
+        return backend
+
+    async def _on_nodes(
+        self,
+        indexes: Sequence[int],
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[str | int],
+        operation: str,
+    ) -> dict[int, Any]:
+        """`script` on the nodes `indexes`, at once, each bounded by max(`node_timeout`,
+        1 s): each node's reply, or its `BackendError`."""
+        backend = self._nodes_backend()
         bound = max(self._quorum.node_timeout, 1.0)
         answers = await asyncio.gather(
             *(
-                node.run(
-                    INSPECT,
-                    (keys.lock, keys.queue, keys.waiters),
-                    [],
-                    timeout=bound,
-                    operation="inspect",
-                    name=self._name,
+                backend.nodes[index].run(
+                    script, keys, args, timeout=bound, operation=operation, name=self._name
                 )
-                for node in backend.nodes
+                for index in indexes
             ),
             return_exceptions=True,
         )
+        for answer in answers:
+            if isinstance(answer, BaseException) and not isinstance(answer, BackendError):
+                raise answer
+        return dict(zip(indexes, answers, strict=True))
+
+    async def _read_tokens(self) -> tuple[RedlockInfo, dict[int, str]]:
+        """Every node's state (read at once), and the token held on each node that holds."""
+        keys = self._keys
+        everyone = range(len(self._quorum.names))
+        read = await self._on_nodes(
+            everyone, INSPECT, (keys.lock, keys.queue, keys.waiters), [], "inspect"
+        )
+        answers = [read[index] for index in everyone]
         nodes: list[RedlockNode] = []
         tokens: dict[int, str] = {}
         for index, (name, answer) in enumerate(zip(self._quorum.names, answers, strict=True)):
             if isinstance(answer, BaseException):
-                if not isinstance(answer, BackendError):
-                    raise answer
                 nodes.append(RedlockNode(node=name, holder=None, error=str(answer)))
                 continue
             pttl, raw = answer[0], answer[1]
@@ -385,6 +514,10 @@ class Redlock(Primitive):
         ), tokens
 
 
+def _failed(reply: Any) -> bool:
+    return isinstance(reply, BaseException)
+
+
 def _quorum_holder(
     nodes: list[RedlockNode], tokens: dict[int, str], quorum: int, token: str | None = None
 ) -> LockInfo | None:
@@ -403,8 +536,8 @@ def _quorum_holder(
 
 
 def check_clients(clients: object) -> tuple[AsyncClient, ...]:
-    """The clients of a Redlock: a non-empty sequence of clients of one server each, none
-    given twice."""
+    """The clients of a Redlock: a non-empty sequence of clients of one server each, no
+    server addressed twice (see `_address`)."""
     if isinstance(clients, (str, bytes)) or not isinstance(clients, Sequence):
         raise TypeError(
             "clients must be a sequence (a list or tuple) of redis.asyncio.Redis clients of "
@@ -423,10 +556,40 @@ def check_clients(clients: object) -> tuple[AsyncClient, ...]:
                 "clients must be clients of one server each (redis.asyncio.Redis), not "
                 "a cluster client: a Redlock's nodes are independent servers"
             )
-    if len({id(client) for client in checked}) != len(checked):
-        raise ConfigError(
-            "clients must not hold the same client twice (each node would vote twice)",
-            argument="clients",
-            value=clients,
-        )
+    seen: dict[object, int] = {}
+    for index, client in enumerate(checked):
+        address = _address(client)
+        first = seen.setdefault(address, index)
+        if first != index:
+            where = "the same client" if checked[first] is client else "the same server"
+            raise ConfigError(
+                f"clients[{first}] and clients[{index}] address {where} "
+                f"({node_name(client)}{_database(client)}): it would vote twice, and one "
+                "empty restart could lose a majority; give each independent server once",
+                argument="clients",
+                value=clients,
+            )
     return checked
+
+
+def _address(client: AsyncClient) -> object:
+    """What tells a client's server: its host (as written: an alias is another address),
+    port and database, or its socket path and database; the client itself where its pool
+    names no server (Sentinel's, or a pool of the user's making)."""
+    kwargs = _pool_kwargs(client)
+    db = kwargs.get("db") or 0
+    if "path" in kwargs:
+        return ("unix", str(kwargs["path"]), db)
+    if "host" in kwargs:
+        return ("tcp", str(kwargs["host"]).lower(), int(kwargs.get("port") or 6379), db)
+    return ("client", id(client))
+
+
+def _database(client: AsyncClient) -> str:
+    return f" database {_pool_kwargs(client).get('db') or 0}"
+
+
+def _pool_kwargs(client: AsyncClient) -> dict[str, Any]:
+    """The connection settings of a client's pool (none for a pool without them)."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+    return kwargs if isinstance(kwargs, dict) else {}

@@ -214,13 +214,16 @@ class QuorumError(BackendError):
     their `node_timeout`: neither "acquired" (or "renewed", "released") nor "held by
     someone else" can be told. An acquire that raises it has been given back on every node
     that granted it (a token-guarded abort, under a shield), and is given back in the
-    background, within their node timeout, on those that had not answered yet; nothing runs
-    under it. As the cause of a lease's loss, it says that no quorum confirmed its renewals
+    background on those that had not answered yet (within their node timeout; as long as
+    the ttl on those it reached, which may apply it later); nothing runs under it. As the cause of a lease's loss, it says that no quorum confirmed its renewals
     before its deadline.
 
     `quorum` is how many nodes must agree (N // 2 + 1); `nodes` maps each node ("host:port")
     to what it answered ("ok", "refused", ...), the error it raised ("error: ..."), or "not
-    awaited" (the answer was known without it).
+    awaited" (the answer was known without it); `errors` maps each node that failed to its
+    own error (a `BackendError`, whose cause is the redis-py exception). `__cause__` is one
+    of them: a node's refusal that sending again would not cure (a wrong type, a
+    permission, a script error) if there is one.
 
     Added in 0.3.
     """
@@ -233,7 +236,9 @@ class QuorumError(BackendError):
         name: str | None = None,
         quorum: int,
         nodes: dict[str, str],
+        errors: dict[str, BaseException] | None = None,
     ) -> None:
         super().__init__(message, operation=operation, name=name)
         self.quorum = quorum
         self.nodes = nodes
+        self.errors: dict[str, BaseException] = {} if errors is None else errors

@@ -108,6 +108,13 @@ def _connection_options(parser: argparse.ArgumentParser, default: Any) -> None:
         "doctor read the name on every node, and show the quorum's holder",
     )
     parser.add_argument(
+        "--node-timeout",
+        type=_node_timeout,
+        default=argparse.SUPPRESS if default is argparse.SUPPRESS else 1.0,
+        metavar="SECONDS",
+        help="with --node: how long each node is given to answer (default 1; at most 15)",
+    )
+    parser.add_argument(
         "--prefix",
         default=argparse.SUPPRESS if default is argparse.SUPPRESS else "aiolock",
         help="key prefix of the locks (default aiolock)",
@@ -142,6 +149,13 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
     if not 0 < value < 86400:
         raise argparse.ArgumentTypeError(f"must be between 0 and 86400 seconds: {text!r}")
+    return value
+
+
+def _node_timeout(text: str) -> float:
+    value = _seconds(text)
+    if value > 15:
+        raise argparse.ArgumentTypeError(f"must be at most 15 seconds: {text!r}")
     return value
 
 

@@ -4,6 +4,7 @@ once per node): each node read at once, and the quorum's view."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -15,15 +16,22 @@ from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 
+from .._backend import Backend
+from .._clients import translate_errors
 from .._doctor import Diagnosis, diagnose
 from .._info import LockInfo
-from .._redlock import Redlock, RedlockInfo
+from .._redlock import Redlock, RedlockInfo, RedlockRelease
 from ..errors import BackendError, QuorumError
 from ._connection import connect, redact
 from ._errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, error
 from ._json_views import doctor_dict, info_dict, print_json
 from ._tables import doctor_renderable, make_console, release_confirmed
 from ._text import duration, printable, quoted
+
+NODE_TIMEOUT = 1.0
+"""Seconds each node is given to answer a read or a release by default (`--node-timeout`;
+the smallest bound of a Redlock's `info()`): a dead or frozen node is shown as such after
+that, the others read as usual."""
 
 ONE_SERVER_COMMANDS = ("ls", "watch", "stats", "demo")
 """Commands of one server or cluster (`--url`; `demo`: a throwaway one), never a Redlock's
@@ -115,7 +123,8 @@ def _redlock_renderable(info: RedlockInfo) -> Group:
 async def show_redlock(args: argparse.Namespace, nodes: Sequence[str]) -> int:
     async with _clients(nodes) as clients:
         try:
-            info = await Redlock(clients, args.name, prefix=args.prefix).info()
+            redlock = Redlock(clients, args.name, prefix=args.prefix, node_timeout=_bound(args))
+            info = await redlock.info()
         except QuorumError as exc:
             return _quorum_failure(exc)
     if args.json:
@@ -140,16 +149,17 @@ def _most_held(info: RedlockInfo | None) -> LockInfo | None:
 
 
 async def release_redlock(args: argparse.Namespace, nodes: Sequence[str]) -> int:
-    """`release --force` over the nodes (the caller has checked --force and --yes)."""
+    """`release --force` over the nodes (the caller has checked --force and --yes): with
+    --yes the nodes are read once, by the eviction itself."""
     console = make_console()
-    evicted = None
+    evicted: RedlockRelease | None = None
     async with _clients(nodes) as clients:
-        redlock = Redlock(clients, args.name, prefix=args.prefix)
+        redlock = Redlock(clients, args.name, prefix=args.prefix, node_timeout=_bound(args))
         try:
-            holder = _most_held(await redlock.info())
-            if holder is None:
+            holder = None if args.yes else _most_held(await redlock.info())
+            if not args.yes and holder is None:
                 outcome = "not_held"
-            elif not args.yes and not release_confirmed(console, holder):
+            elif not args.yes and holder is not None and not release_confirmed(console, holder):
                 outcome = "declined"
             else:
                 evicted = await redlock.force_release()
@@ -162,14 +172,13 @@ async def release_redlock(args: argparse.Namespace, nodes: Sequence[str]) -> int
                 "name": args.name,
                 "outcome": outcome,
                 "released": evicted is not None,
-                "holder": info_dict(evicted),
+                "holder": info_dict(evicted.holder if evicted is not None else None),
+                "nodes": list(evicted.released) if evicted is not None else [],
+                "unknown": list(evicted.unknown) if evicted is not None else [],
             }
         )
     elif evicted is not None:
-        console.print(
-            f"released Redlock {quoted(args.name)} on every node that held it (fencing token "
-            f"{evicted.fencing_token}); its holder finds out at its next renewal"
-        )
+        console.print(_released_text(args.name, evicted, len(nodes)))
     elif outcome == "declined":
         console.print(f"left Redlock {quoted(args.name)} as it is")
     else:
@@ -177,18 +186,39 @@ async def release_redlock(args: argparse.Namespace, nodes: Sequence[str]) -> int
     return EXIT_OK if evicted is not None else EXIT_FAILED
 
 
+def _released_text(name: str, evicted: RedlockRelease, count: int) -> str:
+    """What `release --force` deleted, and where, in a sentence or two."""
+    where = ", ".join(printable(node) for node in evicted.released)
+    said = (
+        f"released Redlock {quoted(name)} on {len(evicted.released)} of {count} nodes "
+        f"({where}), fencing token {evicted.holder.fencing_token}: "
+    )
+    if evicted.majority:
+        said += "its holder finds out at its next renewal"
+    else:
+        said += (
+            f"its holder held fewer than a quorum ({evicted.quorum}): keys left by an "
+            "acquire or a lease that ended"
+        )
+    if evicted.unknown:
+        unknown = ", ".join(printable(node) for node in evicted.unknown)
+        said += f"; not read or no answer, its key left to expire there: {unknown}"
+    return said
+
+
 async def doctor_redlock(args: argparse.Namespace, nodes: Sequence[str]) -> int:
-    """`doctor` on every node; a node that cannot be read is a problem of its own."""
-    reports: list[tuple[str, Diagnosis | str]] = []
+    """`doctor` on every node at once; a node that cannot be read (that does not answer a
+    PING within the node timeout) is a problem of its own."""
     async with _clients(nodes) as clients:
-        for url, client in zip(nodes, clients, strict=True):
-            try:
-                found: Diagnosis | str = await diagnose(
-                    client, prefix=args.prefix, acl_user=args.acl_user
-                )
-            except BackendError as exc:
-                found = printable(" ".join(str(exc.__cause__ or exc).split()))
-            reports.append((redact(url), found))
+        diagnosed = await asyncio.gather(
+            *(_diagnose_node(client, args) for client in clients), return_exceptions=True
+        )
+    for failure in diagnosed:
+        if isinstance(failure, BaseException) and not isinstance(failure, BackendError):
+            raise failure
+    reports: list[tuple[str, Diagnosis | str]] = [
+        (redact(url), _said(one)) for url, one in zip(nodes, diagnosed, strict=True)
+    ]
     failed = any(isinstance(found, str) or found.problems for _, found in reports)
     if args.json:
         print_json(
@@ -210,3 +240,29 @@ async def doctor_redlock(args: argparse.Namespace, nodes: Sequence[str]) -> int:
         else:
             console.print(doctor_renderable(found, where))
     return EXIT_FAILED if failed else EXIT_OK
+
+
+async def _diagnose_node(client: redis.asyncio.Redis, args: argparse.Namespace) -> Diagnosis:
+    """The doctor's checks on one node, once it answered a PING within the node timeout
+    (a PING refused, by an ACL, is an answer: the checks say what is refused)."""
+    bound = _bound(args)
+    try:
+        with translate_errors("ping", None, bound):
+            async with asyncio.timeout(bound):
+                await client.ping()
+    except BackendError as exc:
+        if not Backend.refused(exc):
+            raise
+    return await diagnose(client, prefix=args.prefix, acl_user=args.acl_user)
+
+
+def _bound(args: argparse.Namespace) -> float:
+    """Seconds each node is given to answer (`--node-timeout`)."""
+    return float(getattr(args, "node_timeout", None) or NODE_TIMEOUT)
+
+
+def _said(found: Diagnosis | BaseException) -> Diagnosis | str:
+    """A node's diagnosis, or why it has none, as printable text."""
+    if isinstance(found, Diagnosis):
+        return found
+    return printable(" ".join(str(found.__cause__ or found).split()) or str(found))

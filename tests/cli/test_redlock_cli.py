@@ -4,13 +4,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 import redis.asyncio
 
-from aiolock import LossReason, Redlock
+from aiolock import Lease, LeaseLostError, LossReason, Redlock
 
+from ..load import scaled
 from ..servers import (
     RedisServer,
     ServerBinary,
@@ -95,6 +98,89 @@ async def test_release_force_evicts_the_holder_on_every_node(
     assert again.code == 1 and again.json()["outcome"] == "not_held"
     refused = await arun("release", name, "--force", *node_args(three))  # stdin not a tty
     assert refused.code == 2 and "--yes" in refused.err
+
+
+async def test_release_force_of_a_minority_says_what_it_deleted_and_where(
+    three: list[RedisServer],
+    clients: list[redis.asyncio.Redis],
+    tag: str,
+    arun: Callable[..., Awaitable[Run]],
+) -> None:
+    """Held on one node of three (a Redlock over it alone): `release --force` deletes it
+    there and says so, naming the node (exit code 0), rather than "not held: nothing
+    released" (exit code 1)."""
+    name = f"{tag}:minority"
+    where = f"127.0.0.1:{three[0].port}"
+    async with contextlib.AsyncExitStack() as leases:
+        lease = await Redlock(clients[:1], name, ttl=30).acquire()
+        leases.push_async_callback(released, lease)
+        done = await arun("release", name, "--force", "--yes", *node_args(three), "--json")
+        assert done.code == 0, (done.out, done.err)
+        data = done.json()
+        assert data["outcome"] == "released" and data["released"] is True
+        assert data["nodes"] == [where] and data["unknown"] == []
+        assert data["holder"]["fencing_token"] == lease.fencing_token
+        assert await clients[0].hget(f"aiolock:rl:{{{name}}}", "token") is None
+        lease = await Redlock(clients[:1], name, ttl=30).acquire()
+        leases.push_async_callback(released, lease)
+        table = await arun("release", name, "--force", "--yes", *node_args(three))
+        assert table.code == 0, (table.out, table.err)
+        assert where in table.out and "1 of 3" in table.out, table.out
+        assert str(lease.fencing_token) in table.out, table.out
+
+
+async def released(lease: Lease) -> None:
+    """Release `lease` if still held (evicted: it is lost, which its release says)."""
+    with contextlib.suppress(LeaseLostError):
+        await lease.release()
+
+
+@pytest.mark.parametrize("fault", ["killed", "frozen"])
+async def test_a_dead_or_frozen_node_is_waited_for_the_node_timeout(
+    binaries: list[ServerBinary], tag: str, arun: Callable[..., Awaitable[Run]], fault: str
+) -> None:
+    """One node of three killed or frozen (SIGSTOP): `show`, `release --force --yes` and
+    `doctor` read every node, and give the failed one the node timeout to answer (1 s
+    by default; `--node-timeout`, here more on a loaded machine), shown as such, the
+    others read as usual, rather than their connections' 5 s per command."""
+    name = f"{tag}:failed"
+    with independent_servers(binaries[0], 3) as servers:
+        async with clients_of(servers) as clients:
+            lease = await Redlock(clients, name, ttl=30).acquire()
+            await quorum_calls_ended(clients)
+            if fault == "killed":
+                servers[2].kill()
+            else:
+                servers[2].pause()
+            try:
+                timings: dict[str, float] = {}
+                bound = max(1.0, scaled(1.0))
+                given = [*node_args(servers), "--node-timeout", f"{bound:g}", "--json"]
+                loop = asyncio.get_running_loop()
+                runs: dict[str, Run] = {}
+                for command in (["show", name], ["doctor"], ["release", name, "--force", "--yes"]):
+                    began = loop.time()
+                    runs[command[0]] = await arun(*command, *given)
+                    timings[command[0]] = loop.time() - began
+            finally:
+                if fault == "frozen":
+                    servers[2].resume()
+                await released(lease)
+                await quorum_calls_ended(clients)  # (the failed node's release ended too)
+    shown = runs["show"].json()
+    assert runs["show"].code == 0, runs["show"].err
+    assert shown["holder"]["fencing_token"] == lease.fencing_token
+    assert [n["error"] is not None for n in shown["nodes"]] == [False, False, True]
+    doctor = runs["doctor"].json()["nodes"]
+    assert all("findings" in n for n in doctor[:2]) and doctor[2]["error"]
+    evicted = runs["release"].json()
+    assert runs["release"].code == 0, runs["release"].err
+    assert evicted["unknown"] == [f"127.0.0.1:{servers[2].port}"] and len(evicted["nodes"]) == 2
+    if fault == "frozen":
+        for said in (shown["nodes"][2]["error"], doctor[2]["error"]):
+            assert f"{bound:.3g}s" in said, said
+    for what, took in timings.items():
+        assert took < bound + scaled(1.5), (what, timings)
 
 
 def test_doctor_checks_each_node(three: list[RedisServer], run: Callable[..., Run]) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import urllib.parse
 from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -118,12 +119,24 @@ class ServerGroup:
         """The servers themselves, proxies bypassed (to inspect or sweep the nodes)."""
         return [server.url for server in self.servers]
 
-    def clients(self, *, direct: bool = False, **kwargs: Any) -> list[redis.asyncio.Redis]:
-        """A new client per node (through the proxies unless `direct`), closed with the group."""
-        made = [
-            redis.asyncio.Redis.from_url(url, **kwargs)
-            for url in (self.direct_urls if direct else self.urls)
-        ]
+    def clients(
+        self, *, direct: bool = False, retrying: bool = False, **kwargs: Any
+    ) -> list[redis.asyncio.Redis]:
+        """A new client per node (through the proxies unless `direct`), closed with the group.
+
+        With `retrying`, made as users make them, `Redis(host=..., port=...)`: with
+        redis-py's default retries (a command retried up to 10 times on a connection error,
+        a refused connection included, with backoff: seconds per call against a dead
+        server), which `from_url` does not give."""
+        urls = self.direct_urls if direct else self.urls
+        if retrying:
+            addresses = [urllib.parse.urlsplit(url) for url in urls]
+            made = [
+                redis.asyncio.Redis(host=address.hostname or "", port=address.port or 0, **kwargs)
+                for address in addresses
+            ]
+        else:
+            made = [redis.asyncio.Redis.from_url(url, **kwargs) for url in urls]
         self._clients += made
         return made
 

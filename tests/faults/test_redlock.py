@@ -13,12 +13,15 @@ said in its docstring.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 import redis.asyncio
+import redis.exceptions
 
 import aiolock
 from aiolock import (
@@ -27,10 +30,13 @@ from aiolock import (
     LeaseLostError,
     LockEvent,
     LossReason,
+    OnceStatus,
     QuorumError,
     Redlock,
     _quorum,
+    run_once,
 )
+from aiolock._engine import Primitive
 from aiolock._queue import WaitQueue
 from aiolock._redlock_scripts import RL_ACQUIRE, RL_FENCE, RL_RELEASE
 from aiolock._runtime import runtime_for
@@ -379,6 +385,282 @@ async def test_replies_of_two_nodes_delayed_still_granted_by_the_quorum(
         finally:
             await within(lease.release(), what="the release")
     await group.undelay()
+
+
+# --------------------------------------------------------------------------- a node down or frozen
+@pytest.mark.parametrize("fault", ["killed", "frozen"])
+async def test_run_once_decides_its_markers_without_a_dead_or_frozen_node(
+    binaries: list[ServerBinary], name: str, fault: str
+) -> None:
+    """One of three servers killed (its client retrying, as redis-py's do by default) or
+    frozen: `run_once` of a new job, and of a job done, is decided by the two others (the
+    done marker read and written on a majority, the rest in the background), well within
+    the node timeout that a wait for the failed node would cost at least.
+
+    Break seen failing: the markers read and written on every node, each call bounded by
+    5 s (10.4 to 15 s for a new job), and `node_timeout` refused with `TypeError`."""
+    async with ServerGroup(binaries[0], 3) as group:
+        clients = group.clients(retrying=True)
+        node_timeout = max(2.0, scaled(2.0))  # (at most 8 s: half of half the ttl)
+        settings: dict[str, Any] = {"retention": 60, "node_timeout": node_timeout, "ttl": 30}
+
+        async def job() -> str:
+            return "done"
+
+        warm = await run_once(clients, f"{name}:warm", job, **settings)  # connections open
+        assert warm.ran
+        await quorum_calls_ended(clients)
+        if fault == "killed":
+            group.kill(2)
+        else:
+            group.pause(2)
+        loop = asyncio.get_running_loop()
+        took: list[float] = []
+        results = []
+        for _ in range(2):
+            began = loop.time()
+            results.append(await within(run_once(clients, name, job, **settings), what="run_once"))
+            took.append(loop.time() - began)
+        assert [r.status for r in results] == [OnceStatus.RAN, OnceStatus.ALREADY_DONE]
+        assert results[1].marker == results[0].marker
+        assert max(took) < node_timeout / 2, (fault, took)
+        if fault == "frozen":
+            group.resume(2)
+        with pytest.raises(aiolock.ConfigError, match="node_timeout"):
+            await run_once(clients[0], name, job, **settings)
+
+
+@pytest.mark.parametrize("fault", ["killed", "frozen"])
+async def test_reading_every_node_waits_for_a_failed_one_at_most_its_bound(
+    binaries: list[ServerBinary], name: str, fault: str
+) -> None:
+    """`info()`, `locked()` and `force_release()` read every node: one killed (its client
+    retrying a refused connection, as redis-py's do by default, for seconds) or frozen is
+    waited for at most max(node_timeout, 1 s), and shown as unknown."""
+    async with ServerGroup(binaries[0], 3) as group:
+        clients = group.clients(retrying=True)
+        ttl = 10.0  # node_timeout 1 s: the bound is 1 s
+        lease = await within(Redlock(clients, name, ttl=ttl).acquire(), what="the acquire")
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(released, lease)
+            await quorum_calls_ended(clients)
+            if fault == "killed":
+                group.kill(2)
+            else:
+                group.pause(2)
+                stack.callback(group.resume, 2)
+            lock = Redlock(clients, name, ttl=ttl)
+            unknown = lock.nodes[2]
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            info = await within(lock.info(), what="info()")
+            assert info is not None and info.holder is not None
+            assert info.nodes[2].error is not None and info.nodes[2].holder is None
+            assert await within(lock.locked(), what="locked()")
+            evicted = await within(lock.force_release(), what="force_release()")
+            assert evicted is not None and evicted.unknown == (unknown,)
+            assert evicted.released == lock.nodes[:2] and evicted.majority
+            took = loop.time() - began
+            assert took < 3 * 1.0 + scaled(1.0), took  # three calls, each within its 1 s
+
+
+# --------------------------------------------------------------------------- node errors
+async def test_node_failures_that_leave_no_majority_are_retried_within_the_timeout(
+    binaries: list[ServerBinary], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two nodes (a majority is both), one frozen: each attempt fails, its node's call
+    unanswered within the node timeout. Within the acquire's timeout the attempts are
+    tried again (with a backoff): once the node is resumed, the lease is granted, soon
+    (not once the ttl has passed: the first attempt reached the frozen node on a
+    connection already open, and the node applies it when it resumes; its give-back,
+    waiting for the node as long as the ttl, undoes it there then).
+
+    Breaks seen failing: the first failure raised (`QuorumError` after the node timeout,
+    whatever the acquire's timeout); the give-back bounded by the node timeout (the
+    first attempt's grant, applied by the node when it resumes, holds it for the ttl:
+    every attempt refused meanwhile)."""
+    async with ServerGroup(binaries[0], 2) as group:
+        lock = Redlock(group.clients(), name, ttl=120, node_timeout=0.2)
+        await (await within(lock.acquire(), what="a first acquire")).release()
+        await quorum_calls_ended(group._clients)
+        failed = 0
+        attempt = Primitive._attempt  # each of the Redlock's attempts
+
+        async def counted(self: Primitive, *args: Any, **kwargs: Any) -> Any:
+            nonlocal failed
+            try:
+                return await attempt(self, *args, **kwargs)
+            except QuorumError:
+                failed += 1
+                raise
+
+        monkeypatch.setattr(Primitive, "_attempt", counted)
+        group.pause(1)
+        try:
+            waiting = asyncio.create_task(lock.acquire(timeout=scaled(30)))
+            try:
+                # Two attempts failed: the first one's calls to the frozen node have ended
+                # by then (each within the node timeout), its give-back's aside.
+                await eventually(lambda: failed >= 2 or waiting.done(), what="two attempts failed")
+                assert not waiting.done(), waiting
+                group.resume(1)
+                lease = await within(
+                    asyncio.shield(waiting),
+                    what="the lease, once the node answers (not at the ttl)",
+                    timeout=scaled(10),
+                )
+                assert lease.held
+            finally:
+                await cancelled(waiting)  # (the lease released)
+        finally:
+            if 1 in group.paused:
+                group.resume(1)
+
+
+async def test_a_cancellation_while_node_failures_are_retried_gives_the_grants_back(
+    binaries: list[ServerBinary], name: str
+) -> None:
+    """Three nodes, two frozen: each attempt is granted by the third and fails on the two,
+    and is tried again. Cancelled while an attempt holds the third node, the acquire gives
+    its grant back before the cancellation propagates; once the two are resumed, nothing
+    is held anywhere. (The connections to the two are closed before they freeze: a call
+    written on an open one would reach its server when it resumes, and its give-back, on
+    a new connection whose handshake went unanswered, would not: a release a frozen server
+    missed leaves its key to expire there, as documented.)
+
+    Break seen failing: the first failure raised (no attempt to cancel)."""
+    async with ServerGroup(binaries[0], 3) as group:
+        clients = group.clients()
+        lock = Redlock(clients, name, ttl=5, node_timeout=0.3)
+        await (await within(lock.acquire(), what="a first acquire")).release()
+        await quorum_calls_ended(group._clients)
+        for index in (1, 2):
+            await clients[index].connection_pool.disconnect()
+            group.pause(index)
+        try:
+            waiting = asyncio.create_task(lock.acquire(timeout=scaled(30)))
+            try:
+
+                async def granted_by_the_third() -> bool:
+                    assert not waiting.done(), waiting
+                    return (await holders(group, name))[0] not in ("", None)
+
+                await eventually(granted_by_the_third, what="an attempt held by the third node")
+            finally:
+                await cancelled(waiting)
+            assert waiting.cancelled()
+            assert (await holders(group, name))[0] == "", "the grant left after the cancel"
+        finally:
+            group.resume(1)
+            group.resume(2)
+        await quorum_calls_ended(group._clients)
+        assert await holders(group, name) == ["", "", ""]
+
+
+async def test_a_node_refusing_the_command_raises_at_once_naming_it(
+    binaries: list[ServerBinary], name: str
+) -> None:
+    """Two nodes, the second holding the lock's key as a string (WRONGTYPE for every
+    script): sending again cannot cure it, and no majority is left without it. The acquire
+    raises at once, well within its timeout, `QuorumError` naming the node, the node's own
+    error as its cause (and in `errors`), the redis-py error as that one's.
+
+    Break seen failing: the error carrying each node's answer as a string only."""
+    async with ServerGroup(binaries[0], 2) as group:
+        clients = group.clients()
+        await group.client(1).set(key_of(name), "not a hash")
+        lock = Redlock(clients, name, ttl=5)
+        timeout = scaled(10)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        with pytest.raises(QuorumError) as caught:
+            await within(lock.acquire(timeout=timeout), what="the acquire")
+        assert loop.time() - began < timeout / 2
+        node = lock.nodes[1]
+        assert "WRONGTYPE" in caught.value.nodes[node], caught.value.nodes
+        cause = caught.value.__cause__
+        assert isinstance(cause, aiolock.BackendError) and cause is caught.value.errors[node]
+        assert isinstance(cause.__cause__, redis.exceptions.ResponseError)
+        assert "WRONGTYPE" in str(cause.__cause__)
+        assert set(caught.value.errors) <= set(lock.nodes)
+
+
+# --------------------------------------------------------------------------- waiting
+async def test_a_waiter_is_woken_by_the_announcements_that_free_a_majority(
+    binaries: list[ServerBinary], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The holder's release reaches one node at once and the four others late (its
+    requests to them held in their fault proxies). The first node's announcement wakes the
+    waiter (of another process: other clients), whose try is refused by the four still
+    held. Their announcements, once they release, carry the same fencing token as the
+    first: the waiter must try again then, and take the lock, not sleep until the key's
+    expiry (ttl 30 s).
+
+    Break seen failing: the queue dropping a fencing token it has heard (the four late
+    announcements ignored: the waiter sleeps for the refusal's pttl)."""
+    async with ServerGroup(binaries[0], 5, proxied=(1, 2, 3, 4)) as group:
+        # The holder's calls may wait 10 s for a node: its release is held meanwhile.
+        holder = Redlock(group.clients(), name, ttl=30, node_timeout=10)
+        waiting = Redlock(group.clients(direct=True), name, ttl=30)
+        answered = 0
+        attempt = Redlock._attempt
+
+        async def counted(self: Redlock, *args: Any, **kwargs: Any) -> Any:
+            nonlocal answered
+            try:
+                return await attempt(self, *args, **kwargs)
+            finally:
+                answered += self is waiting
+
+        monkeypatch.setattr(Redlock, "_attempt", counted)
+        lease = await within(holder.acquire(), what="the holder's acquire")
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(released, lease)
+            waiter = asyncio.create_task(waiting.acquire(timeout=scaled(30)))
+            stack.push_async_callback(cancelled, waiter)
+            notifier = runtime_for(waiting._quorum).notifier
+            await eventually(
+                lambda: answered >= 2 and notifier.is_subscribed(waiting._channel),
+                what="the waiter subscribed, and its attempt after subscribing answered",
+            )
+            key = key_of(name).encode()
+            held = [group.proxies[index].hold_requests(key) for index in (1, 2, 3, 4)]
+            before = answered
+            release = asyncio.create_task(lease.release())
+            stack.push_async_callback(cancelled, release)
+            for event in held:
+                await within(event.wait(), what="the release held on its way to four nodes")
+            await eventually(
+                lambda: answered > before,
+                what="the waiter's try, woken by the first node's announcement, answered",
+            )
+            assert not waiter.done(), "taken while four nodes still held the lock"
+            for index in (1, 2, 3, 4):
+                await group.proxies[index].restore()
+            await within(release, what="the release, decided once the four answer")
+            taken = await within(
+                asyncio.shield(waiter),
+                what="the waiter, woken by the four late announcements (not the key's expiry)",
+                timeout=scaled(5.0),
+            )
+            stack.push_async_callback(released, taken)
+            assert taken.fencing_token > lease.fencing_token
+
+
+async def released(lease: Lease) -> None:
+    """Release `lease` if it is still held (an evicted one is lost: its release says so)."""
+    if lease.held:
+        with contextlib.suppress(LeaseLostError):
+            await lease.release()
+
+
+async def cancelled(task: asyncio.Task[Any]) -> None:
+    """End `task` (cancelled if it still runs), a lease it got released."""
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        got = await task
+        if isinstance(got, Lease):
+            await released(got)
 
 
 # --------------------------------------------------------------------------- closed clients

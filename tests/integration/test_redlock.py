@@ -431,11 +431,37 @@ async def test_force_release_evicts_the_quorum_holder(
     lock = Redlock(nodes, name, ttl=10)
     with pytest.raises(LeaseLostError):
         async with lock as lease:
+            await quorum_calls_ended(nodes)  # (held on the fifth node too)
             evicted = await Redlock(nodes, name).force_release()
-            assert evicted is not None and evicted.fencing_token == lease.fencing_token
+            assert evicted is not None and evicted.holder.fencing_token == lease.fencing_token
+            assert evicted.released == lock.nodes and evicted.unknown == ()
+            assert evicted.majority
             assert await _none_hold(nodes, name)
             await lease.extend()
     assert await Redlock(nodes, name).force_release() is None
+
+
+async def test_force_release_of_a_minority_says_what_it_deleted_and_where(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    """A name held on two of the five nodes only (a Redlock over those two): evicted there,
+    and said so, with the holder and the two nodes (not "nothing released")."""
+    lease = await Redlock(nodes[:2], name, ttl=30).acquire()
+    try:
+        await quorum_calls_ended(nodes)
+        assert await holders(nodes, name) == [lease.token] * 2 + [None] * 3
+        lock = Redlock(nodes, name)
+        evicted = await lock.force_release()
+        assert evicted is not None, "deleted on two nodes, reported as nothing released"
+        assert evicted.holder.fencing_token == lease.fencing_token
+        assert evicted.released == lock.nodes[:2] and evicted.unknown == ()
+        assert not evicted.majority and evicted.quorum == 3
+        assert await _none_hold(nodes, name)
+        with pytest.raises(LeaseLostError):
+            await lease.extend()
+    finally:
+        with contextlib.suppress(LeaseLostError):
+            await lease.release()
 
 
 async def test_events_report_a_redlock_as_a_lock(
@@ -475,6 +501,56 @@ async def test_bad_input_is_refused_before_anything_is_sent(
     with pytest.raises(TypeError, match="token"):
         await Redlock(nodes, name).acquire(token="a" * 32)
     assert await holders(nodes, name) == [None] * NODES
+
+
+async def test_two_clients_of_one_server_are_refused_naming_both(
+    servers: list[RedisServer], nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    """Two client objects that address one server (the same host, port and database, or
+    the same socket path) would give it two votes: one empty restart would then lose a
+    majority. Refused with a `ConfigError` naming both, by every helper that takes a
+    Redlock's clients, before anything is sent. Another database of the server, or an
+    alias of its host, is an address of its own: not detected (documented)."""
+    port = servers[0].port
+    again = redis.asyncio.Redis(host="127.0.0.1", port=port)  # nodes[0]'s server, once more
+    other_db = redis.asyncio.Redis(host="127.0.0.1", port=port, db=1)
+    alias = redis.asyncio.Redis(host="localhost", port=port)
+    sockets = [redis.asyncio.Redis(unix_socket_path="/tmp/aiolock-test.sock") for _ in range(2)]
+    try:
+        with pytest.raises(ConfigError) as caught:
+            Redlock([nodes[0], nodes[1], again], name)
+        assert caught.value.argument == "clients"
+        message = str(caught.value)
+        assert "clients[0]" in message and "clients[2]" in message, message
+        assert f"127.0.0.1:{port}" in message, message
+        with pytest.raises(ConfigError, match=r"clients\[0\].*clients\[1\].*aiolock-test\.sock"):
+            Redlock(sockets, name)
+
+        async def job() -> None:
+            raise AssertionError("run under a Redlock that counts a server twice")
+
+        with pytest.raises(ConfigError, match="same server"):
+            await run_once([again, nodes[1], nodes[0]], name, job, retention=60)
+        with pytest.raises(ConfigError, match="same server"):
+            locked([nodes[0], again, nodes[1]], name, on_busy="raise")
+        Redlock([nodes[0], other_db, nodes[1]], name)  # another database: accepted
+        Redlock([nodes[0], alias, nodes[1]], name)  # an alias: not detected
+        assert await holders(nodes, name) == [None] * NODES
+    finally:
+        for client in (again, other_db, alias, *sockets):
+            await client.aclose()
+
+
+async def test_the_default_node_timeout_has_a_floor_that_a_loaded_host_meets(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    """A tenth of the ttl, but at least 50 ms (a loaded host answers a call within that),
+    and at most half the ttl: a short ttl's tries are not turned into `QuorumError` by a
+    20 ms bound."""
+    assert Redlock(nodes, name, ttl=10)._quorum.node_timeout == 1.0
+    assert Redlock(nodes, name, ttl=0.2)._quorum.node_timeout == 0.05
+    assert Redlock(nodes, name, ttl=0.06)._quorum.node_timeout == 0.03
+    assert Redlock(nodes, name, ttl=0.2, node_timeout=0.01)._quorum.node_timeout == 0.01
 
 
 async def test_locked_takes_the_clients_of_a_redlock(

@@ -117,6 +117,33 @@ async def test_each_release_counts_once() -> None:
     assert not waiter.take_wakeup()
 
 
+async def test_each_node_announcing_a_quorums_release_wakes_the_head() -> None:
+    """A Redlock's release is announced by each node it lands on, all with one fencing
+    token. The first may come before a majority is free (the head's try is then refused):
+    each other node's announcement wakes the head again, in whatever order and however late
+    it comes. A node's announcement heard twice, the echoes of a release of this process
+    (told by its reply, once a majority released), and the announcements of a release
+    older than a lease this process took, wake nobody."""
+    queue, waiter = queue_with_waiter()
+    queue.announced("100", 0)
+    assert waiter.take_wakeup()
+    queue.announced("100", 0)
+    assert not waiter.take_wakeup(), "the same node's announcement, heard again"
+    for node in (3, 1, 4, 2):
+        queue.announced("100", node)
+        assert waiter.take_wakeup(), f"node {node}'s announcement"
+    queue.released("200", "")  # this process's own release, from its reply
+    assert waiter.take_wakeup()
+    for node in range(5):
+        queue.announced("200", node)
+        assert not waiter.take_wakeup(), f"node {node}'s echo of this process's release"
+    queue.lease_taken(300)
+    queue.announced("250", 1)
+    assert not waiter.take_wakeup(), "a release older than the lease this process holds"
+    queue.announced("301", 1)
+    assert waiter.take_wakeup()
+
+
 async def test_a_release_to_another_process_makes_the_head_check_later() -> None:
     queue, waiter = queue_with_waiter()
     queue.released("f1", "someone-else", granted="8", seq="1")
