@@ -324,15 +324,19 @@ class Lease:
         """What the end of a `with` block holding this lease does: release it, and say
         whether the body ran protected throughout.
 
+        The body's own exception (`exc`) propagates unchanged, with a note if the lease was
+        also lost meanwhile (not when it is the lease's own `check()` error). A release
+        that fails because Redis cannot be reached is logged, not raised, when the lease was
+        never lost: the work was protected and the key expires by itself.
+
         Raises:
             LeaseLostError: the lease was lost while the body ran (or was given back by
                 `release_all`), and the body finished anyway: what it did after the loss
                 was not protected (`body_completed` True). Chained to the cause. In a
                 forked child: at once, with nothing sent.
-            The body's own exception propagates unchanged, with a note if the lease was
-            also lost meanwhile (not when it is the lease's own `check()` error). A
-            release that fails because Redis cannot be reached is logged, not raised, when
-            the lease was never lost: the work was protected and the key expires by itself.
+
+        Interruption:
+            As for `release()`.
         """
         if not self._here():
             if exc is None:
