@@ -118,3 +118,24 @@ async def test_sigterm_releases_the_lock_then_ends_the_process(
     taken = await aiolock.Lock(aclient, name, ttl=30).try_acquire()
     assert taken is not None
     await taken.release()
+
+
+async def test_gevent_monkey_patching_is_refused_clearly(server_url: str, name: str) -> None:
+    """Under gevent's monkey-patching (a Celery -P gevent pool) a sync call says why it
+    cannot run, at once, and starts nothing."""
+    code = (
+        "from gevent import monkey\n"
+        "monkey.patch_all()\n"
+        "import threading, aiolock.sync\n"
+        "try:\n"
+        f"    aiolock.sync.Lock({server_url!r}, {name!r}).acquire()\n"
+        "except RuntimeError as error:\n"
+        "    print(error)\n"
+        "print(sorted(t.name for t in threading.enumerate()))\n"
+    )
+    async with child("python", "-c", code) as process:
+        out, err = await finished(process, what="the gevent child")
+    assert process.returncode == 0, err.decode()
+    said = out.decode()
+    assert "does not run under gevent's monkey-patching" in said, said
+    assert "aiolock-sync" not in said
