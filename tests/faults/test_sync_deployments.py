@@ -72,7 +72,10 @@ async def test_a_sentinel_master_for_client(binaries: list[ServerBinary], name: 
 async def test_a_cluster_client(binaries: list[ServerBinary], name: str) -> None:
     with ClusterGroup(binaries[0]) as group:
         await group.create()
-        nodes = [redis.cluster.ClusterNode("127.0.0.1", s.port) for s in group.servers]
+        nodes = [
+            redis.cluster.ClusterNode("127.0.0.1", s.port)  # type: ignore[no-untyped-call]
+            for s in group.servers
+        ]
         client = await asyncio.to_thread(redis.RedisCluster, startup_nodes=nodes)
         async_client = group.client()
         try:
@@ -92,5 +95,5 @@ async def test_a_valkey_client(server_url: str, name: str) -> None:
         await excludes_an_async_holder(client, async_client, name)
     finally:
         await asyncio.to_thread(aiolock.sync.shutdown)
-        client.close()
+        client.close()  # type: ignore[no-untyped-call]  # valkey-py ships few types
         await async_client.aclose()
