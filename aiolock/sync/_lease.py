@@ -222,12 +222,13 @@ class Lease:
         the body, before a write that must not happen unprotected.
 
         Costs no call to Redis nor to the background loop while the deadline is ahead
-        (a few hundred nanoseconds); past it, one hop to the loop, which reads what Redis
+        (about a microsecond); past it, one hop to the loop, which reads what Redis
         answered.
 
         Raises:
             LeaseLostError: lost (the renewal was refused: within a third of the ttl after
-                the key stopped holding the token; Redis unreachable: at the deadline), or
+                the key stopped holding the token, and a few milliseconds; Redis
+                unreachable: at the deadline), or
                 given back by `release_all`, or acquired by the process this one was
                 forked from.
             RuntimeError: released by its holder.

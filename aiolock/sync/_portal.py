@@ -205,17 +205,19 @@ class _Call(Generic[T]):
     def wait(self) -> T:
         try:
             self._done.acquire()
+            error = self._error
+            if error is None:
+                return self._result  # type: ignore[return-value]  # set when no error
         except BaseException:
-            # Interrupted (Ctrl-C, a signal handler that raised, as Celery's time limits do):
-            # stop the call on the loop, and let what it half made be given back first.
+            # Interrupted (Ctrl-C, a signal handler that raised, as Celery's time limits do),
+            # also right after the answer came: stop the call on the loop, and let what it
+            # made be given back first.
             with contextlib.suppress(RuntimeError):  # the loop was closed meanwhile
                 self._loop.call_soon_threadsafe(self.interrupt)
                 self._wait_given_back()
             raise
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-        return self._result  # type: ignore[return-value]  # set when no error
+        self._error = None
+        raise error
 
     def _wait_given_back(self) -> None:
         deadline = time.monotonic() + GIVE_BACK_BOUND
