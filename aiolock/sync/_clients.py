@@ -18,14 +18,27 @@ import importlib
 import inspect
 import weakref
 from types import ModuleType
-from typing import Any, Final, cast
+from typing import Any, Final, Protocol, cast
+
+import redis
 
 from .._clients import AsyncClient
 from . import _portal
 
 __all__ = ("SETTINGS", "SyncClient", "close_twins", "twin", "twins")
 
-SyncClient = Any
+
+class SyncValkeyClient(Protocol):
+    """valkey-py's synchronous clients (`valkey.Valkey`, `valkey.ValkeyCluster`), by their
+    shape: aiolock's types need no valkey import. Which classes are taken is checked when
+    the client is given (`twin`)."""
+
+    def execute_command(self, *args: Any, **options: Any) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+SyncClient = redis.Redis | redis.RedisCluster | SyncValkeyClient | str
 """A synchronous client of redis-py or valkey-py (`redis.Redis`, `redis.RedisCluster`, a
 Sentinel's `master_for` client; `valkey.Valkey`, `valkey.ValkeyCluster`), or a URL: checked
 when given (`twin`)."""
@@ -288,6 +301,10 @@ async def _close(client: AsyncClient) -> None:
     if pool is not None:
         with contextlib.suppress(Exception):
             await pool.disconnect()
+        # A Sentinel twin's pool asks Sentinels of its own: their connections too.
+        for sentinel in getattr(getattr(pool, "sentinel_manager", None), "sentinels", ()):
+            with contextlib.suppress(Exception):
+                await sentinel.aclose()
 
 
 def _forget_twins() -> None:

@@ -55,6 +55,14 @@ def held_leases() -> list[Lease]:
     return list(_HELD)
 
 
+def _forked() -> None:
+    """In a forked child: the leases held are the parent's, not this process's to release."""
+    _HELD.clear()
+
+
+_portal.on_fork(_forked)
+
+
 def _ended(ref: weakref.ref[Lease], lease: AsyncLease) -> None:
     """On the loop: the asyncio lease ended (released or lost)."""
     mine = ref()
@@ -422,7 +430,12 @@ class Lease:
         )
 
     def __del__(self) -> None:
-        if getattr(self, "_state", None) is not _State.HELD or not self._here():
+        if getattr(self, "_state", None) is not _State.HELD:
+            return
+        if not self._here():
+            # The parent's (this is a forked child): kept, never collected, so that its
+            # asyncio lease never tries to give back what is not this process's.
+            _portal.forget(self._async)
             return
         warnings.warn(
             f"aiolock.sync lease on lock {self.name!r} was garbage-collected without being "

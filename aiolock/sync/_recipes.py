@@ -7,7 +7,7 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, ParamSpec, Protocol, TypeVar, Unpack, overload
+from typing import Any, Literal, ParamSpec, Protocol, TypeVar, Unpack, cast, overload
 
 from .._config import MAX_SECONDS, check_seconds
 from .._glue import NOTHING, NameTemplate, client_then_name
@@ -128,10 +128,10 @@ def run_once(
     lock_config("run_once()", options, timeout=0)
     settings: LockOptions = {"timeout": 0, **options}
     lock: Lock | Redlock
-    if redlock:
+    if isinstance(client, (list, tuple)):
         lock = Redlock(client, NAME_PREFIX + job_key, on_lost=on_lost, **settings)
     else:
-        lock = Lock(client, NAME_PREFIX + job_key, on_lost=on_lost, **settings)
+        lock = Lock(cast(SyncClient, client), NAME_PREFIX + job_key, on_lost=on_lost, **settings)
     markers = Markers(aio_clients, f"{lock.key}:done", lock.name)
     _portal.check_caller("run_once()")
     run = _portal.portal().run
@@ -189,7 +189,7 @@ def _lock_for(
 ) -> Lock | Redlock:
     if isinstance(clients, (list, tuple)):
         return Redlock(clients, name, on_lost=on_lost, **options)
-    return Lock(clients, name, on_lost=on_lost, **options)
+    return Lock(cast(SyncClient, clients), name, on_lost=on_lost, **options)
 
 
 @overload

@@ -24,7 +24,7 @@ from aiolock.sync import _clients
 from ..load import scaled
 from ..servers import ServerBinary
 from .cluster import ClusterGroup
-from .sentinel import SERVICE, SentinelGroup
+from .sentinel import SERVICE, SentinelGroup, closing
 
 pytestmark = pytest.mark.real_only
 
@@ -53,20 +53,20 @@ async def test_a_sentinel_master_for_client(binaries: list[ServerBinary], name: 
         )
         client = sentinel.master_for(SERVICE, socket_timeout=3)
         async_client = group.master_client()
-        try:
-            twin = _clients.twin(client)
-            assert isinstance(twin, redis.asyncio.Redis)
-            pool = twin.connection_pool
-            assert isinstance(pool, redis.asyncio.sentinel.SentinelConnectionPool)
-            assert pool.service_name == SERVICE and pool.is_master
-            assert pool.connection_kwargs["socket_timeout"] == 3
-            await excludes_an_async_holder(client, async_client, name)
-        finally:
-            await asyncio.to_thread(aiolock.sync.shutdown)
-            client.close()
-            for each in sentinel.sentinels:
-                each.close()
-            await async_client.aclose()
+        async with closing(async_client):
+            try:
+                twin = _clients.twin(client)
+                assert isinstance(twin, redis.asyncio.Redis)
+                pool = twin.connection_pool
+                assert isinstance(pool, redis.asyncio.sentinel.SentinelConnectionPool)
+                assert pool.service_name == SERVICE and pool.is_master
+                assert pool.connection_kwargs["socket_timeout"] == 3
+                await excludes_an_async_holder(client, async_client, name)
+            finally:
+                await asyncio.to_thread(aiolock.sync.shutdown)
+                client.close()
+                for each in sentinel.sentinels:
+                    each.close()
 
 
 async def test_a_cluster_client(binaries: list[ServerBinary], name: str) -> None:

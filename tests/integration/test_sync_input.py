@@ -110,7 +110,7 @@ def test_clients_of_the_wrong_kind_are_refused(
     ):
         aiolock.sync.Lock(aio, NAME)
     with pytest.raises(TypeError, match="got int"):
-        aiolock.sync.Lock(42, NAME)
+        aiolock.sync.Lock(42, NAME)  # type: ignore[arg-type]
     with pytest.raises(aiolock.ConfigError, match="not a Redis URL"):
         aiolock.sync.Lock("http://example.invalid", NAME)
     with pytest.raises(TypeError, match="on_lost"):
