@@ -33,6 +33,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import os
+import platform
 import statistics
 import sys
 import threading
@@ -162,6 +164,7 @@ def main() -> int:
     import aiolock.sync
     from aiolock.testing import RedisServer, find_binaries
 
+    load_before = " ".join(f"{x:.1f}" for x in os.getloadavg())
     server = RedisServer(find_binaries()[0]).start()
     results: dict[str, dict[str, list[float]]] = {lib: {} for lib in libs}
     try:
@@ -179,6 +182,11 @@ def main() -> int:
     finally:
         server.stop()
     report = _report(results, rounds, seconds)
+    report += (
+        f"\nMachine: {os.cpu_count()} cores, load average {load_before} before and "
+        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} after; Python "
+        f"{platform.python_version()}, redis-py {redis.__version__}.\n"
+    )
     Path(args.out).write_text(report, encoding="utf-8")
     print(report)
     return 1 if any(max(r.get("contended.overlaps", [0])) for r in results.values()) else 0
