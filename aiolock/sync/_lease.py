@@ -28,7 +28,7 @@ from .._lease import Lease as AsyncLease
 from ..errors import AiolockError, LeaseLostError, LossReason
 from . import _portal
 
-__all__ = ("Lease", "LossCallback", "held_leases")
+__all__ = ("Lease", "LossCallback", "dropped", "held_leases")
 
 logger = logging.getLogger("aiolock")
 
@@ -53,6 +53,11 @@ _dropping: set[asyncio.Task[None]] = set()
 def held_leases() -> list[Lease]:
     """The sync leases held now (read on the portal's loop)."""
     return list(_HELD)
+
+
+def dropped() -> list[asyncio.Task[None]]:
+    """The releases of leases garbage-collected while held, still running (on the loop)."""
+    return list(_dropping)
 
 
 def _forked() -> None:

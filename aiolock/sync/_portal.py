@@ -26,6 +26,7 @@ import concurrent.futures
 import contextlib
 import logging
 import os
+import queue
 import sys
 import threading
 import time
@@ -53,20 +54,64 @@ STOP_BOUND: Final = 10.0
 """Longest wait for the loop's thread to finish its last work when stopped."""
 
 
-class _Inline(concurrent.futures.Executor):
-    """Runs what the loop hands to its default executor (host name resolution) at once, in
-    the loop's thread: at interpreter exit, after `concurrent.futures` has refused new work,
-    the last releases can still open a connection."""
+def _run_job(job: tuple[concurrent.futures.Future[Any], Callable[..., Any], Any, Any]) -> None:
+    future, fn, args, kwargs = job
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(fn(*args, **kwargs))
+    except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+        future.set_exception(exc)
+
+
+class _Resolver(concurrent.futures.ThreadPoolExecutor):
+    """The loop's default executor (host names are resolved there when a connection
+    opens): one daemon thread of its own, which goes on working at interpreter exit, when
+    `concurrent.futures`' executors already refuse work (the last releases may have to
+    connect again); where no thread can be started any more, the work runs inline. (A
+    `ThreadPoolExecutor`, as asyncio requires of a default executor, that uses none of its
+    threads.)"""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1)
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
+        self._starting = threading.Lock()
 
     def submit(
         self, fn: Callable[..., T], /, *args: Any, **kwargs: Any
     ) -> concurrent.futures.Future[T]:
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        try:
-            future.set_result(fn(*args, **kwargs))
-        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
-            future.set_exception(exc)
+        job = (future, fn, args, kwargs)
+        if self._started():
+            self._jobs.put(job)
+        else:
+            _run_job(job)
         return future
+
+    def _started(self) -> bool:
+        with self._starting:
+            if self._worker is None:
+                worker = threading.Thread(
+                    target=self._work, name="aiolock-sync-resolver", daemon=True
+                )
+                try:
+                    worker.start()
+                except RuntimeError:  # the interpreter is shutting down
+                    return False
+                self._worker = worker
+        return True
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            _run_job(job)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        worker = self._worker
+        if worker is not None:
+            self._jobs.put(None)
+            if wait:
+                worker.join(STOP_BOUND)
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -237,9 +282,7 @@ class Portal:
 
     def __init__(self) -> None:
         self.loop = _new_loop()
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=4, thread_name_prefix="aiolock-sync-resolver"
-        )
+        self._executor = _Resolver()
         self.loop.set_default_executor(self._executor)
         self._stopping = False
         self._acquiring: set[_Call[Any]] = set()  # on the loop: the calls with a give-back
@@ -287,9 +330,6 @@ class Portal:
         if self._stopping:
             return
         self._stopping = True
-        if at_exit:
-            # concurrent.futures refuses new work by now: resolve host names inline.
-            self.loop.call_soon_threadsafe(self.loop.set_default_executor, _Inline())
         with contextlib.suppress(Exception):
             self.run(_finish, stop=False)
         self.loop.call_soon_threadsafe(self.loop.stop)

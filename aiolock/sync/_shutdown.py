@@ -10,7 +10,6 @@ loop stops and the connections close.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import threading
@@ -22,7 +21,7 @@ from .._shutdown import ReleaseReport
 from ..errors import AiolockError
 from . import _portal
 from ._clients import close_twins
-from ._lease import Lease, held_leases
+from ._lease import Lease, dropped, held_leases
 
 __all__ = ("release_all", "release_on_signals", "shutdown")
 
@@ -32,10 +31,13 @@ _NOTHING = ReleaseReport(cancelled=(), released=(), still_held=())
 
 
 async def _release(lease: Lease) -> bool:
-    """On the loop: give `lease` back; whether it was released."""
-    with contextlib.suppress(AiolockError, TimeoutError):
+    """On the loop: give `lease` back; whether Redis confirmed it."""
+    try:
         await lease._async.release()
-    return not lease._async.held
+    except (AiolockError, TimeoutError) as error:
+        logger.warning("aiolock: could not release lock %r: %s", lease.name, error)
+        return False
+    return True
 
 
 async def _release_every(timeout: float) -> ReleaseReport:
@@ -44,21 +46,24 @@ async def _release_every(timeout: float) -> ReleaseReport:
     running = _portal.running_portal()
     stopped = running.stop_acquisitions() if running is not None else []
     leases = held_leases()
+    dropped_releases = dropped()
     for lease in leases:
         lease._revoke()
     released: list[str] = []
     still: list[str] = []
     if leases:
-        done, pending = await asyncio.wait(
-            [asyncio.ensure_future(_release(lease)) for lease in leases], timeout=timeout
-        )
-        del done
-        for lease in leases:
-            (released if not lease._async.held else still).append(lease.name)
+        tasks = [asyncio.ensure_future(_release(lease)) for lease in leases]
+        _, pending = await asyncio.wait(tasks, timeout=timeout)
+        for lease, task in zip(leases, tasks, strict=True):
+            ok = task.done() and not task.cancelled() and task.result()
+            (released if ok else still).append(lease.name)
         for task in pending:
             task.cancel()
     if stopped:
         await asyncio.wait([future for _, future in stopped], timeout=timeout)
+    if dropped_releases:
+        # Leases dropped while held, being given back: let those releases end too.
+        await asyncio.wait(dropped_releases, timeout=timeout)
     report = ReleaseReport(
         cancelled=tuple(label for label, _ in stopped),
         released=tuple(released),

@@ -10,7 +10,8 @@ and reads a line on stdin where the scenario waits for the test:
   name through a lock object made before the fork; the parent says its lease still holds.
 - `interrupt`: wait for a lock the test holds, until the test sends SIGINT; say what the
   KeyboardInterrupt left, then wait for a line before exiting.
-- `exit`: acquire, and exit without releasing (the interpreter's exit releases).
+- `exit`: acquire, drop the connections, and exit without releasing (the interpreter's
+  exit releases, connecting again).
 - `sigterm`: `release_on_signals()`, then hold the lock in a `with` block until SIGTERM.
 """
 
@@ -24,9 +25,11 @@ import time
 import warnings
 
 import redis
+import redis.asyncio
 
 import aiolock.sync
 from aiolock import LeaseLostError
+from aiolock.sync import _clients, _portal
 
 
 def say(event: str, **fields: object) -> None:
@@ -85,6 +88,11 @@ def interrupt(client: redis.Redis, name: str) -> None:
 
 def exit_holding(client: redis.Redis, name: str) -> None:
     lease = aiolock.sync.Lock(client, name, ttl=30).acquire()
+    # Its connections dropped (as an idle one may be): the release at exit opens one, by
+    # host name, when concurrent.futures already refuses work.
+    twin = _clients.twin(client)
+    assert isinstance(twin, redis.asyncio.Redis)
+    _portal.portal().run(twin.connection_pool.disconnect)
     say("acquired", fencing_token=lease.fencing_token)
     # no release: the interpreter's exit gives it back
 

@@ -97,7 +97,8 @@ async def test_ctrl_c_during_an_acquire_leaves_nothing_held_or_queued(
 async def test_the_interpreters_exit_releases_a_held_lease(
     server_url: str, name: str, aclient: redis.asyncio.Redis
 ) -> None:
-    async with child(*scenario("exit", server_url, name)) as process:
+    by_name = server_url.replace("127.0.0.1", "localhost")  # resolved when it connects
+    async with child(*scenario("exit", by_name, name)) as process:
         await next_event(process, "acquired")
         await next_event(process, "exit")
         await finished(process, what="the exit scenario")
