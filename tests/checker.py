@@ -9,7 +9,14 @@ python -m tests.checker --seconds 60 --cluster --faults   # a 3+3 Redis Cluster 
 python -m tests.checker --redlock 5 --faults --minutes 10 --fault-every 5   # a Redlock
 python -m tests.checker --names 4 --multi 2 --seconds 60 --faults   # MultiLocks of 2 names
 python -m tests.checker --sentinel --seconds 60 --faults   # a master, a replica, 3 Sentinels
+python -m tests.checker --processes 2 --sync-processes 1 --minutes 10 --faults  # sync + asyncio
 ```
+
+With `--sync-processes N` the first N workers lock through `aiolock.sync.Lock` (one thread
+per task, a synchronous client, the body a `time.sleep`), the others through `aiolock.Lock`:
+holders of both faces on the same names. A sync body cannot be cancelled: a loss is told at
+its block's exit, which marks the section lost. Sections are labelled with their face
+("sync:<pid>/<thread>", "async:<pid>/<task>").
 
 With `--cluster` the workers use a `RedisCluster` client on a cluster the checker builds
 (three primaries, three replicas: `tests/faults/cluster.py`), and the faults are a pause
@@ -92,6 +99,7 @@ import os
 import random
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter
@@ -551,6 +559,9 @@ class CheckerConfig:
     sentinel: bool = False
     """Through Sentinels, on a master and its replica the checker starts (by default then
     the factory is `replicated_lock`: a `Lock` with `replicas=1`)."""
+    sync_processes: int = 0
+    """How many of the `processes` (the first ones) lock through `aiolock.sync.Lock`, in
+    threads, the others through `aiolock.Lock` (see the module docstring)."""
 
     def __post_init__(self) -> None:
         if self.sentinel:
@@ -602,10 +613,27 @@ class CheckerConfig:
             object.__setattr__(self, "lock", DEFAULT_RWLOCK)
         if not 0 <= self.old_processes <= self.processes:
             raise ValueError(f"old_processes must be 0 to {self.processes}")
+        if not 0 <= self.sync_processes <= self.processes:
+            raise ValueError(f"sync_processes must be 0 to {self.processes}")
+        if self.sync_processes and (
+            self.old_processes
+            or self.limit
+            or self.rw
+            or self.multi
+            or self.redlock
+            or self.cluster
+            or self.sentinel
+            or self.lock != DEFAULT_LOCK
+        ):
+            raise ValueError("sync_processes: locks on one server (aiolock.sync.Lock beside Lock)")
         if any(n < 1 for n in self.task_mix):
             raise ValueError("every process needs at least one task")
         if self.old_processes and not (self.old_python and self.old_tree):
             raise ValueError("old workers need old_python and old_tree")
+
+    def face(self, index: int) -> str:
+        """Which face worker `index` locks through: "sync" or "async"."""
+        return "sync" if index < self.sync_processes else "async"
 
     def tasks_of(self, index: int) -> int:
         """How many tasks worker `index` runs."""
@@ -692,6 +720,13 @@ class Report:
             "worker outcomes: "
             + ", ".join(f"{key} {n}" for key, n in sorted(self.counters.items())),
         ]
+        if c.sync_processes:
+            by_face = Counter(s.worker.partition(":")[0] for s in self.sections)
+            lines.append(
+                f"faces: {c.sync_processes} processes through aiolock.sync.Lock (threads): "
+                f"{by_face['sync']} sections; {c.processes - c.sync_processes} through "
+                f"aiolock.Lock (tasks): {by_face['async']} sections"
+            )
         if c.old_processes:
             variable = f"{SERVE_LAYOUT1}=1" if c.serve_layout1_waiters else f"no {SERVE_LAYOUT1}"
             lines.append(
@@ -873,6 +908,105 @@ async def _worker(args: argparse.Namespace) -> None:
     _say(json.dumps({"event": "done", "counters": dict(counters)}))
 
 
+def _contend_sync(
+    client: Any,
+    names: Sequence[str],
+    *,
+    ttl: float,
+    hold: float,
+    end_at: float,
+    rng: random.Random,
+    worker: str,
+    out: Any,
+    written: threading.Lock,
+    counters: Counter[str],
+) -> None:
+    """One thread: as `_contend`, through `aiolock.sync.Lock` (a sync body, a `time.sleep`,
+    that a loss cannot stop: its block's exit says so)."""
+    import aiolock.sync
+
+    while (now := time.monotonic()) < end_at:
+        name = rng.choice(names)
+        enter: float | None = None
+        exit_ = 0.0
+        token = 0
+        lost = False
+        reason = ""
+        try:
+            lock = aiolock.sync.Lock(client, name, ttl=ttl, timeout=min(5.0, end_at - now))
+            with lock as lease:
+                enter = time.monotonic()
+                token = lease.fencing_token
+                try:
+                    time.sleep(rng.uniform(0, hold))
+                finally:
+                    exit_ = time.monotonic()
+        except LeaseLostError as error:
+            lost, reason = True, error.reason.value
+            with written:
+                counters["lost"] += 1
+        except AcquireTimeoutError:
+            with written:
+                counters["acquire timeouts"] += 1
+            continue
+        except BackendError as error:
+            cause = type(error.__cause__).__name__ if error.__cause__ is not None else "timeout"
+            with written:
+                counters["backend errors"] += 1
+                counters[f"backend errors ({error.operation}, {cause})"] += 1
+            time.sleep(0.05)
+            continue
+        if enter is None:
+            continue
+        section = Section(name, token, enter, exit_, lost, worker, reason)
+        with written:
+            counters["sections"] += 1
+            out.write(section.to_json() + "\n")
+            out.flush()
+
+
+def _sync_worker(args: argparse.Namespace) -> None:
+    """A worker whose threads lock through `aiolock.sync.Lock`, on a synchronous client."""
+    import redis
+
+    import aiolock.sync
+
+    names = args.names.split(",")
+    _say(json.dumps({"event": "ready", "pid": os.getpid()}))
+    go = sys.stdin.readline()
+    end_at = float(go.split()[1])
+    counters: Counter[str] = Counter()
+    written = threading.Lock()
+    client = redis.Redis.from_url(args.url)
+    try:
+        with _open_log(args.out, "a") as out:
+            threads = [
+                threading.Thread(
+                    target=_contend_sync,
+                    args=(client, names),
+                    kwargs={
+                        "ttl": args.ttl,
+                        "hold": args.hold,
+                        "end_at": end_at,
+                        "rng": random.Random(f"{args.seed}:{i}"),
+                        "worker": f"{os.getpid()}/{i}",
+                        "out": out,
+                        "written": written,
+                        "counters": counters,
+                    },
+                )
+                for i in range(int(args.tasks))
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+    finally:
+        aiolock.sync.shutdown()
+        client.close()
+    _say(json.dumps({"event": "done", "counters": dict(counters)}))
+
+
 # =========================================================================== the orchestrator
 async def _held_keys(client: redis.asyncio.Redis, pattern: str) -> list[str]:
     """Keys matching `pattern` that have a holder: a lock's state with a token, or a
@@ -1050,6 +1184,7 @@ async def _spawn(
         *(("--rw",) if config.rw else ()),
         *(("--multi", str(config.multi)) if config.multi else ()),
         *(("--cluster",) if config.cluster else ()),
+        *(("--sync",) if config.face(index) == "sync" else ()),
         *(("--sentinels", ",".join(map(str, sentinels))) if sentinels else ()),
         "--out",
         str(out),
@@ -1240,6 +1375,8 @@ async def run(config: CheckerConfig, *, server: Any = None) -> Report:
 
 def _labelled(section: Section, config: CheckerConfig, index: int) -> Section:
     """`section`, written by worker `index`, labelled with that worker's version."""
+    if config.sync_processes:
+        return dataclasses.replace(section, worker=f"{config.face(index)}:{section.worker}")
     if not config.old_processes:
         return section
     return dataclasses.replace(section, worker=f"{config.sides[index]}:{section.worker}")
@@ -1345,6 +1482,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="N",
         help=f"check a Redlock ({DEFAULT_REDLOCK} unless --lock says) over N servers of its own",
     )
+    parser.add_argument(
+        "--sync-processes",
+        type=int,
+        default=0,
+        help="how many of the processes lock through aiolock.sync.Lock (threads)",
+    )
     parser.add_argument("--seed", default="0")
     parser.add_argument(
         "--old-processes",
@@ -1364,13 +1507,17 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--urls", help=argparse.SUPPRESS)
     parser.add_argument("--sentinels", help=argparse.SUPPRESS)
+    parser.add_argument("--sync", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     if args.worker:
-        asyncio.run(_worker(args))
+        if args.sync:
+            _sync_worker(args)
+        else:
+            asyncio.run(_worker(args))
         return 0
     if args.cluster and args.url:
         sys.stderr.write("--cluster builds a cluster of the checker's own: leave out --url\n")
@@ -1416,6 +1563,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         multi=args.multi,
         seed=int(args.seed),
         old_processes=args.old_processes,
+        sync_processes=args.sync_processes,
         old_python=args.old_python,
         old_tree=args.old_tree,
         serve_layout1_waiters=not args.without_serve_layout1,

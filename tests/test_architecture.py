@@ -92,6 +92,7 @@ LAYERS: dict[str, int] = {
     "opentelemetry": TOP,
     "prometheus": TOP,
     "testing": TOP,
+    "sync": TOP,
 }
 """Every module of the package, by the layer it belongs to (a subpackage as one module)."""
 

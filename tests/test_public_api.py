@@ -136,3 +136,18 @@ def test_py_typed_is_shipped() -> None:
 def test_version() -> None:
     assert isinstance(aiolock.__version__, str)
     assert aiolock.__version__
+
+
+def test_the_sync_face_exports_a_sorted_tuple_under_its_own_module_name() -> None:
+    import aiolock.sync
+
+    assert isinstance(aiolock.sync.__all__, tuple)
+    assert list(aiolock.sync.__all__) == sorted(aiolock.sync.__all__)
+    assert set(aiolock.sync.__all__) == public_names(aiolock.sync)
+    for name in aiolock.sync.__all__:
+        obj = getattr(aiolock.sync, name)
+        if inspect.isclass(obj) or inspect.isfunction(obj):
+            assert obj.__module__ == "aiolock.sync", obj
+    for cls in (aiolock.sync.Lock, aiolock.sync.Lease, aiolock.sync.Semaphore):
+        assert getattr(cls, "__final__", False) is True
+        assert "__slots__" in vars(cls)

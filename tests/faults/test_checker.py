@@ -598,3 +598,27 @@ def test_a_long_runs_read_write_history_is_checked_in_one_pass() -> None:
     assert [(v.kind, v.earlier.token, v.later.token) for v in verdict.violations] == [
         ("token order", 10 + 99_999, 5)
     ]
+
+
+async def test_a_short_run_of_sync_and_async_holders_under_faults_finds_no_violation(
+    server: RedisServer,
+) -> None:
+    """2 processes x 4 threads or tasks on 2 names for 8 s, one locking through
+    `aiolock.sync.Lock`, the other through `aiolock.Lock`, the server paused, then restarted
+    empty: no overlap beyond the reported losses, one fencing order for both faces, nothing
+    left held; both faces entered sections."""
+    config = CheckerConfig(
+        processes=2,
+        sync_processes=1,
+        tasks=4,
+        names=2,
+        duration=8.0,
+        ttl=1.0,
+        hold=0.05,
+        faults=(Fault(2.0, "pause", 0.3), Fault(5.0, "restart")),
+        seed=20261143,
+    )
+    report = await run(config, server=server)
+    found_nothing(report, ["pause 0.3s at 2s", "restart empty at 5s"])
+    faces = Counter(section.worker.partition(":")[0] for section in report.sections)
+    assert faces["sync"] > 0 and faces["async"] > 0, faces

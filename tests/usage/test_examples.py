@@ -32,8 +32,9 @@ def example_names() -> list[str]:
 
 def test_every_example_is_listed_here() -> None:
     assert example_names() == [
-        "aiohttp_app", "api_pool", "catalog", "cron_once", "fastapi_orders",
-        "fenced_files", "fenced_http", "fenced_sql", "fenced_storage", "flash_sale",
+        "aiohttp_app", "api_pool", "catalog", "celery_tasks", "cron_once",
+        "django_command", "fastapi_orders", "fenced_files", "fenced_http", "fenced_sql",
+        "fenced_storage", "flash_sale",
         "idempotent_order", "long_job", "quickstart", "scheduler", "worker_pool",
     ]  # fmt: skip
 
