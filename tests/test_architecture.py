@@ -315,3 +315,15 @@ def test_a_long_function_and_a_long_module_are_found(planted: Path) -> None:
     (planted / "_backend.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
     (problem,) = size_violations(planted, ("_backend",))
     assert f"has {MAX_MODULE_LINES + 1} lines" in problem
+
+
+def test_the_figures_read_the_graph_of_a_package(planted: Path) -> None:
+    """`python -m tests.architecture_figures` on a small package: its modules, edges,
+    chain and circles."""
+    from .architecture_figures import figures
+
+    found = figures(planted)
+    assert (found.modules, found.import_edges, found.circles) == (3, 2, [])
+    assert found.longest_chain == ["__init__", "_backend", "_layout"]
+    (planted / "_layout.py").write_text("from ._backend import Backend\n")
+    assert figures(planted).circles == [["_backend", "_layout", "_backend"]]
