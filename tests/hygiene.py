@@ -40,6 +40,7 @@ from typing import Any
 
 import pytest
 
+from aiolock.testing import _ports
 from aiolock.testing._servers import family, tcp_sockets
 
 PROC = Path("/proc")
@@ -162,10 +163,16 @@ def _described(fds: Iterable[tuple[int, str]]) -> list[str]:
 
 
 def _ignored(fd: tuple[int, str]) -> bool:
-    """Descriptors that are not a test's: the standard streams, and the directory listing
-    that `open_fds` itself had open."""
+    """Descriptors that are not a test's: the standard streams, the directory listing
+    that `open_fds` itself had open, and the file of the process's port claims (opened by
+    the first test that chooses a port, kept open for the rest of the run: closing it
+    would give up every claim)."""
     number, target = fd
-    return number <= 2 or target == str(PROC / str(os.getpid()) / "fd")
+    return (
+        number <= 2
+        or target == str(PROC / str(os.getpid()) / "fd")
+        or target == str(_ports.BOOK_PATH)
+    )
 
 
 def _not_self_pipes(fds: set[tuple[int, str]]) -> set[tuple[int, str]]:

@@ -21,6 +21,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Final, Self
 
+from aiolock.testing import _ports
+
 __all__ = ("RedisServer", "ServerBinary", "ServerStartError", "TLSFiles", "find_binaries")
 
 START_TIMEOUT: Final = 20.0
@@ -111,6 +113,12 @@ class ServerStartError(RuntimeError):
         super().__init__(f"{message}\n{log}" if log else message)
         self.log = log
 
+    @property
+    def port_taken(self) -> bool:
+        """The server could not listen: its port (or a cluster node's bus port) was found
+        taken, or was taken between the check and the bind."""
+        return "is taken" in str(self).splitlines()[0] or "already in use" in self.log.lower()
+
 
 # ------------------------------------------------------------------ dying with the parent
 _PR_SET_PDEATHSIG: Final = 1
@@ -188,8 +196,11 @@ def free_ports(count: int, *, offset: int = 0) -> list[int]:
     before a server listens on it (or while it restarts on it). With `offset`, each port
     plus `offset` is free and below that range too (a cluster node's bus port).
 
-    Other processes choosing ports here can still pick the same one: a server start that
-    finds its port taken picks another (`RedisServer.start`).
+    Each port (and each port plus `offset`) is claimed for this process (`_ports.claim`),
+    so that other processes choosing ports this way do not pick it, now or while its
+    server restarts. A process that does not (or a port claimed and given up) can still
+    take it first: a server start that finds its port taken picks another
+    (`RedisServer.start`).
     """
     top = _ephemeral_ports_from() - offset
     if top - LISTEN_PORTS_FROM < count * 10:  # no room below that range: ask the system
@@ -200,7 +211,7 @@ def free_ports(count: int, *, offset: int = 0) -> list[int]:
         taken = {p + d for p in ports for d in (0, offset, -offset)}
         if port in taken or port + offset in taken:
             continue
-        if _port_is_free(port) and (offset == 0 or _port_is_free(port + offset)):
+        if _usable(port) and (offset == 0 or _usable(port + offset)):
             ports.append(port)
             if len(ports) == count:
                 return ports
@@ -209,12 +220,25 @@ def free_ports(count: int, *, offset: int = 0) -> list[int]:
     return ports + _system_ports(count - len(ports))
 
 
+def _usable(port: int) -> bool:
+    """Free now, and claimed for this process (given up again if it is not free)."""
+    if not _ports.claim(port):
+        return False
+    if _port_is_free(port):
+        return True
+    _ports.release(port)
+    return False
+
+
 def _system_ports(count: int) -> list[int]:
     sockets = [socket.socket() for _ in range(count)]
     try:
         for sock in sockets:
             sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
+        ports = [int(sock.getsockname()[1]) for sock in sockets]
+        for port in ports:
+            _ports.claim(port)  # best effort: the system chose it, not a peer process
+        return ports
     finally:
         for sock in sockets:
             sock.close()
@@ -379,7 +403,7 @@ class RedisServer:
         for _ in range(20):
             if not fixed:
                 self.port = _free_port()
-            if not _port_is_free(self.port):
+            if not _ports.claim(self.port) or not _port_is_free(self.port):
                 if fixed:
                     raise ServerStartError(f"port {self.port} is taken: cannot start there")
                 continue

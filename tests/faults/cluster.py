@@ -47,11 +47,6 @@ START_TRIES: Final = 5
 choice and the node's start."""
 
 
-def _in_use(error: ServerStartError) -> bool:
-    """The node could not listen: its port (or bus port) was taken meanwhile."""
-    return "already in use" in (error.log or "").lower()
-
-
 class ClusterGroup:
     """Three primaries (slots split in three), three replicas (one per primary)."""
 
@@ -75,7 +70,7 @@ class ClusterGroup:
                     server.start()
             except ServerStartError as exc:
                 self.stop()
-                if attempt == START_TRIES - 1 or ("taken" not in str(exc) and not _in_use(exc)):
+                if attempt == START_TRIES - 1 or not exc.port_taken:
                     raise
                 continue
             except BaseException:

@@ -23,7 +23,7 @@ import redis.asyncio
 import redis.exceptions
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
-from aiolock.testing._servers import free_ports
+from aiolock.testing._servers import ServerStartError, free_ports
 
 from ..servers import RedisServer, ServerBinary
 from ..waits import eventually
@@ -33,6 +33,10 @@ SERVICE: Final = "m"
 
 READY_BOUND: Final = 20.0
 """Longest wait for the Sentinels to know each other and the replica."""
+
+START_TRIES: Final = 5
+"""How many sets of ports the Sentinels try: another process may take a port between its
+choice and the Sentinel's start."""
 
 FAILOVER_BOUND: Final = 15.0
 """Longest wait for a failover to complete and be seen by every Sentinel."""
@@ -83,31 +87,52 @@ class SentinelGroup:
                 self.binary,
                 extra_args=(*self._data_args, "--replicaof", "127.0.0.1", str(self.master.port)),
             ).start()
-            ids = [secrets.token_hex(20) for _ in range(3)]
-            ports = free_ports(3)
-            for me, (myid, port) in enumerate(zip(ids, ports, strict=True)):
-                others = "".join(
-                    f"sentinel known-sentinel {SERVICE} 127.0.0.1 {p} {i}\n"
-                    for other, (i, p) in enumerate(zip(ids, ports, strict=True))
-                    if other != me
-                )
-                config = (
-                    f"sentinel myid {myid}\n"
-                    f"sentinel monitor {SERVICE} 127.0.0.1 {self.master.port} 2\n"
-                    f"sentinel down-after-milliseconds {SERVICE} {self.down_after_ms}\n"
-                    f"sentinel failover-timeout {SERVICE} {self.failover_timeout_ms}\n"
-                    f"sentinel parallel-syncs {SERVICE} 1\n"
-                    f"sentinel known-replica {SERVICE} 127.0.0.1 {self.replica.port}\n"
-                    f"{others}"
-                )
-                sentinel = RedisServer(self.binary, config=config, extra_args=("--sentinel",))
-                sentinel.port = port  # known to the others already
-                self.sentinels.append(sentinel)
-                sentinel.start()
+            self._start_sentinels()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _start_sentinels(self) -> None:
+        """Three Sentinels on ports chosen together (each one's configuration names the
+        others'); another process may take one of them before its Sentinel listens: then
+        all three start again on new ports, up to `START_TRIES` times."""
+        for attempt in range(START_TRIES):
+            try:
+                for sentinel in self._sentinels(free_ports(3)):
+                    self.sentinels.append(sentinel)
+                    sentinel.start()
+                return
+            except ServerStartError as exc:
+                for sentinel in self.sentinels:
+                    sentinel.stop()
+                self.sentinels.clear()
+                if attempt == START_TRIES - 1 or not exc.port_taken:
+                    raise
+
+    def _sentinels(self, ports: list[int]) -> list[RedisServer]:
+        assert self.replica is not None
+        ids = [secrets.token_hex(20) for _ in ports]
+        sentinels = []
+        for me, (myid, port) in enumerate(zip(ids, ports, strict=True)):
+            others = "".join(
+                f"sentinel known-sentinel {SERVICE} 127.0.0.1 {p} {i}\n"
+                for other, (i, p) in enumerate(zip(ids, ports, strict=True))
+                if other != me
+            )
+            config = (
+                f"sentinel myid {myid}\n"
+                f"sentinel monitor {SERVICE} 127.0.0.1 {self.master.port} 2\n"
+                f"sentinel down-after-milliseconds {SERVICE} {self.down_after_ms}\n"
+                f"sentinel failover-timeout {SERVICE} {self.failover_timeout_ms}\n"
+                f"sentinel parallel-syncs {SERVICE} 1\n"
+                f"sentinel known-replica {SERVICE} 127.0.0.1 {self.replica.port}\n"
+                f"{others}"
+            )
+            sentinel = RedisServer(self.binary, config=config, extra_args=("--sentinel",))
+            sentinel.port = port  # known to the others already
+            sentinels.append(sentinel)
+        return sentinels
 
     def stop(self) -> None:
         for server in [*self.sentinels, self.replica, self.master]:

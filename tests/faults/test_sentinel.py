@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -33,6 +34,7 @@ from aiolock import (
 from aiolock._layout import LockKeys
 from aiolock._notifier import Notifier
 from aiolock._runtime import runtime_for
+from aiolock.testing._servers import free_ports
 
 from ..load import scaled
 from ..recorded import recorded
@@ -123,6 +125,35 @@ async def holder_on(server: RedisServer, name: str) -> int | None:
     finally:
         await client.aclose()
     return None if holder is None else holder.fencing_token
+
+
+# ------------------------------------------------------------------- the deployment
+async def test_a_sentinel_port_taken_before_its_start_moves_the_three(
+    binaries: list[ServerBinary], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A program that does not choose ports as the tests do listens on a port chosen for
+    the third Sentinel before it starts: the three Sentinels start again, together, on
+    new ports (each one's configuration names the others'), and the group is ready.
+
+    Break seen failing: the group's start raised "port ... is taken"."""
+    real = free_ports
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = int(squatter.getsockname()[1])
+        calls: list[int] = []
+
+        def choose(count: int, *, offset: int = 0) -> list[int]:
+            calls.append(count)
+            ports = real(count, offset=offset)
+            return [*ports[:-1], taken] if len(calls) == 1 else ports
+
+        monkeypatch.setattr(f"{SentinelGroup.__module__}.free_ports", choose)
+        with SentinelGroup(binaries[0]) as group:
+            await group.ready()
+            assert len(calls) == 2
+            assert taken not in [sentinel.port for sentinel in group.sentinels]
+            assert all(sentinel.running for sentinel in group.sentinels)
 
 
 # ------------------------------------------------------------------- steady state
