@@ -221,12 +221,15 @@ def free_ports(count: int, *, offset: int = 0) -> list[int]:
 
 
 def _usable(port: int) -> bool:
-    """Free now, and claimed for this process (given up again if it is not free)."""
+    """Free now, and claimed for this process (a new claim is given up again if the port is
+    not free; one held already, for a server of this process, is kept)."""
+    held = _ports.claimed_here(port)
     if not _ports.claim(port):
         return False
     if _port_is_free(port):
         return True
-    _ports.release(port)
+    if not held:
+        _ports.release(port)
     return False
 
 
