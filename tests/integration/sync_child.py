@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 import warnings
@@ -75,6 +76,10 @@ def fork(client: redis.Redis, name: str) -> None:
 
 
 def interrupt(client: redis.Redis, name: str) -> None:
+    # Ctrl-C as in a program started from a terminal: a suite started in the background by
+    # a non-interactive shell runs with SIGINT ignored, its children inherit that, and
+    # Python then leaves it ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     lock = aiolock.sync.Lock(client, name, ttl=30)
     say("waiting")
     try:
