@@ -614,7 +614,8 @@ async def test_renewals_do_not_wait_for_the_users_exhausted_pool(
     async with clients(cluster, 1) as (other,):
         try:
             with recorded(EventKind.RENEWED) as renewed:
-                leases = [await Lock(user, n, ttl=1).acquire() for n in names]
+                ttl = scaled(1.0)
+                leases = [await Lock(user, n, ttl=ttl).acquire() for n in names]
 
                 async def block(n: str) -> None:
                     """Keep the only connection to `n`'s node busy for good."""
@@ -637,16 +638,19 @@ async def test_renewals_do_not_wait_for_the_users_exhausted_pool(
 
                     await eventually(exhausted, what="the user's pool exhausted", timeout=5.0)
                     before = [count(renewed, lease.fencing_token) for lease in leases]
-                    await asyncio.sleep(3.0)  # three ttls
+
+                    def renewed_thrice() -> bool:  # a ttl's worth of renewals, each
+                        after = [count(renewed, lease.fencing_token) for lease in leases]
+                        return all(b >= a + 3 for a, b in zip(before, after, strict=True))
+
+                    await eventually(renewed_thrice, what="three renewals of each lease")
                     assert not any(lease.lost for lease in leases)
-                    after = [count(renewed, lease.fencing_token) for lease in leases]
-                    assert all(b >= a + 3 for a, b in zip(before, after, strict=True)), after
                     # Acquires and releases do not use it either; a waiter of another
                     # process is handed the lock by a release.
-                    extra = await Lock(user, f"{names[0]}:more", ttl=1).acquire(timeout=5)
+                    extra = await Lock(user, f"{names[0]}:more", ttl=ttl).acquire(timeout=5)
                     await extra.release()
                     waiting = asyncio.ensure_future(
-                        Lock(other, names[0], ttl=1).acquire(timeout=10)
+                        Lock(other, names[0], ttl=ttl).acquire(timeout=10)
                     )
                     await queued(other, LockKeys.build("aiolock", names[0]).queue)
                     got = await hand_over(leases[0], waiting)
