@@ -31,6 +31,7 @@ from . import _events as events
 from . import _renewal as renewal
 from ._cancel import run_shielded
 from ._config import MIN_TTL, check_seconds
+from ._guard import BodyGuard, new_cancel_scope
 from ._settle import after_arrivals, arrivals
 from .errors import AiolockError, BackendError, LeaseLostError, LossReason
 
@@ -84,20 +85,6 @@ class _State(enum.Enum):
     LOST = "lost"
 
 
-_scope_class: type[anyio.CancelScope] | None = None
-
-
-def _new_cancel_scope() -> anyio.CancelScope:
-    """`anyio.CancelScope()`, without looking up the async backend each time: the first
-    scope's class (the asyncio backend's) makes the later ones directly."""
-    global _scope_class  # noqa: PLW0603 - a cache of one class, set once
-    if _scope_class is None:
-        scope = anyio.CancelScope()
-        _scope_class = type(scope)
-        return scope
-    return _scope_class()
-
-
 def _deadline_passed(ref: weakref.ref[Lease]) -> None:
     lease = ref()
     if lease is not None and lease._state is _State.HELD:
@@ -144,6 +131,7 @@ class Lease:
         "_ended",
         "_entry",
         "_granted_at",
+        "_guard",
         "_guarded",
         "_issuer",
         "_loop",
@@ -197,6 +185,7 @@ class Lease:
         self._on_end: list[Callable[[Lease], None]] | None = None  # see _when_ended
         self._scope: anyio.CancelScope | None = None
         self._guarded: asyncio.Task[Any] | None = None  # the task whose block it guards
+        self._guard: BodyGuard | None = None
         self._settling = False
         self._stalled_for: float | None = None  # how late a missed deadline was noticed
         self._granted_at = self._loop.time()
@@ -445,10 +434,10 @@ class Lease:
         task = asyncio.current_task()
         if task is None:  # pragma: no cover - asyncio always runs coroutines in a task
             raise RuntimeError("a lease must guard a block of an asyncio task")
-        scope = _new_cancel_scope()
+        scope = new_cancel_scope()
         scope.__enter__()
-        self._scope = scope
-        self._guarded = task
+        self._scope, self._guarded = scope, task
+        self._guard = BodyGuard(task, scope, functools.partial(self._check_deadline, settle=True))
         self._issuer._guarding(self, task, entered=True)
         return self
 
@@ -475,6 +464,9 @@ class Lease:
         scope, self._scope = self._scope, None
         assert scope is not None, "__aexit__ without __aenter__"
         task, self._guarded = self._guarded, None
+        if self._guard is not None:
+            self._guard.close()  # before the scope's exit: it takes back its own cancels
+            self._guard = None
         if task is not None:
             self._issuer._guarding(self, task, entered=False)
         swallowed = bool(scope.__exit__(exc_type, exc, tb))
@@ -637,6 +629,8 @@ class Lease:
         self._emit(events.EventKind.LOST, error=cause)
         if self._scope is not None and not self._loop.is_closed():
             self._scope.cancel()
+            if self._guard is not None:
+                self._guard.lost()
 
     def _emit(self, kind: events.EventKind, *, error: BaseException | None = None) -> None:
         if events.enabled():

@@ -18,6 +18,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
+import anyio
 import pytest
 import redis.asyncio
 
@@ -111,6 +112,30 @@ async def test_a_loss_during_a_stall_raises_at_the_first_await_after_it(
                 steps.append("one more step")  # must not run
                 await asyncio.sleep(10)
     assert steps == ["stalled"]
+    assert info.value.body_completed is False
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0
+
+
+async def test_a_body_inside_a_shielded_scope_is_not_cancelled_until_the_shield_ends(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    """The guard never cancels natively where the user shielded the body: the loss
+    lands once the shielded part is done."""
+    await client.ping()
+    steps: list[str] = []
+    lease = await Lock(client, name, ttl=TTL, renew=False).acquire()
+    with pytest.raises(LeaseLostError) as info:
+        async with asyncio.timeout(10), lease:
+            with anyio.CancelScope(shield=True):
+                wait = completed_future()
+                time.sleep(STALL)
+                await wait()
+                await asyncio.sleep(0)
+                steps.append("shielded")
+            steps.append("after the shield")  # runs: no await since the shield ended
+            await asyncio.sleep(10)
+    assert steps == ["shielded", "after the shield"]
     assert info.value.body_completed is False
     task = asyncio.current_task()
     assert task is not None and task.cancelling() == 0
