@@ -9,6 +9,8 @@ stall, for how long, and whether the body ran to its end after the loss.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import secrets
 import threading
 import time
 from collections import Counter
@@ -19,9 +21,10 @@ import pytest
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 
-from aiolock import EventKind, Lease, LeaseLostError, Lock, LossReason
+from aiolock import BackendError, EventKind, Lease, LeaseLostError, Lock, LossReason
 from aiolock._granting import Granting
 from aiolock._layout import LockKeys
+from aiolock._lease_scripts import RESUME
 from aiolock._runtime import runtime_for
 from aiolock._transport import pooled
 
@@ -611,3 +614,61 @@ async def test_a_lease_lost_before_its_block_began_is_acquired_again(
     assert taken[0].lost and taken[0].loss_reason is LossReason.DEADLINE
     assert lease.fencing_token > taken[0].fencing_token
     assert lease.released
+
+
+async def resume_after_a_stall(
+    client: redis.asyncio.Redis, name: str, commands: CommandLog, *, script_known: bool
+) -> pytest.ExceptionInfo[LeaseLostError]:
+    """Resume a lease of ttl 0.5 s held under a token, the loop stalled (0.8 s) right
+    after the resume was written; the loss it raises. With the script unknown to the
+    server, the EVALSHA is refused and its EVAL is written after the stall, when the
+    call's time is already spent."""
+    await warm_up(client, name)
+    if script_known:
+        await client.script_load(RESUME.source)
+    else:
+        await client.script_flush()
+    token = secrets.token_hex(16)
+    first = await Lock(client, name, ttl=30).acquire(token=token)
+    lock = Lock(client, name, ttl=0.5)
+    mark = commands.mark()
+    resuming = asyncio.create_task(lock.resume(token))
+    async with asyncio.timeout(5):
+        while not any("resume" in command for command in commands.since(mark)):
+            await asyncio.sleep(0)  # the resume is written as it is logged
+    time.sleep(0.8)  # past the resumed lease's validity (0.5 s)
+    try:
+        with pytest.raises(LeaseLostError) as info:
+            await asyncio.wait_for(resuming, 5)
+    finally:
+        with contextlib.suppress(LeaseLostError):
+            await first.release()
+    return info
+
+
+async def test_a_resume_answered_after_the_leases_validity_is_given_back_as_a_loss(
+    client: redis.asyncio.Redis, name: str, commands: CommandLog
+) -> None:
+    """The reply, read late, hands out no lease whose validity is not positive: the
+    resumed lease is given back and its loss raised (`DEADLINE`), as `acquire()` gives
+    back a late answer."""
+    info = await resume_after_a_stall(client, name, commands, script_known=True)
+    assert info.value.reason is LossReason.DEADLINE
+    assert info.value.stalled_for is not None and info.value.stalled_for >= 0.1
+    assert not await Lock(client, name).locked()  # given back
+
+
+async def test_a_resume_whose_time_a_stall_spent_before_it_was_written_is_a_loss(
+    server: RedisServer, name: str, commands: CommandLog
+) -> None:
+    """Its EVAL written after the stall has no time left: the loss (`DEADLINE`, told as
+    a stall), not a `BackendError` saying Redis did not answer. (A server of its own: its
+    scripts are flushed.)"""
+    client = make_client(server.url, commands)
+    try:
+        info = await resume_after_a_stall(client, name, commands, script_known=False)
+    finally:
+        await client.aclose()
+    assert info.value.reason is LossReason.DEADLINE
+    assert info.value.stalled_for is not None and info.value.stalled_for >= 0.1
+    assert isinstance(info.value.__cause__, BackendError)
