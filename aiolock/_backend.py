@@ -35,6 +35,7 @@ from redis.crc import key_slot
 
 from ._clients import (
     DURING_MIGRATION,
+    STALLED,
     AsyncClient,
     Client,
     ClientLibrary,
@@ -56,6 +57,10 @@ from ._transport_sentinel import SentinelReplicaTransport, SentinelTransport
 from .errors import BackendError
 
 __all__ = ("MIGRATION_GRACE", "Backend", "transport_for")
+
+STALL_NOTICED: Final = 0.05
+"""A bound that fell due this much late (or more) fell due while the event loop did not
+run: the call's time was spent by the stall (`_clients.stalled_for`)."""
 
 MIGRATION_GRACE: Final = 1.0
 """Longest a call whose cluster slot migrates may outlast its bound, to let the try in
@@ -92,6 +97,7 @@ class _Bound:
         "overdue",
         "queued",
         "refused",
+        "stalled",
         "task",
         "waiting_out",
     )
@@ -111,6 +117,7 @@ class _Bound:
         self.refused: BaseException | None = None  # set while pausing after such a refusal
         self.overdue = False  # the bound passed while a try of a migration waited out was sent
         self.grace: asyncio.TimerHandle | None = None
+        self.stalled = 0.0  # how late its falling due was noticed (the loop did not run)
 
     def give_up(self) -> None:
         if self.answered or self.task is None:
@@ -190,10 +197,12 @@ class _Deadlines:
         self._timer = None
         heap = self._heap
         # What the loop ran this timer for is due; so is anything before it.
-        now = max(self._loop.time(), self._when)
+        actual = self._loop.time()
+        now = max(actual, self._when)
         while heap and heap[0][0] <= now:
-            bound = heapq.heappop(heap)[2]
+            when, _, bound = heapq.heappop(heap)
             bound.queued = False
+            bound.stalled = actual - when
             if bound.answered:
                 self._ended -= 1
             else:
@@ -574,7 +583,10 @@ class Backend:
                     refused = bound.refused
                     raise backend_error(operation, name, timeout, refused) from refused
                 timed_out = TimeoutError()
-                raise self._failed(operation, name, timeout, timed_out, bound.waiting_out) from exc
+                failed = self._failed(operation, name, timeout, timed_out, bound.waiting_out)
+                if bound.stalled >= STALL_NOTICED:
+                    STALLED[failed] = bound.stalled
+                raise failed from exc
             raise
         except Errors.any as exc:
             if bound.expired:

@@ -34,6 +34,7 @@ __all__ = (
     "DURING_MIGRATION",
     "PASSING_REFUSALS",
     "REDIS",
+    "STALLED",
     "AsyncClient",
     "AsyncRedis",
     "Client",
@@ -51,6 +52,7 @@ __all__ = (
     "migrating_refusal",
     "not_a_client",
     "outcome_unknown",
+    "stalled_for",
     "translate_errors",
     "valkey_libraries",
 )
@@ -361,6 +363,18 @@ DURING_MIGRATION: weakref.WeakSet[BaseException] = weakref.WeakSet()
 """Errors of calls that failed while a cluster slot they needed was migrating (a refusal
 met, redirections that closed the cluster client's connections, a try still unanswered
 at the bound): whether they were applied is in their cause, as for any error."""
+
+
+STALLED: weakref.WeakKeyDictionary[BaseException, float] = weakref.WeakKeyDictionary()
+"""Errors of calls whose bound fell due while the event loop did not run (a blocking
+call, a paused process), with how late it was noticed: the stall spent the call's time,
+whatever Redis did."""
+
+
+def stalled_for(error: BaseException) -> float | None:
+    """How long a stall of this process spent the time of the call that failed with
+    `error` (see `STALLED`), or None."""
+    return STALLED.get(error)
 
 
 def migrating(error: BaseException) -> bool:

@@ -34,7 +34,7 @@ from typing import Any, Final
 
 from . import _renewal as renewal
 from ._cancel import run_shielded
-from ._clients import migrating, outcome_unknown
+from ._clients import migrating, outcome_unknown, stalled_for
 from ._config import check_timeout, check_token
 from ._granting import Granting
 from ._info import task_name
@@ -453,7 +453,11 @@ class Primitive(Granting):
         continued: acquire a new one).
 
         Raises:
-            LeaseLostError: nothing is held under `token` (it ended, or never was).
+            LeaseLostError: nothing is held under `token` (it ended, or never was); or, with
+                reason `DEADLINE` and `stalled_for`, the answer came only after the
+                lease's validity, or a stall of this process (a blocking call, a pause)
+                spent the call's time: no lease is handed out past its validity, and the
+                key is left as Redis has it.
             BackendError: Redis could not be reached or refused the command.
             ConfigError: `token` is not a valid token (nothing is sent).
 
@@ -465,27 +469,52 @@ class Primitive(Granting):
         token = check_token(token)
         runtime = runtime_for(self._client)
         config = self._config
+        validity = config.ttl - config.margin
         sent_at = runtime.loop.time()
-        reply, acked = await self._run_waiting(
-            runtime,
-            self._resume_call(token, config.ttl_ms),
-            timeout=config.ttl - config.margin,
-            operation="resume",
-        )
-        if int(reply[0]) == 1:
-            self._check_replicated("resume", acked)
+        try:
+            reply, acked = await self._run_waiting(
+                runtime,
+                self._resume_call(token, config.ttl_ms),
+                timeout=validity,
+                operation="resume",
+            )
+        except BackendError as error:
+            stall = stalled_for(error)
+            if stall is None:
+                raise
+            raise self._late_resume(stall) from error
         if int(reply[0]) != 1:
             raise LeaseLostError(
                 f"{self._what} {self._name!r} is not held under the token given",
                 name=self._name,
                 reason=LossReason.NOT_OWNER,
             )
+        late = runtime.loop.time() - (sent_at + validity)
+        if late >= 0:
+            # Answered too late to count on (this process was paused): no lease is handed
+            # out past its validity. The key is left as Redis has it: held under the token,
+            # which another holder of it may still be renewing.
+            raise self._late_resume(late, fencing_token=int(reply[1]))
+        self._check_replicated("resume", acked)
         first_due = renewal.first_due(sent_at, config.renew_interval)
         slot = int(reply[2]) if len(reply) > 2 else None
         lease = self._new_lease(
             runtime, token, int(reply[1]), sent_at, first_due=first_due, slot=slot
         )
         return self._granted(lease, 0.0, 1)
+
+    def _late_resume(self, stall: float, *, fencing_token: int = 0) -> LeaseLostError:
+        """The loss of a lease whose resume was answered past its validity, or whose time a
+        stall of this process spent (for at least `stall` seconds)."""
+        return LeaseLostError(
+            f"lease on {self._what} {self._name!r} was lost: it could not be resumed within its "
+            f"validity (the event loop did not run for at least {stall:.3g}s: a blocking call, "
+            "or a paused process)",
+            name=self._name,
+            reason=LossReason.DEADLINE,
+            fencing_token=fencing_token,
+            stalled_for=stall,
+        )
 
     async def _attempt(
         self,
