@@ -583,21 +583,18 @@ class Backend:
                     refused = bound.refused
                     raise backend_error(operation, name, timeout, refused) from refused
                 timed_out = TimeoutError()
-                failed = self._failed(operation, name, timeout, timed_out, bound.waiting_out)
-                if bound.stalled >= STALL_NOTICED:
-                    STALLED[failed] = bound.stalled
-                raise failed from exc
+                raise self._failed(operation, name, timeout, timed_out, bound) from exc
             raise
         except Errors.any as exc:
             if bound.expired:
                 task.uncancel()  # our timer's cancellation, turned into this error on the way
                 timed_out = TimeoutError()
-                raise self._failed(operation, name, timeout, timed_out, bound.waiting_out) from exc
+                raise self._failed(operation, name, timeout, timed_out, bound) from exc
             if task.cancelling() > cancelling:
                 # The caller's cancellation, swallowed on the way (redis-py's wait_for on
                 # Python 3.11) and turned into this error: it must not be lost.
                 raise asyncio.CancelledError from exc
-            raise self._failed(operation, name, timeout, exc, bound.waiting_out) from exc
+            raise self._failed(operation, name, timeout, exc, bound) from exc
         finally:
             self._deadlines.end(bound)
             if apart is not None:
@@ -614,15 +611,17 @@ class Backend:
         name: str | None,
         timeout: float,
         error: BaseException,
-        waiting_out: bool,
+        bound: _Bound,
     ) -> BackendError:
         """The `BackendError` for a call that failed with `error`; one that met a migrating
         slot, or failed while a slot of this cluster was migrating (its redirections make
         redis-py's cluster client close its connections, and find the nodes again), is
         marked as such (see `migrating`)."""
         failed = backend_error(operation, name, timeout, error)
-        if self.transport.during_migration(waiting_out):
+        if self.transport.during_migration(bound.waiting_out):
             DURING_MIGRATION.add(failed)
+        if bound.stalled >= STALL_NOTICED:  # it fell due while the loop did not run
+            STALLED[failed] = bound.stalled
         return failed
 
     async def _send_once(

@@ -98,10 +98,13 @@ class BodyGuard:
             self._loop.call_soon(self._after_step)
 
     def lost(self) -> None:
-        """The lease was lost and its scope cancelled: cancel the task natively where
-        anyio leaves it to resume normally (the future it awaits is done)."""
+        """The lease was lost: cancel the block's scope, and the task natively where anyio
+        leaves it to resume normally (the future it awaits is done)."""
         task = self._task
-        if task is None or task.done() or task is asyncio.current_task(self._loop):
+        if task is None:
+            return
+        self._scope.cancel()
+        if task.done() or task is asyncio.current_task(self._loop):
             return
         waiter = getattr(task, "_fut_waiter", None)
         if not isinstance(waiter, asyncio.Future) or not waiter.done():

@@ -316,6 +316,8 @@ class Lease:
 
         The watchdog does this in the background; call it yourself when renewal is off
         (`renew=False`) or before a step that must not straddle a renewal.
+        It waits for Redis up to the lease's deadline: on a server that does not answer
+        (frozen, partitioned) it ends there, in the loss (see Raises).
 
         Args:
             ttl: a new ttl for the lease, seconds (0.01 to 1 year): the expiry is set to it
@@ -325,9 +327,10 @@ class Lease:
         Raises:
             ConfigError: `ttl` out of range (nothing is sent).
             LeaseLostError: the key no longer holds this lease's token, or the deadline had
-                passed before the call.
-            BackendError: Redis did not answer in time; the lease is still held until its
-                deadline unless a renewal succeeds.
+                passed before the call, or Redis did not answer before it (reason
+                `DEADLINE`, the `BackendError` as `__cause__`).
+            BackendError: Redis refused the command or failed before the deadline; the
+                lease is still held until its deadline unless a renewal succeeds.
             RuntimeError: the lease was already released.
 
         Cancellation:
@@ -342,12 +345,21 @@ class Lease:
         target = self._validity.ttl if new_ttl is None else new_ttl
         sent_at = self._loop.time()
         self._renewal_sent(sent_at, target)
+        error: BackendError | None = None
         try:
             ours = await self._issuer._extend_lease(
                 self, timeout=max(self.remaining(), 0.001), ttl_ms=math.ceil(target * 1000)
             )
+        except BackendError as failed:
+            error, ours = failed, True
         finally:
             self._renewal_answered(sent_at, target)
+        if error is not None:
+            await self._settle_deadline()  # bounded by the deadline: lost once it passed
+            if not self.lost:
+                raise error
+            self._loss_cause = self._loss_cause or error
+            raise self.loss_error() from error
         if not ours:
             self._not_owner()
         elif new_ttl is not None and self._state is _State.HELD:
@@ -466,7 +478,6 @@ class Lease:
         task, self._guarded = self._guarded, None
         if self._guard is not None:
             self._guard.close()  # before the scope's exit: it takes back its own cancels
-            self._guard = None
         if task is not None:
             self._issuer._guarding(self, task, entered=False)
         swallowed = bool(scope.__exit__(exc_type, exc, tb))
@@ -519,8 +530,7 @@ class Lease:
         self._validity.sent(sent_at, ttl)
 
     def _renewal_answered(self, sent_at: float, ttl: float) -> None:
-        """The renewal sent at `sent_at` setting the expiry to `ttl` was answered (or
-        failed, or was given up)."""
+        """The renewal sent at `sent_at` (expiry `ttl`) was answered, failed or given up."""
         self._validity.answered(sent_at, ttl)
 
     def _renewed(self, sent_at: float, ttl: float | None = None) -> None:
@@ -627,10 +637,8 @@ class Lease:
             reason.value,
         )
         self._emit(events.EventKind.LOST, error=cause)
-        if self._scope is not None and not self._loop.is_closed():
-            self._scope.cancel()
-            if self._guard is not None:
-                self._guard.lost()
+        if self._guard is not None and not self._loop.is_closed():
+            self._guard.lost()  # cancels the block's scope
 
     def _emit(self, kind: events.EventKind, *, error: BaseException | None = None) -> None:
         if events.enabled():
