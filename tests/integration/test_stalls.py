@@ -21,7 +21,15 @@ import pytest
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 
-from aiolock import BackendError, EventKind, Lease, LeaseLostError, Lock, LossReason
+from aiolock import (
+    AcquireTimeoutError,
+    BackendError,
+    EventKind,
+    Lease,
+    LeaseLostError,
+    Lock,
+    LossReason,
+)
 from aiolock._granting import Granting
 from aiolock._layout import LockKeys
 from aiolock._lease_scripts import RESUME
@@ -671,3 +679,33 @@ async def test_a_resume_whose_time_a_stall_spent_before_it_was_written_is_a_loss
     assert info.value.reason is LossReason.DEADLINE
     assert info.value.stalled_for is not None and info.value.stalled_for >= 0.1
     assert isinstance(info.value.__cause__, BackendError)
+
+
+@pytest.mark.parametrize("timeout", [0.3, None], ids=["timed", "untimed"])
+async def test_an_acquire_whose_time_a_stall_spent_before_it_was_written_is_no_backend_error(
+    server: RedisServer, name: str, commands: CommandLog, timeout: float | None
+) -> None:
+    """The server does not know the acquire script: its EVAL is written after a stall
+    that spent the attempt's time. A timed acquire raises `AcquireTimeoutError` (its
+    timeout passed), an untimed one tries again and gets the lock; neither raises a
+    `BackendError` saying that Redis did not answer. (A server of its own: its scripts
+    are flushed.)"""
+    client = make_client(server.url, commands)
+    try:
+        await warm_up(client, name)
+        await client.script_flush()
+        mark = commands.mark()
+        acquiring = asyncio.create_task(Lock(client, name, ttl=0.5).acquire(timeout=timeout))
+        async with asyncio.timeout(5):
+            while not any("acquire" in command for command in commands.since(mark)):
+                await asyncio.sleep(0)  # the acquire is written as it is logged
+        time.sleep(0.8)  # past the attempt's bound (the validity, 0.5 s; the timeout)
+        if timeout is not None:
+            with pytest.raises(AcquireTimeoutError):
+                await asyncio.wait_for(acquiring, 5)
+            assert not await Lock(client, name).locked()  # nothing left held
+        else:
+            lease = await asyncio.wait_for(acquiring, 5)
+            await lease.release()
+    finally:
+        await client.aclose()
