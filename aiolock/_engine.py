@@ -213,11 +213,13 @@ class Primitive(Granting):
         try:
             attempt = await self._attempt(runtime, progress.time_left(), token=token)
         except BackendError as exc:
-            if not migrating(exc):
+            if not (migrating(exc) or stalled_for(exc)):
                 if orderly:
                     notifier.end_try(self._channel, ticket)
                 raise
-            attempt = Attempt(None, -1)  # its cluster slot migrates: wait, as for a holder
+            # Its cluster slot migrates, or a stall of this process spent its time (given
+            # back, see `_attempt`): wait, as for a holder.
+            attempt = Attempt(None, -1)
         except BaseException:
             if orderly:
                 notifier.end_try(self._channel, ticket)
@@ -305,10 +307,11 @@ class Primitive(Granting):
                 token=token,
             )
         except BackendError as exc:
-            if not migrating(exc):
+            if not (migrating(exc) or stalled_for(exc)):
                 raise
             # Its cluster slot migrates (a name's keys on both sides): nothing was applied;
-            # try again after a pause, as for an unknown expiry.
+            # or a stall of this process spent its time (given back, see `_attempt`): try
+            # again after a pause, as for an unknown expiry.
             attempt = Attempt(None, -1)
         if attempt.lease is None:
             progress.refused(attempt, keep_busy=True)
