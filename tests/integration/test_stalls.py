@@ -28,6 +28,7 @@ from aiolock import (
     LeaseLostError,
     Lock,
     LossReason,
+    Redlock,
 )
 from aiolock._granting import Granting
 from aiolock._layout import LockKeys
@@ -38,7 +39,7 @@ from aiolock._transport import pooled
 from ..conftest import CommandLog, make_client
 from ..faults.proxy import ThreadedProxy
 from ..recorded import recorded
-from ..servers import RedisServer
+from ..servers import RedisServer, ServerBinary, independent_servers, quorum_calls_ended
 from ..waits import eventually
 from .test_commands import warm_up
 
@@ -704,3 +705,35 @@ async def test_an_acquire_whose_time_a_stall_spent_before_it_was_written_is_no_b
         await lease.release()
     finally:
         await client.aclose()
+
+
+async def test_a_redlock_resume_whose_time_a_stall_spent_is_a_loss_not_a_quorum_error(
+    binaries: list[ServerBinary], name: str, commands: CommandLog
+) -> None:
+    """The nodes do not know the resume script: its EVALs are written after a stall that
+    spent the nodes' time (node timeout 0.1 s). The resume raises the lease's loss
+    (`DEADLINE`, told as a stall), not a `QuorumError` naming every healthy node as not
+    answering. (Servers of its own: their scripts are flushed.)"""
+    with independent_servers(binaries[0], 3) as servers:
+        nodes = [make_client(server.url, commands) for server in servers]
+        try:
+            held = await Redlock(nodes, name, ttl=30).acquire()
+            for node in nodes:
+                await node.script_flush()
+            lock = Redlock(nodes, name, ttl=0.5, node_timeout=0.1)
+            mark = commands.mark()
+            resuming = asyncio.create_task(lock.resume(held.token))
+            async with asyncio.timeout(5):
+                while sum(n for c, n in commands.since(mark).items() if "resume" in c) < 3:
+                    await asyncio.sleep(0)  # the resumes are written as they are logged
+            time.sleep(0.8)  # past the node timeout and the resumed lease's validity
+            with pytest.raises(LeaseLostError) as info:
+                await asyncio.wait_for(resuming, 5)
+            assert info.value.reason is LossReason.DEADLINE
+            assert info.value.stalled_for is not None
+            with contextlib.suppress(LeaseLostError):
+                await held.release()
+        finally:
+            for node in nodes:
+                await quorum_calls_ended([node])
+                await node.aclose()
