@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Final, NoReturn, Protocol, cast
@@ -48,6 +48,7 @@ __all__ = (
     "is_cluster",
     "lasting",
     "library_of",
+    "mark_stalled",
     "migrating",
     "migrating_refusal",
     "not_a_client",
@@ -375,6 +376,14 @@ def stalled_for(error: BaseException) -> float | None:
     """How long a stall of this process spent the time of the call that failed with
     `error` (see `STALLED`), or None."""
     return STALLED.get(error)
+
+
+def mark_stalled(failed: BaseException, errors: Collection[BaseException], tolerated: int) -> None:
+    """Mark `failed`, a quorum's call that failed with `errors` on its nodes, as failed by
+    a stall of this process if every error is (and more than the `tolerated` failures)."""
+    stalls = [STALLED.get(error, 0.0) for error in errors]
+    if len(stalls) > tolerated and min(stalls, default=0.0) > 0.0:
+        STALLED[failed] = min(stalls)
 
 
 def migrating(error: BaseException) -> bool:
