@@ -93,6 +93,7 @@ class _Bound:
         "backoff",
         "expired",
         "grace",
+        "lenient",
         "loop",
         "overdue",
         "queued",
@@ -102,8 +103,11 @@ class _Bound:
         "waiting_out",
     )
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], *, lenient: bool = True
+    ) -> None:
         self.loop = loop
+        self.lenient = lenient  # a try in flight at the bound may end first (MIGRATION_GRACE)
         self.task: asyncio.Task[Any] | None = task
         self.expired = False
         self.answered = False
@@ -122,7 +126,7 @@ class _Bound:
     def give_up(self) -> None:
         if self.answered or self.task is None:
             return
-        if self.waiting_out and self.refused is None and not self.overdue:
+        if self.waiting_out and self.refused is None and not self.overdue and self.lenient:
             self.overdue = True
             self.grace = self.loop.call_later(
                 MIGRATION_GRACE, after_arrivals, self.loop, self.give_up
@@ -162,9 +166,10 @@ class _Deadlines:
         self._timer: asyncio.TimerHandle | None = None
         self._when = 0.0  # when the timer is armed for
 
-    def start(self, task: asyncio.Task[Any], timeout: float) -> _Bound:
-        """The bound of a call of `task` that falls due `timeout` seconds from now."""
-        bound = _Bound(self._loop, task)
+    def start(self, task: asyncio.Task[Any], timeout: float, *, grace: bool = True) -> _Bound:
+        """The bound of a call of `task` that falls due `timeout` seconds from now (see
+        `Backend.run` for `grace`)."""
+        bound = _Bound(self._loop, task, lenient=grace)
         when = self._loop.time() + timeout
         self._count += 1
         heapq.heappush(self._heap, (when, self._count, bound))
@@ -320,6 +325,7 @@ class Backend:
         on_sent: Sent = None,
         wait: tuple[int, int] | None = None,
         by_text: bool = False,
+        grace: bool = True,
     ) -> Any:
         """Run one script in one round trip (two the first time a server sees it, unless
         `by_text`: sent as EVAL with its text, which runs even on a server that does not
@@ -346,7 +352,9 @@ class Backend:
         must be at least 1 (`WAIT` with 0 would block for ever) and well within `timeout`.
 
         A cluster runs each script's variant that publishes on shard channels
-        (`_shard_scripts`), chosen here without asking the server.
+        (`_shard_scripts`), chosen here without asking the server. While the slot migrates,
+        a try in flight at the bound may end first, for up to MIGRATION_GRACE; not with
+        `grace=False` (a call whose caller's timeout must hold: it ends at its bound).
         """
         if self.transport.cluster:
             script = for_cluster(script)
@@ -372,6 +380,7 @@ class Backend:
                     name=name,
                     on_sent=on_sent,
                     then=then,
+                    grace=grace,
                 )
             finally:
                 await _close_own(client)
@@ -386,6 +395,7 @@ class Backend:
                 name=name,
                 on_sent=on_sent,
                 then=then,
+                grace=grace,
             )
             reply = await self.transport.call_on(call, background=background)
         else:
@@ -403,6 +413,7 @@ class Backend:
                     if again_apart or _DETACHED.get()
                     else None
                 ),
+                grace=grace,
             )
         if then is not None:
             return reply[0], int(reply[1])
@@ -506,6 +517,7 @@ class Backend:
         then: Command | None = None,
         send: Callable[[], Awaitable[Any]] | None = None,
         again: Callable[[], redis.asyncio.Redis] | None = None,
+        grace: bool = True,
     ) -> Any:
         """Send `command` (an EVALSHA of `script`, sent by EVAL if the server does not know
         it), and `then` right after it if given, bounded by `timeout`, with its errors
@@ -529,7 +541,7 @@ class Backend:
         if task is None:  # pragma: no cover - asyncio always runs coroutines in a task
             raise RuntimeError("aiolock must be used from an asyncio task")
         cancelling = task.cancelling()
-        bound = self._deadlines.start(task, timeout)
+        bound = self._deadlines.start(task, timeout, grace=grace)
         apart: redis.asyncio.Redis | None = None
         try:
             retried = False

@@ -55,6 +55,10 @@ RECOUNT_DELAY: Final = 0.05
 """How soon a waiting head writes its process's entry again after waiters joined or left
 (several arriving at once are counted by one command)."""
 
+MIGRATING_ATTEMPT_TIMEOUT: Final = 0.1
+"""The least time an attempt is given once an earlier attempt of the same acquire met its
+cluster slot migrating: a timed acquire then ends within its timeout and this."""
+
 
 class _Progress:
     """One acquire() call's account: its bound, its attempts, what Redis last said, and how
@@ -66,6 +70,7 @@ class _Progress:
         "busy",
         "deadline",
         "loop",
+        "migrating",
         "more",
         "pttl_ms",
         "started",
@@ -84,6 +89,12 @@ class _Progress:
         self.busy: Sequence[Any] = ()  # the last answer "held"
         self.acquired = False
         self.more = False  # leases may still be free for the next waiter here (a semaphore)
+        self.migrating = False  # an attempt met its cluster slot migrating
+
+    def floor(self) -> float:
+        """The least time an attempt is given, past the timeout too: less once the slot
+        was found migrating (a retry then would outlast the timeout by a whole window)."""
+        return MIGRATING_ATTEMPT_TIMEOUT if self.migrating else MIN_ATTEMPT_TIMEOUT
 
     def time_left(self) -> float | None:
         return None if self.deadline is None else self.deadline - self.loop.time()
@@ -217,6 +228,7 @@ class Primitive(Granting):
                 if orderly:
                     notifier.end_try(self._channel, ticket)
                 raise
+            progress.migrating = progress.migrating or migrating(exc)
             # Its cluster slot migrates, or a stall of this process spent its time (given
             # back, see `_attempt`): wait, as for a holder.
             attempt = Attempt(None, -1)
@@ -305,10 +317,12 @@ class Primitive(Granting):
                 queue=queue,
                 behind=len(queue.waiters) - 1,
                 token=token,
+                floor=progress.floor(),
             )
         except BackendError as exc:
             if not (migrating(exc) or stalled_for(exc)):
                 raise
+            progress.migrating = progress.migrating or migrating(exc)
             # Its cluster slot migrates (a name's keys on both sides): nothing was applied;
             # or a stall of this process spent its time (given back, see `_attempt`): try
             # again after a pause, as for an unknown expiry.
@@ -370,7 +384,11 @@ class Primitive(Granting):
 
     def _timed_out(self, progress: _Progress) -> AcquireTimeoutError:
         return self._timeout_error(
-            progress.wait, progress.waited(), progress.attempts, progress.busy
+            progress.wait,
+            progress.waited(),
+            progress.attempts,
+            progress.busy,
+            migrating=progress.migrating,
         )
 
     @staticmethod
@@ -527,6 +545,7 @@ class Primitive(Granting):
         queue: WaitQueue | None = None,
         behind: int = 0,
         token: str | None = None,
+        floor: float = MIN_ATTEMPT_TIMEOUT,
     ) -> Attempt:
         """One acquire script call: one round trip.
 
@@ -547,7 +566,7 @@ class Primitive(Granting):
         # there is nothing left to wait (a single try, or the last one).
         bound = validity
         if time_left is not None:
-            bound = min(validity, max(time_left, MIN_ATTEMPT_TIMEOUT))
+            bound = min(validity, max(time_left, floor))
         registration: Registration | None = None
         queued: tuple[str, int, str] | None = None
         claims: list[str] = []
@@ -559,7 +578,14 @@ class Primitive(Granting):
         wait = config.wait_args(bound)
         try:
             reply = await runtime.backend.run(
-                script, keys, args, timeout=bound, operation="acquire", name=self._name, wait=wait
+                script,
+                keys,
+                args,
+                timeout=bound,
+                operation="acquire",
+                name=self._name,
+                wait=wait,
+                grace=time_left is None,  # a timed attempt ends at its bound (the timeout)
             )
         except BaseException as exc:
             if queue is not None and registration is not None and not outcome_unknown(exc):

@@ -230,10 +230,10 @@ class QuorumBackend(Backend):
         on_sent: Sent = None,
         wait: tuple[int, int] | None = None,
         by_text: bool = False,
+        grace: bool = True,
     ) -> Any:
-        """Run `script` on every node and return what a quorum said, in the reply format
-        of the script on one node (see the module docstring). Each node's call is sent
-        again apart (`again_apart`) in any case: it may outlive this one."""
+        """Run `script` on every node: what a quorum said, in the script's reply format on one
+        node (module docstring); each node's call is sent again apart (it may outlive this one)."""
         assert wait is None, "a Redlock takes no replicas"
         call = _Call(
             self,
