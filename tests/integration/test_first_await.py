@@ -32,6 +32,11 @@ TTL = 0.3
 STALL = 0.6
 """Past the lease's deadline (its ttl minus the margin), with room to spare."""
 
+ELECTION_TTL = 1.0
+"""An election's terms are renewed: first 0.9 s after the term began, so that no renewal is
+in flight when the stall (`ELECTION_STALL`) begins, just after."""
+ELECTION_STALL = 1.3
+
 KINDS = ("lock", "semaphore", "read", "write", "redlock", "election", "multilock")
 
 
@@ -60,8 +65,8 @@ async def guarded(
     elif kind == "redlock":
         async with clients_of(servers) as nodes:
             yield await Redlock(nodes, name, **options).acquire()
-    else:  # an election's terms are always renewed: none is sent before the stall
-        terms = Election(client, name, ttl=TTL).campaign()
+    else:  # an election's terms are always renewed: late enough that none is in flight
+        terms = Election(client, name, ttl=ELECTION_TTL, renew_interval=0.9).campaign()
         async with contextlib.aclosing(terms):
             yield await anext(terms)
 
@@ -106,7 +111,7 @@ async def test_a_loss_during_a_stall_raises_at_the_first_await_after_it(
         with pytest.raises(LeaseLostError) as info:
             async with asyncio.timeout(10), lease:
                 wait = SCENARIOS[scenario]()
-                time.sleep(STALL)  # the loop stalls past the deadline
+                time.sleep(ELECTION_STALL if kind == "election" else STALL)  # past the deadline
                 steps.append("stalled")  # runs: nothing can stop it
                 await wait()  # the first await after the stall
                 steps.append("one more step")  # must not run
