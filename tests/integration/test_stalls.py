@@ -678,7 +678,10 @@ async def test_a_resume_whose_time_a_stall_spent_before_it_was_written_is_a_loss
         await client.aclose()
     assert info.value.reason is LossReason.DEADLINE
     assert info.value.stalled_for is not None and info.value.stalled_for >= 0.1
-    assert isinstance(info.value.__cause__, BackendError)
+    # The EVAL's reply not read within the time (its error the cause), or read late (on
+    # uvloop, which reads it sooner after the stall): the loss either way.
+    cause = info.value.__cause__
+    assert cause is None or isinstance(cause, BackendError), repr(cause)
 
 
 @pytest.mark.parametrize("timeout", [0.3, None], ids=["timed", "untimed"])
