@@ -132,7 +132,9 @@ class _Bound:
                 MIGRATION_GRACE, after_arrivals, self.loop, self.give_up
             )
             return
-        self.expired = True
+        # A cancellation that the client swallows (redis-py's wait_for on Python 3.11) still
+        # ends the call: the next refusal or broken connection is not tried again.
+        self.expired = self.overdue = True
         self.task.cancel()
 
     async def pause(self) -> None:
