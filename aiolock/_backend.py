@@ -35,6 +35,7 @@ from redis.crc import key_slot
 
 from ._clients import (
     DURING_MIGRATION,
+    STALLED,
     AsyncClient,
     Client,
     ClientLibrary,
@@ -56,6 +57,10 @@ from ._transport_sentinel import SentinelReplicaTransport, SentinelTransport
 from .errors import BackendError
 
 __all__ = ("MIGRATION_GRACE", "Backend", "transport_for")
+
+STALL_NOTICED: Final = 0.05
+"""A bound that fell due this much late (or more) fell due while the event loop did not
+run: the call's time was spent by the stall (`_clients.stalled_for`)."""
 
 MIGRATION_GRACE: Final = 1.0
 """Longest a call whose cluster slot migrates may outlast its bound, to let the try in
@@ -88,16 +93,21 @@ class _Bound:
         "backoff",
         "expired",
         "grace",
+        "lenient",
         "loop",
         "overdue",
         "queued",
         "refused",
+        "stalled",
         "task",
         "waiting_out",
     )
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], *, lenient: bool = True
+    ) -> None:
         self.loop = loop
+        self.lenient = lenient  # a try in flight at the bound may end first (MIGRATION_GRACE)
         self.task: asyncio.Task[Any] | None = task
         self.expired = False
         self.answered = False
@@ -111,17 +121,20 @@ class _Bound:
         self.refused: BaseException | None = None  # set while pausing after such a refusal
         self.overdue = False  # the bound passed while a try of a migration waited out was sent
         self.grace: asyncio.TimerHandle | None = None
+        self.stalled = 0.0  # how late its falling due was noticed (the loop did not run)
 
     def give_up(self) -> None:
         if self.answered or self.task is None:
             return
-        if self.waiting_out and self.refused is None and not self.overdue:
+        if self.waiting_out and self.refused is None and not self.overdue and self.lenient:
             self.overdue = True
             self.grace = self.loop.call_later(
                 MIGRATION_GRACE, after_arrivals, self.loop, self.give_up
             )
             return
-        self.expired = True
+        # A cancellation that the client swallows (redis-py's wait_for on Python 3.11) still
+        # ends the call: the next refusal or broken connection is not tried again.
+        self.expired = self.overdue = True
         self.task.cancel()
 
     async def pause(self) -> None:
@@ -155,9 +168,10 @@ class _Deadlines:
         self._timer: asyncio.TimerHandle | None = None
         self._when = 0.0  # when the timer is armed for
 
-    def start(self, task: asyncio.Task[Any], timeout: float) -> _Bound:
-        """The bound of a call of `task` that falls due `timeout` seconds from now."""
-        bound = _Bound(self._loop, task)
+    def start(self, task: asyncio.Task[Any], timeout: float, *, grace: bool = True) -> _Bound:
+        """The bound of a call of `task` that falls due `timeout` seconds from now (see
+        `Backend.run` for `grace`)."""
+        bound = _Bound(self._loop, task, lenient=grace)
         when = self._loop.time() + timeout
         self._count += 1
         heapq.heappush(self._heap, (when, self._count, bound))
@@ -190,10 +204,12 @@ class _Deadlines:
         self._timer = None
         heap = self._heap
         # What the loop ran this timer for is due; so is anything before it.
-        now = max(self._loop.time(), self._when)
+        actual = self._loop.time()
+        now = max(actual, self._when)
         while heap and heap[0][0] <= now:
-            bound = heapq.heappop(heap)[2]
+            when, _, bound = heapq.heappop(heap)
             bound.queued = False
+            bound.stalled = actual - when
             if bound.answered:
                 self._ended -= 1
             else:
@@ -311,6 +327,7 @@ class Backend:
         on_sent: Sent = None,
         wait: tuple[int, int] | None = None,
         by_text: bool = False,
+        grace: bool = True,
     ) -> Any:
         """Run one script in one round trip (two the first time a server sees it, unless
         `by_text`: sent as EVAL with its text, which runs even on a server that does not
@@ -337,7 +354,9 @@ class Backend:
         must be at least 1 (`WAIT` with 0 would block for ever) and well within `timeout`.
 
         A cluster runs each script's variant that publishes on shard channels
-        (`_shard_scripts`), chosen here without asking the server.
+        (`_shard_scripts`), chosen here without asking the server. While the slot migrates,
+        a try in flight at the bound may end first, for up to MIGRATION_GRACE; not with
+        `grace=False` (a call whose caller's timeout must hold: it ends at its bound).
         """
         if self.transport.cluster:
             script = for_cluster(script)
@@ -363,6 +382,7 @@ class Backend:
                     name=name,
                     on_sent=on_sent,
                     then=then,
+                    grace=grace,
                 )
             finally:
                 await _close_own(client)
@@ -377,6 +397,7 @@ class Backend:
                 name=name,
                 on_sent=on_sent,
                 then=then,
+                grace=grace,
             )
             reply = await self.transport.call_on(call, background=background)
         else:
@@ -394,6 +415,7 @@ class Backend:
                     if again_apart or _DETACHED.get()
                     else None
                 ),
+                grace=grace,
             )
         if then is not None:
             return reply[0], int(reply[1])
@@ -497,6 +519,7 @@ class Backend:
         then: Command | None = None,
         send: Callable[[], Awaitable[Any]] | None = None,
         again: Callable[[], redis.asyncio.Redis] | None = None,
+        grace: bool = True,
     ) -> Any:
         """Send `command` (an EVALSHA of `script`, sent by EVAL if the server does not know
         it), and `then` right after it if given, bounded by `timeout`, with its errors
@@ -520,7 +543,7 @@ class Backend:
         if task is None:  # pragma: no cover - asyncio always runs coroutines in a task
             raise RuntimeError("aiolock must be used from an asyncio task")
         cancelling = task.cancelling()
-        bound = self._deadlines.start(task, timeout)
+        bound = self._deadlines.start(task, timeout, grace=grace)
         apart: redis.asyncio.Redis | None = None
         try:
             retried = False
@@ -574,18 +597,18 @@ class Backend:
                     refused = bound.refused
                     raise backend_error(operation, name, timeout, refused) from refused
                 timed_out = TimeoutError()
-                raise self._failed(operation, name, timeout, timed_out, bound.waiting_out) from exc
+                raise self._failed(operation, name, timeout, timed_out, bound) from exc
             raise
         except Errors.any as exc:
             if bound.expired:
                 task.uncancel()  # our timer's cancellation, turned into this error on the way
                 timed_out = TimeoutError()
-                raise self._failed(operation, name, timeout, timed_out, bound.waiting_out) from exc
+                raise self._failed(operation, name, timeout, timed_out, bound) from exc
             if task.cancelling() > cancelling:
                 # The caller's cancellation, swallowed on the way (redis-py's wait_for on
                 # Python 3.11) and turned into this error: it must not be lost.
                 raise asyncio.CancelledError from exc
-            raise self._failed(operation, name, timeout, exc, bound.waiting_out) from exc
+            raise self._failed(operation, name, timeout, exc, bound) from exc
         finally:
             self._deadlines.end(bound)
             if apart is not None:
@@ -602,15 +625,17 @@ class Backend:
         name: str | None,
         timeout: float,
         error: BaseException,
-        waiting_out: bool,
+        bound: _Bound,
     ) -> BackendError:
         """The `BackendError` for a call that failed with `error`; one that met a migrating
         slot, or failed while a slot of this cluster was migrating (its redirections make
         redis-py's cluster client close its connections, and find the nodes again), is
         marked as such (see `migrating`)."""
         failed = backend_error(operation, name, timeout, error)
-        if self.transport.during_migration(waiting_out):
+        if self.transport.during_migration(bound.waiting_out):
             DURING_MIGRATION.add(failed)
+        if bound.stalled >= STALL_NOTICED:  # it fell due while the loop did not run
+            STALLED[failed] = bound.stalled
         return failed
 
     async def _send_once(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Final, NoReturn, Protocol, cast
@@ -34,6 +34,7 @@ __all__ = (
     "DURING_MIGRATION",
     "PASSING_REFUSALS",
     "REDIS",
+    "STALLED",
     "AsyncClient",
     "AsyncRedis",
     "Client",
@@ -47,10 +48,12 @@ __all__ = (
     "is_cluster",
     "lasting",
     "library_of",
+    "mark_stalled",
     "migrating",
     "migrating_refusal",
     "not_a_client",
     "outcome_unknown",
+    "stalled_for",
     "translate_errors",
     "valkey_libraries",
 )
@@ -361,6 +364,26 @@ DURING_MIGRATION: weakref.WeakSet[BaseException] = weakref.WeakSet()
 """Errors of calls that failed while a cluster slot they needed was migrating (a refusal
 met, redirections that closed the cluster client's connections, a try still unanswered
 at the bound): whether they were applied is in their cause, as for any error."""
+
+
+STALLED: weakref.WeakKeyDictionary[BaseException, float] = weakref.WeakKeyDictionary()
+"""Errors of calls whose bound fell due while the event loop did not run (a blocking
+call, a paused process), with how late it was noticed: the stall spent the call's time,
+whatever Redis did."""
+
+
+def stalled_for(error: BaseException) -> float | None:
+    """How long a stall of this process spent the time of the call that failed with
+    `error` (see `STALLED`), or None."""
+    return STALLED.get(error)
+
+
+def mark_stalled(failed: BaseException, errors: Collection[BaseException], tolerated: int) -> None:
+    """Mark `failed`, a quorum's call that failed with `errors` on its nodes, as failed by
+    a stall of this process if every error is (and more than the `tolerated` failures)."""
+    stalls = [STALLED.get(error, 0.0) for error in errors]
+    if len(stalls) > tolerated and min(stalls, default=0.0) > 0.0:
+        STALLED[failed] = min(stalls)
 
 
 def migrating(error: BaseException) -> bool:

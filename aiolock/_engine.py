@@ -34,7 +34,7 @@ from typing import Any, Final
 
 from . import _renewal as renewal
 from ._cancel import run_shielded
-from ._clients import migrating, outcome_unknown
+from ._clients import migrating, outcome_unknown, stalled_for
 from ._config import check_timeout, check_token
 from ._granting import Granting
 from ._info import task_name
@@ -55,6 +55,10 @@ RECOUNT_DELAY: Final = 0.05
 """How soon a waiting head writes its process's entry again after waiters joined or left
 (several arriving at once are counted by one command)."""
 
+MIGRATING_ATTEMPT_TIMEOUT: Final = 0.1
+"""The least time an attempt is given once an earlier attempt of the same acquire met its
+cluster slot migrating: a timed acquire then ends within its timeout and this."""
+
 
 class _Progress:
     """One acquire() call's account: its bound, its attempts, what Redis last said, and how
@@ -66,6 +70,7 @@ class _Progress:
         "busy",
         "deadline",
         "loop",
+        "migrating",
         "more",
         "pttl_ms",
         "started",
@@ -84,6 +89,12 @@ class _Progress:
         self.busy: Sequence[Any] = ()  # the last answer "held"
         self.acquired = False
         self.more = False  # leases may still be free for the next waiter here (a semaphore)
+        self.migrating = False  # an attempt met its cluster slot migrating
+
+    def floor(self) -> float:
+        """The least time an attempt is given, past the timeout too: less once the slot
+        was found migrating (a retry then would outlast the timeout by a whole window)."""
+        return MIGRATING_ATTEMPT_TIMEOUT if self.migrating else MIN_ATTEMPT_TIMEOUT
 
     def time_left(self) -> float | None:
         return None if self.deadline is None else self.deadline - self.loop.time()
@@ -213,11 +224,14 @@ class Primitive(Granting):
         try:
             attempt = await self._attempt(runtime, progress.time_left(), token=token)
         except BackendError as exc:
-            if not migrating(exc):
+            if not (migrating(exc) or stalled_for(exc)):
                 if orderly:
                     notifier.end_try(self._channel, ticket)
                 raise
-            attempt = Attempt(None, -1)  # its cluster slot migrates: wait, as for a holder
+            progress.migrating = progress.migrating or migrating(exc)
+            # Its cluster slot migrates, or a stall of this process spent its time (given
+            # back, see `_attempt`): wait, as for a holder.
+            attempt = Attempt(None, -1)
         except BaseException:
             if orderly:
                 notifier.end_try(self._channel, ticket)
@@ -303,12 +317,15 @@ class Primitive(Granting):
                 queue=queue,
                 behind=len(queue.waiters) - 1,
                 token=token,
+                floor=progress.floor(),
             )
         except BackendError as exc:
-            if not migrating(exc):
+            if not (migrating(exc) or stalled_for(exc)):
                 raise
+            progress.migrating = progress.migrating or migrating(exc)
             # Its cluster slot migrates (a name's keys on both sides): nothing was applied;
-            # try again after a pause, as for an unknown expiry.
+            # or a stall of this process spent its time (given back, see `_attempt`): try
+            # again after a pause, as for an unknown expiry.
             attempt = Attempt(None, -1)
         if attempt.lease is None:
             progress.refused(attempt, keep_busy=True)
@@ -367,7 +384,11 @@ class Primitive(Granting):
 
     def _timed_out(self, progress: _Progress) -> AcquireTimeoutError:
         return self._timeout_error(
-            progress.wait, progress.waited(), progress.attempts, progress.busy
+            progress.wait,
+            progress.waited(),
+            progress.attempts,
+            progress.busy,
+            migrating=progress.migrating,
         )
 
     @staticmethod
@@ -453,7 +474,11 @@ class Primitive(Granting):
         continued: acquire a new one).
 
         Raises:
-            LeaseLostError: nothing is held under `token` (it ended, or never was).
+            LeaseLostError: nothing is held under `token` (it ended, or never was); or, with
+                reason `DEADLINE` and `stalled_for`, the answer came only after the
+                lease's validity, or a stall of this process (a blocking call, a pause)
+                spent the call's time: no lease is handed out past its validity, and the
+                key is left as Redis has it.
             BackendError: Redis could not be reached or refused the command.
             ConfigError: `token` is not a valid token (nothing is sent).
 
@@ -465,27 +490,52 @@ class Primitive(Granting):
         token = check_token(token)
         runtime = runtime_for(self._client)
         config = self._config
+        validity = config.ttl - config.margin
         sent_at = runtime.loop.time()
-        reply, acked = await self._run_waiting(
-            runtime,
-            self._resume_call(token, config.ttl_ms),
-            timeout=config.ttl - config.margin,
-            operation="resume",
-        )
-        if int(reply[0]) == 1:
-            self._check_replicated("resume", acked)
+        try:
+            reply, acked = await self._run_waiting(
+                runtime,
+                self._resume_call(token, config.ttl_ms),
+                timeout=validity,
+                operation="resume",
+            )
+        except BackendError as error:
+            stall = stalled_for(error)
+            if stall is None:
+                raise
+            raise self._late_resume(stall) from error
         if int(reply[0]) != 1:
             raise LeaseLostError(
                 f"{self._what} {self._name!r} is not held under the token given",
                 name=self._name,
                 reason=LossReason.NOT_OWNER,
             )
+        late = runtime.loop.time() - (sent_at + validity)
+        if late >= 0:
+            # Answered too late to count on (this process was paused): no lease is handed
+            # out past its validity. The key is left as Redis has it: held under the token,
+            # which another holder of it may still be renewing.
+            raise self._late_resume(late, fencing_token=int(reply[1]))
+        self._check_replicated("resume", acked)
         first_due = renewal.first_due(sent_at, config.renew_interval)
         slot = int(reply[2]) if len(reply) > 2 else None
         lease = self._new_lease(
             runtime, token, int(reply[1]), sent_at, first_due=first_due, slot=slot
         )
         return self._granted(lease, 0.0, 1)
+
+    def _late_resume(self, stall: float, *, fencing_token: int = 0) -> LeaseLostError:
+        """The loss of a lease whose resume was answered past its validity, or whose time a
+        stall of this process spent (for at least `stall` seconds)."""
+        return LeaseLostError(
+            f"lease on {self._what} {self._name!r} was lost: it could not be resumed within its "
+            f"validity (the event loop did not run for at least {stall:.3g}s: a blocking call, "
+            "or a paused process)",
+            name=self._name,
+            reason=LossReason.DEADLINE,
+            fencing_token=fencing_token,
+            stalled_for=stall,
+        )
 
     async def _attempt(
         self,
@@ -495,6 +545,7 @@ class Primitive(Granting):
         queue: WaitQueue | None = None,
         behind: int = 0,
         token: str | None = None,
+        floor: float = MIN_ATTEMPT_TIMEOUT,
     ) -> Attempt:
         """One acquire script call: one round trip.
 
@@ -515,7 +566,7 @@ class Primitive(Granting):
         # there is nothing left to wait (a single try, or the last one).
         bound = validity
         if time_left is not None:
-            bound = min(validity, max(time_left, MIN_ATTEMPT_TIMEOUT))
+            bound = min(validity, max(time_left, floor))
         registration: Registration | None = None
         queued: tuple[str, int, str] | None = None
         claims: list[str] = []
@@ -527,7 +578,14 @@ class Primitive(Granting):
         wait = config.wait_args(bound)
         try:
             reply = await runtime.backend.run(
-                script, keys, args, timeout=bound, operation="acquire", name=self._name, wait=wait
+                script,
+                keys,
+                args,
+                timeout=bound,
+                operation="acquire",
+                name=self._name,
+                wait=wait,
+                grace=time_left is None,  # a timed attempt ends at its bound (the timeout)
             )
         except BaseException as exc:
             if queue is not None and registration is not None and not outcome_unknown(exc):

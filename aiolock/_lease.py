@@ -31,6 +31,7 @@ from . import _events as events
 from . import _renewal as renewal
 from ._cancel import run_shielded
 from ._config import MIN_TTL, check_seconds
+from ._guard import BodyGuard, new_cancel_scope
 from ._settle import after_arrivals, arrivals
 from .errors import AiolockError, BackendError, LeaseLostError, LossReason
 
@@ -84,20 +85,6 @@ class _State(enum.Enum):
     LOST = "lost"
 
 
-_scope_class: type[anyio.CancelScope] | None = None
-
-
-def _new_cancel_scope() -> anyio.CancelScope:
-    """`anyio.CancelScope()`, without looking up the async backend each time: the first
-    scope's class (the asyncio backend's) makes the later ones directly."""
-    global _scope_class  # noqa: PLW0603 - a cache of one class, set once
-    if _scope_class is None:
-        scope = anyio.CancelScope()
-        _scope_class = type(scope)
-        return scope
-    return _scope_class()
-
-
 def _deadline_passed(ref: weakref.ref[Lease]) -> None:
     lease = ref()
     if lease is not None and lease._state is _State.HELD:
@@ -144,6 +131,7 @@ class Lease:
         "_ended",
         "_entry",
         "_granted_at",
+        "_guard",
         "_guarded",
         "_issuer",
         "_loop",
@@ -197,6 +185,7 @@ class Lease:
         self._on_end: list[Callable[[Lease], None]] | None = None  # see _when_ended
         self._scope: anyio.CancelScope | None = None
         self._guarded: asyncio.Task[Any] | None = None  # the task whose block it guards
+        self._guard: BodyGuard | None = None
         self._settling = False
         self._stalled_for: float | None = None  # how late a missed deadline was noticed
         self._granted_at = self._loop.time()
@@ -327,6 +316,8 @@ class Lease:
 
         The watchdog does this in the background; call it yourself when renewal is off
         (`renew=False`) or before a step that must not straddle a renewal.
+        It waits for Redis up to the lease's deadline: on a server that does not answer
+        (frozen, partitioned) it ends there, in the loss (see Raises).
 
         Args:
             ttl: a new ttl for the lease, seconds (0.01 to 1 year): the expiry is set to it
@@ -336,9 +327,10 @@ class Lease:
         Raises:
             ConfigError: `ttl` out of range (nothing is sent).
             LeaseLostError: the key no longer holds this lease's token, or the deadline had
-                passed before the call.
-            BackendError: Redis did not answer in time; the lease is still held until its
-                deadline unless a renewal succeeds.
+                passed before the call, or Redis did not answer before it (reason
+                `DEADLINE`, the `BackendError` as `__cause__`).
+            BackendError: Redis refused the command or failed before the deadline; the
+                lease is still held until its deadline unless a renewal succeeds.
             RuntimeError: the lease was already released.
 
         Cancellation:
@@ -353,12 +345,21 @@ class Lease:
         target = self._validity.ttl if new_ttl is None else new_ttl
         sent_at = self._loop.time()
         self._renewal_sent(sent_at, target)
+        error: BackendError | None = None
         try:
             ours = await self._issuer._extend_lease(
                 self, timeout=max(self.remaining(), 0.001), ttl_ms=math.ceil(target * 1000)
             )
+        except BackendError as failed:
+            error, ours = failed, True
         finally:
             self._renewal_answered(sent_at, target)
+        if error is not None:
+            await self._settle_deadline()  # bounded by the deadline: lost once it passed
+            if not self.lost:
+                raise error
+            self._loss_cause = self._loss_cause or error
+            raise self.loss_error() from error
         if not ours:
             self._not_owner()
         elif new_ttl is not None and self._state is _State.HELD:
@@ -445,10 +446,10 @@ class Lease:
         task = asyncio.current_task()
         if task is None:  # pragma: no cover - asyncio always runs coroutines in a task
             raise RuntimeError("a lease must guard a block of an asyncio task")
-        scope = _new_cancel_scope()
+        scope = new_cancel_scope()
         scope.__enter__()
-        self._scope = scope
-        self._guarded = task
+        self._scope, self._guarded = scope, task
+        self._guard = BodyGuard(task, scope, functools.partial(self._check_deadline, settle=True))
         self._issuer._guarding(self, task, entered=True)
         return self
 
@@ -475,6 +476,8 @@ class Lease:
         scope, self._scope = self._scope, None
         assert scope is not None, "__aexit__ without __aenter__"
         task, self._guarded = self._guarded, None
+        if self._guard is not None:
+            self._guard.close()  # before the scope's exit: it takes back its own cancels
         if task is not None:
             self._issuer._guarding(self, task, entered=False)
         swallowed = bool(scope.__exit__(exc_type, exc, tb))
@@ -527,8 +530,7 @@ class Lease:
         self._validity.sent(sent_at, ttl)
 
     def _renewal_answered(self, sent_at: float, ttl: float) -> None:
-        """The renewal sent at `sent_at` setting the expiry to `ttl` was answered (or
-        failed, or was given up)."""
+        """The renewal sent at `sent_at` (expiry `ttl`) was answered, failed or given up."""
         self._validity.answered(sent_at, ttl)
 
     def _renewed(self, sent_at: float, ttl: float | None = None) -> None:
@@ -635,8 +637,8 @@ class Lease:
             reason.value,
         )
         self._emit(events.EventKind.LOST, error=cause)
-        if self._scope is not None and not self._loop.is_closed():
-            self._scope.cancel()
+        if self._guard is not None and not self._loop.is_closed():
+            self._guard.lost()  # cancels the block's scope
 
     def _emit(self, kind: events.EventKind, *, error: BaseException | None = None) -> None:
         if events.enabled():

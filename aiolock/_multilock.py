@@ -27,6 +27,7 @@ from ._cancel import run_shielded
 from ._clients import AsyncClient, check_client
 from ._config import check_names, check_timeout
 from ._engine import UNSET, Unset
+from ._guard import BodyGuard
 from ._lease import RELEASE_TIMEOUT, Lease
 from ._lock import Lock
 from ._options import LockOptions, lock_config
@@ -91,6 +92,7 @@ class MultiLease:
         "__weakref__",
         "_ended",
         "_first_loss",
+        "_guard",
         "_locks",
         "_scope",
         "_task",
@@ -106,6 +108,7 @@ class MultiLease:
         )
         self._scope: anyio.CancelScope | None = None
         self._task: asyncio.Task[Any] | None = None
+        self._guard: BodyGuard | None = None
         self._first_loss: Lease | None = None
         self._ended: asyncio.Event | None = None
         ref = weakref.ref(self)  # a lease must not keep its MultiLease (nor so itself) alive
@@ -117,10 +120,16 @@ class MultiLease:
             self._first_loss = lease
             if self._scope is not None:
                 self._scope.cancel()
+                if self._guard is not None:
+                    self._guard.lost()
         if self._ended is not None and (
             self.lost or all(other.released for other in self.leases.values())
         ):
             self._ended.set()
+
+    def _check_deadlines(self) -> None:
+        for lease in self.leases.values():
+            lease._check_deadline(settle=True)
 
     @property
     def fencing_tokens(self) -> Mapping[str, int]:
@@ -233,6 +242,7 @@ class MultiLease:
         scope.__enter__()
         self._scope = scope
         self._task = task
+        self._guard = BodyGuard(task, scope, self._check_deadlines)
         for lock, lease in zip(self._locks, self.leases.values(), strict=True):
             lock._guarding(lease, task, entered=True)
         return self
@@ -258,6 +268,9 @@ class MultiLease:
         scope, self._scope = self._scope, None
         assert scope is not None, "__aexit__ without __aenter__"
         task, self._task = self._task, None
+        if self._guard is not None:
+            self._guard.close()  # before the scope's exit: it takes back its own cancels
+            self._guard = None
         if task is not None:
             for lock, lease in zip(self._locks, self.leases.values(), strict=True):
                 lock._guarding(lease, task, entered=False)

@@ -340,7 +340,13 @@ class PrimitiveBase(abc.ABC):
         return lease
 
     def _timeout_error(
-        self, timeout: float | None, waited: float, attempts: int, busy: Sequence[Any] = ()
+        self,
+        timeout: float | None,
+        waited: float,
+        attempts: int,
+        busy: Sequence[Any] = (),
+        *,
+        migrating: bool = False,
     ) -> AcquireTimeoutError:
         holder, retry_after = busy_hint(self._name, busy)
         if events.enabled():
@@ -352,9 +358,10 @@ class PrimitiveBase(abc.ABC):
                     attempts=attempts,
                 )
             )
+        why = "; its cluster slot was migrating, Redis refused the attempts" if migrating else ""
         return AcquireTimeoutError(
             f"{self._what} {self._name!r} not acquired within {timeout or 0:g}s "
-            f"(waited {waited:.3g}s, {attempts} attempts)",
+            f"(waited {waited:.3g}s, {attempts} attempts{why})",
             name=self._name,
             timeout=timeout or 0.0,
             waited=waited,

@@ -20,7 +20,7 @@ midway). What a quorum of replies means is the script's vote, below:
 - a release (RL_RELEASE) counts when a quorum released it.
 
 When too many nodes failed for either side to reach a quorum, `QuorumError` names each
-node and what it answered.
+node and what it answered (marked when a stall of this process spent every node's time).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from redis.asyncio.client import PubSub
 
 from ._backend import Backend
 from ._cancel import run_shielded
-from ._clients import AsyncClient, lasting
+from ._clients import AsyncClient, lasting, mark_stalled
 from ._lease_scripts import RENEW, RESUME
 from ._quorum_pubsub import QuorumPubSub
 from ._redlock_scripts import RL_ACQUIRE, RL_FENCE, RL_RELEASE
@@ -230,10 +230,10 @@ class QuorumBackend(Backend):
         on_sent: Sent = None,
         wait: tuple[int, int] | None = None,
         by_text: bool = False,
+        grace: bool = True,
     ) -> Any:
-        """Run `script` on every node and return what a quorum said, in the reply format
-        of the script on one node (see the module docstring). Each node's call is sent
-        again apart (`again_apart`) in any case: it may outlive this one."""
+        """Run `script` on every node: what a quorum said, in the script's reply format on one
+        node (module docstring); each node's call is sent again apart (it may outlive this one)."""
         assert wait is None, "a Redlock takes no replicas"
         call = _Call(
             self,
@@ -382,9 +382,8 @@ class QuorumBackend(Backend):
         operation: str,
         name: str | None,
     ) -> QuorumError:
-        """The `QuorumError` of a call that no quorum decided: what each node said (`word`
-        of its reply), its error, or "not awaited"; each node's own error, the first that
-        sending again would not cure (`lasting`), else the first, as its cause."""
+        """The `QuorumError` of a call no quorum decided: each node's reply (`word`), error
+        or "not awaited"; the first lasting error (else the first) as its cause."""
         names = self.names
         nodes = {names[i]: word(reply) for i, reply in replies.items()}
         nodes.update({names[i]: f"error: {error}" for i, error in errors.items()})
@@ -402,6 +401,7 @@ class QuorumBackend(Backend):
         causes = sorted(errors.items(), key=lambda item: (not lasting(item[1]), item[0]))
         if causes:
             failed.__cause__ = causes[0][1]
+        mark_stalled(failed, errors.values(), tolerated=len(names) - self.size)
         return failed
 
 

@@ -17,7 +17,7 @@ from typing import Any, Final, Unpack, final
 
 from ._clients import AsyncClient, check_client, is_cluster
 from ._config import check_name, check_seconds
-from ._engine import Call, Primitive
+from ._engine import MIN_ATTEMPT_TIMEOUT, Call, Primitive
 from ._info import HOST, PID, LockInfo, text
 from ._layout import LockKeys
 from ._lease import Lease
@@ -273,6 +273,7 @@ class Redlock(Primitive):
         queue: WaitQueue | None = None,
         behind: int = 0,
         token: str | None = None,
+        floor: float = MIN_ATTEMPT_TIMEOUT,
     ) -> Attempt:
         """The engine's attempt, tried again after node failures that left it undecided
         (`QuorumError`, each attempt's grants given back), with a backoff, while the caller
@@ -290,7 +291,7 @@ class Redlock(Primitive):
             left = None if time_left is None else max(until - loop.time(), 0.0)
             try:
                 return await super()._attempt(
-                    runtime, left, queue=queue, behind=behind, token=token
+                    runtime, left, queue=queue, behind=behind, token=token, floor=floor
                 )
             except QuorumError as failed:
                 pause = backoff.next()

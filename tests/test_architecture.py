@@ -31,6 +31,7 @@ LAYERS: dict[str, int] = {
     "_info": DATA,
     "_events": DATA,
     "_cancel": DATA,
+    "_guard": DATA,
     "_blocks": DATA,
     "_settle": DATA,
     "_scripts": DATA,

@@ -274,9 +274,10 @@ class Lease:
 
         Raises:
             LeaseLostError: the key no longer holds this lease's token, or the deadline had
-                passed.
-            BackendError: Redis did not answer in time (the lease stays valid until its
-                deadline unless a renewal succeeds).
+                passed, or Redis did not answer before it (it waits up to the deadline:
+                reason `DEADLINE`, the `BackendError` as `__cause__`).
+            BackendError: Redis refused the command or failed before the deadline (the
+                lease stays valid until its deadline unless a renewal succeeds).
             RuntimeError: the lease was released; or the call was made from a thread that
                 runs an event loop (see `aiolock.sync`).
 

@@ -101,6 +101,31 @@ async def test_frozen_server_loses_the_lease_at_its_local_deadline(
         await client.aclose()
 
 
+async def test_extend_on_a_frozen_server_waits_until_the_deadline_and_raises_the_loss(
+    server: RedisServer, name: str
+) -> None:
+    """`extend()` waits for Redis up to the lease's deadline: on a frozen server it ends
+    in the loss (`DEADLINE`), the `BackendError` of the extend as its cause, not in a
+    `BackendError` while the lease is already gone."""
+    client = make_client(server.url)
+    try:
+        lease = await Lock(client, name, ttl=1.0, renew=False).acquire()
+        server.pause()
+        try:
+            with pytest.raises(LeaseLostError) as info:
+                await asyncio.wait_for(lease.extend(), 10)
+        finally:
+            server.resume()
+        assert info.value.reason is LossReason.DEADLINE
+        assert isinstance(info.value.__cause__, BackendError)
+        assert lease.lost and lease.loss_reason is LossReason.DEADLINE
+        assert lease.remaining() == 0.0
+        with pytest.raises(LeaseLostError):
+            await lease.release()
+    finally:
+        await client.aclose()
+
+
 # --------------------------------------------------------------------------- restart
 async def test_restart_without_data_loses_the_lease_as_not_owner(
     server: RedisServer, name: str

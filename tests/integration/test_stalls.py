@@ -9,6 +9,8 @@ stall, for how long, and whether the body ran to its end after the loss.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import secrets
 import threading
 import time
 from collections import Counter
@@ -19,16 +21,25 @@ import pytest
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 
-from aiolock import EventKind, Lease, LeaseLostError, Lock, LossReason
+from aiolock import (
+    BackendError,
+    EventKind,
+    Lease,
+    LeaseLostError,
+    Lock,
+    LossReason,
+    Redlock,
+)
 from aiolock._granting import Granting
 from aiolock._layout import LockKeys
+from aiolock._lease_scripts import RESUME
 from aiolock._runtime import runtime_for
 from aiolock._transport import pooled
 
 from ..conftest import CommandLog, make_client
 from ..faults.proxy import ThreadedProxy
 from ..recorded import recorded
-from ..servers import RedisServer
+from ..servers import RedisServer, ServerBinary, independent_servers, quorum_calls_ended
 from ..waits import eventually
 from .test_commands import warm_up
 
@@ -611,3 +622,121 @@ async def test_a_lease_lost_before_its_block_began_is_acquired_again(
     assert taken[0].lost and taken[0].loss_reason is LossReason.DEADLINE
     assert lease.fencing_token > taken[0].fencing_token
     assert lease.released
+
+
+async def resume_after_a_stall(
+    client: redis.asyncio.Redis, name: str, commands: CommandLog, *, script_known: bool
+) -> pytest.ExceptionInfo[LeaseLostError]:
+    """Resume a lease of ttl 0.5 s held under a token, the loop stalled (0.8 s) right
+    after the resume was written; the loss it raises. With the script unknown to the
+    server, the EVALSHA is refused and its EVAL is written after the stall, when the
+    call's time is already spent."""
+    await warm_up(client, name)
+    if script_known:
+        await client.script_load(RESUME.source)
+    else:
+        await client.script_flush()
+    token = secrets.token_hex(16)
+    first = await Lock(client, name, ttl=30).acquire(token=token)
+    lock = Lock(client, name, ttl=0.5)
+    mark = commands.mark()
+    resuming = asyncio.create_task(lock.resume(token))
+    async with asyncio.timeout(5):
+        while not any("resume" in command for command in commands.since(mark)):
+            await asyncio.sleep(0)  # the resume is written as it is logged
+    time.sleep(0.8)  # past the resumed lease's validity (0.5 s)
+    try:
+        with pytest.raises(LeaseLostError) as info:
+            await asyncio.wait_for(resuming, 5)
+    finally:
+        with contextlib.suppress(LeaseLostError):
+            await first.release()
+    return info
+
+
+async def test_a_resume_answered_after_the_leases_validity_is_given_back_as_a_loss(
+    client: redis.asyncio.Redis, name: str, commands: CommandLog
+) -> None:
+    """The reply, read late, hands out no lease whose validity is not positive: its
+    loss is raised (`DEADLINE`, told as a stall), as `acquire()` gives back a late
+    answer."""
+    info = await resume_after_a_stall(client, name, commands, script_known=True)
+    assert info.value.reason is LossReason.DEADLINE
+    assert info.value.stalled_for is not None and info.value.stalled_for >= 0.1
+
+
+async def test_a_resume_whose_time_a_stall_spent_before_it_was_written_is_a_loss(
+    server: RedisServer, name: str, commands: CommandLog
+) -> None:
+    """Its EVAL written after the stall has no time left: the loss (`DEADLINE`, told as
+    a stall), not a `BackendError` saying Redis did not answer. (A server of its own: its
+    scripts are flushed.)"""
+    client = make_client(server.url, commands)
+    try:
+        info = await resume_after_a_stall(client, name, commands, script_known=False)
+    finally:
+        await client.aclose()
+    assert info.value.reason is LossReason.DEADLINE
+    assert info.value.stalled_for is not None and info.value.stalled_for >= 0.1
+    # The EVAL's reply not read within the time (its error the cause), or read late (on
+    # uvloop, which reads it sooner after the stall): the loss either way.
+    cause = info.value.__cause__
+    assert cause is None or isinstance(cause, BackendError), repr(cause)
+
+
+@pytest.mark.parametrize("timeout", [0.3, None], ids=["timed", "untimed"])
+async def test_an_acquire_whose_time_a_stall_spent_before_it_was_written_is_no_backend_error(
+    server: RedisServer, name: str, commands: CommandLog, timeout: float | None
+) -> None:
+    """The server does not know the acquire script: its EVAL is written after a stall
+    that spent the attempt's time. The attempt counts as refused (it is given back), not
+    as a `BackendError` saying that Redis did not answer: the acquire tries again (a
+    timed one once more, its last try within the attempt's minimum reply window) and
+    gets the free lock. (A server of its own: its scripts are flushed.)"""
+    client = make_client(server.url, commands)
+    try:
+        await warm_up(client, name)
+        await client.script_flush()
+        mark = commands.mark()
+        acquiring = asyncio.create_task(Lock(client, name, ttl=0.5).acquire(timeout=timeout))
+        async with asyncio.timeout(5):
+            while not any("acquire" in command for command in commands.since(mark)):
+                await asyncio.sleep(0)  # the acquire is written as it is logged
+        time.sleep(0.8)  # past the attempt's bound (the validity, 0.5 s; the timeout)
+        lease = await asyncio.wait_for(acquiring, 5)
+        assert lease.held
+        await lease.release()
+    finally:
+        await client.aclose()
+
+
+async def test_a_redlock_resume_whose_time_a_stall_spent_is_a_loss_not_a_quorum_error(
+    binaries: list[ServerBinary], name: str, commands: CommandLog
+) -> None:
+    """The nodes do not know the resume script: its EVALs are written after a stall that
+    spent the nodes' time (node timeout 0.1 s). The resume raises the lease's loss
+    (`DEADLINE`, told as a stall), not a `QuorumError` naming every healthy node as not
+    answering. (Servers of its own: their scripts are flushed.)"""
+    with independent_servers(binaries[0], 3) as servers:
+        nodes = [make_client(server.url, commands) for server in servers]
+        try:
+            held = await Redlock(nodes, name, ttl=30).acquire()
+            for node in nodes:
+                await node.script_flush()
+            lock = Redlock(nodes, name, ttl=0.5, node_timeout=0.1)
+            mark = commands.mark()
+            resuming = asyncio.create_task(lock.resume(held.token))
+            async with asyncio.timeout(5):
+                while sum(n for c, n in commands.since(mark).items() if "resume" in c) < 3:
+                    await asyncio.sleep(0)  # the resumes are written as they are logged
+            time.sleep(0.8)  # past the node timeout and the resumed lease's validity
+            with pytest.raises(LeaseLostError) as info:
+                await asyncio.wait_for(resuming, 5)
+            assert info.value.reason is LossReason.DEADLINE
+            assert info.value.stalled_for is not None
+            with contextlib.suppress(LeaseLostError):
+                await held.release()
+        finally:
+            for node in nodes:
+                await quorum_calls_ended([node])
+                await node.aclose()
