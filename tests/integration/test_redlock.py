@@ -585,7 +585,7 @@ async def test_run_once_over_a_redlock_marks_the_job_done_on_every_node(
         return len(runs)
 
     # One node slow to write: run_once is decided by the others, its marker there comes later.
-    await nodes[0].execute_command("CLIENT", "PAUSE", 500, "WRITE")
+    await nodes[0].client_pause(500, all=False)  # (CLIENT PAUSE 500 WRITE)
     first = await run_once(nodes, name, job, retention=60)
     again = await run_once(nodes, name, job, retention=60)
     assert first.status is OnceStatus.RAN and first.value == 1
