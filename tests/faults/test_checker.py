@@ -7,7 +7,10 @@ sections, and the history is verified for overlaps, fencing order and leftover h
 from __future__ import annotations
 
 import dataclasses
+import io
+import random
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from types import TracebackType
@@ -16,7 +19,8 @@ from typing import Self
 import pytest
 import redis.asyncio
 
-from aiolock import Lock, ReadLock, ReadWriteLock, Semaphore
+from aiolock import Lock, MultiLease, MultiLock, ReadLock, ReadWriteLock, Semaphore
+from aiolock._layout import LockKeys
 
 from ..checker import (
     ROOT,
@@ -26,6 +30,7 @@ from ..checker import (
     Report,
     Section,
     Verdict,
+    _contend,
     _worker_command,
     fault_summary,
     run,
@@ -622,3 +627,50 @@ async def test_a_short_run_of_sync_and_async_holders_under_faults_finds_no_viola
     found_nothing(report, ["pause 0.3s at 2s", "restart empty at 5s"])
     faces = Counter(section.worker.partition(":")[0] for section in report.sections)
     assert faces["sync"] > 0 and faces["async"] > 0, faces
+
+
+class WipedMultiLock:
+    """A MultiLock whose names' keys are all deleted as its body begins (as an empty
+    restart of the server does): each of its leases is lost."""
+
+    def __init__(
+        self, client: redis.asyncio.Redis, names: list[str], *, ttl: float, timeout: float
+    ) -> None:
+        self.client = client
+        self.multi = MultiLock(client, names, ttl=ttl, timeout=timeout)
+
+    async def __aenter__(self) -> MultiLease:
+        held = await self.multi.__aenter__()
+        await self.client.delete(*(LockKeys.build("aiolock", n).lock for n in held.names))
+        return held
+
+    async def __aexit__(self, *exc_info: object) -> bool | None:
+        return await self.multi.__aexit__(*exc_info)
+
+
+async def test_every_name_a_multilock_lost_is_recorded_lost(server: RedisServer) -> None:
+    """A MultiLease's LeaseLostError names one lost name (the first in name order); the
+    checker records each name's section as lost by what that name's own lease says, so an
+    empty restart that wiped several names excuses the overlaps on each of them."""
+    client = redis.asyncio.Redis(port=server.port)
+    out = io.StringIO()
+    counters: Counter[str] = Counter()
+    try:
+        await _contend(
+            client,
+            WipedMultiLock,
+            ["wiped:a", "wiped:b", "wiped:c"],
+            ttl=5.0,
+            hold=0.001,
+            end_at=time.monotonic() + 0.3,
+            rng=random.Random(1),
+            worker="w",
+            out=out,
+            counters=counters,
+            multi=2,
+        )
+    finally:
+        await client.aclose()
+    sections = [Section.from_json(line) for line in out.getvalue().splitlines()]
+    assert sections and counters["lost"] == len(sections) // 2, counters
+    assert [s.name for s in sections if not s.lost] == []
