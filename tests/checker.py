@@ -806,8 +806,9 @@ async def _contend(
         tokens: dict[str, int] = {}
         slot = -1
         lost = False
-        lost_name = ""
+        lost_names: set[str] = set()
         reason = ""
+        lease: Any = None
         try:
             timeout = min(5.0, end_at - now)
             made: Any = factory(
@@ -831,7 +832,10 @@ async def _contend(
                     exit_ = time.monotonic()  # also when the loss cancels the body
         except LeaseLostError as error:
             lost = True
-            lost_name = error.name
+            # A MultiLease's error names its first lost name: each name's own lease says
+            # whether it was lost too.
+            each_lease = getattr(lease, "leases", {}) if multi else {}
+            lost_names = {n for n, held in each_lease.items() if held.lost} | {error.name}
             reason = error.reason.value
             counters["lost"] += 1
         except AcquireTimeoutError:
@@ -847,7 +851,7 @@ async def _contend(
             continue  # lost before the body began: no critical section
         counters["sections"] += 1
         for each in held:
-            lost_here = lost and (not multi or each == lost_name)
+            lost_here = lost and (not multi or each in lost_names)
             section = Section(
                 each, tokens.get(each, token), enter, exit_, lost_here, worker, reason, slot
             )

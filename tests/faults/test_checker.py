@@ -644,8 +644,13 @@ class WipedMultiLock:
         await self.client.delete(*(LockKeys.build("aiolock", n).lock for n in held.names))
         return held
 
-    async def __aexit__(self, *exc_info: object) -> bool | None:
-        return await self.multi.__aexit__(*exc_info)
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.multi.__aexit__(exc_type, exc, tb)
 
 
 async def test_every_name_a_multilock_lost_is_recorded_lost(server: RedisServer) -> None:
