@@ -41,7 +41,7 @@ async def call_api(db: redis.asyncio.Redis, run: str, slot: int, fence: int) -> 
     accepted = await db.eval(ENTER, 3, *keys, str(slot), str(fence))
     if not accepted:
         await db.incr(f"{run}:rejected")
-    await asyncio.sleep(0.01)  # the call
+    await asyncio.sleep(0.05)  # the call (long enough that a loaded machine fills the limit)
     await db.decr(f"{run}:in-flight")
     await db.incr(f"{run}:calls")
 
