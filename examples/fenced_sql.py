@@ -56,8 +56,7 @@ def fenced_upsert(db: sqlite3.Connection, account: int, balance: int, token: int
     return cursor.rowcount == 1
 
 
-async def main() -> None:
-    db = sqlite3.connect(":memory:")
+async def demo(db: sqlite3.Connection) -> None:
     db.execute(SCHEMA)
     db.execute("INSERT INTO accounts VALUES (1, 100, 0)")
     name = f"accounts:{secrets.token_hex(4)}"
@@ -83,6 +82,14 @@ async def main() -> None:
     check(b_wrote and b_created, "the current holder's statements were applied")
     check(not a_wrote and not a_created, "the superseded holder's statements changed nothing")
     check([row[:2] for row in rows] == [(1, 90), (2, 10)], "the data is B's")
+
+
+async def main() -> None:
+    db = sqlite3.connect(":memory:")
+    try:
+        await demo(db)
+    finally:
+        db.close()
 
 
 if __name__ == "__main__":

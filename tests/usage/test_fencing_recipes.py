@@ -11,6 +11,7 @@ writes, then the holder resumes and writes with its older token: refused.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import re
@@ -223,7 +224,7 @@ async def test_concurrent_upserts_create_the_row_once_and_keep_the_newest(
     pairs = shuffled_tokens(46)
     if database == "sqlite":
         path = tmp_path / "accounts.sqlite"
-        with sqlite3.connect(path) as db:
+        with contextlib.closing(sqlite3.connect(path)) as db, db:  # (closed, committed)
             db.execute(module.SCHEMA)
 
         def write(value: int, token: int) -> bool:
@@ -234,7 +235,7 @@ async def test_concurrent_upserts_create_the_row_once_and_keep_the_newest(
                 db.close()
 
         results = await asyncio.to_thread(in_threads, write, pairs)
-        with sqlite3.connect(path) as db:
+        with contextlib.closing(sqlite3.connect(path)) as db:
             rows = db.execute("SELECT id, balance, fence FROM accounts").fetchall()
     else:
         missing = postgres_missing()
