@@ -22,7 +22,7 @@ from aiolock import AcquireTimeoutError, LeaseLostError, LossReason
 
 from ..checker import Section, verify
 from ..load import scaled
-from ..waits import BOUND
+from ..waits import BOUND, eventually
 
 pytestmark = pytest.mark.real_only
 
@@ -111,9 +111,14 @@ async def test_a_sync_holder_and_an_async_holder_of_one_name_exclude_each_other(
         async with async_lock as async_lease:
             assert async_lease.fencing_token > sync_lease.fencing_token
             assert await asyncio.to_thread(sync_lock.try_acquire) is None
-        waiting = asyncio.create_task(asyncio.to_thread(sync_lock.acquire, timeout=BOUND))
-        async with async_lock:
-            await asyncio.sleep(0.05)
+        async with async_lock:  # held first, then the sync side waits for it
+            waiting = asyncio.create_task(asyncio.to_thread(sync_lock.acquire, timeout=BOUND))
+
+            async def queued() -> bool:
+                info = await async_lock.info()
+                return info is not None and info.waiting == 1
+
+            await eventually(queued, what="the sync acquire queued")
             assert not waiting.done()
         later = await asyncio.wait_for(waiting, BOUND)
         assert later.fencing_token > async_lease.fencing_token
