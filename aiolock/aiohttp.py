@@ -47,8 +47,9 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         'aiolock.aiohttp needs the "aiohttp" extra: pip install "aiolock-redis[aiohttp]"'
     ) from exc
 
-from ._clients import AsyncClient
-from ._glue import (
+from ._engine.lease import Lease
+from ._model.options import LockOptions, lock_config
+from ._recipes.name_templates import (
     NOTHING,
     Clients,
     NameTemplate,
@@ -58,8 +59,7 @@ from ._glue import (
     lock_for,
     retry_after_header,
 )
-from ._lease import Lease
-from ._options import LockOptions, lock_config
+from ._transport.clients import AsyncClient
 from .errors import AcquireTimeoutError, ConfigError, LeaseLostError
 
 __all__ = ("locked_handler",)

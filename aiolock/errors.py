@@ -28,7 +28,7 @@ import enum
 import typing
 
 if typing.TYPE_CHECKING:
-    from ._info import LockInfo
+    from ._model.holder import LockInfo
 
 __all__ = (
     "AcquireTimeoutError",

@@ -51,7 +51,9 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         'aiolock.fastapi needs the "fastapi" extra: pip install "aiolock-redis[fastapi]"'
     ) from exc
 
-from ._glue import (
+from ._engine.lease import Lease
+from ._model.options import LockOptions, lock_config
+from ._recipes.name_templates import (
     NOTHING,
     ClientSource,
     NameTemplate,
@@ -61,8 +63,6 @@ from ._glue import (
     lock_for,
     retry_after_header,
 )
-from ._lease import Lease
-from ._options import LockOptions, lock_config
 from .errors import AcquireTimeoutError, ConfigError, LeaseLostError
 
 __all__ = ("locked_request",)

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-from ._events import EventKind, LockEvent, add_listener
+from ._model.events import EventKind, LockEvent, add_listener
 from ._version import __version__
 
 try:

@@ -34,7 +34,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Final, TypeVar
 
-from ._events import EventKind, LockEvent, add_listener
+from ._model.events import EventKind, LockEvent, add_listener
 
 try:
     from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram

@@ -110,7 +110,7 @@ class AiolockNoopRenewalAdapter(AiolockAdapter):
     async def open(self, url: str) -> None:
         await super().open(url)
         from aiolock import Lock
-        from aiolock._scripts import Script
+        from aiolock._lua.lock import Script
 
         noop = Script(
             "noop-renewal", "local out = {}\nfor i = 1, #KEYS do out[i] = 1 end\nreturn out"

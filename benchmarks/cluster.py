@@ -67,9 +67,9 @@ sys.path.insert(0, str(HERE.parent))
 from redis.crc import key_slot
 
 from aiolock import LeaseLostError, Lock
-from aiolock._shard_scripts import for_cluster
+from aiolock._lua.cluster import for_cluster
 from aiolock.testing import RedisServer, find_binaries
-from tests.faults.cluster import SLOTS, ClusterGroup
+from tests.deployments.cluster import SLOTS, ClusterGroup
 
 OUT = HERE / "results" / "cluster"
 

@@ -45,7 +45,7 @@ from cluster import spread_names, write_results
 
 from aiolock import Lock
 from aiolock.testing import RedisServer, find_binaries
-from tests.faults.cluster import ClusterGroup
+from tests.deployments.cluster import ClusterGroup
 
 OUT = HERE / "results" / "cluster"
 DEPLOYMENTS = ("one server", "cluster (3 primaries)")

@@ -13,7 +13,7 @@ lock in the same round (the machine is noisy; ratios within a round are not).
 
 The variants, each a real acquire and release on its own name:
 
-- `aiolock`: `Lock`'s ACQUIRE and RELEASE scripts as they are (`aiolock._scripts`), with the
+- `aiolock`: `Lock`'s ACQUIRE and RELEASE scripts as they are (`aiolock._lua.lock`), with the
   arguments `Lock` sends.
 - `same commands`: the same six commands (HMGET, TIME, HSET, PEXPIRE; HMGET, HDEL) with the
   same fields, and nothing else: the bound for this data layout.
@@ -39,8 +39,8 @@ from pathlib import Path
 
 import redis.asyncio
 
-from aiolock._layout import LockKeys
-from aiolock._scripts import ACQUIRE, RELEASE, acquire_args, release_args
+from aiolock._lua.layout import LockKeys
+from aiolock._lua.lock import ACQUIRE, RELEASE, acquire_args, release_args
 from aiolock.testing import RedisServer, find_binaries
 
 HERE = Path(__file__).resolve().parent

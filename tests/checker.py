@@ -19,14 +19,14 @@ its block's exit, which marks the section lost. Sections are labelled with their
 ("sync:<pid>/<thread>", "async:<pid>/<task>").
 
 With `--cluster` the workers use a `RedisCluster` client on a cluster the checker builds
-(three primaries, three replicas: `tests/faults/cluster.py`), and the faults are a pause
+(three primaries, three replicas: `tests/deployments/cluster.py`), and the faults are a pause
 of the primary serving one of the names (shorter than the node timeout), a coordinated
 failover of one (`CLUSTER FAILOVER` on its replica), a resharding of a name's slot to
 another primary, and one held open for 3 s with half the slot's keys moved (every script
 naming several keys of the name is answered TRYAGAIN meanwhile), in turn.
 
 With `--redlock N` the workers contend with `aiolock.Redlock` over N servers the checker
-starts (`tests/faults/quorum.py`), each worker with a client of every node, two of the nodes
+starts (`tests/deployments/quorum.py`), each worker with a client of every node, two of the nodes
 reached through a fault proxy. The faults stay within the algorithm's assumptions, one at a
 time, each undone before the next, so that at most a minority of the nodes (two of five) is
 affected at any moment: a node paused (SIGSTOP) for twice the ttl; a node killed and started
@@ -41,7 +41,7 @@ twice the ttl. The nodes are picked at random (`--seed`). The sweep of check 3 r
 node.
 
 With `--sentinel` the workers reach a master and its replica through three Sentinels of
-the checker's own (`tests/faults/sentinel.py`), with `Sentinel.master_for` clients, and lock
+the checker's own (`tests/deployments/sentinel.py`), with `Sentinel.master_for` clients, and lock
 with `replicas=1` (an acquire is confirmed once the replica has it), so that a failover
 keeps every lease granted. The faults, in turn: a pause of the master shorter than the
 Sentinels' down-after time, a coordinated failover (`SENTINEL FAILOVER`), and a kill of the
@@ -114,9 +114,9 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.sentinel import Sentinel
 
 from aiolock import AcquireTimeoutError, BackendError, LeaseLostError, Lock
-from tests.faults.cluster import ClusterGroup
-from tests.faults.quorum import ServerGroup
-from tests.faults.sentinel import SERVICE, SentinelGroup
+from tests.deployments.cluster import ClusterGroup
+from tests.deployments.quorum import ServerGroup
+from tests.deployments.sentinel import SERVICE, SentinelGroup
 
 __all__ = (
     "CheckerConfig",

@@ -22,18 +22,18 @@ import pytest
 import redis.asyncio
 from redis.asyncio.connection import Connection
 
-from aiolock import _clients
-from aiolock._election_scripts import EL_ANNOUNCE, EL_PROCLAIM, EL_READ, EL_RELEASE
-from aiolock._fencing_scripts import FENCING_SCRIPTS
-from aiolock._hash_scripts import EXPIRE_LEASES
-from aiolock._lease_scripts import RENEW, RESUME
-from aiolock._rwlock_scripts import RW_ACQUIRE, RW_RELEASE
-from aiolock._scripts import ACQUIRE, INSPECT, RELEASE
-from aiolock._semaphore_scripts import SEM_ACQUIRE, SEM_RELEASE, SEM_SET_LIMIT
+from aiolock._lua.election import EL_ANNOUNCE, EL_PROCLAIM, EL_READ, EL_RELEASE
+from aiolock._lua.fencing import FENCING_SCRIPTS
+from aiolock._lua.hash_leases import EXPIRE_LEASES
+from aiolock._lua.lease import RENEW, RESUME
+from aiolock._lua.lock import ACQUIRE, INSPECT, RELEASE
+from aiolock._lua.rwlock import RW_ACQUIRE, RW_RELEASE
+from aiolock._lua.semaphore import SEM_ACQUIRE, SEM_RELEASE, SEM_SET_LIMIT
+from aiolock._transport import clients as _clients
 
-from .servers import RedisServer, ServerBinary, find_binaries
+from .support.servers import RedisServer, ServerBinary, find_binaries
 
-pytest_plugins = ["pytester", "tests.hygiene"]
+pytest_plugins = ["pytester", "tests.support.hygiene"]
 
 SCRIPTS = (
     *(ACQUIRE, RELEASE, RENEW, RESUME, INSPECT),

@@ -101,7 +101,7 @@ return {accepted, late}
 NEXT_IN_LINE = """
 -- KEYS[1] the election's wait queue (zset), KEYS[2] its entries (hash)
 -- Returns the pid of the first process whose entry is live (the one a release grants the
--- term to), or 0: "<until ms> <count> <host> <pid> ..." (see aiolock's `_layout`).
+-- term to), or 0: "<until ms> <count> <host> <pid> ..." (see aiolock's `_lua.layout`).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 for _, wid in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do

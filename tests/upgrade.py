@@ -346,7 +346,7 @@ def _describe_version(python: Path | str, cwd: Path) -> dict[str, str]:
     """Where `import aiolock` leads for `python` run in `cwd`, its data layout, redis-py's
     version."""
     probe = (
-        "import json, aiolock, aiolock._layout as layout, redis; print(json.dumps({"
+        "import json, aiolock, aiolock._lua.layout as layout, redis; print(json.dumps({"
         "'file': aiolock.__file__, 'version': aiolock.__version__, "
         "'layout': str(getattr(layout, 'FORMAT_VERSION', '?')), 'redis': redis.__version__}))"
     )

@@ -10,8 +10,8 @@ from typing import Any, Final
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 
-from .._backend import Backend
-from .._clients import AsyncClient, translate_errors
+from .._transport.backend import Backend
+from .._transport.clients import AsyncClient, translate_errors
 from ..errors import BackendError
 from ._errors import UsageError
 

@@ -1,4 +1,4 @@
-"""`aiolock demo`: the flash sale of `aiolock._demo` run from the command line, with a
+"""`aiolock demo`: the flash sale of `aiolock.cli._flash_sale` run from the command line, with a
 progress bar on a terminal and its summary as a table (or JSON)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from collections.abc import Awaitable, Callable
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .._clients import translate_errors
-from .._config import LockConfig
-from .._demo import DemoConfig, DemoSummary, demo_server, run_demo
+from .._model.config import LockConfig
+from .._transport.clients import translate_errors
 from ._connection import CONNECT_TIMEOUT, connect, redact
 from ._errors import EXIT_FAILED, EXIT_OK
+from ._flash_sale import DemoConfig, DemoSummary, demo_server, run_demo
 from ._json_views import print_json
 from ._redlock_commands import nodes_of
 from ._tables import demo_table, make_console

@@ -11,8 +11,8 @@ from typing import Any
 from rich.live import Live
 from rich.rule import Rule
 
-from .._clients import AsyncClient
-from .._inspect import KINDS, Kind, LockState, read_locks, scan_lock_names
+from .._ops.inspection import KINDS, Kind, LockState, read_locks, scan_lock_names
+from .._transport.clients import AsyncClient
 from ._connection import DEFAULT_URL, open_client, redact
 from ._errors import EXIT_FAILED, EXIT_OK
 from ._json_views import in_use, print_json, row_dict, show_dict, stats_dict

@@ -10,11 +10,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .._doctor import Diagnosis
-from .._holdstats import HoldStats
-from .._info import LockInfo
-from .._inspect import ForceRelease, Kind, LockState, QueueEntry, kind_named
-from .._layout import LockKeys
+from .._lua.layout import LockKeys
+from .._model.hold_stats import HoldStats
+from .._model.holder import LockInfo
+from .._ops.doctor import Diagnosis
+from .._ops.inspection import ForceRelease, Kind, LockState, QueueEntry, kind_named
 
 
 def print_json(data: object, *, indent: int | None = 2) -> None:

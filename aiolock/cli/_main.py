@@ -10,11 +10,11 @@ import os
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, TypeAlias
 
-from .._backend import Backend
-from .._demo import DemoError
+from .._transport.backend import Backend
 from ..errors import BackendError, ConfigError
 from ._connection import DEFAULT_URL, redact
 from ._errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError, error
+from ._flash_sale import DemoError
 from ._parser import build_parser
 from ._text import printable
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .._doctor import diagnose
-from .._info import LockInfo
-from .._inspect import force_release
+from .._model.holder import LockInfo
+from .._ops.doctor import diagnose
+from .._ops.inspection import force_release
 from ._connection import DEFAULT_URL, connect, open_client, redact
 from ._errors import EXIT_FAILED, EXIT_OK, UsageError
 from ._json_views import doctor_dict, print_json, release_dict

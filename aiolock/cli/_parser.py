@@ -7,10 +7,10 @@ import argparse
 from typing import Any
 
 from .. import __version__
-from .._demo import DemoConfig
-from .._inspect import KINDS, Kind, kind_named
+from .._ops.inspection import KINDS, Kind, kind_named
 from .._version import DISTRIBUTION
 from ._connection import DEFAULT_URL
+from ._flash_sale import DemoConfig
 from ._text import and_list
 
 

@@ -16,11 +16,11 @@ from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 
-from .._backend import Backend
-from .._clients import translate_errors
-from .._doctor import Diagnosis, diagnose
-from .._info import LockInfo
-from .._redlock import Redlock, RedlockInfo, RedlockRelease
+from .._model.holder import LockInfo
+from .._ops.doctor import Diagnosis, diagnose
+from .._primitives.redlock import Redlock, RedlockInfo, RedlockRelease
+from .._transport.backend import Backend
+from .._transport.clients import translate_errors
 from ..errors import BackendError, QuorumError
 from ._connection import connect, redact
 from ._errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, error

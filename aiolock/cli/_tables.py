@@ -14,12 +14,12 @@ from rich.prompt import Confirm
 from rich.table import Table
 from rich.text import Text
 
-from .._demo import DemoSummary
-from .._doctor import Diagnosis
-from .._holdstats import HoldStats
-from .._info import LockInfo
-from .._inspect import ForceRelease, LockState, QueueEntry, kind_named
-from .._layout import LockKeys
+from .._lua.layout import LockKeys
+from .._model.hold_stats import HoldStats
+from .._model.holder import LockInfo
+from .._ops.doctor import Diagnosis
+from .._ops.inspection import ForceRelease, LockState, QueueEntry, kind_named
+from ._flash_sale import DemoSummary
 from ._json_views import (
     has_sides,
     held_count,

@@ -7,7 +7,7 @@ import datetime
 from collections.abc import Sequence
 from typing import Final
 
-from .._config import MAX_NAME_LENGTH
+from .._model.config import MAX_NAME_LENGTH
 
 
 def and_list(words: Sequence[str], last: str = "and") -> str:

@@ -22,7 +22,7 @@ from typing import Any, Final, Protocol, cast
 
 import redis
 
-from .._clients import AsyncClient
+from .._transport.clients import AsyncClient
 from . import _portal
 
 __all__ = ("SETTINGS", "SyncClient", "close_twins", "twin", "twins")

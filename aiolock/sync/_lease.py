@@ -24,7 +24,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Final, final
 
-from .._lease import Lease as AsyncLease
+from .._engine.lease import Lease as AsyncLease
 from ..errors import AiolockError, LeaseLostError, LossReason
 from . import _portal
 

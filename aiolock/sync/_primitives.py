@@ -1,7 +1,7 @@
 """The synchronous primitives: `Lock`, `Semaphore`, `ReadWriteLock` (its `ReadLock` and
 `WriteLock`) and `Redlock`, each a face on the asyncio primitive of the same name.
 
-Each holds the asyncio primitive it stands for (made from the client's twin, `_clients`),
+Each holds the asyncio primitive it stands for (made from the client's twin, `_transport.clients`),
 with the same validation and messages, the same keys and scripts: a sync holder and an
 asyncio holder of one name exclude each other and share one fencing sequence. Its calls
 run on the portal's loop; its `with` blocks are tracked per thread, so that threads sharing
@@ -15,17 +15,17 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Generic, TypeVar, Unpack, final
 
-from .._config import check_timeout
-from .._engine import UNSET, Busy, Primitive, Unset
-from .._info import LockInfo
-from .._lock import Lock as AsyncLock
-from .._options import LockOptions
-from .._redlock import Redlock as AsyncRedlock
-from .._redlock import RedlockInfo
-from .._rwlock import ReadWriteInfo
-from .._rwlock import ReadWriteLock as AsyncReadWriteLock
-from .._semaphore import Semaphore as AsyncSemaphore
-from .._semaphore import SemaphoreInfo
+from .._engine.acquisition import UNSET, Busy, Primitive, Unset
+from .._model.config import check_timeout
+from .._model.holder import LockInfo
+from .._model.options import LockOptions
+from .._primitives.lock import Lock as AsyncLock
+from .._primitives.redlock import Redlock as AsyncRedlock
+from .._primitives.redlock import RedlockInfo
+from .._primitives.rwlock import ReadWriteInfo
+from .._primitives.rwlock import ReadWriteLock as AsyncReadWriteLock
+from .._primitives.semaphore import Semaphore as AsyncSemaphore
+from .._primitives.semaphore import SemaphoreInfo
 from ..errors import AcquireTimeoutError
 from . import _portal
 from ._clients import SyncClient, twin, twins

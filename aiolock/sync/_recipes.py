@@ -9,10 +9,11 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, ParamSpec, Protocol, TypeVar, Unpack, cast, overload
 
-from .._config import MAX_SECONDS, check_seconds
-from .._glue import NOTHING, NameTemplate, client_then_name
-from .._locked import check_on_busy, lease_parameter
-from .._once import (
+from .._model.config import MAX_SECONDS, check_seconds
+from .._model.options import LockOptions, lock_config
+from .._recipes.locked import check_on_busy, lease_parameter
+from .._recipes.name_templates import NOTHING, NameTemplate, client_then_name
+from .._recipes.run_once import (
     NAME_PREFIX,
     Markers,
     OnceResult,
@@ -21,7 +22,6 @@ from .._once import (
     check_node_timeout,
     done_marker,
 )
-from .._options import LockOptions, lock_config
 from ..errors import AcquireTimeoutError
 from . import _portal
 from ._clients import SyncClient, twin, twins

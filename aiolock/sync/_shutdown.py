@@ -16,8 +16,8 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .._config import check_seconds
-from .._shutdown import ReleaseReport
+from .._model.config import check_seconds
+from .._recipes.shutdown import ReleaseReport
 from ..errors import AiolockError
 from . import _portal
 from ._clients import close_twins

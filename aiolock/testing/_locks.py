@@ -7,15 +7,15 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Final, cast, overload
 
-from .._clients import AsyncRedis, ValkeyClient, check_client, is_cluster
-from .._config import check_name, check_prefix
-from .._hash_scripts import EXPIRE_LEASES
-from .._layout import LockKeys, permits_key
-from .._lease import Lease
-from .._lock import Lock
-from .._runtime import runtime_for
-from .._rwlock import ReadLock, ReadWriteLock, WriteLock
-from .._semaphore import Semaphore
+from .._engine.lease import Lease
+from .._engine.runtime import runtime_for
+from .._lua.hash_leases import EXPIRE_LEASES
+from .._lua.layout import LockKeys, permits_key
+from .._model.config import check_name, check_prefix
+from .._primitives.lock import Lock
+from .._primitives.rwlock import ReadLock, ReadWriteLock, WriteLock
+from .._primitives.semaphore import Semaphore
+from .._transport.clients import AsyncRedis, ValkeyClient, check_client, is_cluster
 from ..errors import ConfigError, LeaseLostError
 
 __all__ = ("expire_now", "hold_elsewhere")

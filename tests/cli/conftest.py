@@ -14,7 +14,7 @@ import pytest
 
 from aiolock import cli
 
-from .. import waits
+from ..support import waits
 
 
 @pytest.fixture(autouse=True)

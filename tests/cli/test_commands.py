@@ -12,14 +12,14 @@ from collections.abc import Awaitable, Callable, Iterator
 import pytest
 
 from aiolock import LeaseLostError, Lock, LossReason
-from aiolock._layout import LockKeys
-from aiolock._runtime import runtime_for
+from aiolock._engine.runtime import runtime_for
+from aiolock._lua.layout import LockKeys
 from aiolock.cli import _inspection
 from aiolock.cli._parser import build_parser
 
 from ..conftest import make_client
-from ..load import scaled
-from ..waits import within
+from ..support.load import scaled
+from ..support.waits import within
 from .conftest import Run, closed_port, eventually
 
 pytestmark = pytest.mark.real_only

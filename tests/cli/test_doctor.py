@@ -11,8 +11,8 @@ import pytest
 import redis
 import redis.asyncio
 
-import aiolock._doctor
-from aiolock._doctor import (
+import aiolock._ops.doctor
+from aiolock._ops.doctor import (
     ACL_LINE,
     ServerFacts,
     check_cluster,
@@ -27,7 +27,7 @@ from aiolock._doctor import (
     needed_commands,
 )
 
-from ..servers import RedisServer
+from ..support.servers import RedisServer
 from .conftest import Run, closed_port
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -247,8 +247,8 @@ def test_a_command_the_doctor_cannot_check_is_said_not_hidden(
 ) -> None:
     """A script that starts calling a command the probe has no arguments for (the list of
     commands comes from the scripts themselves) gives a warning naming it, not a crash."""
-    known = aiolock._doctor.needed_commands()
-    monkeypatch.setattr(aiolock._doctor, "needed_commands", lambda: (*known, "xadd"))
+    known = aiolock._ops.doctor.needed_commands()
+    monkeypatch.setattr(aiolock._ops.doctor, "needed_commands", lambda: (*known, "xadd"))
     code, report = doctor(run, server.url)
     permissions = by_check(report)["permissions"]
     assert code == 0

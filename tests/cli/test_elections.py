@@ -15,10 +15,10 @@ import pytest
 import redis.asyncio
 
 from aiolock import Election, Lock, Term
-from aiolock._info import HOST
+from aiolock._model.holder import HOST
 
 from ..conftest import make_client
-from ..waits import within
+from ..support.waits import within
 from .conftest import Run, eventually
 
 pytestmark = pytest.mark.real_only

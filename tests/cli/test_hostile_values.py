@@ -26,7 +26,7 @@ import pytest
 import redis.asyncio
 
 from aiolock import LeaseLostError, Lock, ReadWriteLock, Semaphore
-from aiolock._layout import LockKeys
+from aiolock._lua.layout import LockKeys
 
 from ..conftest import make_client
 from .conftest import Run

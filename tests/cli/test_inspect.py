@@ -12,12 +12,12 @@ import redis.asyncio
 
 import aiolock
 from aiolock import LeaseLostError, Lock, LockInfo, LossReason, ReadWriteLock, Semaphore
-from aiolock._holdstats import recommend_ttl_ms
-from aiolock._inspect import force_release, read_locks, scan_lock_names
-from aiolock._layout import LockKeys
+from aiolock._lua.layout import LockKeys
+from aiolock._model.hold_stats import recommend_ttl_ms
+from aiolock._ops.inspection import force_release, read_locks, scan_lock_names
 
-from ..load import scaled
-from ..waits import within
+from ..support.load import scaled
+from ..support.waits import within
 from .conftest import eventually
 
 

@@ -23,7 +23,7 @@ from aiolock import (
     LockEvent,
     LossReason,
 )
-from aiolock._events import emit
+from aiolock._model.events import emit
 
 from ..conftest import CommandLog, make_client
 

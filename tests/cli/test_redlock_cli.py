@@ -13,15 +13,15 @@ import redis.asyncio
 
 from aiolock import Lease, LeaseLostError, LossReason, Redlock
 
-from ..load import scaled
-from ..servers import (
+from ..support.load import scaled
+from ..support.servers import (
     RedisServer,
     ServerBinary,
     clients_of,
     independent_servers,
     quorum_calls_ended,
 )
-from ..waits import within
+from ..support.waits import within
 from .conftest import Run, closed_port
 
 

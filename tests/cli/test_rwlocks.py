@@ -16,12 +16,12 @@ import pytest
 import redis.asyncio
 
 from aiolock import Lease, Lock, ReadLock, ReadWriteLock, Semaphore, WriteLock
-from aiolock._info import HOST
-from aiolock._rwlock import _RWKeys
+from aiolock._model.holder import HOST
+from aiolock._primitives.rwlock import _RWKeys
 
 from ..conftest import make_client
-from ..load import scaled
-from ..waits import within
+from ..support.load import scaled
+from ..support.waits import within
 from .conftest import Run, eventually
 
 pytestmark = pytest.mark.real_only

@@ -18,12 +18,12 @@ import pytest
 import redis.asyncio
 
 from aiolock import Lease, Lock, Semaphore
-from aiolock._info import HOST
-from aiolock._layout import LockKeys
+from aiolock._lua.layout import LockKeys
+from aiolock._model.holder import HOST
 
 from ..conftest import make_client
-from ..load import scaled
-from ..waits import within
+from ..support.load import scaled
+from ..support.waits import within
 from .conftest import Run, eventually
 
 pytestmark = pytest.mark.real_only

@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aiolock import HoldStats, LockInfo
-from aiolock._holdstats import nearest_rank, parse_hold, recommend_ttl_ms, summarize_holds
-from aiolock._inspect import RWLOCK, SEMAPHORE, LockState, QueueEntry
+from aiolock._model.hold_stats import nearest_rank, parse_hold, recommend_ttl_ms, summarize_holds
+from aiolock._ops.inspection import RWLOCK, SEMAPHORE, LockState, QueueEntry
 
 
 def test_nearest_rank() -> None:

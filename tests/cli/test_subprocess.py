@@ -16,9 +16,9 @@ import pytest
 
 from aiolock import LeaseLostError, Lock, LossReason
 
-from ..children import child, finished
 from ..conftest import make_client
-from ..waits import within
+from ..support.children import child, finished
+from ..support.waits import within
 
 pytestmark = pytest.mark.real_only
 

@@ -1,5 +1,5 @@
-"""The semaphore's scripts as they were before the permits' index (`aiolock._permit_index`):
-`aiolock/_semaphore_scripts.py` at 1debf94, unchanged but for its imports and this
+"""The semaphore's scripts as they were before the permits' index (`aiolock._lua.permit_index`):
+`aiolock/_lua/semaphore.py` at 1debf94, unchanged but for its imports and this
 docstring. `test_semaphore_versions` runs them beside this version's on one semaphore, as
 processes of both versions would during a rolling upgrade.
 
@@ -7,15 +7,15 @@ Their own docstring follows.
 
 The Lua scripts of a `Semaphore`: at most `limit` permits held at once.
 
-Same conventions as the lock's (`_scripts`): each script one atomic round trip, safe to
+Same conventions as the lock's (`_lua.lock`): each script one atomic round trip, safe to
 apply twice, a late copy refused; the same ARGV order for what the engine sends (token,
 ttl, holder, the caller's wait queue, claims) and replies of the same shape. The keys
-(`SemaphoreKeys` in `_layout` documents the layout):
+(`SemaphoreKeys` in `_lua.layout` documents the layout):
 
 KEYS[1] `PREFIX:sem:{NAME}`, the state hash: `limit` (the limit in force), `fence` (the last
 fencing token issued), `q` (the wait queue may have entries), `r` and `ru` (the tokens of
 leases ended by a release, each kept until the lease would have expired: see `LEASES` in
-`_hash_scripts`), `h` (the typical hold, ms),
+`_lua.hash_leases`), `h` (the typical hold, ms),
 `a:<token>`/`ac` (aborted acquires, as a lock's), and one field per permit held,
 `p:<token>` = "<slot> <expires at, server ms> <fencing token> <acquired at, ms> <ttl ms>
 <host> <pid> <task>". The key lives at least as long as every permit in it.
@@ -31,8 +31,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from aiolock._hash_scripts import END_LEASE, LEASES, STATE
-from aiolock._scripts import COMMON, CONSTANTS, FORBID, HOLDS, Script
+from aiolock._lua.hash_leases import END_LEASE, LEASES, STATE
+from aiolock._lua.lock import COMMON, CONSTANTS, FORBID, HOLDS, Script
 
 __all__ = ("SEM_ACQUIRE", "SEM_RELEASE", "SEM_SET_LIMIT", "sem_acquire_args")
 
@@ -127,7 +127,7 @@ end
 SEM_ACQUIRE = Script(
     "semaphore-acquire",
     """
--- KEYS[1] state, KEYS[2] waiter queue, KEYS[3] waiter entries (see `_semaphore_scripts`)
+-- KEYS[1] state, KEYS[2] waiter queue, KEYS[3] waiter entries (see `_lua.semaphore`)
 -- ARGV[1] token, ARGV[2] ttl (ms), ARGV[3] the holder, "<host> <pid> <task>", ARGV[4] the
 -- caller's limit (stored if no limit is in force); only when the caller queues: ARGV[5]
 -- its wait queue's id, ARGV[6] waiters of that process queued behind the caller, ARGV[7]

@@ -1,7 +1,7 @@
 """A semaphore shared by processes of this version and of the version before the permits'
 index (its scripts in `semaphore_before_index`), as during a rolling upgrade: never more
 permits live than the limit, never two in one slot, and each side gets a permit whenever
-one is free (the index notices what the older scripts did: `aiolock._permit_index`)."""
+one is free (the index notices what the older scripts did: `aiolock._lua.permit_index`)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 import redis.asyncio
 
 from aiolock import Lease, LeaseLostError, Semaphore
-from aiolock._layout import LockKeys
-from aiolock._lease_scripts import RENEW
+from aiolock._lua.layout import LockKeys
+from aiolock._lua.lease import RENEW
 from aiolock.testing import expire_now
 
 from . import semaphore_before_index as before

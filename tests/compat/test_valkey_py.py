@@ -38,20 +38,20 @@ from aiolock import (
     locked,
     run_once,
 )
-from aiolock._inspect import read_locks, scan_lock_names
-from aiolock._layout import LockKeys
-from aiolock._runtime import runtime_for
-from aiolock._transport_direct import DirectTransport
-from aiolock._transport_sentinel import SentinelTransport
+from aiolock._engine.runtime import runtime_for
+from aiolock._lua.layout import LockKeys
+from aiolock._ops.inspection import read_locks, scan_lock_names
+from aiolock._transport.direct import DirectTransport
+from aiolock._transport.sentinel import SentinelTransport
 from aiolock.testing import expire_now, hold_elsewhere
 
 from ..cli.conftest import closed_port
 from ..conftest import in_ci
-from ..faults.cluster import ClusterGroup
-from ..faults.sentinel import SERVICE, SentinelGroup
-from ..load import scaled
-from ..servers import RedisServer, ServerBinary
-from ..waits import eventually, within
+from ..deployments.cluster import ClusterGroup
+from ..deployments.sentinel import SERVICE, SentinelGroup
+from ..support.load import scaled
+from ..support.servers import RedisServer, ServerBinary
+from ..support.waits import eventually, within
 
 pytestmark = pytest.mark.real_only
 

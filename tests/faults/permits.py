@@ -28,8 +28,8 @@ from typing import Any
 import redis.asyncio
 
 from aiolock import Semaphore
-from aiolock._layout import LockKeys
-from aiolock._runtime import runtime_for
+from aiolock._engine.runtime import runtime_for
+from aiolock._lua.layout import LockKeys
 
 
 def emit(event: str, **fields: Any) -> None:

@@ -12,11 +12,11 @@ import time
 import pytest
 
 from aiolock import AcquireTimeoutError, BackendError, Lock
-from aiolock._runtime import runtime_for
+from aiolock._engine.runtime import runtime_for
 
 from ..conftest import make_client
-from ..load import scaled
-from ..servers import RedisServer
+from ..support.load import scaled
+from ..support.servers import RedisServer
 from .test_network_faults import until
 
 pytestmark = pytest.mark.real_only

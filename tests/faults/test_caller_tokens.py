@@ -9,8 +9,8 @@ import secrets
 import pytest
 
 from aiolock import BackendError, Lock
-from aiolock._layout import LockKeys
-from aiolock._scripts import ACQUIRE
+from aiolock._lua.layout import LockKeys
+from aiolock._lua.lock import ACQUIRE
 
 from .test_network_faults import Proxied, proxied
 

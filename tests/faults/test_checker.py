@@ -20,7 +20,7 @@ import pytest
 import redis.asyncio
 
 from aiolock import Lock, MultiLease, MultiLock, ReadLock, ReadWriteLock, Semaphore
-from aiolock._layout import LockKeys
+from aiolock._lua.layout import LockKeys
 
 from ..checker import (
     ROOT,
@@ -36,10 +36,10 @@ from ..checker import (
     run,
     verify,
 )
-from ..servers import RedisServer, ServerBinary
+from ..deployments.cluster import ClusterGroup
+from ..deployments.sentinel import SentinelGroup
+from ..support.servers import RedisServer, ServerBinary
 from ..upgrade import analyse
-from .cluster import ClusterGroup
-from .sentinel import SentinelGroup
 
 pytestmark = pytest.mark.real_only
 

@@ -25,9 +25,9 @@ from ..checker import (
     periodic_faults,
     run,
 )
-from ..load import scaled
-from ..servers import ServerBinary
-from .quorum import ServerGroup
+from ..deployments.quorum import ServerGroup
+from ..support.load import scaled
+from ..support.servers import ServerBinary
 from .test_checker import found_overlaps
 
 pytestmark = pytest.mark.real_only

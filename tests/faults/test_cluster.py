@@ -17,7 +17,7 @@ import pytest
 import redis.exceptions
 from redis.asyncio.cluster import RedisCluster
 
-import aiolock._lease
+import aiolock._engine.lease
 from aiolock import (
     AcquireTimeoutError,
     BackendError,
@@ -33,19 +33,19 @@ from aiolock import (
     locked,
     run_once,
 )
-from aiolock._backend import Backend
-from aiolock._layout import LockKeys
-from aiolock._lease_scripts import RENEW
-from aiolock._runtime import runtime_for
+from aiolock._engine.runtime import runtime_for
+from aiolock._lua.layout import LockKeys
+from aiolock._lua.lease import RENEW
+from aiolock._transport.backend import Backend
 
+from ..deployments.cluster import SLOTS, ClusterGroup, on_replica
+from ..deployments.sentinel import _ask
 from ..integration.test_stalls import turns_taking_grant
-from ..load import scaled
-from ..recorded import of_lease as count
-from ..recorded import recorded
-from ..servers import ServerBinary
-from ..waits import eventually, within
-from .cluster import SLOTS, ClusterGroup, on_replica
-from .sentinel import _ask
+from ..support.load import scaled
+from ..support.recorded import of_lease as count
+from ..support.recorded import recorded
+from ..support.servers import ServerBinary
+from ..support.waits import eventually, within
 
 pytestmark = pytest.mark.real_only
 
@@ -675,7 +675,7 @@ async def test_a_release_refused_past_its_bound_lands_once_the_migration_ends(
     """A release whose slot migrates for longer than its bound (shortened here to 0.5 s;
     the ttl is 30 s) returns; it goes on in the background and hands the lock to the queued
     waiter as soon as the migration ends, not when the key would have expired."""
-    monkeypatch.setattr(aiolock._lease, "RELEASE_TIMEOUT", 0.5)
+    monkeypatch.setattr(aiolock._engine.lease, "RELEASE_TIMEOUT", 0.5)
     async with clients(cluster, 2) as (client, other):
         holder = await Lock(client, name, ttl=30).acquire()
         waiting = asyncio.ensure_future(Lock(other, name, ttl=30).acquire(timeout=60))

@@ -18,20 +18,20 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 
 from aiolock import BackendError, LeaseLostError, Lock, Semaphore
-from aiolock._backend import Backend
-from aiolock._cluster_pubsub import ShardedPubSub
-from aiolock._layout import LockKeys
-from aiolock._lease_scripts import RENEW
-from aiolock._runtime import runtime_for
-from aiolock._scripts import ACQUIRE, RELEASE, acquire_args, acquired, release_args
-from aiolock._transport_cluster import ClusterTransport
+from aiolock._engine.runtime import runtime_for
+from aiolock._lua.layout import LockKeys
+from aiolock._lua.lease import RENEW
+from aiolock._lua.lock import ACQUIRE, RELEASE, acquire_args, acquired, release_args
+from aiolock._transport.backend import Backend
+from aiolock._transport.cluster import ClusterTransport
+from aiolock._transport.cluster_pubsub import ShardedPubSub
 
-from ..load import scaled
-from ..recorded import dispatched_in, handled_by_redis_py
-from ..servers import ServerBinary
-from ..waits import BOUND, eventually, within
-from .cluster import ClusterGroup, on_replica
-from .sentinel import _ask
+from ..deployments.cluster import ClusterGroup, on_replica
+from ..deployments.sentinel import _ask
+from ..support.load import scaled
+from ..support.recorded import dispatched_in, handled_by_redis_py
+from ..support.servers import ServerBinary
+from ..support.waits import BOUND, eventually, within
 from .test_cluster import NOTIFIED_BOUND, names_in_thirds, queued, slot_of
 from .test_security import ACL_SETUSER
 

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from aiolock import AcquireTimeoutError, Lock, ReadWriteLock, Semaphore
-from aiolock._layout import LockKeys
+from aiolock._lua.layout import LockKeys
 
-from ..load import scaled
-from ..waits import within
-from .cluster import ClusterGroup
+from ..deployments.cluster import ClusterGroup
+from ..support.load import scaled
+from ..support.waits import within
 from .test_cluster import clients, cluster, queued, slot_of
 
 pytestmark = pytest.mark.real_only

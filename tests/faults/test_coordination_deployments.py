@@ -14,13 +14,13 @@ import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 
 from aiolock import Election, Leader, Lock, MultiLock, cli
-from aiolock._backend import Backend
-from aiolock._layout import LockKeys
+from aiolock._lua.layout import LockKeys
+from aiolock._transport.backend import Backend
 
-from ..servers import ServerBinary
-from ..waits import eventually, within
-from .cluster import SLOTS, ClusterGroup
-from .sentinel import SentinelGroup, closing
+from ..deployments.cluster import SLOTS, ClusterGroup
+from ..deployments.sentinel import SentinelGroup, closing
+from ..support.servers import ServerBinary
+from ..support.waits import eventually, within
 
 pytestmark = pytest.mark.real_only
 

@@ -18,14 +18,14 @@ import time
 import pytest
 
 from aiolock import AcquireTimeoutError, EventKind, Lease, Lock, add_listener
-from aiolock._config import safety_margin
-from aiolock._layout import LockKeys
-from aiolock._lease_scripts import RENEW
-from aiolock._runtime import runtime_for
-from aiolock._scripts import ACQUIRE
+from aiolock._engine.runtime import runtime_for
+from aiolock._lua.layout import LockKeys
+from aiolock._lua.lease import RENEW
+from aiolock._lua.lock import ACQUIRE
+from aiolock._model.config import safety_margin
 
 from ..conftest import CommandLog, make_client
-from ..servers import RedisServer
+from ..support.servers import RedisServer
 from .test_network_faults import Proxied, proxied, until
 
 __all__ = ("proxied",)  # the fixture, used by name

@@ -9,12 +9,12 @@ import re
 import pytest
 
 from aiolock import Election, Leader
-from aiolock import _election_scripts as election_scripts
-from aiolock._scripts import Script
+from aiolock._lua import election as election_scripts
+from aiolock._lua.lock import Script
 
 from ..conftest import make_client
-from ..servers import RedisServer
-from ..waits import within
+from ..support.servers import RedisServer
+from ..support.waits import within
 from .test_security import (
     ACL_SETUSER,
     HANDSHAKE_REFUSALS,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from ..election_torture import TortureConfig, run
-from ..load import scaled
+from ..support.load import scaled
 
 pytestmark = pytest.mark.real_only
 

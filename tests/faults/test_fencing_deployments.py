@@ -14,11 +14,11 @@ import pytest
 import redis.asyncio
 
 from aiolock import FencedValue, fenced_delete, fenced_get, fenced_set
-from aiolock._backend import Backend
+from aiolock._transport.backend import Backend
 
-from ..servers import ServerBinary
-from .cluster import SLOTS, ClusterGroup, _is_primary
-from .sentinel import SentinelGroup, _ask, closing
+from ..deployments.cluster import SLOTS, ClusterGroup, _is_primary
+from ..deployments.sentinel import SentinelGroup, _ask, closing
+from ..support.servers import ServerBinary
 
 pytestmark = pytest.mark.real_only
 

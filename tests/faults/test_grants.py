@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 
 from aiolock import Lease, LeaseLostError, Lock, LossReason
-from aiolock._info import text
-from aiolock._layout import RESERVATION_MS, LockKeys
-from aiolock._lease_scripts import RENEW
-from aiolock._runtime import runtime_for
-from aiolock._scripts import ACQUIRE
+from aiolock._engine.runtime import runtime_for
+from aiolock._lua.layout import RESERVATION_MS, LockKeys
+from aiolock._lua.lease import RENEW
+from aiolock._lua.lock import ACQUIRE
+from aiolock._model.holder import text
 
 from ..conftest import CommandLog
-from ..waits import within
+from ..support.waits import within
 from .test_network_faults import Proxied, proxied, until
 
 __all__ = ("proxied",)  # the fixture, used by name

@@ -19,10 +19,10 @@ import pytest
 import redis.asyncio
 
 from aiolock import BackendError, Lock
-from aiolock._hash_scripts import RECENT_ENTRY, RECENT_KEPT, RECENT_MAX
-from aiolock._layout import ABORTS_KEPT, LockKeys, permits_key
-from aiolock._runtime import runtime_for
-from aiolock._scripts import (
+from aiolock._engine.runtime import runtime_for
+from aiolock._lua.hash_leases import RECENT_ENTRY, RECENT_KEPT, RECENT_MAX
+from aiolock._lua.layout import ABORTS_KEPT, LockKeys, permits_key
+from aiolock._lua.lock import (
     ACQUIRE,
     RELEASE,
     Script,
@@ -31,11 +31,11 @@ from aiolock._scripts import (
     release_args,
     released,
 )
-from aiolock._semaphore_scripts import SEM_ACQUIRE, SEM_RELEASE, sem_acquire_args
+from aiolock._lua.semaphore import SEM_ACQUIRE, SEM_RELEASE, sem_acquire_args
 
 from ..conftest import make_client
-from ..servers import RedisServer, ServerBinary
-from ..waits import eventually, within
+from ..support.servers import RedisServer, ServerBinary
+from ..support.waits import eventually, within
 from .test_network_faults import Proxied, proxied
 
 __all__ = ("proxied",)  # the fixture, used by name

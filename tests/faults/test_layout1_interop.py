@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from aiolock import Lock
-from aiolock._layout import LockKeys
+from aiolock._lua.layout import LockKeys
 
-from ..children import child, finished
 from ..conftest import make_client
-from ..servers import RedisServer
+from ..support.children import child, finished
+from ..support.servers import RedisServer
 from ..upgrade import DEFAULT_FROM, SetupError, extract
 
 pytestmark = pytest.mark.real_only

@@ -15,13 +15,13 @@ import asyncio
 import pytest
 
 from aiolock import BackendError, Lock, Semaphore
-from aiolock._info import PID
-from aiolock._layout import LockKeys
-from aiolock._runtime import runtime_for
-from aiolock._scripts import ACQUIRE, RELEASE
-from aiolock._semaphore_scripts import SEM_RELEASE
+from aiolock._engine.runtime import runtime_for
+from aiolock._lua.layout import LockKeys
+from aiolock._lua.lock import ACQUIRE, RELEASE
+from aiolock._lua.semaphore import SEM_RELEASE
+from aiolock._model.holder import PID
 
-from ..waits import within
+from ..support.waits import within
 from .test_network_faults import Proxied, proxied, until
 
 __all__ = ("proxied",)  # the fixture, used by name

@@ -1,4 +1,4 @@
-"""Network faults between a client and Redis, made by `FaultProxy` (tests/faults/proxy.py).
+"""Network faults between a client and Redis, made by `FaultProxy` (tests/deployments/proxy.py).
 
 Slow replies, a partition (blackhole), connections reset, connections refused. The client
 under test talks to the server through the proxy; whatever plays "another process" talks
@@ -22,13 +22,13 @@ import redis.exceptions
 from redis.asyncio.connection import Connection
 
 from aiolock import AcquireTimeoutError, BackendError, Lease, LeaseLostError, Lock, LossReason
-from aiolock._layout import LockKeys
-from aiolock._runtime import runtime_for
+from aiolock._engine.runtime import runtime_for
+from aiolock._lua.layout import LockKeys
 
 from ..conftest import CommandLog, make_client
-from ..servers import RedisServer
-from ..waits import eventually, until_cancelled, within
-from .proxy import FaultProxy
+from ..deployments.proxy import FaultProxy
+from ..support.servers import RedisServer
+from ..support.waits import eventually, until_cancelled, within
 
 pytestmark = pytest.mark.real_only
 
@@ -121,7 +121,7 @@ async def _free(client: redis.asyncio.Redis, lock: Lock) -> bool:
 # --------------------------------------------------------------------------- blackhole
 ACQUIRE_TIMEOUT = 2.0
 ABORT_TIMEOUT = 1.0
-"""aiolock/_lock.py `_ABORT_TIMEOUT`: how long a failed acquire waits for its cleanup."""
+"""aiolock/_primitives/lock.py `_ABORT_TIMEOUT`: how long a failed acquire waits for its cleanup."""
 
 
 async def test_blackholed_acquire_raises_backend_error(proxied: Proxied, name: str) -> None:

@@ -22,11 +22,11 @@ import pytest
 import redis.asyncio
 
 from aiolock import Lease, Lock
-from aiolock._info import text
-from aiolock._layout import LockKeys
+from aiolock._lua.layout import LockKeys
+from aiolock._model.holder import text
 
 from ..conftest import make_client
-from ..servers import RedisServer
+from ..support.servers import RedisServer
 from .holder import fenced_write
 from .test_network_faults import until
 

@@ -4,7 +4,7 @@ Each test owns five throwaway servers (`ServerGroup`) and kills, pauses, restart
 some of them, by the PIDs the group recorded. Every client here is a `redis.asyncio.Redis`
 without a `socket_timeout`: the bounds come from the Redlock itself (its per-node bound).
 Timing is never asserted tightly: latencies are recorded and compared with the healthy
-figures of the same test, with slack scaled by the machine's load (`tests/load.py`).
+figures of the same test, with slack scaled by the machine's load (`tests/support/load.py`).
 
 What each test guards, and the deliberate break of the Redlock it was seen failing on, is
 said in its docstring.
@@ -33,19 +33,19 @@ from aiolock import (
     OnceStatus,
     QuorumError,
     Redlock,
-    _quorum,
     run_once,
 )
-from aiolock._engine import Primitive
-from aiolock._queue import WaitQueue
-from aiolock._redlock_scripts import RL_ACQUIRE, RL_FENCE, RL_RELEASE
-from aiolock._runtime import runtime_for
+from aiolock._engine.acquisition import Primitive
+from aiolock._engine.runtime import runtime_for
+from aiolock._engine.wait_queue import WaitQueue
+from aiolock._lua.redlock import RL_ACQUIRE, RL_FENCE, RL_RELEASE
+from aiolock._transport import quorum as _quorum
 
-from ..load import scaled
-from ..pools import ClosedByItsUser, SlowToConnect
-from ..servers import ServerBinary, quorum_calls_ended
-from ..waits import eventually, within
-from .quorum import ServerGroup
+from ..deployments.quorum import ServerGroup
+from ..support.load import scaled
+from ..support.pools import ClosedByItsUser, SlowToConnect
+from ..support.servers import ServerBinary, quorum_calls_ended
+from ..support.waits import eventually, within
 
 pytestmark = pytest.mark.real_only
 

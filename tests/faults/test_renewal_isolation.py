@@ -15,9 +15,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from aiolock import EventKind, Lease, Lock, LockEvent, _granting, add_listener
+from aiolock import EventKind, Lease, Lock, LockEvent, add_listener
+from aiolock._engine import lease_issuing as _granting
 
-from ..load import scaled
+from ..support.load import scaled
 from .test_network_faults import Proxied, proxied, until
 
 __all__ = ("proxied",)  # the fixture, used by name

@@ -30,15 +30,15 @@ from aiolock import (
     Semaphore,
     locked,
 )
-from aiolock._layout import LockKeys
-from aiolock._runtime import runtime_for
+from aiolock._engine.runtime import runtime_for
+from aiolock._lua.layout import LockKeys
 
-from ..load import scaled
-from ..recorded import recorded
-from ..servers import RedisServer, ServerBinary
-from ..waits import eventually, within
-from .proxy import FaultProxy
-from .sentinel import SentinelGroup, _ask, closing, replicated
+from ..deployments.proxy import FaultProxy
+from ..deployments.sentinel import SentinelGroup, _ask, closing, replicated
+from ..support.load import scaled
+from ..support.recorded import recorded
+from ..support.servers import RedisServer, ServerBinary
+from ..support.waits import eventually, within
 
 pytestmark = pytest.mark.real_only
 

@@ -33,7 +33,7 @@ import redis.asyncio
 import redis.exceptions
 
 import aiolock
-import aiolock._scripts
+import aiolock._lua.lock
 from aiolock import (
     AcquireTimeoutError,
     BackendError,
@@ -46,15 +46,15 @@ from aiolock import (
     Semaphore,
     add_listener,
 )
-from aiolock._layout import LockKeys
-from aiolock._runtime import runtime_for
-from aiolock._scripts import Script
+from aiolock._engine.runtime import runtime_for
+from aiolock._lua.layout import LockKeys
+from aiolock._lua.lock import Script
 from aiolock.testing import ServerStartError, TLSFiles
 
 from ..conftest import in_ci, make_client
-from ..load import scaled
-from ..servers import RedisServer, ServerBinary, find_binaries
-from ..waits import eventually, within
+from ..support.load import scaled
+from ..support.servers import RedisServer, ServerBinary, find_binaries
+from ..support.waits import eventually, within
 
 pytestmark = pytest.mark.real_only
 
@@ -88,12 +88,12 @@ def acl_commands() -> set[str]:
 
 
 PRIMITIVE_SCRIPTS = (
-    "aiolock._scripts",  # Lock (and INSPECT for every primitive)
-    "aiolock._lease_scripts",  # RENEW, RESUME for every primitive
-    "aiolock._hash_scripts",  # a Semaphore's or ReadWriteLock's expired leases
-    "aiolock._semaphore_scripts",
-    "aiolock._rwlock_scripts",
-    "aiolock._redlock_scripts",
+    "aiolock._lua.lock",  # Lock (and INSPECT for every primitive)
+    "aiolock._lua.lease",  # RENEW, RESUME for every primitive
+    "aiolock._lua.hash_leases",  # a Semaphore's or ReadWriteLock's expired leases
+    "aiolock._lua.semaphore",
+    "aiolock._lua.rwlock",
+    "aiolock._lua.redlock",
 )
 """The modules of the scripts that Lock, Semaphore, ReadWriteLock and Redlock run (an
 Election and run_once need more: see the ACL docstring)."""

@@ -22,14 +22,14 @@ import pytest
 import redis.asyncio
 
 from aiolock import ReadWriteLock, Semaphore
-from aiolock._layout import LockKeys
-from aiolock._rwlock import _RWKeys
-from aiolock._rwlock_scripts import WRITER_MARK_MS
+from aiolock._lua.layout import LockKeys
+from aiolock._lua.rwlock import WRITER_MARK_MS
+from aiolock._primitives.rwlock import _RWKeys
 
 from ..conftest import make_client
 from ..integration.test_semaphore import every_permit_free
-from ..servers import RedisServer
-from ..waits import eventually, within
+from ..support.servers import RedisServer
+from ..support.waits import eventually, within
 from .test_process_faults import Holder
 
 pytestmark = pytest.mark.real_only

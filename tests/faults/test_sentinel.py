@@ -31,16 +31,16 @@ from aiolock import (
     LossReason,
     Semaphore,
 )
-from aiolock._layout import LockKeys
-from aiolock._notifier import Notifier
-from aiolock._runtime import runtime_for
+from aiolock._engine.notifier import Notifier
+from aiolock._engine.runtime import runtime_for
+from aiolock._lua.layout import LockKeys
 from aiolock.testing._servers import free_ports
 
-from ..load import scaled
-from ..recorded import recorded
-from ..servers import RedisServer, ServerBinary
-from ..waits import eventually, within
-from .sentinel import SERVICE, SentinelGroup, _ask, closing
+from ..deployments.sentinel import SERVICE, SentinelGroup, _ask, closing
+from ..support.load import scaled
+from ..support.recorded import recorded
+from ..support.servers import RedisServer, ServerBinary
+from ..support.waits import eventually, within
 
 pytestmark = pytest.mark.real_only
 

@@ -24,11 +24,11 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from aiolock import AcquireTimeoutError, BackendError, Lease, LeaseLostError, Lock, LossReason
-from aiolock._layout import LockKeys
-from aiolock._notifier import Notifier
-from aiolock._queue import Waiter
-from aiolock._runtime import runtime_for
-from aiolock._scripts import (
+from aiolock._engine.notifier import Notifier
+from aiolock._engine.runtime import runtime_for
+from aiolock._engine.wait_queue import Waiter
+from aiolock._lua.layout import LockKeys
+from aiolock._lua.lock import (
     ACQUIRE,
     RELEASE,
     Script,
@@ -39,9 +39,9 @@ from aiolock._scripts import (
 )
 
 from ..conftest import CommandLog, counting_connection, make_client
-from ..load import scaled
-from ..servers import RedisServer
-from ..waits import eventually, until_cancelled, within
+from ..support.load import scaled
+from ..support.servers import RedisServer
+from ..support.waits import eventually, until_cancelled, within
 
 SCHEDULING_BOUND = 0.25
 """Event-loop scheduling delay allowed between a lease's deadline and the body's cancellation."""

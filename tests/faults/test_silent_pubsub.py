@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 import pytest
 import redis.asyncio
 
-from aiolock import Lock, _notifier
-from aiolock._layout import LockKeys
-from aiolock._notifier import HEALTH_INTERVAL
-from aiolock._runtime import runtime_for
+from aiolock import Lock
+from aiolock._engine import notifier as _notifier
+from aiolock._engine.notifier import HEALTH_INTERVAL
+from aiolock._engine.runtime import runtime_for
+from aiolock._lua.layout import LockKeys
 
 from ..conftest import CommandLog, make_client
-from ..servers import RedisServer
+from ..support.servers import RedisServer
 from .test_network_faults import Proxied, proxied, until
 
 __all__ = ("proxied",)  # the fixture, used by name

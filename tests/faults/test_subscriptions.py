@@ -14,12 +14,12 @@ import asyncio
 import pytest
 
 from aiolock import BackendError, Lock
-from aiolock._layout import LockKeys
-from aiolock._runtime import runtime_for
-from aiolock._scripts import ACQUIRE
+from aiolock._engine.runtime import runtime_for
+from aiolock._lua.layout import LockKeys
+from aiolock._lua.lock import ACQUIRE
 
 from ..conftest import CommandLog, make_client
-from ..waits import within
+from ..support.waits import within
 from .test_network_faults import Proxied, proxied, until
 
 __all__ = ("proxied",)  # the fixture, used by name

@@ -21,10 +21,10 @@ import aiolock
 import aiolock.sync
 from aiolock.sync import _clients
 
-from ..load import scaled
-from ..servers import ServerBinary
-from .cluster import ClusterGroup
-from .sentinel import SERVICE, SentinelGroup, closing
+from ..deployments.cluster import ClusterGroup
+from ..deployments.sentinel import SERVICE, SentinelGroup, closing
+from ..support.load import scaled
+from ..support.servers import ServerBinary
 
 pytestmark = pytest.mark.real_only
 

@@ -11,8 +11,8 @@ import redis
 import aiolock.sync
 from aiolock import LeaseLostError, LossReason
 
-from ..load import scaled
-from ..servers import RedisServer
+from ..support.load import scaled
+from ..support.servers import RedisServer
 
 pytestmark = pytest.mark.real_only
 

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from aiolock import Lock
-from aiolock._layout import LockKeys
-from aiolock._runtime import runtime_for
+from aiolock._engine.runtime import runtime_for
+from aiolock._lua.layout import LockKeys
 
 from .test_network_faults import Proxied, proxied, until
 

@@ -13,10 +13,10 @@ import pytest
 import redis.asyncio
 
 from aiolock import Lease, Lock
-from aiolock._layout import LockKeys
-from aiolock._runtime import runtime_for
+from aiolock._engine.runtime import runtime_for
+from aiolock._lua.layout import LockKeys
 
-from ..waits import eventually, within
+from ..support.waits import eventually, within
 
 
 def channel_of(name: str) -> str:

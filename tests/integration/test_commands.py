@@ -11,13 +11,13 @@ import pytest
 import redis.asyncio
 
 from aiolock import Lock, ReadLock, ReadWriteLock, Semaphore, WriteLock
-from aiolock._inspect import read_locks
-from aiolock._runtime import runtime_for
+from aiolock._engine.runtime import runtime_for
+from aiolock._ops.inspection import read_locks
 
 from ..conftest import CommandLog, make_client
-from ..load import scaled
-from ..servers import RedisServer
-from ..waits import eventually, within
+from ..support.load import scaled
+from ..support.servers import RedisServer
+from ..support.waits import eventually, within
 
 pytestmark = pytest.mark.real_only
 
@@ -69,7 +69,7 @@ async def test_an_uncontended_cycle_costs_the_server_eight_commands(
 ) -> None:
     """What the server executes, scripts' own calls included (`INFO commandstats`): the
     two script calls and six commands inside them, on a name used before and on a fresh
-    one. Each of the six is explained in `_scripts`."""
+    one. Each of the six is explained in `_lua.lock`."""
     client = make_client(server.url)
     try:
         await warm_up(client, name)

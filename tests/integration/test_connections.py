@@ -17,14 +17,16 @@ import pytest
 import redis.asyncio
 from redis.asyncio.connection import Connection
 
-from aiolock import BackendError, Lock, _clients, _transport
-from aiolock._runtime import runtime_for
-from aiolock._transport import CommandTransport
-from aiolock._transport_direct import DirectTransport
+from aiolock import BackendError, Lock
+from aiolock._engine.runtime import runtime_for
+from aiolock._transport import base as _transport
+from aiolock._transport import clients as _clients
+from aiolock._transport.base import CommandTransport
+from aiolock._transport.direct import DirectTransport
 
 from ..conftest import make_client
-from ..servers import RedisServer
-from ..waits import eventually, within
+from ..support.servers import RedisServer
+from ..support.waits import eventually, within
 
 pytestmark = pytest.mark.real_only
 

@@ -19,12 +19,12 @@ import pytest
 import redis.asyncio
 
 from aiolock import Lock
-from aiolock._layout import GRANT_MS, RESERVATION_MS, TOLD_EVERY_MS, LockKeys
-from aiolock._lease_scripts import RENEW
-from aiolock._runtime import runtime_for
-from aiolock._scripts import ACQUIRE, RELEASE, acquire_args, release_args
+from aiolock._engine.runtime import runtime_for
+from aiolock._lua.layout import GRANT_MS, RESERVATION_MS, TOLD_EVERY_MS, LockKeys
+from aiolock._lua.lease import RENEW
+from aiolock._lua.lock import ACQUIRE, RELEASE, acquire_args, release_args
 
-from ..waits import eventually, within
+from ..support.waits import eventually, within
 
 pytestmark = pytest.mark.real_only
 

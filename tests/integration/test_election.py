@@ -25,15 +25,15 @@ from aiolock import (
     LossReason,
     Term,
 )
-from aiolock._election_scripts import EL_ANNOUNCE, EL_PROCLAIM, LOG_KEPT, stored_value
-from aiolock._runtime import runtime_for
+from aiolock._engine.runtime import runtime_for
+from aiolock._lua.election import EL_ANNOUNCE, EL_PROCLAIM, LOG_KEPT, stored_value
 
 from ..conftest import CommandLog, make_client
-from ..faults.proxy import FaultProxy
-from ..load import scaled
-from ..recorded import recorded
-from ..servers import RedisServer
-from ..waits import eventually, until_cancelled, within
+from ..deployments.proxy import FaultProxy
+from ..support.load import scaled
+from ..support.recorded import recorded
+from ..support.servers import RedisServer
+from ..support.waits import eventually, until_cancelled, within
 
 
 def described(leader: Leader | None) -> tuple[str, str | None] | None:

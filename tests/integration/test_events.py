@@ -11,7 +11,7 @@ import redis.asyncio
 import aiolock
 from aiolock import EventKind, LockEvent, LossReason
 
-from ..load import scaled
+from ..support.load import scaled
 
 
 @pytest.fixture

@@ -28,8 +28,8 @@ from aiolock import (
     fenced_get,
     fenced_set,
 )
-from aiolock._acl import _CALLS
-from aiolock._fencing_scripts import FENCING_SCRIPTS
+from aiolock._lua.fencing import FENCING_SCRIPTS
+from aiolock._ops.acl import _CALLS
 from aiolock.testing import expire_now
 
 from ..conftest import CommandLog, make_client

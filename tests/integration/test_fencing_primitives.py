@@ -21,17 +21,17 @@ from aiolock import (
     fenced_get,
     fenced_set,
 )
-from aiolock._layout import LockKeys
+from aiolock._lua.layout import LockKeys
 from aiolock.testing import expire_now
 
-from ..servers import (
+from ..support.servers import (
     RedisServer,
     ServerBinary,
     clients_of,
     independent_servers,
     quorum_calls_ended,
 )
-from ..waits import within
+from ..support.waits import within
 
 
 @pytest.fixture(scope="module")

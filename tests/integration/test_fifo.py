@@ -14,12 +14,12 @@ import pytest
 import redis.asyncio
 
 from aiolock import EventKind, Lease, Lock, add_listener, hold_stats
-from aiolock._info import text
-from aiolock._layout import RESERVATION_MS, LockKeys
-from aiolock._runtime import runtime_for
+from aiolock._engine.runtime import runtime_for
+from aiolock._lua.layout import RESERVATION_MS, LockKeys
+from aiolock._model.holder import text
 
 from ..conftest import CommandLog, make_client
-from ..waits import eventually, within
+from ..support.waits import eventually, within
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ import redis.asyncio
 
 from aiolock import Election, LeaseLostError, Lock, MultiLock, ReadWriteLock, Redlock, Semaphore
 
-from ..servers import RedisServer, ServerBinary, clients_of, independent_servers
+from ..support.servers import RedisServer, ServerBinary, clients_of, independent_servers
 
 pytestmark = pytest.mark.real_only
 

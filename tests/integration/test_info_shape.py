@@ -9,7 +9,7 @@ import redis.asyncio
 
 from aiolock import Lease, Lock, LockInfo, ReadWriteInfo, ReadWriteLock, Semaphore, SemaphoreInfo
 
-from ..waits import eventually
+from ..support.waits import eventually
 
 
 async def test_a_locks_info_counts_the_tasks_waiting(

@@ -17,11 +17,11 @@ from aiolock import (
     LockInfo,
     LossReason,
 )
-from aiolock._info import text
-from aiolock._layout import LockKeys
+from aiolock._lua.layout import LockKeys
+from aiolock._model.holder import text
 
-from ..load import scaled
-from ..waits import within
+from ..support.load import scaled
+from ..support.waits import within
 
 
 async def test_async_with_acquires_and_releases(client: redis.asyncio.Redis, name: str) -> None:

@@ -10,7 +10,7 @@ import redis.asyncio
 
 from aiolock import BackendError, LeaseLostError, Lock, LossReason
 
-from ..load import scaled
+from ..support.load import scaled
 
 
 async def test_loss_cancels_the_body_and_raises(client: redis.asyncio.Redis, name: str) -> None:
@@ -158,7 +158,7 @@ async def test_unreachable_redis_loses_by_deadline_with_the_cause_chained(
     server_url: str, name: str
 ) -> None:
     """Renewals fail (the backend is gone): the loss comes at the deadline, cause attached."""
-    from tests.servers import RedisServer, find_binaries
+    from tests.support.servers import RedisServer, find_binaries
 
     server = RedisServer(find_binaries()[0]).start()
     client = redis.asyncio.Redis.from_url(server.url)

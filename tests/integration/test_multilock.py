@@ -26,13 +26,13 @@ from aiolock import (
     MultiLease,
     MultiLock,
 )
-from aiolock._layout import LockKeys
-from aiolock._runtime import runtime_for
+from aiolock._engine.runtime import runtime_for
+from aiolock._lua.layout import LockKeys
 
 from ..conftest import CommandLog
-from ..load import scaled
-from ..recorded import recorded
-from ..waits import eventually, until_cancelled, within
+from ..support.load import scaled
+from ..support.recorded import recorded
+from ..support.waits import eventually, until_cancelled, within
 from .test_cancel_fuzz import assert_client_answers, run_cancelled_at
 
 

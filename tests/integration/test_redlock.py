@@ -29,17 +29,17 @@ from aiolock import (
     locked,
     run_once,
 )
-from aiolock._info import text
-from aiolock._layout import LockKeys
-from aiolock._lease_scripts import RENEW
-from aiolock._quorum import Quorum, QuorumBackend
-from aiolock._redlock_scripts import RL_ACQUIRE, RL_RELEASE
-from aiolock._runtime import runtime_for
+from aiolock._engine.runtime import runtime_for
+from aiolock._lua.layout import LockKeys
+from aiolock._lua.lease import RENEW
+from aiolock._lua.redlock import RL_ACQUIRE, RL_RELEASE
+from aiolock._model.holder import text
+from aiolock._transport.quorum import Quorum, QuorumBackend
 
-from ..load import scaled
-from ..pools import SlowToConnect
-from ..recorded import dispatched_in, recorded
-from ..servers import (
+from ..support.load import scaled
+from ..support.pools import SlowToConnect
+from ..support.recorded import dispatched_in, recorded
+from ..support.servers import (
     RedisServer,
     ServerBinary,
     clients_of,
@@ -47,7 +47,7 @@ from ..servers import (
     independent_servers,
     quorum_calls_ended,
 )
-from ..waits import eventually, until_cancelled, within
+from ..support.waits import eventually, until_cancelled, within
 
 NODES = 5
 

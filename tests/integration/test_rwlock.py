@@ -13,12 +13,12 @@ import pytest
 import redis.asyncio
 
 from aiolock import LeaseLostError, LossReason, ReadWriteLock
-from aiolock._rwlock import _RWKeys
-from aiolock._rwlock_scripts import WRITER_MARK_MS
+from aiolock._lua.rwlock import WRITER_MARK_MS
+from aiolock._primitives.rwlock import _RWKeys
 
 from ..conftest import CommandLog, make_client
-from ..load import scaled
-from ..waits import eventually, until_cancelled, within
+from ..support.load import scaled
+from ..support.waits import eventually, until_cancelled, within
 
 
 async def writers_queued(client: redis.asyncio.Redis, name: str, count: int) -> None:

@@ -14,12 +14,12 @@ import pytest
 import redis.asyncio
 
 from aiolock import ConfigError, Lease, LeaseLostError, Lock, LossReason, Semaphore
-from aiolock._layout import LockKeys, permits_key
-from aiolock._runtime import runtime_for
+from aiolock._engine.runtime import runtime_for
+from aiolock._lua.layout import LockKeys, permits_key
 
 from ..conftest import CommandLog, make_client
-from ..load import scaled
-from ..waits import eventually, until_cancelled, within
+from ..support.load import scaled
+from ..support.waits import eventually, until_cancelled, within
 
 KEYS = "sem:"
 

@@ -10,9 +10,9 @@ import pytest
 from aiolock import LeaseLostError, Lock, LossReason
 
 from ..conftest import make_client
-from ..load import scaled
-from ..servers import RedisServer, ServerBinary, find_binaries
-from ..waits import within
+from ..support.load import scaled
+from ..support.servers import RedisServer, ServerBinary, find_binaries
+from ..support.waits import within
 
 pytestmark = pytest.mark.real_only
 

@@ -30,17 +30,17 @@ from aiolock import (
     LossReason,
     Redlock,
 )
-from aiolock._granting import Granting
-from aiolock._layout import LockKeys
-from aiolock._lease_scripts import RESUME
-from aiolock._runtime import runtime_for
-from aiolock._transport import pooled
+from aiolock._engine.lease_issuing import Granting
+from aiolock._engine.runtime import runtime_for
+from aiolock._lua.layout import LockKeys
+from aiolock._lua.lease import RESUME
+from aiolock._transport.base import pooled
 
 from ..conftest import CommandLog, make_client
-from ..faults.proxy import ThreadedProxy
-from ..recorded import recorded
-from ..servers import RedisServer, ServerBinary, independent_servers, quorum_calls_ended
-from ..waits import eventually
+from ..deployments.proxy import ThreadedProxy
+from ..support.recorded import recorded
+from ..support.servers import RedisServer, ServerBinary, independent_servers, quorum_calls_ended
+from ..support.waits import eventually
 from .test_commands import warm_up
 
 pytestmark = pytest.mark.real_only

@@ -21,8 +21,8 @@ import aiolock.sync
 from aiolock import AcquireTimeoutError, LeaseLostError, LossReason
 
 from ..checker import Section, verify
-from ..load import scaled
-from ..waits import BOUND, eventually
+from ..support.load import scaled
+from ..support.waits import BOUND, eventually
 
 pytestmark = pytest.mark.real_only
 

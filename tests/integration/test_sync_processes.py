@@ -13,8 +13,8 @@ import redis.asyncio
 
 import aiolock
 
-from ..children import child, finished
-from ..waits import BOUND, eventually
+from ..support.children import child, finished
+from ..support.waits import BOUND, eventually
 
 pytestmark = pytest.mark.real_only
 

@@ -23,13 +23,13 @@ from aiolock import (
     Semaphore,
     add_listener,
 )
-from aiolock._engine import Primitive
-from aiolock._layout import LockKeys
-from aiolock._runtime import runtime_for
+from aiolock._engine.acquisition import Primitive
+from aiolock._engine.runtime import runtime_for
+from aiolock._lua.layout import LockKeys
 
 from ..conftest import CommandLog
-from ..load import scaled
-from ..waits import eventually, within
+from ..support.load import scaled
+from ..support.waits import eventually, within
 
 
 async def test_a_callers_token_is_the_leases_and_a_retry_gets_it_back(

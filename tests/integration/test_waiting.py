@@ -9,19 +9,19 @@ import pytest
 import redis.asyncio
 
 from aiolock import Lease, Lock, ReadLock, ReadWriteLock, Semaphore
-from aiolock._backend import Backend
-from aiolock._engine import Primitive
-from aiolock._inspect import read_locks
-from aiolock._layout import LockKeys
-from aiolock._queue import Waiter
-from aiolock._runtime import Runtime, runtime_for
+from aiolock._engine.acquisition import Primitive
+from aiolock._engine.runtime import Runtime, runtime_for
+from aiolock._engine.wait_queue import Waiter
+from aiolock._lua.layout import LockKeys
+from aiolock._ops.inspection import read_locks
+from aiolock._transport.backend import Backend
 
 from ..conftest import make_client
-from ..load import scaled
-from ..pools import ClosedByItsUser
-from ..recorded import handled_by_redis_py
-from ..servers import RedisServer
-from ..waits import eventually, within
+from ..support.load import scaled
+from ..support.pools import ClosedByItsUser
+from ..support.recorded import handled_by_redis_py
+from ..support.servers import RedisServer
+from ..support.waits import eventually, within
 
 
 async def queued(client: redis.asyncio.Redis, lock: Lock, count: int) -> None:

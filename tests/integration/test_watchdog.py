@@ -15,14 +15,15 @@ import pytest
 import redis.asyncio
 from redis.asyncio.connection import Connection
 
-from aiolock import Lock, ReadWriteLock, Semaphore, _clients
-from aiolock._runtime import runtime_for
-from aiolock._transport import CommandTransport
-from aiolock._transport_direct import DirectTransport
+from aiolock import Lock, ReadWriteLock, Semaphore
+from aiolock._engine.runtime import runtime_for
+from aiolock._transport import clients as _clients
+from aiolock._transport.base import CommandTransport
+from aiolock._transport.direct import DirectTransport
 
 from ..conftest import _commands_in, make_client
-from ..load import scaled
-from ..waits import eventually, within
+from ..support.load import scaled
+from ..support.waits import eventually, within
 
 
 async def test_a_garbage_collected_lease_warns_and_is_released(

@@ -18,8 +18,8 @@ from aiolock import (
 from aiolock.testing import expire_now, hold_elsewhere
 
 from ..conftest import CommandLog
-from ..load import scaled
-from ..waits import within
+from ..support.load import scaled
+from ..support.waits import within
 
 
 async def lost(lease: Lease) -> None:

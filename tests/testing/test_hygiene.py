@@ -1,4 +1,4 @@
-"""The suite's own hygiene checks (`tests/hygiene.py`), on small test files run by pytester in
+"""The suite's own hygiene checks (`tests/support/hygiene.py`), on small test files run by pytester in
 a pytest process of their own: a test that leaves a process or a socket behind fails, naming
 it; a hung async test is stopped with its stack before pytest-timeout's limit."""
 
@@ -96,7 +96,7 @@ def test_after_it():
 def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     pytester.syspathinsert(ROOT)
     return pytester.runpytest_subprocess(
-        "-p", "tests.hygiene", "-p", "no:cacheprovider", "-o", "asyncio_mode=auto",
+        "-p", "tests.support.hygiene", "-p", "no:cacheprovider", "-o", "asyncio_mode=auto",
         "-o", "asyncio_default_fixture_loop_scope=function",
         "-W", "error", *args, timeout=120,
     )  # fmt: skip

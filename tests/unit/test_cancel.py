@@ -13,9 +13,9 @@ import asyncio
 import anyio
 import pytest
 
-from aiolock._cancel import run_shielded
+from aiolock._aio.shielding import run_shielded
 
-from ..waits import within
+from ..support.waits import within
 
 
 async def test_returns_the_value() -> None:

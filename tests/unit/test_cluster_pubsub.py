@@ -16,10 +16,10 @@ import pytest
 import redis.exceptions
 from redis.crc import key_slot
 
-from aiolock import _cluster_pubsub
-from aiolock._cluster_pubsub import CLASSIC, Placement, ShardedPubSub
+from aiolock._transport import cluster_pubsub as _cluster_pubsub
+from aiolock._transport.cluster_pubsub import CLASSIC, Placement, ShardedPubSub
 
-from ..waits import eventually
+from ..support.waits import eventually
 
 
 class FakeSession:

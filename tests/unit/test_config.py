@@ -10,7 +10,8 @@ import redis.asyncio
 from redis.crc import key_slot
 
 from aiolock import ConfigError, Lock, ReadWriteLock, Semaphore
-from aiolock._config import (
+from aiolock._lua.layout import LockKeys
+from aiolock._model.config import (
     MAX_NAME_LENGTH,
     MAX_SECONDS,
     MIN_TTL,
@@ -21,7 +22,6 @@ from aiolock._config import (
     replica_wait_ms,
     safety_margin,
 )
-from aiolock._layout import LockKeys
 
 
 def build(

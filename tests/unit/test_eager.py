@@ -8,7 +8,7 @@ import contextvars
 
 import pytest
 
-from aiolock._eager import start_eagerly
+from aiolock._aio.eager_start import start_eagerly
 
 VAR: contextvars.ContextVar[str] = contextvars.ContextVar("VAR", default="caller")
 

@@ -11,9 +11,9 @@ import asyncio
 
 import pytest
 
-from aiolock._layout import RESERVATION_MS
-from aiolock._primitive import check_within_ms
-from aiolock._queue import Grant, Registration, Waiter, WaitQueue
+from aiolock._engine.primitive_base import check_within_ms
+from aiolock._engine.wait_queue import Grant, Registration, Waiter, WaitQueue
+from aiolock._lua.layout import RESERVATION_MS
 
 
 def queue_with_waiter() -> tuple[WaitQueue, Waiter]:

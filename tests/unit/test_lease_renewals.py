@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from aiolock._lease import Lease
-from aiolock._renewal import safety_margin
+from aiolock._engine.lease import Lease
+from aiolock._model.renewal_policy import safety_margin
 
 
 class AnswersAtOnce:

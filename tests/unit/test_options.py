@@ -21,7 +21,7 @@ from aiolock import (
     locked,
     run_once,
 )
-from aiolock._options import DEFAULTS
+from aiolock._model.options import DEFAULTS
 from aiolock.aiohttp import locked_handler
 from aiolock.fastapi import locked_request
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from aiolock._pubsub import Inbox
+from aiolock._transport.pubsub import Inbox
 
 
 def message(kind: str, channel: str = "c") -> dict[str, Any]:

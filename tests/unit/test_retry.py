@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from aiolock._retry import Backoff, poll_delay
+from aiolock._aio.backoff import Backoff, poll_delay
 
 
 class LowestRandom(random.Random):

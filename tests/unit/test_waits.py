@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from ..waits import WaitTimeout, eventually, until_cancelled, within
+from ..support.waits import WaitTimeout, eventually, until_cancelled, within
 
 
 async def test_eventually_returns_once_the_check_holds() -> None:

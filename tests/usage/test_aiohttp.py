@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from aiolock import ConfigError, Lease, LeaseLostError, Lock
 from aiolock.aiohttp import locked_handler
 
-from ..waits import handler_entered
+from ..support.waits import handler_entered
 
 pytestmark = pytest.mark.real_only
 

@@ -14,10 +14,10 @@ import redis.asyncio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aiolock import AcquireTimeoutError, ConfigError, Lease, LeaseLostError, Lock
-from aiolock._glue import retry_after_header
+from aiolock._recipes.name_templates import retry_after_header
 from aiolock.fastapi import locked_request
 
-from ..waits import handler_entered, within
+from ..support.waits import handler_entered, within
 
 pytestmark = pytest.mark.real_only
 

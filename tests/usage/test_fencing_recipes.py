@@ -29,9 +29,9 @@ from aiohttp.test_utils import TestServer
 
 from aiolock import Lock
 
-from ..children import PIPE, child, finished
 from ..conftest import make_client
-from ..load import scaled
+from ..support.children import PIPE, child, finished
+from ..support.load import scaled
 from .fenced_stores import (
     SYNCHRONOUS,
     Writer,

@@ -13,7 +13,7 @@ import redis.asyncio
 from aiolock import AcquireTimeoutError, ConfigError, Lease, LeaseLostError, Lock, locked
 
 from ..conftest import CommandLog
-from ..load import scaled
+from ..support.load import scaled
 
 
 async def test_the_name_comes_from_the_arguments_with_defaults(

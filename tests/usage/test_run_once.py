@@ -22,11 +22,11 @@ from aiolock import (
     OnceStatus,
     run_once,
 )
-from aiolock._runtime import runtime_for
+from aiolock._engine.runtime import runtime_for
 
-from ..children import child, finished
 from ..conftest import CommandLog
-from ..load import scaled
+from ..support.children import child, finished
+from ..support.load import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 

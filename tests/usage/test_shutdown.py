@@ -13,11 +13,11 @@ import pytest
 import redis.asyncio
 
 from aiolock import ConfigError, Lock, release_all, release_on_signals
-from aiolock._cancel import run_shielded
-from aiolock._shutdown import _body_task
+from aiolock._aio.shielding import run_shielded
+from aiolock._recipes.shutdown import _body_task
 
-from ..children import child
-from ..load import scaled
+from ..support.children import child
+from ..support.load import scaled
 
 
 async def test_bodies_are_cancelled_under_the_lock_then_released(

@@ -1,0 +1,92 @@
+"""Direct sends: a script call packed by hiredis and written on a pooled connection of the
+user's client, its reply read there, without redis-py's command layers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+import redis.asyncio
+import redis.exceptions
+
+from .base import Command, Sent, Transport, checkin, checkout, exchange_packed, write
+from .clients import ClientLibrary
+
+try:
+    import hiredis
+except ImportError:  # pragma: no cover - hiredis is a dependency, but may be missing
+    hiredis = None  # type: ignore[assignment]
+
+__all__ = ("DirectTransport", "direct_connections", "exchange", "sends_directly")
+
+
+def sends_directly(client: redis.asyncio.Redis, library: ClientLibrary) -> bool:
+    """Whether aiolock may send its scripts on `client`'s connections itself.
+
+    A script call through `execute_command` packs its arguments in Python and goes through
+    redis-py's retry and instrumentation layers, which aiolock replaces with its own
+    bounds; sending on a pooled connection directly, packed by hiredis, costs a fraction.
+    Only the library's own connection classes with the default UTF-8 encoding qualify: any
+    other connection (fakeredis, Sentinel-managed, a subclass), encoding, or a client
+    bound to a single connection goes through `execute_command`.
+    """
+    pool = client.connection_pool
+    return not client.single_connection_client and direct_connections(
+        library, pool.connection_class, pool.connection_kwargs
+    )
+
+
+def direct_connections(
+    library: ClientLibrary, connection_class: type[Any], kwargs: dict[str, Any]
+) -> bool:
+    """Whether aiolock may send on connections of `connection_class` made with `kwargs`
+    itself (see `sends_directly`)."""
+    return (
+        hiredis is not None
+        and connection_class in library.direct
+        and str(kwargs.get("encoding", "utf-8")).lower().replace("_", "-") in ("utf-8", "utf8")
+        and kwargs.get("encoding_errors", "strict") == "strict"
+    )
+
+
+async def exchange(
+    connection: redis.asyncio.connection.AbstractConnection,
+    command: Command,
+    on_sent: Sent,
+    then: Command | None = None,
+) -> Any:
+    """One command on `connection`, packed by hiredis, written, its reply read (with `then`,
+    a `WAIT`: both written at once and both replies returned); see `exchange_packed`."""
+    packed: bytes = hiredis.pack_command(command)  # type: ignore[arg-type]
+    if then is not None:
+        packed += hiredis.pack_command(then)  # type: ignore[arg-type]
+    return await exchange_packed(connection, packed, on_sent, pair=then is not None, send=write)
+
+
+class DirectTransport(Transport):
+    """Script calls sent on the user's pooled connections by aiolock itself."""
+
+    __slots__ = ()
+
+    async def send(
+        self,
+        client: redis.asyncio.Redis,  # type: ignore[override]
+        command: Command,
+        on_sent: Sent,
+        then: Command | None = None,
+    ) -> Any:
+        """One command on a connection of `client`'s pool (see `exchange`).
+
+        A connection closed while redis-py's checkout was handing it over (its user closed
+        the client) is not connected again, as redis-py's write would: that is a
+        `ConnectionError`, and the call is sent again as its caller decides (a call that
+        may outlive its caller, on a connection of its own, not in the pool the user
+        closed). (The quick checkout hands over a connected one without a pause.)"""
+        pool = client.connection_pool
+        connection, quick = await checkout(pool, str(command[0]))
+        try:
+            if not quick and not connection.is_connected:
+                raise redis.exceptions.ConnectionError("the connection was closed under the call")
+            return await exchange(connection, command, on_sent, then)
+        finally:
+            await checkin(pool, connection, quick)

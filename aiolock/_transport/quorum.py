@@ -1,0 +1,700 @@
+"""A backend made of several backends: a `Redlock`'s independent servers, as one.
+
+`Quorum` is the "client" of a Redlock (its N clients; `runtime_for` gives it a runtime of
+its own, whose backend is a `QuorumBackend`). `QuorumBackend.run` sends each script call to
+every node at once, each bounded by the node timeout and the call's own bound, and decides
+as soon as a quorum (N // 2 + 1) for or against is known: a slow or frozen node does not
+delay the answer (its call goes on in the background, bounded, and is never cancelled
+midway). What a quorum of replies means is the script's vote, below:
+
+- an acquire (RL_ACQUIRE) is granted when a quorum granted it; the fencing token is then
+  agreed in a second phase (t = the highest token a granting node issued; RL_FENCE writes
+  it back to every node, token-guarded, raising their counters; the lease exists only once
+  a quorum acknowledged it), so that any later quorum, which shares a node with this one,
+  issues a higher token. A node whose grant comes after the decision, with a token of its
+  own, is written the agreed one then (in the background). A refused acquire is given back on every node (an abort, which
+  also refuses a late copy of the acquire), under a shield, before the answer is returned;
+- a resume (RESUME) likewise, without giving anything back;
+- a renewal batch (RENEW) renews each lease a quorum renewed, and loses each lease a
+  quorum answered "not the owner" of;
+- a release (RL_RELEASE) counts when a quorum released it.
+
+When too many nodes failed for either side to reach a quorum, `QuorumError` names each
+node and what it answered (marked when a stall of this process spent every node's time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import math
+import random
+import weakref
+from collections import Counter
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from typing import Any, Final, cast
+
+import redis.asyncio
+from redis.asyncio.client import PubSub
+
+from .._aio.shielding import run_shielded
+from .._lua.lease import RENEW, RESUME
+from .._lua.lock import Script
+from .._lua.redlock import RL_ACQUIRE, RL_FENCE, RL_RELEASE
+from ..errors import BackendError, QuorumError
+from .backend import Backend
+from .base import Sent
+from .clients import AsyncClient, lasting, mark_stalled
+from .quorum_pubsub import QuorumPubSub
+
+__all__ = ("Quorum", "QuorumBackend", "Votes", "curable", "node_name")
+
+GIVE_BACK_MIN: Final = 0.1
+"""Shortest time a refused acquire's give-back waits for a quorum of nodes to answer (it
+goes on in the background after that)."""
+UNANSWERED_AFTER: Final = 0.2
+"""Seconds a node may leave its oldest call in flight unanswered, while other nodes answer
+calls sent after it, before new calls skip it (see `_Node`); at most half the node
+timeout."""
+HEALTH_INTERVAL: Final = 2.0
+"""Seconds of silence on a node's pub/sub session before it is pinged (as the notifier's)."""
+
+Votes = dict[int, Any]
+"""The replies so far, by node index."""
+
+
+def node_name(client: AsyncClient) -> str:
+    """How a node is named in messages: "host:port" (or the socket path)."""
+    kwargs = cast(redis.asyncio.Redis, client).connection_pool.connection_kwargs
+    if "path" in kwargs:
+        return str(kwargs["path"])
+    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+
+
+class Quorum:
+    """The clients of a `Redlock`'s independent servers, and the bound of each node's call:
+    one runtime (one watchdog, one set of pub/sub sessions) for every Redlock over them.
+
+    Held with the first client (as long as it lives, the same clients and node timeout
+    give the same quorum, so a Redlock made per request finds its runtime); it holds the
+    clients weakly, as a `Backend` does: the Redlocks hold them.
+    """
+
+    __slots__ = ("__weakref__", "_refs", "names", "node_timeout", "quorum")
+
+    def __init__(self, clients: Sequence[AsyncClient], node_timeout: float) -> None:
+        self._refs = tuple(weakref.ref(client) for client in clients)
+        self.names = tuple(node_name(client) for client in clients)
+        self.node_timeout = node_timeout
+        self.quorum = len(clients) // 2 + 1
+
+    @property
+    def clients(self) -> tuple[AsyncClient, ...]:
+        clients = tuple(ref() for ref in self._refs)
+        if any(client is None for client in clients):  # pragma: no cover - held by Redlocks
+            raise RuntimeError("a redis client of this Redlock was garbage-collected")
+        return cast(tuple[AsyncClient, ...], clients)
+
+    def uses(self, client: object) -> bool:
+        """Whether `client` is one of its clients."""
+        return any(ref() is client for ref in self._refs)
+
+    @classmethod
+    def of(cls, clients: Sequence[AsyncClient], node_timeout: float) -> Quorum:
+        """The quorum of these clients (the same object for the same clients and timeout)."""
+        known = _known.get(clients[0])
+        if known is None:
+            known = _known[clients[0]] = {}
+        key = (tuple(id(client) for client in clients), node_timeout)
+        quorum = known.get(key)
+        if quorum is None or any(
+            ref() is not client for ref, client in zip(quorum._refs, clients, strict=True)
+        ):
+            quorum = known[key] = cls(clients, node_timeout)
+        return quorum
+
+
+_known: weakref.WeakKeyDictionary[AsyncClient, dict[tuple[Any, ...], Quorum]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+class _Node:
+    """What a quorum knows of one node's answers: its calls in flight (by when each was
+    sent) and the send time of the latest call it answered.
+
+    A node whose oldest call in flight has waited UNANSWERED_AFTER (at most half the node
+    timeout) while another node answered a call sent after it is frozen or cut off: new
+    calls skip it (counted as its error) until it answers; once its calls have failed
+    unanswered (each within the node timeout), one call at a time probes it. So a frozen
+    node does not gather a connection and a timer per call. An event loop that was held
+    up delays every node alike, and marks none; and no call skips so many nodes that fewer
+    than a quorum are left.
+    """
+
+    __slots__ = ("answered", "failed", "in_flight", "sent")
+
+    def __init__(self) -> None:
+        self.in_flight: dict[int, float] = {}
+        self.answered = -math.inf  # when the latest call it answered was sent
+        self.failed = -math.inf  # when the first call that failed unanswered since was sent
+        self.sent = 0
+
+    def unanswered_since(self, now: float, patience: float) -> float | None:
+        """Since when the node has not answered: the oldest call in flight, if it has
+        waited `patience`; or, while a call is in flight, the earliest call that failed
+        unanswered (timed out, connection lost) after its last answer: one call at a time
+        then probes it."""
+        if not self.in_flight:
+            return None
+        oldest = min(self.in_flight.values())
+        if self.failed > self.answered:
+            return min(self.failed, oldest)
+        return oldest if now - oldest >= patience else None
+
+    async def run(self, call: Awaitable[Any], sent_at: float) -> Any:
+        self.sent += 1
+        number = self.sent
+        self.in_flight[number] = sent_at
+        try:
+            reply = await call
+        except BackendError as exc:
+            if Backend.refused(exc):  # an answer all the same
+                self.answered = max(self.answered, sent_at)
+            elif sent_at > self.answered and not self.failed > self.answered:
+                self.failed = sent_at
+            raise
+        finally:
+            del self.in_flight[number]
+        self.answered = max(self.answered, sent_at)
+        return reply
+
+
+class QuorumBackend(Backend):
+    """The `Backend` of a `Quorum`: each call to every node, decided by a quorum."""
+
+    __slots__ = ("_background", "_health", "names", "node_timeout", "nodes", "size")
+
+    def __init__(self, quorum: Quorum) -> None:  # no client of its own: no super().__init__
+        self.loop = asyncio.get_running_loop()
+        # Not the quorum itself: it is this runtime's key among the runtimes (held weakly),
+        # and a reference to it here would keep both alive, and the connections they hold,
+        # for as long as the process lives. What the calls need of it is copied.
+        self.size, self.node_timeout, self.names = quorum.quorum, quorum.node_timeout, quorum.names
+        self.nodes = [Backend(client) for client in quorum.clients]
+        self._health = [_Node() for _ in self.nodes]
+        self._library = self.nodes[0].library
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # ----------------------------------------------------------------- what the runtime reads
+    @property
+    def sees_writes(self) -> bool:
+        return False
+
+    @property
+    def cluster(self) -> bool:
+        return False
+
+    @property
+    def sentinel(self) -> bool:
+        return False
+
+    @property
+    def health_interval(self) -> float:
+        return min(node.health_interval or HEALTH_INTERVAL for node in self.nodes)
+
+    async def master_moved(self, pubsub: PubSub) -> bool:
+        return False
+
+    def new_pubsub(self) -> PubSub:
+        pubsub = QuorumPubSub(self.nodes, self.health_interval, random.Random())
+        return cast(PubSub, pubsub)
+
+    async def close_background_client(self) -> None:
+        await asyncio.gather(*(node.close_background_client() for node in self.nodes))
+
+    # ----------------------------------------------------------------- calls
+    async def run(
+        self,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[str | int],
+        *,
+        timeout: float,
+        operation: str,
+        name: str | None,
+        background: bool = False,
+        fresh: bool = False,
+        again_apart: bool = False,
+        on_sent: Sent = None,
+        wait: tuple[int, int] | None = None,
+        by_text: bool = False,
+        grace: bool = True,
+    ) -> Any:
+        """Run `script` on every node: what a quorum said, in the script's reply format on one
+        node (module docstring); each node's call is sent again apart (it may outlive this one)."""
+        assert wait is None, "a Redlock takes no replicas"
+        call = _Call(
+            self,
+            script,
+            keys,
+            args,
+            bound=timeout,
+            operation=operation,
+            name=name,
+            background=background,
+            fresh=fresh,
+        )
+        if script is RL_ACQUIRE or script is RESUME:
+            return await call.acquire()
+        if script is RENEW:
+            return await call.renew()
+        if script is RL_RELEASE:
+            return await call.release()
+        raise AssertionError(f"{script.name} is not a script a quorum decides")
+
+    @property
+    def patience(self) -> float:
+        """How long a node may leave a call unanswered before it is skipped (`_Node`)."""
+        return min(self.node_timeout / 2, UNANSWERED_AFTER)
+
+    def hopeful(self, indexes: Collection[int], answered: Collection[int]) -> int:
+        """How many of the nodes `indexes` (whose calls are in flight) may still answer in
+        time: not those skipped as unanswering, nor those whose calls failed unanswered
+        (timed out, connection lost) since their last answer, unless they are among
+        `answered`, or unless that would leave fewer than a quorum."""
+        skipped = self.unanswering(self.loop.time())
+        doubtful = {
+            i for i, node in enumerate(self._health) if i in skipped or node.failed > node.answered
+        }
+        if len(self._health) - len(doubtful) < self.size:
+            return len(indexes)
+        return sum(1 for i in indexes if i in answered or i not in doubtful)
+
+    def unanswering(self, now: float) -> dict[int, float]:
+        """The nodes to skip, and for how long each has left a call unanswered while another
+        node answered a later one; none if fewer than a quorum would be left (see
+        `_Node`)."""
+        patience = self.patience
+        silent: dict[int, float] = {}
+        for index, node in enumerate(self._health):
+            since = node.unanswered_since(now, patience)
+            if since is not None and any(
+                other.answered > since for i, other in enumerate(self._health) if i != index
+            ):
+                silent[index] = now - since
+        if len(self._health) - len(silent) < self.size:
+            return {}
+        return silent
+
+    def send(self, index: int, call: Awaitable[Any], sent_at: float) -> asyncio.Task[Any]:
+        """A task running `call` on node `index`, its answer counted for its health."""
+        return self.loop.create_task(self._health[index].run(call, sent_at))
+
+    def keep(self, task: asyncio.Task[Any]) -> None:
+        """Let a node's call go on after the quorum decided (bounded by its own timeout)."""
+        self._background.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self._background.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a late node's failure is of no consequence
+
+    async def spread(
+        self,
+        send: Callable[[int, Backend, float], Awaitable[Any]],
+        decided: Callable[[Votes, int], bool],
+        *,
+        bound: float,
+        operation: str,
+        name: str | None,
+        answered: Collection[int] = (),
+        late: dict[int, asyncio.Task[Any]] | None = None,
+    ) -> tuple[Votes, dict[int, BaseException]]:
+        """Send a call to every node (`send(index, node, timeout)`, bounded by the node
+        timeout and `bound`); return the replies and the errors once `decided(replies,
+        hopeful)` (`hopeful`: the calls in flight that may still be answered in time) or
+        every node is done. The calls still in flight then go on in the background; `late`,
+        if given, is filled with them (by node index). A node that is not answering is
+        skipped (see `_Node`), and a call in flight to one is not waited for, unless it is
+        one of `answered` (it answered an earlier phase of the same call)."""
+        now = self.loop.time()
+        timeout = max(min(bound, self.node_timeout), 0.001)
+        tasks: dict[asyncio.Task[Any], int] = {}
+        errors: dict[int, BaseException] = {}
+        unanswering = self.unanswering(now)
+        for index, node in enumerate(self.nodes):
+            silent = None if index in answered else unanswering.get(index)
+            if silent is not None:  # frozen or cut off: not sent (see `_Node`)
+                errors[index] = BackendError(
+                    f"{operation} of {name!r}: not sent, the server has not answered for "
+                    f"{silent:.3g}s while the others do",
+                    operation=operation,
+                    name=name,
+                )
+                continue
+            tasks[self.send(index, send(index, node, timeout), now)] = index
+        replies: Votes = {}
+        pending = set(tasks)
+
+        def settled() -> bool:
+            # Decided, counting every call in flight; or counting only those that may still
+            # be answered in time (fewer: decided sooner), which takes longer to find out.
+            return decided(replies, len(pending)) or decided(
+                replies, self.hopeful([tasks[task] for task in pending], answered)
+            )
+
+        try:
+            while pending and not settled():
+                # A quorum answered without a decision (a split vote): the rest are waited
+                # for, but a node that stops answering meanwhile no longer counts, so the
+                # wait is looked at again after `patience`.
+                split = len(replies) >= self.size
+                done, pending = await asyncio.wait(
+                    pending,
+                    timeout=self.patience if split else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                for task in done:
+                    error = task.exception()
+                    if error is None:
+                        replies[tasks[task]] = task.result()
+                    elif isinstance(error, BackendError):
+                        errors[tasks[task]] = error
+                    else:
+                        raise error
+        finally:
+            for task in pending:
+                self.keep(task)
+            if late is not None:
+                late.update((tasks[task], task) for task in pending)
+        return replies, errors
+
+    def no_quorum(
+        self,
+        what: str,
+        replies: Votes,
+        errors: dict[int, BaseException],
+        word: Callable[[Any], str],
+        *,
+        operation: str,
+        name: str | None,
+    ) -> QuorumError:
+        """The `QuorumError` of a call no quorum decided: each node's reply (`word`), error
+        or "not awaited"; the first lasting error (else the first) as its cause."""
+        names = self.names
+        nodes = {names[i]: word(reply) for i, reply in replies.items()}
+        nodes.update({names[i]: f"error: {error}" for i, error in errors.items()})
+        for node in names:
+            nodes.setdefault(node, "not awaited")
+        listed = ", ".join(f"{node}: {said}" for node, said in nodes.items())
+        failed = QuorumError(
+            f"{operation} of {name!r}: {what}, {self.size} of {len(names)} nodes needed ({listed})",
+            operation=operation,
+            name=name,
+            quorum=self.size,
+            nodes=nodes,
+            errors={names[i]: error for i, error in sorted(errors.items())},
+        )
+        causes = sorted(errors.items(), key=lambda item: (not lasting(item[1]), item[0]))
+        if causes:
+            failed.__cause__ = causes[0][1]
+        mark_stalled(failed, errors.values(), tolerated=len(names) - self.size)
+        return failed
+
+
+def curable(error: QuorumError) -> bool:
+    """Whether sending the call again may decide it: the nodes whose error would be the
+    same again (`lasting`: a wrong type, a permission, a script error) leave a majority
+    that failed for passing reasons (no reply in time, a connection refused or reset)."""
+    lasting_ones = sum(1 for failed in error.errors.values() if lasting(failed))
+    return len(error.nodes) - lasting_ones >= error.quorum
+
+
+class _Call:
+    """One script call on every node of a quorum, and the reading of their votes."""
+
+    __slots__ = (
+        "args",
+        "backend",
+        "background",
+        "bound",
+        "fresh",
+        "name",
+        "names",
+        "operation",
+        "script",
+        "started",
+        "written",
+    )
+
+    def __init__(
+        self,
+        backend: QuorumBackend,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[str | int],
+        *,
+        bound: float,
+        operation: str,
+        name: str | None,
+        background: bool,
+        fresh: bool,
+    ) -> None:
+        self.backend = backend
+        self.script, self.names, self.args = script, keys, args
+        self.bound, self.operation, self.name = bound, operation, name
+        self.background, self.fresh = background, fresh
+        self.started = backend.loop.time()
+        self.written: set[int] = set()  # nodes the call was written to (or handed to redis-py)
+
+    @property
+    def quorum(self) -> int:
+        return self.backend.size
+
+    def left(self) -> float:
+        return self.bound - (self.backend.loop.time() - self.started)
+
+    async def gather(
+        self,
+        decided: Callable[[Votes, int], bool],
+        script: Script | None = None,
+        args: Sequence[str | int] | None = None,
+        answered: Collection[int] = (),
+        late: dict[int, asyncio.Task[Any]] | None = None,
+    ) -> tuple[Votes, dict[int, BaseException]]:
+        """The call (or `script` with `args`, on the same keys) on every node, within what
+        is left of its bound, decided as `QuorumBackend.spread` says."""
+
+        def send(index: int, node: Backend, timeout: float) -> Awaitable[Any]:
+            return node.run(
+                script or self.script,
+                self.names,
+                self.args if args is None else args,
+                timeout=timeout,
+                operation=self.operation,
+                name=self.name,
+                background=self.background,
+                fresh=self.fresh,
+                again_apart=True,  # the call may outlive its caller (`QuorumBackend.keep`)
+                # (the first phase's: a node it reached may apply it however late)
+                on_sent=None if script else functools.partial(self.written.add, index),
+            )
+
+        return await self.backend.spread(
+            send,
+            decided,
+            bound=self.left(),
+            operation=self.operation,
+            name=self.name,
+            answered=answered,
+            late=late,
+        )
+
+    def failed(
+        self,
+        what: str,
+        replies: Votes,
+        errors: dict[int, BaseException],
+        word: Callable[[Any], str],
+    ) -> QuorumError:
+        return self.backend.no_quorum(
+            what, replies, errors, word, operation=self.operation, name=self.name
+        )
+
+    # ----------------------------------------------------------------- acquire and resume
+    async def acquire(self) -> list[Any]:
+        q = self.quorum
+
+        def decided(replies: Votes, pending: int) -> bool:
+            # Granted; or refused by the answers of a quorum (busy: who holds it is in
+            # them); or too few nodes left to answer for either.
+            granted, answered = sum(1 for r in replies.values() if int(r[0]) == 1), len(replies)
+            out_of_reach = granted + pending < q
+            return granted >= q or (out_of_reach and (answered >= q or answered + pending < q))
+
+        late: dict[int, asyncio.Task[Any]] = {}
+        replies, errors = await self.gather(decided, late=late)
+        agreed: asyncio.Future[int | None] = self.backend.loop.create_future()
+        for index, call in late.items():
+            self.backend.keep(self.backend.loop.create_task(self.fence_late(index, call, agreed)))
+        fence = None
+        try:
+            reply = await self.decide(replies, errors)
+            fence = int(reply[1]) if int(reply[0]) == 1 else None
+            return reply
+        finally:
+            agreed.set_result(fence)
+
+    async def decide(self, replies: Votes, errors: dict[int, BaseException]) -> list[Any]:
+        """The acquire's (or resume's) answer from the nodes' first replies: the agreed
+        fencing token, written back if they differ; a refused acquire given back."""
+        q = self.quorum
+        granted = {i: int(r[1]) for i, r in replies.items() if int(r[0]) == 1}
+        # Reached, unanswered (not refused): it may apply the acquire when it answers again.
+        reached = self.written - replies.keys()
+        unknown = {i for i in reached if not (i in errors and Backend.refused(errors[i]))}
+        if len(granted) >= q:
+            agreed = max(granted.values())
+            if Counter(granted.values())[agreed] >= q:
+                return [1, agreed]
+            acked, fence_replies, fence_errors = await self.fenced(agreed, granted)
+            if acked:
+                return [1, agreed]
+            if self.script is RL_ACQUIRE:
+                await self.give_back(set(granted), unknown)
+            what = "the fencing token was not acknowledged by a quorum"
+            raise self.failed(what, fence_replies, fence_errors, _fence_said)
+        if self.script is RL_ACQUIRE:
+            await self.give_back(set(granted), unknown)
+        refused = [r for r in replies.values() if int(r[0]) != 1]
+        if len(refused) + len(granted) < q or not refused:
+            raise self.failed("no quorum answered", replies, errors, _said)
+        if self.script is RESUME:
+            return [0]
+        if sum(1 for r in refused if int(r[0]) == -1) >= q:
+            return [-1, 0]
+        return _busiest([r for r in refused if int(r[0]) == 0]) or [0, -1]
+
+    async def fence_late(
+        self, index: int, call: asyncio.Task[Any], agreed: asyncio.Future[int | None]
+    ) -> None:
+        """A node whose grant came after the quorum decided issued a fencing token of its
+        own (higher, when its clock had passed the proposal): once the lease exists, it
+        gets the agreed one, as the nodes that decided, rather than at the first renewal.
+        In the background, within the node timeout; token-guarded (a late copy changes
+        nothing once the lease is gone). On a connection of its own, closed when the call
+        ends: the call starts after its caller returned, maybe after the user closed the
+        client (a call on it would connect its pool again, and nobody would close that)."""
+        await asyncio.wait([call])
+        fence = await agreed
+        if fence is None or call.cancelled() or call.exception() is not None:
+            return
+        reply = call.result()
+        if int(reply[0]) != 1 or int(reply[1]) == fence:
+            return
+        node = self.backend.nodes[index]
+        sent = node.run(
+            RL_FENCE,
+            self.names,
+            [self.args[0], fence],
+            timeout=self.backend.node_timeout,
+            operation=self.operation,
+            name=self.name,
+            fresh=True,
+        )
+        with contextlib.suppress(BackendError):
+            await self.backend.send(index, sent, self.backend.loop.time())
+
+    async def fenced(
+        self, agreed: int, granted: Collection[int]
+    ) -> tuple[bool, Votes, dict[int, BaseException]]:
+        """Write the agreed fencing token back to every node (those that `granted` the
+        acquire included, whatever their health): whether a quorum acknowledged it, and
+        what each node said."""
+        q = self.quorum
+
+        def decided(replies: Votes, pending: int) -> bool:
+            acked = sum(1 for r in replies.values() if int(r) == 1)
+            return acked >= q or acked + pending < q
+
+        replies, errors = await self.gather(decided, RL_FENCE, [self.args[0], agreed], granted)
+        return sum(1 for r in replies.values() if int(r) == 1) >= q, replies, errors
+
+    async def give_back(self, granted: set[int], unknown: Collection[int] = ()) -> None:
+        """Undo a refused acquire on every node, under a shield: an abort that also refuses
+        a late copy of the acquire (or, for a token the caller chose, a plain release).
+        Waits for the nodes that granted it to answer (within the call's bound, at least
+        GIVE_BACK_MIN); the others get it in the background, within their node timeout,
+        but for those `unknown` (the acquire reached them, unanswered: frozen, say), which
+        are given the ttl, so that an acquire they apply when they answer again is undone
+        there too (the abort comes after it, or refuses it)."""
+        token, retain = self.args[0], self.args[3] if len(self.args) > 3 else ""
+        args = [token, "abort", retain] if retain != "" else [token, ""]
+        ttl = int(self.args[1]) / 1000
+
+        def send(index: int, node: Backend, timeout: float) -> Awaitable[Any]:
+            bound = ttl if index in unknown else timeout
+            return node.run(
+                RL_RELEASE, self.names, args, timeout=bound, operation=self.operation,
+                name=self.name, background=self.background, fresh=self.fresh, again_apart=True,
+            )  # fmt: skip
+
+        def decided(replies: Votes, pending: int) -> bool:
+            return granted <= replies.keys()
+
+        backend, answered = self.backend, granted | set(unknown)
+        spread = backend.spread(
+            send, decided, bound=self.left(), operation=self.operation, name=self.name,
+            answered=answered,
+        )  # fmt: skip
+        with contextlib.suppress(BackendError, TimeoutError):
+            await run_shielded(spread, timeout=max(self.left(), GIVE_BACK_MIN))
+
+    # ----------------------------------------------------------------- renew and release
+    async def renew(self) -> list[int]:
+        q = self.quorum
+        count = len(self.names)
+
+        def tally(replies: Votes) -> tuple[list[int], list[int]]:
+            yes, no = [0] * count, [0] * count
+            for reply in replies.values():
+                for index, one in enumerate(reply):
+                    if int(one) == 1:
+                        yes[index] += 1
+                    else:
+                        no[index] += 1
+            return yes, no
+
+        def decided(replies: Votes, pending: int) -> bool:
+            yes, no = tally(replies)
+            return all(
+                y >= q or n >= q or (y + pending < q and n + pending < q)
+                for y, n in zip(yes, no, strict=True)
+            )
+
+        replies, errors = await self.gather(decided)
+        yes, no = tally(replies)
+        if any(y < q and n < q for y, n in zip(yes, no, strict=True)):
+            raise self.failed("no quorum renewed or refused every lease", replies, errors, _said)
+        return [1 if y >= q else 0 for y in yes]
+
+    async def release(self) -> list[Any]:
+        q = self.quorum
+
+        def decided(replies: Votes, pending: int) -> bool:
+            done = sum(1 for r in replies.values() if int(r[0]) != 0)
+            refused = len(replies) - done
+            return done >= q or refused >= q or (done + pending < q and refused + pending < q)
+
+        replies, errors = await self.gather(decided)
+        done = [r for r in replies.values() if int(r[0]) != 0]
+        if len(done) >= q:
+            return [1 if any(int(r[0]) == 1 for r in done) else 2, "", "", "", 0]
+        if len(replies) - len(done) >= q:
+            return [0, "", "", "", 0]
+        raise self.failed("no quorum answered", replies, errors, _said)
+
+
+def _said(reply: Any) -> str:
+    """What a node's reply says, in a word (for `QuorumError.nodes`)."""
+    first = reply[0] if isinstance(reply, list) and reply else reply
+    return {1: "ok", 0: "refused", 2: "ok", -1: "token already used"}.get(int(first), "?")
+
+
+def _fence_said(reply: Any) -> str:
+    """What a node's answer to the fencing write says (for `QuorumError.nodes`)."""
+    return "acknowledged" if int(reply) == 1 else "not held"
+
+
+def _busiest(refused: list[Any]) -> list[Any] | None:
+    """The refusal naming the holder most nodes named (its shortest expiry: the earliest
+    time worth trying again), or None."""
+    if not refused:
+        return None
+    holders = Counter(str(r[2]) for r in refused)
+    holder = holders.most_common(1)[0][0]
+    busiest: list[Any] = min((r for r in refused if str(r[2]) == holder), key=lambda r: int(r[1]))
+    return busiest

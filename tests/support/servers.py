@@ -1,0 +1,73 @@
+"""The test suite's servers are the public helpers of `aiolock.testing`; a Redlock's nodes are
+several of them, with a client each; `quorum_calls_ended` waits for the calls a Redlock left
+to its slower nodes."""
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+
+import redis.asyncio
+
+from aiolock._engine.runtime import _runtimes
+from aiolock._transport.quorum import Quorum, QuorumBackend
+from aiolock.testing import RedisServer, ServerBinary, find_binaries
+
+from .waits import eventually
+
+__all__ = (
+    "RedisServer",
+    "ServerBinary",
+    "clients_of",
+    "connections_named",
+    "find_binaries",
+    "independent_servers",
+    "quorum_calls_ended",
+)
+
+
+@contextlib.contextmanager
+def independent_servers(binary: ServerBinary, count: int) -> Iterator[list[RedisServer]]:
+    """`count` servers of `binary`, each on a port of its own (a Redlock's nodes), every one
+    that started stopped at the end."""
+    started: list[RedisServer] = []
+    try:
+        started.extend(RedisServer(binary).start() for _ in range(count))
+        yield started
+    finally:
+        for server in started:
+            server.stop()
+
+
+@contextlib.asynccontextmanager
+async def clients_of(servers: list[RedisServer]) -> AsyncIterator[list[redis.asyncio.Redis]]:
+    """A client of each server, closed at the end."""
+    clients = [redis.asyncio.Redis.from_url(server.url) for server in servers]
+    try:
+        yield clients
+    finally:
+        for client in clients:
+            await client.aclose()
+
+
+async def quorum_calls_ended(clients: list[redis.asyncio.Redis]) -> None:
+    """Wait for the calls a quorum decided without (a slow node's, a late one's) to end:
+    each ends within its node timeout. Until then such a call may still reach its node,
+    or reach it again: after a restart, on the new, empty server."""
+    backends = [
+        runtime.backend
+        for owner, runtime in list(_runtimes.items())
+        if isinstance(owner, Quorum) and any(owner.uses(client) for client in clients)
+    ]
+    await eventually(
+        lambda: not any(isinstance(b, QuorumBackend) and b._background for b in backends),
+        what="the calls left to the slower nodes ended",
+    )
+
+
+async def connections_named(server: RedisServer, name: str) -> int:
+    """How many connections the server has under the client name `name` (redis-py's
+    `client_name`, which the connections aiolock opens for a client take too)."""
+    admin = redis.asyncio.Redis.from_url(server.url)
+    try:
+        return sum(1 for client in await admin.client_list() if client.get("name") == name)
+    finally:
+        await admin.aclose()
