@@ -345,9 +345,13 @@ def build_old(revision: str, directory: Path) -> tuple[Path, Path, str]:
 def _describe_version(python: Path | str, cwd: Path) -> dict[str, str]:
     """Where `import aiolock` leads for `python` run in `cwd`, its data layout, redis-py's
     version."""
+    # The layout module is `aiolock._lua.layout`, and `aiolock._layout` in a tree from before
+    # the private modules moved into folders (the previous release's).
     probe = (
-        "import json, aiolock, aiolock._lua.layout as layout, redis; print(json.dumps({"
-        "'file': aiolock.__file__, 'version': aiolock.__version__, "
+        "import importlib, json, aiolock, redis\n"
+        "try:\n    layout = importlib.import_module('aiolock._lua.layout')\n"
+        "except ImportError:\n    layout = importlib.import_module('aiolock._layout')\n"
+        "print(json.dumps({'file': aiolock.__file__, 'version': aiolock.__version__, "
         "'layout': str(getattr(layout, 'FORMAT_VERSION', '?')), 'redis': redis.__version__}))"
     )
     done = subprocess.run(
