@@ -362,7 +362,7 @@ async def _nemesis(
             kind = kind.replace("leader", "other")
         else:
             assert leader is not None
-            term = leader.term
+            term = leader.fencing_token
         process = candidates.processes[index]
         start = time.monotonic()
         if kind.startswith("kill"):
@@ -384,7 +384,7 @@ async def _nemesis(
 
 async def _observe(election: Election, seen: list[tuple[float, int | None]]) -> None:
     async for leader in election.observe():
-        seen.append((time.monotonic(), None if leader is None else leader.term))  # noqa: PERF401 - as they come
+        seen.append((time.monotonic(), None if leader is None else leader.fencing_token))  # noqa: PERF401 - as they come
 
 
 async def run(config: TortureConfig) -> Report:

@@ -1,0 +1,40 @@
+"""Deprecated names: the one warning they give (docs/versioning.md, "How deprecation works").
+
+A deprecated name keeps working until the release `REMOVED_IN`, and each use warns with a
+`DeprecationWarning` that names its replacement and that release.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+__all__ = ("REMOVED_IN", "renamed_argument", "warn_renamed")
+
+REMOVED_IN = "0.5"
+"""The release that removes the names deprecated in this one."""
+
+
+def warn_renamed(old: str, new: str, *, stacklevel: int = 3) -> None:
+    """Warn that `old` is deprecated: it was renamed `new`, with the same meaning. The
+    default `stacklevel` points at the code calling the function or property that calls
+    this one."""
+    warnings.warn(
+        f"{old} is deprecated and will be removed in aiolock {REMOVED_IN}: use {new}, its new name",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
+
+
+def renamed_argument(owner: str, given: int | None, old_given: int | None) -> int:
+    """The `fencing_token=` argument of `owner`'s constructor, or its deprecated old name
+    `term=` (which warns); exactly one of them is required."""
+    if old_given is None:
+        if given is None:
+            raise TypeError(f"{owner}() missing required keyword argument: 'fencing_token'")
+        return given
+    if given is not None:
+        raise TypeError(
+            f"{owner}() takes fencing_token= or its deprecated old name term=, not both"
+        )
+    warn_renamed(f"{owner}(term=...)", f"{owner}(fencing_token=...)", stacklevel=4)
+    return old_given
