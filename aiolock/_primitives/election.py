@@ -321,8 +321,8 @@ class Election:
     processes). A leader that resigns, or whose block ends, hands over at once; a leader
     that dies is replaced once its term expires, within `ttl`. A leader paused for longer
     than its ttl finds its term lost when it runs again (its work is cancelled), and its
-    late writes carry a lower term than its successor's: storage that keeps the highest
-    term it has seen refuses them.
+    late writes carry a lower fencing token than its successor's: storage that keeps the
+    highest token it has seen refuses them.
 
     `leader()` says who leads now; `observe()` gives every change, in order; `run()` takes
     the callbacks of Kubernetes client-go's leader election. See docs/election.md.
