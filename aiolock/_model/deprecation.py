@@ -7,8 +7,11 @@ A deprecated name keeps working until the release `REMOVED_IN`, and each use war
 from __future__ import annotations
 
 import warnings
+from typing import TypeVar
 
 __all__ = ("REMOVED_IN", "renamed_argument", "warn_renamed")
+
+T = TypeVar("T")
 
 REMOVED_IN = "0.5"
 """The release that removes the names deprecated in this one."""
@@ -25,16 +28,14 @@ def warn_renamed(old: str, new: str, *, stacklevel: int = 3) -> None:
     )
 
 
-def renamed_argument(owner: str, given: int | None, old_given: int | None) -> int:
-    """The `fencing_token=` argument of `owner`'s constructor, or its deprecated old name
-    `term=` (which warns); exactly one of them is required."""
+def renamed_argument(call: str, new: str, given: T | None, old_given: T | None) -> T:
+    """The argument `new=` of `call`, or `term=`, its deprecated old name (which warns);
+    exactly one of the two is required."""
     if old_given is None:
         if given is None:
-            raise TypeError(f"{owner}() missing required keyword argument: 'fencing_token'")
+            raise TypeError(f"{call}() missing required keyword argument: {new!r}")
         return given
     if given is not None:
-        raise TypeError(
-            f"{owner}() takes fencing_token= or its deprecated old name term=, not both"
-        )
-    warn_renamed(f"{owner}(term=...)", f"{owner}(fencing_token=...)", stacklevel=4)
+        raise TypeError(f"{call}() takes {new}= or its deprecated old name term=, not both")
+    warn_renamed(f"{call}(term=...)", f"{call}({new}=...)", stacklevel=4)
     return old_given

@@ -68,7 +68,7 @@ class Leader:
         term: int | None = None,
     ) -> None:
         """`term=` (deprecated, removed in 0.5) is the old name of `fencing_token=`."""
-        token = renamed_argument("Leader", fencing_token, term)
+        token = renamed_argument("Leader", "fencing_token", fencing_token, term)
         for field, given in (
             ("name", name),
             ("identity", identity),
@@ -97,6 +97,7 @@ class Leader:
             value=fields.get("ev", ""),
         )
 
+    @overload
     @classmethod
     def recorded(
         cls,
@@ -108,9 +109,39 @@ class Leader:
         identity: str,
         since_ms: str,
         value: str,
+    ) -> Leader | None: ...
+
+    @overload
+    @classmethod
+    def recorded(
+        cls,
+        name: str,
+        *,
+        held: bool,
+        fence: str,
+        term: str,
+        identity: str,
+        since_ms: str,
+        value: str,
+    ) -> Leader | None: ...
+
+    @classmethod
+    def recorded(
+        cls,
+        name: str,
+        *,
+        held: bool,
+        fence: str,
+        announced: str | None = None,
+        identity: str,
+        since_ms: str,
+        value: str,
+        term: str | None = None,
     ) -> Leader | None:
         """The leader, if a lease is `held` and its fencing token (`fence`) is the one
-        `announced` (the record's `et` field)."""
+        `announced` (the record's `et` field). `term=` (deprecated, removed in 0.5) is the
+        old name of `announced=`."""
+        announced = renamed_argument("Leader.recorded", "announced", announced, term)
         if not held or not announced or announced != fence or not announced.isdigit():
             return None
         return cls(

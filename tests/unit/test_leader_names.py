@@ -54,3 +54,16 @@ def test_the_constructor_takes_exactly_one_of_the_two_names() -> None:
         Leader(fencing_token=1, term=1, **FIELDS)  # type: ignore[call-overload]
     with pytest.raises(TypeError, match="missing required keyword argument: 'fencing_token'"):
         Leader(**FIELDS)  # type: ignore[call-overload]
+
+
+def test_recorded_takes_term_as_the_deprecated_name_of_announced() -> None:
+    fields = {"identity": "host-a:1234", "since_ms": "1765000000500", "value": "=x"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        new = Leader.recorded("jobs", held=True, fence="42", announced="42", **fields)
+    assert new == leader(42)
+    with pytest.warns(
+        DeprecationWarning, match=r"Leader\.recorded\(term=\.\.\.\).*0\.5.*announced"
+    ):
+        old = Leader.recorded("jobs", held=True, fence="42", term="42", **fields)
+    assert old == new
