@@ -28,14 +28,16 @@ def warn_renamed(old: str, new: str, *, stacklevel: int = 3) -> None:
     )
 
 
-def renamed_argument(call: str, new: str, given: T | None, old_given: T | None) -> T:
-    """The argument `new=` of `call`, or `term=`, its deprecated old name (which warns);
-    exactly one of the two is required."""
+def renamed_argument(
+    call: str, given: T | None, old_given: T | None, *, new: str, old: str = "term"
+) -> T:
+    """The argument `new=` of `call`, or `old=`, its deprecated old name (which warns);
+    exactly one of the two is required (a `TypeError` naming them otherwise)."""
     if old_given is None:
         if given is None:
             raise TypeError(f"{call}() missing required keyword argument: {new!r}")
         return given
     if given is not None:
-        raise TypeError(f"{call}() takes {new}= or its deprecated old name term=, not both")
-    warn_renamed(f"{call}(term=...)", f"{call}({new}=...)", stacklevel=4)
+        raise TypeError(f"{call}() takes {new}= or its deprecated old name {old}=, not both")
+    warn_renamed(f"{call}({old}=...)", f"{call}({new}=...)", stacklevel=4)
     return old_given

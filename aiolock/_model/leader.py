@@ -68,7 +68,7 @@ class Leader:
         term: int | None = None,
     ) -> None:
         """`term=` (deprecated, removed in 0.5) is the old name of `fencing_token=`."""
-        token = renamed_argument("Leader", "fencing_token", fencing_token, term)
+        token = renamed_argument("Leader", fencing_token, term, new="fencing_token")
         for field, given in (
             ("name", name),
             ("identity", identity),
@@ -141,7 +141,7 @@ class Leader:
         """The leader, if a lease is `held` and its fencing token (`fence`) is the one
         `announced` (the record's `et` field). `term=` (deprecated, removed in 0.5) is the
         old name of `announced=`."""
-        announced = renamed_argument("Leader.recorded", "announced", announced, term)
+        announced = renamed_argument("Leader.recorded", announced, term, new="announced")
         if not held or not announced or announced != fence or not announced.isdigit():
             return None
         return cls(
