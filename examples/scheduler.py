@@ -5,7 +5,8 @@ over; stop the next one, watch the last take over at once.
 
 Three processes campaign in the election "scheduler" (ttl 2 s). The leader runs the
 scheduler: every 50 ms it writes a tick to a fenced log, a Redis script that refuses a
-term lower than the highest it has accepted. This process observes the election
+fencing token lower than the highest it has accepted (each term's fencing token is larger
+than every earlier term's). This process observes the election
 (`Election.observe()`), and:
 
 1. once the first leader has ticked for a while, kills it (SIGKILL): nobody resigns, so
@@ -14,8 +15,8 @@ term lower than the highest it has accepted. This process observes the election
    out (`release_on_signals`), and the third takes over at once;
 3. stops the third the same way.
 
-Checked: three leaders one after the other, each term larger than the last; the ticks in
-the fenced log all accepted, in term order; the takeover after the kill within the ttl (and
+Checked: three leaders one after the other, each term's fencing token larger than the
+last's; the ticks in the fenced log all accepted, in fencing token order; the takeover after the kill within the ttl (and
 a little), the takeover after the SIGTERM well under a second.
 """
 
@@ -37,8 +38,8 @@ TTL = 2.0
 CANDIDATES = 3
 
 FENCED_TICK = """
--- KEYS[1] highest term accepted, KEYS[2] the ticks (list); ARGV[1] term, ARGV[2] who
--- Returns 1 if the tick is accepted (term >= the highest), else 0.
+-- KEYS[1] highest fencing token accepted, KEYS[2] the ticks (list); ARGV[1] fencing token,
+-- ARGV[2] who. Returns 1 if the tick is accepted (token >= the highest), else 0.
 if tonumber(ARGV[1]) < tonumber(redis.call('GET', KEYS[1]) or '0') then
   return 0
 end
@@ -74,15 +75,17 @@ def start_candidate(url: str, run: str) -> None:
     asyncio.run(candidate(url, run))
 
 
-async def ticked(db: redis.asyncio.Redis, run: str, term: int, count: int) -> None:
-    """Wait until the leader of `term` has ticked `count` times (checked every 50 ms, 30 s
-    at most)."""
+async def ticked(db: redis.asyncio.Redis, run: str, fencing_token: int, count: int) -> None:
+    """Wait until the leader whose term has `fencing_token` has ticked `count` times
+    (checked every 50 ms, 30 s at most)."""
     for _ in range(600):
         ticks = await db.lrange(f"{run}:ticks", 0, -1)
-        if sum(tick.split()[0] == str(term) for tick in ticks) >= count:
+        if sum(tick.split()[0] == str(fencing_token) for tick in ticks) >= count:
             return
         await asyncio.sleep(0.05)
-    raise TimeoutError(f"the leader of term {term} did not tick {count} times in 30 s")
+    raise TimeoutError(
+        f"the leader of fencing token {fencing_token} did not tick {count} times in 30 s"
+    )
 
 
 def pid_of(leader: Leader) -> int:
@@ -111,8 +114,8 @@ async def main() -> None:
                 if stopped_at:
                     takeovers.append(time.monotonic() - stopped_at)
                 leaders.append(leader)
-                print(f"leader: {leader.identity}, term {leader.term}")
-                await ticked(db, run, leader.term, 5)  # it runs the scheduler for a while
+                print(f"leader: {leader.identity}, fencing token {leader.fencing_token}")
+                await ticked(db, run, leader.fencing_token, 5)  # it runs the scheduler for a while
                 stopped_at = time.monotonic()
                 if action == "kill":
                     print(f"  killing {leader.identity} (SIGKILL): nobody resigns")
@@ -129,17 +132,20 @@ async def main() -> None:
                     process.kill()
                     process.join()
             await db.aclose()
-    terms = [leader.term for leader in leaders]
-    tick_terms = [int(term) for term, _ in ticks]
+    tokens = [leader.fencing_token for leader in leaders]
+    tick_tokens = [int(token) for token, _ in ticks]
     print(
         f"takeover after the kill: {takeovers[0]:.2f}s (ttl {TTL:g}s); after the SIGTERM: "
-        f"{takeovers[1] * 1000:.0f} ms; {len(ticks)} ticks from {len(set(tick_terms))} terms"
+        f"{takeovers[1] * 1000:.0f} ms; {len(ticks)} ticks from {len(set(tick_tokens))} terms"
     )
     check(len({pid_of(leader) for leader in leaders}) == 3, "three leaders, one after the other")
-    check(terms == sorted(terms) and len(set(terms)) == 3, "each term larger than the last")
     check(
-        tick_terms == sorted(tick_terms) and set(tick_terms) == set(terms),
-        "every leader ticked, and the fenced log saw the terms in order",
+        tokens == sorted(tokens) and len(set(tokens)) == 3,
+        "each term's fencing token larger than the last's",
+    )
+    check(
+        tick_tokens == sorted(tick_tokens) and set(tick_tokens) == set(tokens),
+        "every leader ticked, and the fenced log saw their fencing tokens in order",
     )
     check(takeovers[0] <= TTL + 1.0, "a killed leader was replaced within the ttl")
     check(takeovers[1] < 1.0, "a leader that stopped was replaced at once")

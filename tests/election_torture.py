@@ -9,10 +9,10 @@ python -m tests.election_torture --seconds 60 [--candidates 3] [--ttl 1] [--seed
 The torture starts a throwaway server of its own (`aiolock.testing`) and `--candidates`
 candidate processes. Each campaigns for ever (`Election.campaign()`); as leader it writes to
 the fenced log at once, then every 20 ms, and resigns after 10 to 75 writes (0.2 to 1.5 s). The
-fenced log is a Lua script on the same server: it accepts a write only with a term at least
-the highest it has accepted, and notes whether the write was late: whether the writer's
-term had ended by then in Redis (the election's key no longer holds it: resigned, expired
-or taken over). Every candidate logs, on `time.monotonic()` (one clock for every process of
+fenced log is a Lua script on the same server: it accepts a write only with a fencing token
+(the term's number) at least the highest it has accepted, and notes whether the write was
+late: whether the writer's term had ended by then in Redis (the election's key no longer
+holds it: resigned, expired or taken over). Every candidate logs, on `time.monotonic()` (one clock for every process of
 the machine): each term won (once announced), each write as it is sent and its outcome
 (which a loss may cut short), each resignation (just before `resign()`), each loss, how
 each term was acquired (attempts, time waited), and each time its event loop ran more than
@@ -26,9 +26,10 @@ next fault.
 
 Checked (the run fails on any):
 
-- the fenced log never accepts a lower term after a higher one, and refuses every late
-  write (every write a leader attempted after its term had ended);
-- terms strictly increase in the order the server announced them (`Term.since`);
+- the fenced log never accepts a lower fencing token after a higher one, and refuses every
+  late write (every write a leader attempted after its term had ended);
+- the terms' fencing tokens strictly increase in the order the server announced them
+  (`Term.since`);
 - a leader paused past its ttl finds its term lost when it runs again, and its work is
   cancelled: it attempts at most one write after resuming (one may be under way);
 - takeover after a leader was killed or paused: the next term is won within ttl + 0.2 s of
@@ -78,19 +79,20 @@ from aiolock import Election, EventKind, Leader, LeaseLostError, LockEvent, add_
 ROOT = Path(__file__).resolve().parents[1]
 
 FENCED_WRITE = """
--- KEYS[1] the fenced log's highest term (string), KEYS[2] its log (list), KEYS[3] the
--- election's state hash; ARGV[1] term, ARGV[2] writer, ARGV[3] the writer's sequence number
--- Returns {accepted (1/0), late (1/0)}: accepted if the term is at least the highest
+-- KEYS[1] the fenced log's highest fencing token (string), KEYS[2] its log (list), KEYS[3]
+-- the election's state hash; ARGV[1] the writer's term's fencing token, ARGV[2] writer,
+-- ARGV[3] the writer's sequence number
+-- Returns {accepted (1/0), late (1/0)}: accepted if the token is at least the highest
 -- accepted; late if the election no longer holds that term (it ended before this write).
-local term = tonumber(ARGV[1])
+local token = tonumber(ARGV[1])
 local highest = tonumber(redis.call('GET', KEYS[1]) or '0')
 local s = redis.call('HMGET', KEYS[3], 'token', 'fence')
 local late = 0
-if not s[1] or tonumber(s[2] or '0') ~= term then
+if not s[1] or tonumber(s[2] or '0') ~= token then
   late = 1
 end
 local accepted = 0
-if term >= highest then
+if token >= highest then
   accepted = 1
   redis.call('SET', KEYS[1], ARGV[1])
 end
@@ -133,9 +135,10 @@ async def _candidate(args: argparse.Namespace, out: Any) -> None:
     keys = [f"{args.name}:highest", f"{args.name}:fenced", election.key]
     rng = random.Random(f"{args.seed}:{args.index}:{pid}")
 
-    def record(event: str, term: int, **fields: Any) -> None:
-        line = {"ev": event, "i": args.index, "pid": pid, "term": term, "t": time.monotonic()}
-        out.write(json.dumps({**line, **fields}) + "\n")
+    def record(event: str, fencing_token: int, **fields: Any) -> None:
+        """One line of the log: `fencing_token` is the term's it is about (0 for none)."""
+        line = {"ev": event, "i": args.index, "pid": pid, "t": time.monotonic()}
+        out.write(json.dumps({**line, "fencing_token": fencing_token, **fields}) + "\n")
 
     def on_event(event: LockEvent) -> None:
         if event.kind is EventKind.ACQUIRED:  # how the term was taken: tries, time waited
@@ -146,25 +149,25 @@ async def _candidate(args: argparse.Namespace, out: Any) -> None:
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     async for term in election.campaign():
-        number = term.fencing_token
-        record("won", number, since=term.since)
+        token = term.fencing_token
+        record("won", token, since=term.since)
         try:
             async with term:
                 last = rng.randint(*HOLD)
                 seq = 0
                 while True:
                     seq += 1
-                    record("try", number, seq=seq)  # (its outcome may never come: a loss)
-                    accepted, late = await write(keys=keys, args=[number, f"c{args.index}", seq])
-                    record("write", number, seq=seq, accepted=int(accepted), late=int(late))
+                    record("try", token, seq=seq)  # (its outcome may never come: a loss)
+                    accepted, late = await write(keys=keys, args=[token, f"c{args.index}", seq])
+                    record("write", token, seq=seq, accepted=int(accepted), late=int(late))
                     if seq >= last:
                         break
                     await asyncio.sleep(WRITE_EVERY)
                 head = await next_in_line(keys=[election.key + ":queue", election.key + ":waiters"])
-                record("resign", number, next=int(head))
+                record("resign", token, next=int(head))
                 await term.resign()
         except LeaseLostError as exc:
-            record("lost", number, reason=str(exc.reason))
+            record("lost", token, reason=str(exc.reason))
     watch.cancel()
 
 
@@ -199,7 +202,7 @@ class Fault:
     kind: str  # "kill-leader", "pause-leader", "kill-other", "pause-other"
     index: int
     pid: int
-    term: int  # the term the leader held (0 for another candidate)
+    fencing_token: int  # the fencing token of the term the leader held (0: another candidate)
     start: float
     resumed: float
     """When the fault stopped acting: just before SIGCONT was sent (a pause), or the time
@@ -358,11 +361,11 @@ async def _nemesis(
         index = None if pid is None else candidates.index_of(pid)
         if kind.endswith("other") or index is None:
             others = [i for i in candidates.processes if i != index]
-            index, term = rng.choice(others), 0
+            index, token = rng.choice(others), 0
             kind = kind.replace("leader", "other")
         else:
             assert leader is not None
-            term = leader.term
+            token = leader.fencing_token
         process = candidates.processes[index]
         start = time.monotonic()
         if kind.startswith("kill"):
@@ -370,7 +373,7 @@ async def _nemesis(
             await process.wait()
             await asyncio.sleep(0.3)
             end = time.monotonic()
-            faults.append(Fault(kind, index, process.pid, term, start, end, end))
+            faults.append(Fault(kind, index, process.pid, token, start, end, end))
             await candidates.start(index)
         else:
             length = rng.uniform(config.ttl + 0.5, config.ttl + 1.5)
@@ -378,13 +381,13 @@ async def _nemesis(
             await asyncio.sleep(length)
             resumed = time.monotonic()
             process.send_signal(signal.SIGCONT)
-            faults.append(Fault(kind, index, process.pid, term, start, resumed, time.monotonic()))
+            faults.append(Fault(kind, index, process.pid, token, start, resumed, time.monotonic()))
     return faults
 
 
 async def _observe(election: Election, seen: list[tuple[float, int | None]]) -> None:
     async for leader in election.observe():
-        seen.append((time.monotonic(), None if leader is None else leader.term))  # noqa: PERF401 - as they come
+        seen.append((time.monotonic(), None if leader is None else leader.fencing_token))  # noqa: PERF401 - as they come
 
 
 async def run(config: TortureConfig) -> Report:
@@ -444,43 +447,48 @@ def check(
     events.sort(key=lambda event: event["t"])
     # The fenced log.
     highest = 0
-    for term_text, accepted, late, writer, seq in fenced:
-        term = int(term_text)
+    for token_text, accepted, late, writer, seq in fenced:
+        token = int(token_text)
         counts["writes"] += 1
         counts["writes accepted" if accepted == "1" else "writes refused"] += 1
         if late == "1":
             counts["late writes"] += 1
             counts["late writes refused" if accepted == "0" else "late writes ACCEPTED"] += 1
             if accepted == "1":
-                violations.append(f"late write of term {term} by {writer} (#{seq}) accepted")
+                violations.append(
+                    f"late write with fencing token {token} by {writer} (#{seq}) accepted"
+                )
         if accepted == "1":
-            if term < highest:
-                violations.append(f"term {term} accepted after term {highest}")
-            highest = max(highest, term)
-    # Terms won: a higher term is never announced before a lower one, by the server's
-    # clock (a candidate that stalls between its win and its log line logs it late).
+            if token < highest:
+                violations.append(f"fencing token {token} accepted after fencing token {highest}")
+            highest = max(highest, token)
+    # Terms won: a higher fencing token is never announced before a lower one, by the
+    # server's clock (a candidate that stalls between its win and its log line logs it late).
     won = [event for event in events if event["ev"] == "won"]
     counts["terms won"] = len(won)
-    for earlier, later in itertools.pairwise(sorted(won, key=lambda event: event["term"])):
-        if later["term"] == earlier["term"]:
-            violations.append(f"term {later['term']} won twice")
+    by_token = sorted(won, key=lambda event: event["fencing_token"])
+    for earlier, later in itertools.pairwise(by_token):
+        if later["fencing_token"] == earlier["fencing_token"]:
+            violations.append(f"fencing token {later['fencing_token']} won twice")
         elif later.get("since", math.inf) < earlier.get("since", -math.inf):
             violations.append(
-                f"term {later['term']} was announced (server clock) before term {earlier['term']}"
+                f"fencing token {later['fencing_token']} was announced (server clock) before "
+                f"fencing token {earlier['fencing_token']}"
             )
     counts["resignations"] = sum(event["ev"] == "resign" for event in events)
     counts["terms lost"] = sum(event["ev"] == "lost" for event in events)
     # Faults, and what the leaders did.
 
     def leading(fault: Fault) -> int | None:
-        """The term the fault's target led when the fault began (None: it did not lead)."""
+        """The fencing token of the term the fault's target led when the fault began (None:
+        it did not lead)."""
         mine = [e for e in events if e["pid"] == fault.pid and e["t"] < fault.start]
         wins = [e for e in mine if e["ev"] == "won"]
         if not wins:
             return None
-        term = int(wins[-1]["term"])
-        ended = any(e["ev"] in ("resign", "lost") and e["term"] == term for e in mine)
-        return None if ended else term
+        token = int(wins[-1]["fencing_token"])
+        ended = any(e["ev"] in ("resign", "lost") and e["fencing_token"] == token for e in mine)
+        return None if ended else token
 
     takeovers: dict[str, list[float]] = {"kill": [], "pause": [], "resign": []}
     for fault in faults:
@@ -488,34 +496,37 @@ def check(
         if led is None:
             counts[f"{fault.kind.split('-')[0]} of a candidate not leading"] += 1
             continue
-        kind, term = fault.kind.split("-")[0], led
+        kind, token = fault.kind.split("-")[0], led
         counts[f"{kind} of the leader"] += 1
-        taken = _next_won(won, fault.start, term)
+        taken = _next_won(won, fault.start, token)
         if taken is None:
-            violations.append(f"{kind} of the leader of term {term}: nobody took over")
+            violations.append(f"{kind} of the leader (fencing token {token}): nobody took over")
             continue
         delay = taken["t"] - fault.start
         takeovers[kind].append(delay)
         stalled = _late_after_fault(config, events, fault, taken)
         if stalled is not None:
             violations.append(
-                f"{kind} of the leader of term {term}: taken over after {delay * 1000:.0f} ms"
+                f"{kind} of the leader (fencing token {token}): taken over after "
+                f"{delay * 1000:.0f} ms"
                 + (f" ({stalled * 1000:.0f} ms of it stalled)" if stalled else "")
             )
         if kind == "pause":
             after = [
                 e
                 for e in events
-                if e["pid"] == fault.pid and e["term"] == term and e["t"] >= fault.resumed
+                if e["pid"] == fault.pid and e["fencing_token"] == token and e["t"] >= fault.resumed
             ]
             writes = [e for e in after if e["ev"] == "try"]
             counts["writes attempted by paused leaders after resuming"] += len(writes)
             if not any(e["ev"] == "lost" for e in after):
-                violations.append(f"the paused leader of term {term}: no loss after resuming")
+                violations.append(
+                    f"the paused leader (fencing token {token}): no loss after resuming"
+                )
             elif len(writes) > 1:
                 # One write may be under way when the loss cancels the work; no more.
                 violations.append(
-                    f"the paused leader of term {term} went on writing after resuming "
+                    f"the paused leader (fencing token {token}) went on writing after resuming "
                     f"({len(writes)} writes)"
                 )
             else:
@@ -524,13 +535,16 @@ def check(
     report.takeovers = takeovers
     _check_resignations(config, events, faults, won, report)
     # The observer.
-    observed = [term for _, term in seen if term is not None]
+    observed = [token for _, token in seen if token is not None]
     counts["changes observed"] = len(seen)
     if observed != sorted(set(observed)):
-        violations.append("the observer saw a term again, or an older term after a newer one")
-    missed = [term for term in won_in_log if term not in set(observed)]
+        violations.append(
+            "the observer saw a term again, or an older term after a newer one (by their "
+            "fencing tokens)"
+        )
+    missed = [token for token in won_in_log if token not in set(observed)]
     if missed:
-        violations.append(f"the observer missed {len(missed)} term(s): {missed[:5]}")
+        violations.append(f"the observer missed {len(missed)} term(s), fencing tokens {missed[:5]}")
     return report
 
 
@@ -568,11 +582,11 @@ def _check_resignations(
     takeovers["resign to a killed or paused candidate"] = []
     takeovers["resign while a candidate stalled"] = []
     takeovers["resign cut short by a kill or pause"] = []
-    lost_terms = {(e["pid"], e["term"]) for e in events if e["ev"] == "lost"}
+    lost_terms = {(e["pid"], e["fencing_token"]) for e in events if e["ev"] == "lost"}
     for event in events:
-        if event["ev"] != "resign" or (event["pid"], event["term"]) in lost_terms:
+        if event["ev"] != "resign" or (event["pid"], event["fencing_token"]) in lost_terms:
             continue  # (a resignation that found the term lost hands nothing over)
-        taken = _next_won(won, event["t"], event["term"])
+        taken = _next_won(won, event["t"], event["fencing_token"])
         if taken is None:
             continue
         delay = taken["t"] - event["t"]
@@ -585,7 +599,7 @@ def _check_resignations(
             takeovers["resign cut short by a kill or pause"].append(delay)
             if _late_after_fault(config, events, fault, taken) is not None:
                 report.violations.append(
-                    f"resignation of term {event['term']} cut short by a "
+                    f"resignation (fencing token {event['fencing_token']}) cut short by a "
                     f"{fault.kind.split('-')[0]} of its leader: taken over after "
                     f"{(taken['t'] - fault.start) * 1000:.0f} ms"
                 )
@@ -600,12 +614,18 @@ def _check_resignations(
     if resign_p99 is not None and resign_p99 > config.resign_bound:
         delay, event, taken = max(timed, key=lambda each: each[0])
         acquired = next(
-            (e for e in events if e["ev"] == "acquired" and e["term"] == taken["term"]), {}
+            (
+                e
+                for e in events
+                if e["ev"] == "acquired" and e["fencing_token"] == taken["fencing_token"]
+            ),
+            {},
         )
         report.violations.append(
             f"takeover after a resignation: p99 {resign_p99 * 1000:.1f} ms (the slowest: "
-            f"term {event['term']} resigned by pid {event['pid']}, pid {event.get('next')} "
-            f"first in line, term {taken['term']} won by pid {taken['pid']} after "
+            f"fencing token {event['fencing_token']} resigned by pid {event['pid']}, pid "
+            f"{event.get('next')} first in line, fencing token {taken['fencing_token']} won by "
+            f"pid {taken['pid']} after "
             f"{delay * 1000:.1f} ms, in {acquired.get('attempts')} attempt(s))"
         )
 
@@ -622,9 +642,10 @@ def _late_after_fault(
     return None
 
 
-def _next_won(won: list[dict[str, Any]], after: float, term: int) -> dict[str, Any] | None:
-    """The first term above `term` logged as won at or after `after`, if any."""
-    return next((e for e in won if e["t"] >= after and e["term"] > term), None)
+def _next_won(won: list[dict[str, Any]], after: float, fencing_token: int) -> dict[str, Any] | None:
+    """The first term with a fencing token above `fencing_token` logged as won at or after
+    `after`, if any."""
+    return next((e for e in won if e["t"] >= after and e["fencing_token"] > fencing_token), None)
 
 
 def _stalled(events: list[dict[str, Any]], pids: set[int], start: float, end: float) -> float:

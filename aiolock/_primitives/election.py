@@ -271,15 +271,15 @@ def _apply(current: Leader | None, change: Change, name: str) -> Leader | None:
     """The leader after `change`, if `current` was the leader before it (older changes
     than `current`'s term change nothing)."""
     if change.event == "won":
-        if current is None or change.term > current.term:
+        if current is None or change.fencing_token > current.fencing_token:
             return Leader(
                 name=name,
                 identity=change.identity,
-                term=change.term,
+                fencing_token=change.fencing_token,
                 since=change.since,
                 value=change.value,
             )
-    elif current is not None and change.term == current.term:
+    elif current is not None and change.fencing_token == current.fencing_token:
         if change.event == "ended":
             return None
         if change.value != current.value:
@@ -292,9 +292,9 @@ def _newer(current: Leader | None, recorded: Leader | None) -> bool:
     (expired), or a term or value the log did not say."""
     if recorded is None:
         return current is not None
-    if current is None or recorded.term > current.term:
+    if current is None or recorded.fencing_token > current.fencing_token:
         return True
-    return recorded.term == current.term and recorded.value != current.value
+    return recorded.fencing_token == current.fencing_token and recorded.value != current.value
 
 
 async def _call(callback: Callable[..., object], *args: object) -> None:
@@ -321,8 +321,8 @@ class Election:
     processes). A leader that resigns, or whose block ends, hands over at once; a leader
     that dies is replaced once its term expires, within `ttl`. A leader paused for longer
     than its ttl finds its term lost when it runs again (its work is cancelled), and its
-    late writes carry a lower term than its successor's: storage that keeps the highest
-    term it has seen refuses them.
+    late writes carry a lower fencing token than its successor's: storage that keeps the
+    highest token it has seen refuses them.
 
     `leader()` says who leads now; `observe()` gives every change, in order; `run()` takes
     the callbacks of Kubernetes client-go's leader election. See docs/election.md.
@@ -544,12 +544,12 @@ class Election:
             operation="inspect",
             name=self._name,
         )
-        pttl, held, fence, term, identity, since, value, newest, entries = reply
+        pttl, held, fence, announced, identity, since, value, newest, entries = reply
         leader = Leader.recorded(
             self._name,
             held=int(held) == 1,
             fence=text(fence),
-            term=text(term),
+            announced=text(announced),
             identity=text(identity),
             since_ms=text(since),
             value=text(value),
@@ -635,8 +635,8 @@ class Election:
                 async with contextlib.aclosing(self.observe()) as changes:
                     async for leader in changes:
                         backoff.reset()
-                        if leader is not None and leader.term != told:
-                            told = leader.term
+                        if leader is not None and leader.fencing_token != told:
+                            told = leader.fencing_token
                             await _call(on_new_leader, leader.identity)
             except BackendError as exc:
                 logger.warning("aiolock: election %r: %s; observing again", self._name, exc)

@@ -13,6 +13,7 @@ from typing import Any
 from .._lua.layout import LockKeys
 from .._model.hold_stats import HoldStats
 from .._model.holder import LockInfo
+from .._model.leader import Leader
 from .._ops.doctor import Diagnosis
 from .._ops.inspection import ForceRelease, Kind, LockState, QueueEntry, kind_named
 
@@ -145,9 +146,17 @@ def show_dict(state: LockState, prefix: str, kind: Kind) -> dict[str, Any]:
         "reader_queue": _queue_list(state.reader_queue) if kind.sides else None,
         "recent_holds_ms": list(state.holds_ms),
         "hold_stats": stats_dict(state.hold_stats()),
-        "leader": dataclasses.asdict(state.leader) if state.leader else None,
+        "leader": leader_dict(state.leader),
         "server_time": state.server_time,
     }
+
+
+def leader_dict(leader: Leader | None) -> dict[str, Any] | None:
+    """An election's leader in `show --json` (its keys: docs/cli.md). `term` is the
+    deprecated old name of `fencing_token`, kept beside it until 0.5."""
+    if leader is None:
+        return None
+    return {**dataclasses.asdict(leader), "term": leader.fencing_token}
 
 
 def _queue_list(queue: Sequence[QueueEntry]) -> list[dict[str, Any]]:

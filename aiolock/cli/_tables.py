@@ -232,7 +232,7 @@ def _election_facts(facts: Table, state: LockState) -> None:
         )
     else:
         facts.add_row("leader", quoted(leader.identity))
-        facts.add_row("term", f"{leader.term} (its fencing token)")
+        facts.add_row("term", f"fencing token {leader.fencing_token}")
         age = max(state.server_time - leader.since, 0.0)
         facts.add_row("since", f"{utc(leader.since)} ({duration(age)} ago)")
         facts.add_row("value", "-" if leader.value is None else quoted(leader.value))

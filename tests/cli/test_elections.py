@@ -89,21 +89,23 @@ async def test_ls_show_and_watch_name_the_leader_its_term_and_the_candidates(
         assert detail["leader"] == {
             "name": name,
             "identity": "host-a:1234",
-            "term": term.fencing_token,
+            "fencing_token": term.fencing_token,
             "since": term.since,
             "value": "http://host-a:8080",
+            "term": term.fencing_token,  # its deprecated old name, until 0.5
         }
         assert [entry["count"] for entry in detail["queue"]] == [1, 1]
         text = (await arun("--url", server_url, "show", name)).out
         for expected in (
             "election",
             "'host-a:1234'",
-            f"{term.fencing_token} (its fencing token)",
             "'http://host-a:8080'",
             "2 waiting",
             "candidates: 2 process(es), 2 waiter(s)",
         ):
             assert expected in text, expected
+        rows_shown = [ln.split() for ln in text.splitlines()]
+        assert ["term", "fencing", "token", str(term.fencing_token)] in rows_shown
 
         only = await arun("--url", server_url, "ls", f"{tag}:*", "--kind", "election", "--json")
         assert [row["name"] for row in only.json()] == [name]

@@ -77,7 +77,7 @@ async def hand_over_and_observe(
         assert loop.time() - resigned < NOTIFIED_BOUND, "not handed over by the notification"
         assert taken.fencing_token > term.fencing_token
         await eventually(lambda: len(seen) >= 4, what="the hand-over observed")
-        assert [None if s is None else (s.identity, s.term) for s in seen[:4]] == [
+        assert [None if s is None else (s.identity, s.fencing_token) for s in seen[:4]] == [
             None,
             (first.identity, term.fencing_token),
             None,

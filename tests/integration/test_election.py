@@ -100,7 +100,7 @@ async def test_a_term_is_announced_with_its_identity_value_and_number(
                     leader = await election.leader()
                     assert leader is not None
                     assert (leader.identity, leader.value) == ("host-a:1234", "http://host-a:8080")
-                    assert leader.term == term.fencing_token == term.lease.fencing_token
+                    assert leader.fencing_token == term.fencing_token == term.lease.fencing_token
                     assert leader.since == term.since and leader.name == name
                     await term.proclaim("http://host-a:9090")
                     assert described(await election.leader()) == (
@@ -357,7 +357,7 @@ async def test_observers_see_every_change_in_order(
         await term_b.resign()
         await observer.saw(6, "six changes")
     assert observer.described == [None, ("a", "a0"), ("a", "a1"), None, ("b", "b0"), None]
-    terms = [leader.term for leader in observer.seen if leader is not None]
+    terms = [leader.fencing_token for leader in observer.seen if leader is not None]
     assert terms == [term_a.fencing_token] * 2 + [term_b.fencing_token]
 
 
@@ -426,7 +426,7 @@ async def test_a_late_resignation_does_not_end_the_next_leaders_term(
         await observer.saw(2, "b's proclamation")
         assert observer.described == [("b", None), ("b", "after")]
     log = (await b._read("0-0")).changes
-    assert [c.event for c in log if c.term == term_b.fencing_token] == ["won", "value"]
+    assert [c.event for c in log if c.fencing_token == term_b.fencing_token] == ["won", "value"]
     await term_b.resign()
 
 
