@@ -1,7 +1,7 @@
 """The test suite's servers are the public helpers of `aiolock.testing`; a Redlock's nodes are
 several of them, with a client each; `quorum_calls_ended` waits for the calls a Redlock left
 to its slower nodes. The clients several processes would have (`all_closed`), and a
-server's clock (`server_ms`)."""
+server's clock (`server_ms`, `server_us`)."""
 
 import contextlib
 from collections.abc import AsyncIterator, Iterator
@@ -25,6 +25,7 @@ __all__ = (
     "independent_servers",
     "quorum_calls_ended",
     "server_ms",
+    "server_us",
 )
 
 
@@ -66,10 +67,15 @@ def clients_of(
     return all_closed([redis.asyncio.Redis.from_url(server.url) for server in servers])
 
 
+async def server_us(client: redis.asyncio.Redis) -> int:
+    """The server's clock (TIME), in µs (the unit of a fencing token read off the clock)."""
+    seconds, micros = await client.time()
+    return int(seconds) * 1_000_000 + int(micros)
+
+
 async def server_ms(client: redis.asyncio.Redis) -> int:
     """The server's clock (TIME), in ms."""
-    seconds, micros = await client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
+    return await server_us(client) // 1000
 
 
 async def quorum_calls_ended(clients: list[redis.asyncio.Redis]) -> None:
