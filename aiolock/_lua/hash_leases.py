@@ -13,6 +13,8 @@ one lease's expiry. KEYS[2] and KEYS[3] are the caller's wait queue (as a lock's
 A script is CONSTANTS, then `STATE` (one HGETALL reads everything), COMMON, FORBID and
 HOLDS if it releases, `LEASES` (and `END_LEASE` if it releases), and its own code, which sets `limit` (a semaphore's; nil otherwise).
 Writes are gathered and made by `flush()` in at most three commands (HDEL, HSET, PEXPIRE).
+What the semaphore's permit index does alike is written once here: `GATHERED` (in `LEASES`
+and in `_lua.permit_index.INDEX`) and `end_lease` (`END_LEASE`, and its `END_PERMIT`).
 """
 
 from __future__ import annotations
@@ -302,7 +304,8 @@ end
 def end_lease(drop: str) -> str:
     """The release scripts' end of a lease, after the state's helpers (with FORBID and
     HOLDS; ARGV as RELEASE's): `drop` names the Lua function that forgets the leases in a
-    set of field names (`scan` here, `drop_permits` for the permit index)."""
+    set of field names (`scan` here, `drop_permits` for the permit index). With it,
+    `not_held()`: the reply of a release that found no lease under its token."""
     return _END_LEASE.replace("DROP(drop)", f"{drop}(drop)")
 
 
@@ -328,6 +331,17 @@ local function end_lease(field, drop)
   if held ~= '' then
     record_hold(held)
   end
+end
+-- The reply of a release that found no lease under its token: 2 if the token ended
+-- already (a retry after a lost reply), else 0 (an abort forbids the token first).
+local function not_held()
+  if state.r and string.find(state.r, mine, 1, true) then
+    return reply(2)
+  end
+  if mode == 'abort' then
+    forbid(ARGV[1], false)
+  end
+  return reply(0)
 end
 """
 
