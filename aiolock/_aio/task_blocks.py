@@ -1,17 +1,31 @@
 """The `async with` blocks in progress on one primitive object, by task.
 
 A `Lock` (or `MultiLock`, ...) object may be shared by tasks: each task's block holds a
-lease of its own, and its `__aexit__` releases that one, the task's innermost.
+lease of its own, and its `__aexit__` releases that one, the task's innermost
+(`Blocks.exit`, which every primitive's `__aexit__` delegates to).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Generic, TypeVar
+from types import TracebackType
+from typing import Any, Generic, Protocol, TypeVar
 
 __all__ = ("Blocks",)
 
-T = TypeVar("T")
+
+class _Guarding(Protocol):
+    """What a block holds: a lease (a `Lease`, a `MultiLease`) guarding its body."""
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
+T = TypeVar("T", bound=_Guarding)
 
 
 class Blocks(Generic[T]):
@@ -36,3 +50,27 @@ class Blocks(Generic[T]):
             if self._entries[index][0] is task:
                 return self._entries.pop(index)[1]
         return None
+
+    async def exit(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+        *,
+        not_held: str,
+    ) -> None:
+        """The current task leaves its innermost block: that block's lease's `__aexit__`,
+        given the body's exception (what it raises is raised).
+
+        Raises:
+            RuntimeError: `not_held`, the current task holds no block of this object (the
+                blocks of other tasks are left as they are).
+
+        Cancellation:
+            As the lease's `__aexit__` (its release runs to completion, then a cancellation
+            propagates); the block is left in any case.
+        """
+        lease = self.left(asyncio.current_task())
+        if lease is None:
+            raise RuntimeError(not_held)
+        await lease.__aexit__(exc_type, exc, tb)

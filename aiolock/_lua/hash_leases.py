@@ -13,6 +13,8 @@ one lease's expiry. KEYS[2] and KEYS[3] are the caller's wait queue (as a lock's
 A script is CONSTANTS, then `STATE` (one HGETALL reads everything), COMMON, FORBID and
 HOLDS if it releases, `LEASES` (and `END_LEASE` if it releases), and its own code, which sets `limit` (a semaphore's; nil otherwise).
 Writes are gathered and made by `flush()` in at most three commands (HDEL, HSET, PEXPIRE).
+What the semaphore's permit index does alike is written once here: `GATHERED` (in `LEASES`
+and in `_lua.permit_index.INDEX`) and `end_lease` (`END_LEASE`, and its `END_PERMIT`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from .lock import Script
 __all__ = (
     "END_LEASE",
     "EXPIRE_LEASES",
+    "GATHERED",
     "LEASES",
     "RECENT_CAP_MS",
     "RECENT_ENTRY",
@@ -120,6 +123,83 @@ end
 shared by the read-write lock's leases and the semaphore's permit index (after their
 `recent`, `state` and `now_ms`)."""
 
+GATHERED = (
+    RECENT_MERGED
+    + """-- Remember the token of the lease in field `name`, ended (released, given back) before
+-- its expiry `expires` (ms): kept in `r` until then, at most RECENT_CAP ms. A lease that
+-- expired is not remembered: it did not end as its holder's.
+local function remember(name, expires)
+  if expires > now_ms then
+    local until_ms = math.min(expires, now_ms + RECENT_CAP)
+    recent[#recent + 1] = string.format('%s.%d', string.sub(name, 3, 2 + KEPT),
+      math.ceil(until_ms / 1000))
+    recent_until = math.max(recent_until, until_ms)
+  end
+end
+-- A new fencing token (written by flush()).
+local function issue()
+  local fence = next_fence(last_fence)
+  last_fence, fence_issued = fence, true
+  return fence
+end
+-- Put queue `wid` in line (see enqueue), and keep the state as long as the queue.
+local function line_up(wid, until_ms, count, tail)
+  enqueue(wid, until_ms, count, tail)
+  queued, requeued = true, true
+  queue_until = math.max(queue_until, until_ms + 1000)
+end
+-- Whether a lease is held under `field` now (it may be there, expired, until it is reaped).
+local function holding(field)
+  local lease = state[field]
+  if not lease then
+    return false
+  end
+  clock()
+  return tonumber(string.match(lease, '^%d+ (%d+) ')) > now_ms
+end
+-- Whether the caller's token must be refused (not held under it now, and aborted by its
+-- owner or used already).
+local function refused()
+  if state['p:' .. ARGV[1]] then
+    return false
+  end
+  return state['a:' .. ARGV[1]] ~= nil or (state.r ~= nil and string.find(state.r, mine, 1, true) ~= nil)
+end
+-- flush()'s first part: `r` and `ru` gathered if tokens were remembered; the new `r`, or nil.
+local function write_recent()
+  if #recent == 0 then
+    return nil
+  end
+  local kept = recent_merged()
+  writes[#writes + 1] = 'r'
+  writes[#writes + 1] = kept
+  writes[#writes + 1] = 'ru'
+  writes[#writes + 1] = recent_until
+  return kept
+end
+-- flush()'s writes to the state hash, last of what it gathers: `q` if a queue was put in
+-- line, then one HDEL of `removed` and one HSET of `writes` (each only if not empty).
+local function write_fields()
+  if requeued then
+    writes[#writes + 1] = 'q'
+    writes[#writes + 1] = queue_until
+  end
+  if #removed > 0 then
+    redis.call('HDEL', KEYS[1], unpack(removed))
+  end
+  if #writes > 0 then
+    redis.call('HSET', KEYS[1], unpack(writes))
+  end
+end
+"""
+)
+"""Lua shared by the read-write lock's leases (`LEASES`) and the semaphore's permit index
+(`_lua.permit_index.INDEX`), after their variables (`state`, `mine`, `writes`, `removed`,
+`recent`, `recent_until`, `last_fence`, `fence_issued`, `queued`, `requeued`,
+`queue_until`) and before their own functions: `recent_merged`, `remember`, `issue`,
+`line_up`, `holding`, `refused`, and flush()'s shared parts `write_recent` and
+`write_fields`."""
+
 LEASES = (
     """
 local live, used, latest = 0, {}, 0
@@ -138,7 +218,9 @@ local queue_until, requeued = tonumber(queued or '') or 0, false
 -- expired is not recorded: it did not end as its holder's. `ru`: the latest until (ms),
 -- which the state outlives.
 local recent_until = tonumber(state.ru or '') or 0
--- Count the live permits (their slots, the soonest and latest expiry); forget those that
+"""
+    + GATHERED
+    + """-- Count the live permits (their slots, the soonest and latest expiry); forget those that
 -- expired, and those named in `drop` (a set), remembering the tokens of the latter.
 local function scan(drop)
   clock()
@@ -148,14 +230,7 @@ local function scan(drop)
     expires = tonumber(expires)
     if drop[name] or expires <= now_ms then
       removed[#removed + 1] = name
-      if expires > now_ms then
-        local until_ms = math.min(expires, now_ms + RECENT_CAP)
-        recent[#recent + 1] = string.format('%s.%d', string.sub(name, 3, 2 + KEPT),
-          math.ceil(until_ms / 1000))
-        if until_ms > recent_until then
-          recent_until = until_ms
-        end
-      end
+      remember(name, expires)
       state[name] = nil
     else
       live = live + 1
@@ -191,68 +266,21 @@ local function hold(token, fence, expires_in, ttl_ms, holder, slot, acquired)
     acquired or now_ms, ttl_ms, holder)
   return slot
 end
--- A new fencing token (written by flush()).
-local function issue()
-  local fence = next_fence(last_fence)
-  last_fence, fence_issued = fence, true
-  return fence
-end
--- Put queue `wid` in line (see enqueue), and keep the state as long as the queue.
-local function line_up(wid, until_ms, count, tail)
-  enqueue(wid, until_ms, count, tail)
-  queued, requeued = true, true
-  if until_ms + 1000 > queue_until then
-    queue_until = until_ms + 1000
-  end
-end
-"""
-    + RECENT_MERGED
-    + """-- Write what was gathered. `retain`: the state's lifetime if no permit is left ('' or nil:
+-- Write what was gathered. `retain`: the state's lifetime if no permit is left ('' or nil:
 -- unchanged). The key always outlives its permits and its wait queue.
 local function flush(retain)
-  if #recent > 0 then
-    writes[#writes + 1] = 'r'
-    writes[#writes + 1] = recent_merged()
-    writes[#writes + 1] = 'ru'
-    writes[#writes + 1] = recent_until
-  end
+  write_recent()
   if fence_issued then
     writes[#writes + 1] = 'fence'
     writes[#writes + 1] = last_fence
   end
-  if requeued then
-    writes[#writes + 1] = 'q'
-    writes[#writes + 1] = queue_until
-  end
-  if #removed > 0 then
-    redis.call('HDEL', KEYS[1], unpack(removed))
-  end
-  if #writes > 0 then
-    redis.call('HSET', KEYS[1], unpack(writes))
-  end
+  write_fields()
   local until_ms = math.max(latest, queued and queue_until or 0, recent_until)
   if grew or requeued then
     redis.call('PEXPIRE', KEYS[1], until_ms - now_ms)
   elseif live == 0 and retain and retain ~= '' then
     redis.call('PEXPIRE', KEYS[1], math.max(tonumber(retain), until_ms - now_ms))
   end
-end
--- Whether a lease is held under `field` now (it may be there, expired, until a scan).
-local function holding(field)
-  local lease = state[field]
-  if not lease then
-    return false
-  end
-  clock()
-  return tonumber(string.match(lease, '^%d+ (%d+) ')) > now_ms
-end
--- Whether the caller's token must be refused (not held under it now, and aborted by its
--- owner or used already).
-local function refused()
-  if state['p:' .. ARGV[1]] then
-    return false
-  end
-  return state['a:' .. ARGV[1]] ~= nil or (state.r ~= nil and string.find(state.r, mine, 1, true) ~= nil)
 end
 -- After scan(): the lease already held under the caller's token (a retry after a lost
 -- reply, or acquire-or-extend), its expiry reset to `ttl`, keeping its slot, fencing token
@@ -276,7 +304,8 @@ end
 def end_lease(drop: str) -> str:
     """The release scripts' end of a lease, after the state's helpers (with FORBID and
     HOLDS; ARGV as RELEASE's): `drop` names the Lua function that forgets the leases in a
-    set of field names (`scan` here, `drop_permits` for the permit index)."""
+    set of field names (`scan` here, `drop_permits` for the permit index). With it,
+    `not_held()`: the reply of a release that found no lease under its token."""
     return _END_LEASE.replace("DROP(drop)", f"{drop}(drop)")
 
 
@@ -302,6 +331,17 @@ local function end_lease(field, drop)
   if held ~= '' then
     record_hold(held)
   end
+end
+-- The reply of a release that found no lease under its token: 2 if the token ended
+-- already (a retry after a lost reply), else 0 (an abort forbids the token first).
+local function not_held()
+  if state.r and string.find(state.r, mine, 1, true) then
+    return reply(2)
+  end
+  if mode == 'abort' then
+    forbid(ARGV[1], false)
+  end
+  return reply(0)
 end
 """
 

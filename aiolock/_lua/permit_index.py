@@ -41,10 +41,10 @@ not extend them).
 from __future__ import annotations
 
 from .hash_leases import (
+    GATHERED,
     RECENT_CAP_MS,
     RECENT_ENTRY,
     RECENT_MAX,
-    RECENT_MERGED,
     RELEASE_HELPERS,
     end_lease,
 )
@@ -137,19 +137,12 @@ local function rebuild()
   counted, indexed = true, true
 end
 """
-    + RECENT_MERGED
+    + GATHERED
     + """-- Write what was gathered (and start gathering anew). `retain`: the state's lifetime if
 -- no permit is left ('' or nil: unchanged). Both keys outlive every permit, the wait
 -- queue and the recorded tokens.
 local function flush(retain)
-  if #recent > 0 then
-    local kept = recent_merged()
-    state.r = kept
-    writes[#writes + 1] = 'r'
-    writes[#writes + 1] = kept
-    writes[#writes + 1] = 'ru'
-    writes[#writes + 1] = recent_until
-  end
+  state.r = write_recent() or state.r
   if #recent > 0 or indexed then
     writes[#writes + 1] = 'xr'
     writes[#writes + 1] = string.match(state.r or '', '^%S+') or ''
@@ -178,16 +171,7 @@ local function flush(retain)
     writes[#writes + 1] = 'n'
     writes[#writes + 1] = top
   end
-  if requeued then
-    writes[#writes + 1] = 'q'
-    writes[#writes + 1] = queue_until
-  end
-  if #removed > 0 then
-    redis.call('HDEL', KEYS[1], unpack(removed))
-  end
-  if #writes > 0 then
-    redis.call('HSET', KEYS[1], unpack(writes))
-  end
+  write_fields()
   -- Slots freed (or rescored) only change existing members; held ones may add a member (a
   -- slot used for the first time, or an index that expired before the state).
   local changed, added = {}, {}
@@ -368,13 +352,7 @@ local function drop_permits(drop)
     local lease = state[name]
     if lease then
       local slot, expires = string.match(lease, '^(%d+) (%d+) ')
-      expires = tonumber(expires)
-      if expires > now_ms then
-        local until_ms = math.min(expires, now_ms + RECENT_CAP)
-        recent[#recent + 1] = string.format('%s.%d', string.sub(name, 3, 2 + KEPT),
-          math.ceil(until_ms / 1000))
-        recent_until = math.max(recent_until, until_ms)
-      end
+      remember(name, tonumber(expires))
       removed[#removed + 1] = name
       removed[#removed + 1] = 's' .. slot
       state[name] = nil
@@ -384,31 +362,6 @@ local function drop_permits(drop)
       counted = true
     end
   end
-end
--- A new fencing token (written by flush()).
-local function issue()
-  local fence = next_fence(last_fence)
-  last_fence, fence_issued = fence, true
-  return fence
-end
--- Put queue `wid` in line (see enqueue), and keep the state as long as the queue.
-local function line_up(wid, until_ms, count, tail)
-  enqueue(wid, until_ms, count, tail)
-  queued, requeued = true, true
-  queue_until = math.max(queue_until, until_ms + 1000)
-end
--- Whether a permit is held under `field` now (read into `state`).
-local function holding(field)
-  local lease = state[field]
-  return lease ~= nil and tonumber(string.match(lease, '^%d+ (%d+) ')) > now_ms
-end
--- Whether the caller's token must be refused (not held under it now, and aborted by its
--- owner or used already).
-local function refused()
-  if state['p:' .. ARGV[1]] then
-    return false
-  end
-  return state['a:' .. ARGV[1]] ~= nil or (state.r ~= nil and string.find(state.r, mine, 1, true) ~= nil)
 end
 -- The permit already held under the caller's token (a retry after a lost reply, or
 -- acquire-or-extend), its expiry reset to `ttl`, keeping its slot, fencing token and

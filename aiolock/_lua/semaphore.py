@@ -309,13 +309,7 @@ if withdraw ~= '' then
   end
   return reply(3)
 end
-if state.r and string.find(state.r, mine, 1, true) then
-  return reply(2)
-end
-if mode == 'abort' then
-  forbid(ARGV[1], false)
-end
-return reply(0)
+return not_held()
 """,
 )
 

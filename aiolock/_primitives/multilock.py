@@ -464,7 +464,6 @@ class MultiLock:
         tb: TracebackType | None,
     ) -> None:
         """Release the current task's leases; see `MultiLease.__aexit__`."""
-        held = self._held.left(asyncio.current_task())
-        if held is None:
-            raise RuntimeError("this MultiLock is not held by the current task")
-        await held.__aexit__(exc_type, exc, tb)
+        await self._held.exit(
+            exc_type, exc, tb, not_held="this MultiLock is not held by the current task"
+        )

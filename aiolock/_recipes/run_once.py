@@ -45,6 +45,7 @@ __all__ = (
     "check_node_timeout",
     "done_marker",
     "run_once",
+    "takes_lease",
 )
 
 T = TypeVar("T")
@@ -152,6 +153,13 @@ def _check_fn(fn: Callable[..., object]) -> bool:
             "object with an async __call__, or a lambda returning a coroutine, got "
             f"{what}; make it async def"
         )
+    return takes_lease(fn)
+
+
+def takes_lease(fn: Callable[..., object]) -> bool:
+    """Whether a job `fn` is called with the lease (one required positional parameter) or
+    with nothing (none, or no signature to read); `TypeError` if it requires more. Shared
+    by `aiolock.sync.run_once`."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # no signature to read (a builtin): call it bare

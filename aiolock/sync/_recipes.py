@@ -21,6 +21,7 @@ from .._recipes.run_once import (
     check_job_key,
     check_node_timeout,
     done_marker,
+    takes_lease,
 )
 from ..errors import AcquireTimeoutError
 from . import _portal
@@ -55,21 +56,7 @@ def _sync_job(fn: object) -> bool:
         )
     if not callable(fn):
         raise TypeError(f"fn must be a function, got {type(fn).__name__}")
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return False
-    positional = [
-        p
-        for p in signature.parameters.values()
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
-    ]
-    if len(positional) > 1:
-        raise TypeError(
-            "fn must take no arguments, or one (the Lease), got "
-            f"{len(positional)} required positional parameters"
-        )
-    return len(positional) == 1
+    return takes_lease(fn)
 
 
 def run_once(

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from aiolock import cli
+from aiolock import Lease, cli
 
 from ..support import waits
 
@@ -79,3 +79,12 @@ async def eventually(
 ) -> None:
     """Wait until `predicate()` holds (it reads state from Redis), or fail naming `what`."""
     await waits.eventually(predicate, what=what, timeout=timeout, interval=0.01)
+
+
+async def release_all(leases: list[Lease], waiters: list[asyncio.Task[Lease]]) -> None:
+    """Release `leases`, then each waiter's lease as it gets in (a permit, a side freed
+    above: the read-write lock's writers first, then its readers)."""
+    for lease in leases:
+        await lease.release()
+    for waiter in asyncio.as_completed(waiters):
+        await (await waits.within(waiter, what="a waiter to get in")).release()

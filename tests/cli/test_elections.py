@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -17,23 +17,12 @@ import redis.asyncio
 from aiolock import Election, Lock, Term
 from aiolock._model.holder import HOST
 
-from ..conftest import make_client
 from ..support.waits import within
 from .conftest import Run, eventually
 
 pytestmark = pytest.mark.real_only
 
 AsyncRunCli = Callable[..., Awaitable[Run]]
-
-
-@pytest.fixture
-async def clients(server_url: str) -> AsyncIterator[list[redis.asyncio.Redis]]:
-    made = [make_client(server_url) for _ in range(3)]
-    try:
-        yield made
-    finally:
-        for client in made:
-            await client.aclose()
 
 
 async def test_ls_show_and_watch_name_the_leader_its_term_and_the_candidates(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -19,25 +19,13 @@ from aiolock import Lease, Lock, ReadLock, ReadWriteLock, Semaphore, WriteLock
 from aiolock._model.holder import HOST
 from aiolock._primitives.rwlock import _RWKeys
 
-from ..conftest import make_client
 from ..support.load import scaled
 from ..support.waits import within
-from .conftest import Run, eventually
+from .conftest import Run, eventually, release_all
 
 pytestmark = pytest.mark.real_only
 
 AsyncRunCli = Callable[..., Awaitable[Run]]
-
-
-@pytest.fixture
-async def clients(server_url: str) -> AsyncIterator[list[redis.asyncio.Redis]]:
-    """Six clients on the session's server, as six processes would have."""
-    made = [make_client(server_url) for _ in range(6)]
-    try:
-        yield made
-    finally:
-        for client in made:
-            await client.aclose()
 
 
 async def acquire_as(side: ReadLock | WriteLock, task: str) -> Lease:
@@ -62,13 +50,6 @@ async def wait_in_line(
 
         await eventually(queued, what=f"{count} process(es) queued in Redis")
     return waiters
-
-
-async def release_all(leases: list[Lease], waiters: list[asyncio.Task[Lease]]) -> None:
-    for lease in leases:
-        await lease.release()
-    for waiter in asyncio.as_completed(waiters):  # writers first, then the readers
-        await (await within(waiter, what="a waiter to get in")).release()
 
 
 async def test_ls_lists_rwlocks_beside_locks_and_semaphores(

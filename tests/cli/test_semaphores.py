@@ -11,7 +11,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -21,10 +21,10 @@ from aiolock import Lease, Lock, Semaphore
 from aiolock._lua.layout import LockKeys
 from aiolock._model.holder import HOST
 
-from ..conftest import make_client
 from ..support.load import scaled
+from ..support.servers import server_ms
 from ..support.waits import within
-from .conftest import Run, eventually
+from .conftest import Run, eventually, release_all
 
 pytestmark = pytest.mark.real_only
 
@@ -35,25 +35,9 @@ def sem_keys(name: str) -> LockKeys:
     return LockKeys.build("aiolock", name, "sem:")
 
 
-@pytest.fixture
-async def clients(server_url: str) -> AsyncIterator[list[redis.asyncio.Redis]]:
-    """Four clients on the session's server, as four processes would have."""
-    made = [make_client(server_url) for _ in range(4)]
-    try:
-        yield made
-    finally:
-        for client in made:
-            await client.aclose()
-
-
 async def acquire_as(semaphore: Semaphore, task: str) -> Lease:
     """A permit acquired by a task named `task` (the name recorded with the permit)."""
     return await asyncio.create_task(semaphore.acquire(), name=task)
-
-
-async def server_ms(client: redis.asyncio.Redis) -> int:
-    seconds, micros = await client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
 
 
 async def queue_up(
@@ -72,13 +56,6 @@ async def queue_up(
 
         await eventually(queued, what=f"{count} process(es) queued in Redis")
     return waiters
-
-
-async def release_all(leases: list[Lease], waiters: list[asyncio.Task[Lease]]) -> None:
-    for lease in leases:
-        await lease.release()
-    for waiter in asyncio.as_completed(waiters):  # each gets a permit freed above
-        await (await within(waiter, what="a waiter to get a permit")).release()
 
 
 async def test_ls_lists_semaphores_beside_locks(

@@ -50,7 +50,7 @@ from ..conftest import in_ci
 from ..deployments.cluster import ClusterGroup
 from ..deployments.sentinel import SERVICE, SentinelGroup
 from ..support.load import scaled
-from ..support.servers import RedisServer, ServerBinary
+from ..support.servers import RedisServer, ServerBinary, all_closed
 from ..support.waits import eventually, within
 
 pytestmark = pytest.mark.real_only
@@ -79,12 +79,8 @@ def valkey_url(valkey_binary: ServerBinary) -> Iterator[str]:
 @pytest.fixture
 async def vclients(valkey_url: str) -> AsyncIterator[list[valkey.asyncio.Valkey]]:
     """Three valkey-py clients of the server, as three processes would have."""
-    made = [valkey.asyncio.Valkey.from_url(valkey_url) for _ in range(3)]
-    try:
+    async with all_closed([valkey.asyncio.Valkey.from_url(valkey_url) for _ in range(3)]) as made:
         yield made
-    finally:
-        for client in made:
-            await client.aclose()
 
 
 async def commandstats(client: valkey.asyncio.Valkey) -> dict[str, int]:

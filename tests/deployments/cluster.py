@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import Any, Final, Self
 
@@ -25,7 +25,7 @@ from redis.crc import key_slot
 from aiolock.testing import ServerStartError
 from aiolock.testing._servers import free_ports
 
-from ..support.servers import RedisServer, ServerBinary
+from ..support.servers import RedisServer, ServerBinary, all_closed
 from ..support.waits import WaitTimeout, eventually
 from .sentinel import _ask, _quietly
 
@@ -148,6 +148,10 @@ class ClusterGroup:
         nodes = [ClusterNode("127.0.0.1", server.port) for server in self.servers]
         return RedisCluster(startup_nodes=nodes, **kwargs)
 
+    def clients(self, count: int) -> contextlib.AbstractAsyncContextManager[list[RedisCluster]]:
+        """`count` clients (`client()`), as `count` processes would have, closed at the end."""
+        return all_closed([self.client() for _ in range(count)])
+
     async def owner(self, slot: int) -> RedisServer:
         """The primary serving `slot`, as the first node that answers says."""
         for server in self.servers:
@@ -159,6 +163,11 @@ class ClusterGroup:
                 if int(start) <= slot <= int(end):
                     return self.by_port(int(primary[1]))
         raise AssertionError(f"no node answered who serves slot {slot}")
+
+    async def migration_of(self, slot: int) -> tuple[RedisServer, RedisServer]:
+        """Where `slot` would migrate: the primary serving it, and another primary."""
+        source = await self.owner(slot)
+        return source, next(s for s in self.servers[:3] if s is not source)
 
     def by_port(self, port: int) -> RedisServer:
         for server in self.servers:
@@ -304,3 +313,11 @@ async def on_replica(replica: RedisServer, key: str) -> bool:
         return bool(await client.exists(key))
     finally:
         await client.aclose()
+
+
+@contextlib.asynccontextmanager
+async def cluster_of(binary: ServerBinary) -> AsyncIterator[ClusterGroup]:
+    """A cluster of `binary`'s servers, created, for the block (every process stopped after)."""
+    with ClusterGroup(binary) as group:
+        await group.create()
+        yield group

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import time
@@ -39,6 +38,8 @@ from typing import Any
 import redis.asyncio
 
 from aiolock import LeaseLostError, Lock, ReadLock, ReadWriteLock, Semaphore, WriteLock
+
+from ..support import programs
 
 __all__ = ("FENCED_WRITE", "fenced_write")
 
@@ -67,8 +68,8 @@ async def fenced_write(client: redis.asyncio.Redis, fence_key: str, token: int, 
 
 
 def emit(event: str, **fields: Any) -> None:
-    sys.stdout.write(json.dumps({"event": event, "t": time.monotonic(), **fields}) + "\n")
-    sys.stdout.flush()
+    """A line for the test, with the time it was written (`t`, monotonic)."""
+    programs.emit(event, t=time.monotonic(), **fields)
 
 
 def primitive(
@@ -124,9 +125,7 @@ async def main(args: argparse.Namespace) -> None:
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="A lock holder in a process of its own.")
-    parser.add_argument("--url", required=True)
-    parser.add_argument("--name", required=True)
+    parser = programs.parser("A lock holder in a process of its own.")
     parser.add_argument("--ttl", type=float, default=1.0)
     parser.add_argument("--hold", type=float, default=60.0)
     parser.add_argument("--mode", choices=("hold", "block"), default="hold")

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
-from typing import Any
 
 import redis.asyncio
 
@@ -31,10 +29,8 @@ from aiolock import Semaphore
 from aiolock._engine.runtime import runtime_for
 from aiolock._lua.layout import LockKeys
 
-
-def emit(event: str, **fields: Any) -> None:
-    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
-    sys.stdout.flush()
+from ..support import programs
+from ..support.programs import emit
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -81,9 +77,7 @@ async def main(args: argparse.Namespace) -> None:
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Semaphore waiters driven from stdin.")
-    parser.add_argument("--url", required=True)
-    parser.add_argument("--name", required=True)
+    parser = programs.parser("Semaphore waiters driven from stdin.")
     parser.add_argument("--limit", type=int, required=True)
     parser.add_argument("--ttl", type=float, default=10.0)
     return parser.parse_args(argv)

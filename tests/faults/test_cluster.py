@@ -38,7 +38,7 @@ from aiolock._lua.layout import LockKeys
 from aiolock._lua.lease import RENEW
 from aiolock._transport.backend import Backend
 
-from ..deployments.cluster import SLOTS, ClusterGroup, on_replica
+from ..deployments.cluster import SLOTS, ClusterGroup, cluster_of, on_replica
 from ..deployments.sentinel import _ask
 from ..integration.test_stalls import turns_taking_grant
 from ..support.load import scaled
@@ -56,19 +56,8 @@ it; without one it would sleep until its fallback timer (the holder's ttl, 10 s 
 
 @pytest.fixture
 async def cluster(binaries: list[ServerBinary]) -> AsyncIterator[ClusterGroup]:
-    with ClusterGroup(binaries[0]) as group:
-        await group.create()
+    async with cluster_of(binaries[0]) as group:
         yield group
-
-
-@contextlib.asynccontextmanager
-async def clients(group: ClusterGroup, count: int) -> AsyncIterator[list[RedisCluster]]:
-    made = [group.client() for _ in range(count)]
-    try:
-        yield made
-    finally:
-        for client in made:
-            await client.aclose()
 
 
 def slot_of(name: str, kind: str = "") -> int:
@@ -113,6 +102,18 @@ async def queued(client: RedisCluster, queue_key: str) -> None:
     await eventually(in_queue, what="the waiter queued in Redis", timeout=scaled(10.0))
 
 
+async def contended(
+    client: RedisCluster, other: RedisCluster, name: str, *, ttl: float, timeout: float
+) -> tuple[Lease, asyncio.Future[Lease], LockKeys, int]:
+    """`name` held by `client` (for `ttl`) and waited for by `other` (for up to `timeout`,
+    queued in Redis): the holder's lease, the waiting acquire, the keys, their slot."""
+    holder = await Lock(client, name, ttl=ttl).acquire()
+    waiting = asyncio.ensure_future(Lock(other, name, ttl=ttl).acquire(timeout=timeout))
+    keys = LockKeys.build("aiolock", name)
+    await queued(client, keys.queue)
+    return holder, waiting, keys, slot_of(name)
+
+
 async def hand_over(holder: Any, waiting: asyncio.Future[Any]) -> Any:
     """Release `holder` and return the lease `waiting` gets, checking it was woken by the
     release's notification."""
@@ -132,7 +133,7 @@ async def test_locks_semaphores_and_rwlocks_work_on_every_primary(
     a waiter of another client is woken by the release's notification (on Redis 7 and
     Valkey a sharded one, heard on a session per primary), and `info()` reads the name's
     keys from its node."""
-    async with clients(cluster, 2) as (client, other):
+    async with cluster.clients(2) as (client, other):
         with recorded(EventKind.RENEWED) as renewed:
             for lock_name in names_in_thirds(name):
                 lease = await Lock(client, lock_name, ttl=10, renew_interval=0.1).acquire()
@@ -183,7 +184,7 @@ async def test_the_first_calls_of_a_new_client_go_to_their_slots_owners(
     which slot (redis-py sends such calls to any node; every fifth MOVED answer makes it
     close all its connections, those of calls in flight included)."""
     names = [f"{name}:{i}" for i in range(24)]
-    async with clients(cluster, 1) as (client,):
+    async with cluster.clients(1) as (client,):
         before = await moved_answers(cluster)
         leases = await asyncio.gather(*(Lock(client, n, ttl=10).acquire() for n in names))
         await asyncio.gather(*(lease.release() for lease in leases))
@@ -219,7 +220,7 @@ async def test_a_lock_cycle_sends_its_scripts_to_the_slots_primary_directly(
     """A script call goes on a connection of the primary serving its slot, as aiolock's
     own cluster client knows it, past redis-py's cluster routing: each acquire and release
     is one EVALSHA on that primary, and none goes through `execute_command`."""
-    async with clients(cluster, 1) as (client,):
+    async with cluster.clients(1) as (client,):
         names = names_in_thirds(name, per_third=2)
         for each in names:  # the scripts known to every primary, the client its nodes
             await cycle(client, each)
@@ -240,11 +241,10 @@ async def test_a_call_answered_moved_goes_once_through_the_cluster_routing(
     call sent to the former owner is answered MOVED (not applied) and sent again through
     redis-py's routing, which follows the redirection and learns the new owner; the calls
     after it go to the new owner directly."""
-    async with clients(cluster, 1) as (client,):
+    async with cluster.clients(1) as (client,):
         await cycle(client, name)
         slot = slot_of(name)
-        source = await cluster.owner(slot)
-        target = next(s for s in cluster.servers[:3] if s is not source)
+        _, target = await cluster.migration_of(slot)
         await cluster.move_slot(slot, target)
         before = await moved_answers(cluster)
         with routed_calls(monkeypatch) as routed:
@@ -266,7 +266,7 @@ async def test_a_call_on_a_replaced_primarys_slot_finds_the_new_primary(
     acquire's call meets a refused connection; the calls after it go through redis-py's
     routing for a while, which finds the cluster's nodes again, and the acquire gets the
     lock within its bound."""
-    async with clients(cluster, 1) as (client,):
+    async with cluster.clients(1) as (client,):
         names = names_in_thirds(name)
         await cycle(client, names[0])
         slot = slot_of(names[0])
@@ -308,7 +308,7 @@ async def test_renewals_go_one_call_per_slot_one_round_trip_per_node(
     """A renewal batch over leases in six slots (two on each primary) is one RENEW call per
     slot, sent as one pipeline per node: each primary runs exactly two script calls per
     batch, however the leases were batched."""
-    async with clients(cluster, 1) as (client,):
+    async with cluster.clients(1) as (client,):
         scheduler = runtime_for(client).scheduler
         calls: list[int] = []
         run_each = Backend.run_each
@@ -351,7 +351,7 @@ async def test_a_granted_lease_writes_its_renewal_without_waiting_for_its_answer
     """Taking another client's grant on a cluster writes the renewal to the full ttl on
     the name's primary directly and starts the body once it is written (as on one
     server), without the loop turning in between to read its answer."""
-    async with clients(cluster, 2) as (a, b):
+    async with cluster.clients(2) as (a, b):
         for client in (a, b):  # the scripts loaded, the connections open
             warm = await Lock(client, name, ttl=30).acquire()
             await warm.extend()
@@ -368,12 +368,11 @@ async def test_a_resharding_of_a_held_locks_slot_is_followed_not_reported_as_a_l
     its keys, SETSLOT NODE): renewals follow the ASK replies while the slot migrates and
     the MOVED replies after, and land on the new primary, the lease is kept, the lock stays busy for others, and a waiter is still
     woken by the release."""
-    async with clients(cluster, 2) as (client, other):
+    async with cluster.clients(2) as (client, other):
         with recorded(EventKind.RENEWED) as renewed, recorded(EventKind.LOST) as lost:
             lease = await Lock(client, name, ttl=10, renew_interval=0.1).acquire()
             slot = slot_of(name)
-            source = await cluster.owner(slot)
-            target = next(s for s in cluster.servers[:3] if s is not source)
+            source, target = await cluster.migration_of(slot)
             await eventually(
                 lambda: count(renewed, lease.fencing_token) >= 1, what="a renewal", timeout=5.0
             )
@@ -416,7 +415,7 @@ async def test_a_failover_of_the_primary_keeps_the_lease(cluster: ClusterGroup, 
     switch, each retried), and the lock stays busy for others. (The ttl outlives a manual
     failover that Redis aborts after 5 s on a loaded machine, writes paused meanwhile, and
     the one asked again after it.)"""
-    async with clients(cluster, 2) as (client, other):
+    async with cluster.clients(2) as (client, other):
         with recorded(EventKind.RENEWED) as renewed, recorded(EventKind.RENEWAL_FAILED) as failed:
             lease = await Lock(client, name, ttl=15, renew_interval=0.1).acquire()
             await cluster.fail_over(slot_of(name))
@@ -442,7 +441,7 @@ async def test_a_killed_primary_is_replaced_and_the_replicated_lease_is_kept(
     wait (each call bounded by half the lease's remaining validity); the lease, ttl 8 s,
     outlives the outage: it is kept, never reported lost, and renewed on the new primary,
     and the lock stays busy for others."""
-    async with clients(cluster, 2) as (client, other):
+    async with cluster.clients(2) as (client, other):
         with (
             recorded(EventKind.RENEWED) as renewed,
             recorded(EventKind.RENEWAL_FAILED) as failed,
@@ -491,7 +490,7 @@ async def test_the_command_line_and_hold_stats_read_every_primary(
     that it is a cluster node and read every primary (each name's keys on the node serving
     its slot); `hold_stats()` takes the cluster client."""
     url = f"redis://127.0.0.1:{cluster.servers[0].port}/0"
-    async with clients(cluster, 1) as (client,):
+    async with cluster.clients(1) as (client,):
         names = names_in_thirds(name)
         # (Renewed by this loop while the command line holds the process in a thread: on a
         # loaded machine their ttl must outlast that.)
@@ -526,7 +525,7 @@ async def test_locked_and_run_once_take_a_cluster_client_and_replicas_is_refused
     """`@locked` and `run_once` (like the web integrations) take a cluster client;
     `replicas=` is refused with one, at the call (WAIT must follow the script on the same
     connection)."""
-    async with clients(cluster, 1) as (client,):
+    async with cluster.clients(1) as (client,):
 
         @locked(name + ":{order}", client=client, ttl=5)
         async def job(order: int, *, lease: Lease | None = None) -> int:
@@ -564,14 +563,9 @@ async def test_a_migration_held_open_costs_waiting_not_errors(
     acquire, a semaphore's and a read-write lock's acquire of a free name each wait for
     the migration to end (retrying within their bounds); none fails, and the release hands
     the lock to the queued waiter."""
-    async with clients(cluster, 3) as (client, other, third):
-        holder = await Lock(client, name, ttl=10).acquire()
-        waiting = asyncio.ensure_future(Lock(other, name, ttl=10).acquire(timeout=30))
-        keys = LockKeys.build("aiolock", name)
-        await queued(client, keys.queue)
-        slot = slot_of(name)
-        source = await cluster.owner(slot)
-        target = next(s for s in cluster.servers[:3] if s is not source)
+    async with cluster.clients(3) as (client, other, third):
+        holder, waiting, keys, slot = await contended(client, other, name, ttl=10, timeout=30)
+        source, target = await cluster.migration_of(slot)
         started: dict[str, asyncio.Future[Any]] = {}
 
         async def held_open() -> None:
@@ -613,7 +607,7 @@ async def test_renewals_do_not_wait_for_the_users_exhausted_pool(
     waiter of another process is handed the lock by a release."""
     names = names_in_thirds(name)
     user = cluster.client(max_connections=1)
-    async with clients(cluster, 1) as (other,):
+    async with cluster.clients(1) as (other,):
         try:
             with recorded(EventKind.RENEWED) as renewed:
                 ttl = scaled(1.0)
@@ -676,14 +670,9 @@ async def test_a_release_refused_past_its_bound_lands_once_the_migration_ends(
     the ttl is 30 s) returns; it goes on in the background and hands the lock to the queued
     waiter as soon as the migration ends, not when the key would have expired."""
     monkeypatch.setattr(aiolock._engine.lease, "RELEASE_TIMEOUT", 0.5)
-    async with clients(cluster, 2) as (client, other):
-        holder = await Lock(client, name, ttl=30).acquire()
-        waiting = asyncio.ensure_future(Lock(other, name, ttl=30).acquire(timeout=60))
-        keys = LockKeys.build("aiolock", name)
-        await queued(client, keys.queue)
-        slot = slot_of(name)
-        source = await cluster.owner(slot)
-        target = next(s for s in cluster.servers[:3] if s is not source)
+    async with cluster.clients(2) as (client, other):
+        holder, waiting, keys, slot = await contended(client, other, name, ttl=30, timeout=60)
+        _, target = await cluster.migration_of(slot)
         loop = asyncio.get_running_loop()
 
         async def held_open() -> None:

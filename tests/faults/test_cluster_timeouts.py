@@ -13,13 +13,12 @@ from typing import Any
 
 import pytest
 
-from aiolock import AcquireTimeoutError, Lock, ReadWriteLock, Semaphore
-from aiolock._lua.layout import LockKeys
+from aiolock import AcquireTimeoutError, ReadWriteLock, Semaphore
 
 from ..deployments.cluster import ClusterGroup
 from ..support.load import scaled
 from ..support.waits import within
-from .test_cluster import clients, cluster, queued, slot_of
+from .test_cluster import cluster, contended
 
 pytestmark = pytest.mark.real_only
 
@@ -37,14 +36,9 @@ async def test_a_timed_acquire_of_a_free_name_whose_slot_migrates_ends_within_it
     """A semaphore's and a read-write lock's acquire (`timeout=1`) of a free name, while
     its slot's migration is held open: `AcquireTimeoutError` within the timeout plus a
     small margin, saying that the slot was migrating (not that the name was busy)."""
-    async with clients(cluster, 3) as (client, other, third):
-        holder = await Lock(client, name, ttl=10).acquire()
-        waiting = asyncio.ensure_future(Lock(other, name, ttl=10).acquire(timeout=30))
-        keys = LockKeys.build("aiolock", name)
-        await queued(client, keys.queue)
-        slot = slot_of(name)
-        source = await cluster.owner(slot)
-        target = next(s for s in cluster.servers[:3] if s is not source)
+    async with cluster.clients(3) as (client, other, third):
+        holder, waiting, keys, slot = await contended(client, other, name, ttl=10, timeout=30)
+        _, target = await cluster.migration_of(slot)
         loop = asyncio.get_running_loop()
         ended: dict[str, tuple[float, BaseException | None]] = {}
 

@@ -25,7 +25,7 @@ from aiolock._lua.lock import ACQUIRE
 from aiolock._model.config import safety_margin
 
 from ..conftest import CommandLog, make_client
-from ..support.servers import RedisServer
+from ..support.servers import RedisServer, server_us
 from .test_network_faults import Proxied, proxied, until
 
 __all__ = ("proxied",)  # the fixture, used by name
@@ -133,8 +133,7 @@ async def test_a_fencing_counter_ahead_of_the_clock_is_honoured(
     client = make_client(server.url)
     keys = LockKeys.build("aiolock", name)
     try:
-        seconds, micros = await client.time()
-        ahead = (int(seconds) + 10**6) * 10**6 + int(micros)
+        ahead = await server_us(client) + 10**12  # a counter 10**6 s ahead of the clock
         await client.hset(keys.lock, "fence", ahead)  # the state of a lock used before
         if path == "acquire":
             lease = await Lock(client, name, ttl=5).acquire()

@@ -16,7 +16,8 @@ from aiolock._lua.lock import ACQUIRE
 from aiolock._model.holder import text
 
 from ..conftest import CommandLog
-from ..support.waits import within
+from ..support.servers import server_ms
+from ..support.waits import cancelled, within
 from .test_network_faults import Proxied, proxied, until
 
 __all__ = ("proxied",)  # the fixture, used by name
@@ -110,7 +111,7 @@ async def _older_registration_scenario(
         second = asyncio.create_task(lock.acquire(), name="second")
         await until(lambda: len(queue.waiters) == 2, "the second waiter queued", timeout=10)
 
-        granted_ms = await server_ms(proxied)  # the grant is made after this
+        granted_ms = await server_ms(proxied.direct)  # the grant is made after this
         await other.release()  # grants the lock to the older registration
         await until(lambda: queue.grant is not None, "the grant heard of", timeout=10)
         grant = queue.grant
@@ -152,22 +153,14 @@ async def _older_registration_scenario(
         return True
     finally:
         await proxied.proxy.restore()
-        for task in (first, second):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        await cancelled(first, second)
         with contextlib.suppress(LeaseLostError):
             await other.release()
 
 
-async def server_ms(proxied: Proxied) -> int:
-    seconds, micros = await proxied.direct.time()
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
 async def lapsed(proxied: Proxied, granted_ms: int) -> bool:
     """Whether a grant made after `granted_ms` (server time) may have lapsed by now."""
-    return await server_ms(proxied) - granted_ms >= RESERVATION_MS
+    return await server_ms(proxied.direct) - granted_ms >= RESERVATION_MS
 
 
 async def test_a_grant_whose_first_renewal_finds_it_gone_is_lost_at_that_answer(

@@ -19,7 +19,7 @@ from aiolock._lua.layout import LockKeys
 
 from ..conftest import make_client
 from ..support.children import child, finished
-from ..support.servers import RedisServer
+from ..support.servers import RedisServer, server_us
 from ..upgrade import DEFAULT_FROM, SetupError, extract
 
 pytestmark = pytest.mark.real_only
@@ -82,8 +82,7 @@ async def test_a_fencing_counter_ahead_of_the_clock_is_honoured_across_layouts(
     client = make_client(server.url)
     keys = LockKeys.build("aiolock", name)
     try:
-        seconds, micros = await client.time()
-        ahead = (int(seconds) + 10**6) * 10**6 + int(micros)
+        ahead = await server_us(client) + 10**12  # a counter 10**6 s ahead of the clock
         if first == "layout 1":
             await client.hset(f"{keys.lock}:fence", "n", ahead)  # layout 1's counter
             earlier = await layout1_cycle(layout1_tree, server.url, name)

@@ -26,7 +26,8 @@ from aiolock._lua.layout import LockKeys
 from aiolock._model.holder import text
 
 from ..conftest import make_client
-from ..support.servers import RedisServer
+from ..support.children import ended
+from ..support.servers import RedisServer, all_closed
 from .holder import fenced_write
 from .test_network_faults import until
 
@@ -122,15 +123,7 @@ class Holder:
 
     async def close(self) -> None:
         """Make sure the process is gone and every pipe is closed."""
-        if self.process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.kill()
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        await self.process.wait()
-        for stream in (self.process.stdout, self.process.stderr):
-            if stream is not None:
-                await stream.read()
+        await ended(self.process)
 
 
 @pytest.fixture
@@ -145,11 +138,8 @@ async def holders() -> AsyncIterator[list[Holder]]:
 
 @pytest.fixture
 async def contender(server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
-    client = make_client(server.url)
-    try:
+    async with all_closed([make_client(server.url)]) as (client,):
         yield client
-    finally:
-        await client.aclose()
 
 
 # --------------------------------------------------------------------------- SIGSTOP

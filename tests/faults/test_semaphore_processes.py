@@ -28,7 +28,8 @@ from aiolock._primitives.rwlock import _RWKeys
 
 from ..conftest import make_client
 from ..integration.test_semaphore import every_permit_free
-from ..support.servers import RedisServer
+from ..support.children import ended
+from ..support.servers import RedisServer, all_closed
 from ..support.waits import eventually, within
 from .test_process_faults import Holder
 
@@ -86,24 +87,17 @@ class Waiters:
         self.process.stdin.write(line.encode() + b"\n")
 
     async def close(self) -> None:
-        if self.process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.kill()
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        await self.process.wait()
+        """Make sure the process is gone and every pipe is closed (its reader first)."""
         self._reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._reader
+        await ended(self.process)
 
 
 @pytest.fixture
 async def client(server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
-    client = make_client(server.url)
-    try:
+    async with all_closed([make_client(server.url)]) as (client,):
         yield client
-    finally:
-        await client.aclose()
 
 
 @pytest.fixture

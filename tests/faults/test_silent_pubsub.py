@@ -22,7 +22,7 @@ from aiolock._engine.runtime import runtime_for
 from aiolock._lua.layout import LockKeys
 
 from ..conftest import CommandLog, make_client
-from ..support.servers import RedisServer
+from ..support.servers import RedisServer, all_closed
 from .test_network_faults import Proxied, proxied, until
 
 __all__ = ("proxied",)  # the fixture, used by name
@@ -113,12 +113,8 @@ class Turns:
 @pytest.fixture
 async def others(server: RedisServer) -> AsyncIterator[list[redis.asyncio.Redis]]:
     """Two more processes' clients, on the proxied server (directly)."""
-    clients = [make_client(server.url) for _ in range(2)]
-    try:
+    async with all_closed([make_client(server.url) for _ in range(2)]) as clients:
         yield clients
-    finally:
-        for client in clients:
-            await client.aclose()
 
 
 async def test_a_deaf_process_gets_its_turns_and_does_not_slow_the_others(

@@ -10,6 +10,7 @@ from aiolock import Lock
 from aiolock._engine.runtime import runtime_for
 from aiolock._lua.layout import LockKeys
 
+from ..support.waits import cancelled
 from .test_network_faults import Proxied, proxied, until
 
 __all__ = ("proxied",)  # the fixture, used by name
@@ -50,8 +51,5 @@ async def test_a_waiter_cancelled_while_joining_leaves_nothing_queued(
         assert await proxied.direct.hlen(keys.waiters) == 0
     finally:
         await proxied.proxy.restore()
-        for task in (first, second):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        await cancelled(first, second)
         await holder.release()

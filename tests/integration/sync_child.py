@@ -17,8 +17,6 @@ and reads a line on stdin where the scenario waits for the test:
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import signal
 import sys
@@ -32,10 +30,8 @@ import aiolock.sync
 from aiolock import LeaseLostError
 from aiolock.sync import _clients, _portal
 
-
-def say(event: str, **fields: object) -> None:
-    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
-    sys.stdout.flush()
+from ..support import programs
+from ..support.programs import emit as say
 
 
 def fork(client: redis.Redis, name: str) -> None:
@@ -114,10 +110,8 @@ SCENARIOS = {"fork": fork, "interrupt": interrupt, "exit": exit_holding, "sigter
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = programs.parser()
     parser.add_argument("scenario", choices=sorted(SCENARIOS))
-    parser.add_argument("--url", required=True)
-    parser.add_argument("--name", required=True)
     args = parser.parse_args()
     client = redis.Redis.from_url(args.url)
     SCENARIOS[args.scenario](client, args.name)

@@ -19,6 +19,7 @@ from aiolock._lua.layout import LockKeys, permits_key
 
 from ..conftest import CommandLog, make_client
 from ..support.load import scaled
+from ..support.servers import server_ms
 from ..support.waits import eventually, until_cancelled, within
 
 KEYS = "sem:"
@@ -33,11 +34,6 @@ async def queued_in_redis(client: redis.asyncio.Redis, name: str, count: int) ->
         return await client.zcard(keys_of(name).queue) >= count
 
     await eventually(enough, what=f"{count} process(es) in the queue in Redis", interval=0.001)
-
-
-async def server_ms(client: redis.asyncio.Redis) -> int:
-    seconds, micros = await client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
 
 
 # ----------------------------------------------------------------------------- the limit

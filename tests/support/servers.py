@@ -1,9 +1,11 @@
 """The test suite's servers are the public helpers of `aiolock.testing`; a Redlock's nodes are
 several of them, with a client each; `quorum_calls_ended` waits for the calls a Redlock left
-to its slower nodes."""
+to its slower nodes. The clients several processes would have (`all_closed`), and a
+server's clock (`server_ms`, `server_us`)."""
 
 import contextlib
 from collections.abc import AsyncIterator, Iterator
+from typing import Protocol, TypeVar
 
 import redis.asyncio
 
@@ -16,12 +18,22 @@ from .waits import eventually
 __all__ = (
     "RedisServer",
     "ServerBinary",
+    "all_closed",
     "clients_of",
     "connections_named",
     "find_binaries",
     "independent_servers",
     "quorum_calls_ended",
+    "server_ms",
+    "server_us",
 )
+
+
+class _Closable(Protocol):
+    async def aclose(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Closable)
 
 
 @contextlib.contextmanager
@@ -38,14 +50,32 @@ def independent_servers(binary: ServerBinary, count: int) -> Iterator[list[Redis
 
 
 @contextlib.asynccontextmanager
-async def clients_of(servers: list[RedisServer]) -> AsyncIterator[list[redis.asyncio.Redis]]:
-    """A client of each server, closed at the end."""
-    clients = [redis.asyncio.Redis.from_url(server.url) for server in servers]
+async def all_closed(made: list[C]) -> AsyncIterator[list[C]]:
+    """`made` (clients, as several processes would have: each its own connections,
+    notifier and wait queues), every one closed at the end."""
     try:
-        yield clients
+        yield made
     finally:
-        for client in clients:
+        for client in made:
             await client.aclose()
+
+
+def clients_of(
+    servers: list[RedisServer],
+) -> contextlib.AbstractAsyncContextManager[list[redis.asyncio.Redis]]:
+    """A client of each server, closed at the end."""
+    return all_closed([redis.asyncio.Redis.from_url(server.url) for server in servers])
+
+
+async def server_us(client: redis.asyncio.Redis) -> int:
+    """The server's clock (TIME), in µs (the unit of a fencing token read off the clock)."""
+    seconds, micros = await client.time()
+    return int(seconds) * 1_000_000 + int(micros)
+
+
+async def server_ms(client: redis.asyncio.Redis) -> int:
+    """The server's clock (TIME), in ms."""
+    return await server_us(client) // 1000
 
 
 async def quorum_calls_ended(clients: list[redis.asyncio.Redis]) -> None:

@@ -3,7 +3,8 @@
 - `eventually(check, what=...)`: until `check()` (sync or async) holds;
 - `within(awaitable, what=...)`: the awaitable's result (a task, an event's wait...);
 - `until_cancelled(what=...)`: the body of a block that only a cancellation may end (a
-  lease's loss); if none comes, it fails.
+  lease's loss); if none comes, it fails;
+- `cancelled(*tasks)`: tasks a test started, cancelled and awaited (its cleanup).
 
 The bounds are generous (the suite must pass on a loaded 2-core machine); they only turn
 a hang into a failure with a message, before pytest-timeout would.
@@ -84,3 +85,11 @@ async def handler_entered(
     if request in done:
         raise WaitTimeout(f"the request ended before its handler ran: {request.result()!r}")
     raise WaitTimeout(f"the handler did not run within {timeout:g}s")
+
+
+async def cancelled(*tasks: asyncio.Future[Any] | None) -> None:
+    """Each task (None: not started) cancelled and awaited, whatever it ended with."""
+    for task in tasks:
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

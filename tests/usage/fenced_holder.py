@@ -16,20 +16,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
-from typing import Any
 
 import redis.asyncio
 
 from aiolock import LeaseLostError, Lock
 
+from ..support import programs
+from ..support.programs import emit
 from .fenced_stores import Writer
-
-
-def emit(event: str, **fields: Any) -> None:
-    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
-    sys.stdout.flush()
 
 
 async def hold(client: redis.asyncio.Redis, writer: Writer, args: argparse.Namespace) -> None:
@@ -68,9 +63,7 @@ async def main(args: argparse.Namespace) -> None:
 
 
 def parse() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--url", required=True)
-    parser.add_argument("--name", required=True)
+    parser = programs.parser(__doc__)
     parser.add_argument("--ttl", type=float, default=1.0)
     parser.add_argument("--store", required=True)
     parser.add_argument("--target", required=True)

@@ -9,25 +9,18 @@ with `--no-terminate`, `exited` once `async with` has ended and the process goes
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
-import sys
 
 import redis.asyncio
 
 from aiolock import Lock, release_on_signals
 
-
-def report(event: str, **fields: object) -> None:
-    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
-    sys.stdout.flush()
+from ..support import programs
+from ..support.programs import emit as report
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--url", required=True)
-    parser.add_argument("--name", required=True)
+    parser = programs.parser()
     parser.add_argument("--no-terminate", action="store_true")
     args = parser.parse_args()
     release_on_signals(timeout=5, terminate=not args.no_terminate)
