@@ -38,6 +38,7 @@ from .._lua.lock import acquired
 from .._model import renewal_policy as renewal
 from .._model.config import check_timeout, check_token
 from .._model.holder import task_name
+from .._transport.call_options import CallOptions
 from .._transport.clients import migrating, outcome_unknown, stalled_for
 from ..errors import AcquireTimeoutError, BackendError, LeaseLostError, LossReason
 from .lease import Lease
@@ -576,17 +577,12 @@ class Primitive(Granting):
             queued = (queue.wid, behind, self._entry(registration, task))
         script, keys, args = self._acquire_call(token, task, queued, claims)
         wait = config.wait_args(bound)
+        # A timed attempt ends at its bound (the timeout): no grace.
+        options = CallOptions(
+            timeout=bound, operation="acquire", name=self._name, wait=wait, grace=time_left is None
+        )
         try:
-            reply = await runtime.backend.run(
-                script,
-                keys,
-                args,
-                timeout=bound,
-                operation="acquire",
-                name=self._name,
-                wait=wait,
-                grace=time_left is None,  # a timed attempt ends at its bound (the timeout)
-            )
+            reply = await runtime.backend.run(script, keys, args, options)
         except BaseException as exc:
             if queue is not None and registration is not None and not outcome_unknown(exc):
                 queue.attempt_refused(registration)  # (a migrating slot, say): not in Redis

@@ -13,6 +13,7 @@ import asyncio
 import weakref
 
 from .._model import renewal_policy as renewal
+from .._transport.call_options import CallOptions
 from ..errors import BackendError
 from .lease import Lease
 from .release import ABORT_TIMEOUT, Releasing
@@ -180,12 +181,14 @@ class Granting(Releasing):
                     script,
                     keys,
                     args,
-                    timeout=max(lease.deadline - sent_at, 0.001),
-                    operation="renew",
-                    name=self._name,
-                    on_sent=on_sent,
-                    by_text=True,
-                    background=backend.cluster,
+                    CallOptions(
+                        timeout=max(lease.deadline - sent_at, 0.001),
+                        operation="renew",
+                        name=self._name,
+                        on_sent=on_sent,
+                        by_text=True,
+                        background=backend.cluster,
+                    ),
                 )
             except BackendError as exc:
                 lease._renew_failed(exc)

@@ -24,6 +24,7 @@ from .._lua.lock import Script, release_args, released
 from .._model import events
 from .._model.config import LockConfig
 from .._model.holder import HOST, PID, LockInfo, text
+from .._transport.call_options import CallOptions
 from .._transport.clients import AsyncClient, is_cluster
 from .._transport.quorum import Quorum
 from ..errors import AcquireTimeoutError, ConfigError, ReplicationError
@@ -270,7 +271,10 @@ class PrimitiveBase(abc.ABC):
         script, keys, args = call
         wait = self._config.wait_args(timeout)
         reply = await runtime.backend.run(
-            script, keys, args, timeout=timeout, operation=operation, name=self._name, wait=wait
+            script,
+            keys,
+            args,
+            CallOptions(timeout=timeout, operation=operation, name=self._name, wait=wait),
         )
         if wait is None:
             return reply, self._config.replicas
@@ -306,12 +310,14 @@ class PrimitiveBase(abc.ABC):
             script,
             keys,
             args,
-            timeout=timeout,
-            operation="release",
-            name=self._name,
-            background=background,
-            fresh=fresh,
-            on_sent=on_sent,
+            CallOptions(
+                timeout=timeout,
+                operation="release",
+                name=self._name,
+                background=background,
+                fresh=fresh,
+                on_sent=on_sent,
+            ),
         )
         reply = released(reply)
         slot = text(reply[5]) if len(reply) > 5 else ""

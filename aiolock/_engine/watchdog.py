@@ -38,6 +38,7 @@ from .._aio.backoff import Backoff
 from .._lua.lease import RENEW
 from .._model import renewal_policy as renewal
 from .._model.config import replica_wait_ms
+from .._transport.call_options import CallOptions
 from ..errors import BackendError, ReplicationError
 
 if TYPE_CHECKING:
@@ -381,11 +382,9 @@ class RenewalScheduler:
                     RENEW,
                     keys,
                     args,
-                    timeout=timeout,
-                    operation="renew",
-                    name=None,
-                    background=True,
-                    wait=wait,
+                    CallOptions(
+                        timeout=timeout, operation="renew", name=None, background=True, wait=wait
+                    ),
                 )
             if wait is not None:
                 replies, acked = replies

@@ -29,6 +29,7 @@ from .._lua.redlock import RL_ACQUIRE, RL_RELEASE
 from .._model.config import check_name, check_seconds
 from .._model.holder import HOST, PID, LockInfo, text
 from .._model.options import LockOptions, lock_config
+from .._transport.call_options import CallOptions
 from .._transport.clients import AsyncClient, check_client, is_cluster
 from .._transport.quorum import Quorum, QuorumBackend, curable, node_name
 from ..errors import BackendError, ConfigError, QuorumError
@@ -464,7 +465,10 @@ class Redlock(Primitive):
         answers = await asyncio.gather(
             *(
                 backend.nodes[index].run(
-                    script, keys, args, timeout=bound, operation=operation, name=self._name
+                    script,
+                    keys,
+                    args,
+                    CallOptions(timeout=bound, operation=operation, name=self._name),
                 )
                 for index in indexes
             ),

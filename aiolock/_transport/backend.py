@@ -39,6 +39,7 @@ from .._lua.cluster import for_cluster
 from .._lua.lock import Script
 from ..errors import BackendError
 from .base import Call, Command, CommandTransport, Sent, Transport
+from .call_options import CallOptions
 from .clients import (
     DURING_MIGRATION,
     STALLED,
@@ -317,22 +318,13 @@ class Backend:
         script: Script,
         keys: Sequence[str],
         args: Sequence[str | int],
-        *,
-        timeout: float,
-        operation: str,
-        name: str | None,
-        background: bool = False,
-        fresh: bool = False,
-        again_apart: bool = False,
-        on_sent: Sent = None,
-        wait: tuple[int, int] | None = None,
-        by_text: bool = False,
-        grace: bool = True,
+        options: CallOptions,
     ) -> Any:
         """Run one script in one round trip (two the first time a server sees it, unless
         `by_text`: sent as EVAL with its text, which runs even on a server that does not
         know it yet, for a call that must be applied in one send).
 
+        How the call is made is `options`' (`_transport.call_options`).
         User-initiated calls go through the user's client; `background` calls (renewals)
         through aiolock's own connections, which are never busy with the user's commands;
         `fresh` calls on a connection of their own, closed after (the user's connections
@@ -360,6 +352,9 @@ class Backend:
         """
         if self.transport.cluster:
             script = for_cluster(script)
+        by_text, wait, fresh = options.by_text, options.wait, options.fresh
+        timeout, operation, name = options.timeout, options.operation, options.name
+        on_sent, grace, background = options.on_sent, options.grace, options.background
         command: Command = (
             ("EVAL", script.source, len(keys), *keys, *args)
             if by_text
@@ -412,7 +407,7 @@ class Backend:
                 then=then,
                 again=(
                     functools.partial(self._own_client, keys[0] if keys else None)
-                    if again_apart or _DETACHED.get()
+                    if options.again_apart or _DETACHED.get()
                     else None
                 ),
                 grace=grace,

@@ -45,6 +45,7 @@ from .._lua.redlock import RL_ACQUIRE, RL_FENCE, RL_RELEASE
 from ..errors import BackendError, QuorumError
 from .backend import Backend
 from .base import Sent
+from .call_options import CallOptions
 from .clients import AsyncClient, lasting, mark_stalled
 from .quorum_pubsub import QuorumPubSub
 
@@ -220,32 +221,12 @@ class QuorumBackend(Backend):
         script: Script,
         keys: Sequence[str],
         args: Sequence[str | int],
-        *,
-        timeout: float,
-        operation: str,
-        name: str | None,
-        background: bool = False,
-        fresh: bool = False,
-        again_apart: bool = False,
-        on_sent: Sent = None,
-        wait: tuple[int, int] | None = None,
-        by_text: bool = False,
-        grace: bool = True,
+        options: CallOptions,
     ) -> Any:
         """Run `script` on every node: what a quorum said, in the script's reply format on one
         node (module docstring); each node's call is sent again apart (it may outlive this one)."""
-        assert wait is None, "a Redlock takes no replicas"
-        call = _Call(
-            self,
-            script,
-            keys,
-            args,
-            bound=timeout,
-            operation=operation,
-            name=name,
-            background=background,
-            fresh=fresh,
-        )
+        assert options.wait is None, "a Redlock takes no replicas"
+        call = _Call(self, script, keys, args, options)
         if script is RL_ACQUIRE or script is RESUME:
             return await call.acquire()
         if script is RENEW:
@@ -436,17 +417,12 @@ class _Call:
         script: Script,
         keys: Sequence[str],
         args: Sequence[str | int],
-        *,
-        bound: float,
-        operation: str,
-        name: str | None,
-        background: bool,
-        fresh: bool,
+        options: CallOptions,
     ) -> None:
         self.backend = backend
         self.script, self.names, self.args = script, keys, args
-        self.bound, self.operation, self.name = bound, operation, name
-        self.background, self.fresh = background, fresh
+        self.bound, self.operation, self.name = options.timeout, options.operation, options.name
+        self.background, self.fresh = options.background, options.fresh
         self.started = backend.loop.time()
         self.written: set[int] = set()  # nodes the call was written to (or handed to redis-py)
 
@@ -473,14 +449,11 @@ class _Call:
                 script or self.script,
                 self.names,
                 self.args if args is None else args,
-                timeout=timeout,
-                operation=self.operation,
-                name=self.name,
-                background=self.background,
-                fresh=self.fresh,
-                again_apart=True,  # the call may outlive its caller (`QuorumBackend.keep`)
-                # (the first phase's: a node it reached may apply it however late)
-                on_sent=None if script else functools.partial(self.written.add, index),
+                self.node_options(
+                    timeout,
+                    # (the first phase's: a node it reached may apply it however late)
+                    on_sent=None if script else functools.partial(self.written.add, index),
+                ),
             )
 
         return await self.backend.spread(
@@ -491,6 +464,19 @@ class _Call:
             name=self.name,
             answered=answered,
             late=late,
+        )
+
+    def node_options(self, timeout: float, on_sent: Sent = None) -> CallOptions:
+        """The options of the call on one node, bounded by `timeout`: sent again apart, as
+        it may outlive its caller (`QuorumBackend.keep`)."""
+        return CallOptions(
+            timeout=timeout,
+            operation=self.operation,
+            name=self.name,
+            background=self.background,
+            fresh=self.fresh,
+            again_apart=True,
+            on_sent=on_sent,
         )
 
     def failed(
@@ -576,15 +562,10 @@ class _Call:
         if int(reply[0]) != 1 or int(reply[1]) == fence:
             return
         node = self.backend.nodes[index]
-        sent = node.run(
-            RL_FENCE,
-            self.names,
-            [self.args[0], fence],
-            timeout=self.backend.node_timeout,
-            operation=self.operation,
-            name=self.name,
-            fresh=True,
+        options = CallOptions(
+            timeout=self.backend.node_timeout, operation=self.operation, name=self.name, fresh=True
         )
+        sent = node.run(RL_FENCE, self.names, [self.args[0], fence], options)
         with contextlib.suppress(BackendError):
             await self.backend.send(index, sent, self.backend.loop.time())
 
@@ -617,10 +598,7 @@ class _Call:
 
         def send(index: int, node: Backend, timeout: float) -> Awaitable[Any]:
             bound = ttl if index in unknown else timeout
-            return node.run(
-                RL_RELEASE, self.names, args, timeout=bound, operation=self.operation,
-                name=self.name, background=self.background, fresh=self.fresh, again_apart=True,
-            )  # fmt: skip
+            return node.run(RL_RELEASE, self.names, args, self.node_options(bound))
 
         def decided(replies: Votes, pending: int) -> bool:
             return granted <= replies.keys()

@@ -298,9 +298,9 @@ async def test_a_grant_read_past_its_validity_is_given_back_and_tried_again(
     loop = asyncio.get_running_loop()
     stalls: list[float] = []
 
-    async def read_late(self: Any, script: Any, keys: Any, args: Any, **kwargs: Any) -> Any:
+    async def read_late(self: Any, script: Any, keys: Any, args: Any, options: Any) -> Any:
         sent_at = loop.time()
-        reply = await run(self, script, keys, args, **kwargs)
+        reply = await run(self, script, keys, args, options)
         if self is backend and script is RL_ACQUIRE and not stalls:
             stalls.append(sent_at)
             time.sleep(max(sent_at + ttl - drift / 2 - loop.time(), 0))  # the loop held

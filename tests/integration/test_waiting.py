@@ -263,19 +263,19 @@ async def test_tasks_of_a_process_are_served_in_call_order_whatever_order_redis_
     answered = 0
     tries = 0
 
-    async def first_try_answered_last(self: Backend, *args: Any, **kwargs: Any) -> Any:
+    async def first_try_answered_last(self: Backend, *args: Any) -> Any:
         nonlocal answered, tries
-        if self is not backend or kwargs.get("operation") != "acquire":
-            return await run(self, *args, **kwargs)
+        if self is not backend or args[3].operation != "acquire":
+            return await run(self, *args)
         tries += 1
         if tries == 5:
             all_sent.set()
         if tries == 1:
             await within(others_answered.wait(), what="the other tasks' first tries answered")
-            return await run(self, *args, **kwargs)
+            return await run(self, *args)
         await within(all_sent.wait(), what="every task's first try sent")
         try:
-            return await run(self, *args, **kwargs)
+            return await run(self, *args)
         finally:
             answered += 1
             if answered == 4:
@@ -309,19 +309,19 @@ async def test_a_lease_handed_to_an_earlier_caller_that_is_cancelled_goes_to_the
     all_sent = asyncio.Event()  # every task's first try, before any answer
     tries = 0
 
-    async def first_try_answered_last(self: Backend, *args: Any, **kwargs: Any) -> Any:
+    async def first_try_answered_last(self: Backend, *args: Any) -> Any:
         nonlocal tries
-        if self is not backend or kwargs.get("operation") != "acquire":
-            return await run(self, *args, **kwargs)
+        if self is not backend or args[3].operation != "acquire":
+            return await run(self, *args)
         tries += 1
         if tries == 3:
             all_sent.set()
         if tries == 1:
             await within(others_answered.wait(), what="the other tasks' first tries answered")
-            return await run(self, *args, **kwargs)
+            return await run(self, *args)
         await within(all_sent.wait(), what="every task's first try sent")
         try:
-            return await run(self, *args, **kwargs)
+            return await run(self, *args)
         finally:
             if tries >= 3:
                 others_answered.set()
