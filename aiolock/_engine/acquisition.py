@@ -499,6 +499,7 @@ class Primitive(Granting):
                 self._resume_call(token, config.ttl_ms),
                 timeout=validity,
                 operation="resume",
+                votes=None if self._votes is None else self._votes.resume,
             )
         except BackendError as error:
             stall = stalled_for(error)
@@ -579,8 +580,9 @@ class Primitive(Granting):
         wait = config.wait_args(bound)
         # A timed attempt ends at its bound (the timeout): no grace.
         options = CallOptions(
-            timeout=bound, operation="acquire", name=self._name, wait=wait, grace=time_left is None
-        )
+            timeout=bound, operation="acquire", name=self._name, wait=wait, grace=time_left is None,
+            votes=None if self._votes is None else self._votes.acquire,
+        )  # fmt: skip
         try:
             reply = await runtime.backend.run(script, keys, args, options)
         except BaseException as exc:

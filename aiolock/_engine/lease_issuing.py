@@ -188,6 +188,7 @@ class Granting(Releasing):
                         on_sent=on_sent,
                         by_text=True,
                         background=backend.cluster,
+                        votes=None if self._votes is None else self._votes.renew,
                     ),
                 )
             except BackendError as exc:
@@ -242,6 +243,7 @@ class Granting(Releasing):
                 self._renew_call(lease.token, config.ttl_ms),
                 timeout=max(lease.deadline - sent_at, 0.001),
                 operation="acquire",
+                votes=None if self._votes is None else self._votes.renew,
             )
         except BaseException:
             lease._renewal_answered(sent_at, config.ttl)

@@ -24,6 +24,7 @@ from .._lua.lock import Script, release_args, released
 from .._model import events
 from .._model.config import LockConfig
 from .._model.holder import HOST, PID, LockInfo, text
+from .._model.quorum_rules import Rule, VoteRules
 from .._transport.call_options import CallOptions
 from .._transport.clients import AsyncClient, is_cluster
 from .._transport.quorum import Quorum
@@ -156,6 +157,9 @@ class PrimitiveBase(abc.ABC):
     in line (the release script's hand-over: SEM_RELEASE's)."""
     _max_poll: ClassVar[float | None] = None
     """Longest sleep of a waiting head between its tries (a waiting writer's refresh)."""
+    _votes: ClassVar[VoteRules | None] = None
+    """The rules of a quorum's votes on each of its calls (`_model.quorum_rules`), for a
+    primitive whose client is a quorum of servers (a Redlock's)."""
 
     _client: AsyncClient | Quorum
     _name: str
@@ -263,19 +267,17 @@ class PrimitiveBase(abc.ABC):
         return f"{HOST} {PID} {r.seq} {r.grant_ms} {ttl_ms} {r.token} {task}"
 
     async def _run_waiting(
-        self, runtime: Runtime, call: Call, *, timeout: float, operation: str
+        self, runtime: Runtime, call: Call, *, timeout: float, operation: str, votes: Rule | None
     ) -> tuple[Any, int]:
         """Run `call`, followed by a WAIT for the replicas if this primitive needs any
         (`replicas=N`): its reply, and how many replicas acknowledged (`replicas` when it
-        needs none)."""
+        needs none). `votes`: the call's rule on a quorum (`_votes`)."""
         script, keys, args = call
         wait = self._config.wait_args(timeout)
-        reply = await runtime.backend.run(
-            script,
-            keys,
-            args,
-            CallOptions(timeout=timeout, operation=operation, name=self._name, wait=wait),
+        options = CallOptions(
+            timeout=timeout, operation=operation, name=self._name, wait=wait, votes=votes
         )
+        reply = await runtime.backend.run(script, keys, args, options)
         if wait is None:
             return reply, self._config.replicas
         answer, acked = reply
@@ -317,6 +319,7 @@ class PrimitiveBase(abc.ABC):
                 background=background,
                 fresh=fresh,
                 on_sent=on_sent,
+                votes=None if self._votes is None else self._votes.release,
             ),
         )
         reply = released(reply)
@@ -383,6 +386,7 @@ class PrimitiveBase(abc.ABC):
             self._renew_call(lease.token, ttl_ms),
             timeout=timeout,
             operation="extend",
+            votes=None if self._votes is None else self._votes.renew,
         )
         if int(reply[0]) == 1:
             self._check_replicated("extend", acked)

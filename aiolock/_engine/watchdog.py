@@ -38,6 +38,7 @@ from .._aio.backoff import Backoff
 from .._lua.lease import RENEW
 from .._model import renewal_policy as renewal
 from .._model.config import replica_wait_ms
+from .._model.quorum_rules import RENEW_VOTES
 from .._transport.call_options import CallOptions
 from ..errors import BackendError, ReplicationError
 
@@ -383,7 +384,12 @@ class RenewalScheduler:
                     keys,
                     args,
                     CallOptions(
-                        timeout=timeout, operation="renew", name=None, background=True, wait=wait
+                        timeout=timeout,
+                        operation="renew",
+                        name=None,
+                        background=True,
+                        wait=wait,
+                        votes=RENEW_VOTES,  # on a quorum, each lease by its own votes
                     ),
                 )
             if wait is not None:

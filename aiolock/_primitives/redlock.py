@@ -29,6 +29,7 @@ from .._lua.redlock import RL_ACQUIRE, RL_RELEASE
 from .._model.config import check_name, check_seconds
 from .._model.holder import HOST, PID, LockInfo, text
 from .._model.options import LockOptions, lock_config
+from .._model.quorum_rules import REDLOCK_VOTES
 from .._transport.call_options import CallOptions
 from .._transport.clients import AsyncClient, check_client, is_cluster
 from .._transport.quorum import Quorum, QuorumBackend, curable, node_name
@@ -170,6 +171,7 @@ class Redlock(Primitive):
     __slots__ = ("_clients_held", "_keys", "_quorum")
 
     _release_script = RL_RELEASE
+    _votes = REDLOCK_VOTES
     _renew_kind = "r"
 
     def __init__(

@@ -57,7 +57,7 @@ from .cluster import ClusterTransport
 from .direct import DirectTransport, sends_directly
 from .sentinel import SentinelReplicaTransport, SentinelTransport
 
-__all__ = ("MIGRATION_GRACE", "Backend", "transport_for")
+__all__ = ("MIGRATION_GRACE", "Backend", "backend_kind", "open_backend", "transport_for")
 
 STALL_NOTICED: Final = 0.05
 """A bound that fell due this much late (or more) fell due while the event loop did not
@@ -324,26 +324,17 @@ class Backend:
         `by_text`: sent as EVAL with its text, which runs even on a server that does not
         know it yet, for a call that must be applied in one send).
 
-        How the call is made is `options`' (`_transport.call_options`).
-        User-initiated calls go through the user's client; `background` calls (renewals)
-        through aiolock's own connections, which are never busy with the user's commands;
-        `fresh` calls on a connection of their own, closed after (the user's connections
-        may belong to another event loop). The whole call, retries included, is bounded
-        by `timeout`. `on_sent` is called when the command has been written (possibly
-        twice, if it is sent again). With `again_apart`, a call sent again after a broken
-        connection goes on a connection of its own, closed after: for a call that may
+        How the call is made is `options`' (`_transport.call_options`, each option
+        described there). User-initiated calls go through the user's client, `background`
+        ones through aiolock's own connections, `fresh` ones on a connection of their own
+        (with a cluster client, to the node serving the first key's slot). With
+        `again_apart`, a call sent again after a broken connection (or its EVAL after a
+        NOSCRIPT) goes on a connection of its own, closed after: for a call that may
         outlive its caller (a quorum's node), whose user may close the client meanwhile
-        (which breaks the connection: sent again on the user's pool, it would open one that
-        nobody closes); so does its EVAL after a NOSCRIPT. Every call made in a task that
-        aiolock started with `detached` is made so.
-
-        With a cluster client, `fresh` calls go on a connection of their own to the node
-        that serves the first key's slot.
-
-        `wait=(replicas, ms)` sends `WAIT replicas ms` right after the script, on the same
-        connection and in the same round trip (WAIT cannot run inside a script), and
-        returns `(the script's reply, how many replicas acknowledged its writes)`. `ms`
-        must be at least 1 (`WAIT` with 0 would block for ever) and well within `timeout`.
+        (sent again on the user's pool, it would open a connection nobody closes). Every
+        call made in a task that aiolock started with `detached` is made so. With `wait`,
+        the reply is `(the script's reply, how many replicas acknowledged its writes)`:
+        the WAIT follows on the same connection, in the same round trip.
 
         A cluster runs each script's variant that publishes on shard channels
         (`_lua.cluster`), chosen here without asking the server. While the slot migrates,
@@ -678,6 +669,20 @@ class Backend:
         """A pub/sub session on a connection of its own (on a cluster, to a primary other
         than the previous session's)."""
         return self.transport.new_pubsub()
+
+
+_KINDS: dict[type[Any], Callable[[Any], Backend]] = {}
+
+
+def backend_kind(source: type[Any], make: Callable[[Any], Backend]) -> None:
+    """A kind of source of calls that is not a redis client (a Redlock's `Quorum`) has its
+    backends made by `make`: the module that defines it says so."""
+    _KINDS[source] = make
+
+
+def open_backend(client: Any) -> Backend:
+    """The backend of `client`: a redis client's `Backend`, or what its kind makes."""
+    return _KINDS.get(type(client), Backend)(client)
 
 
 async def _close_own(client: redis.asyncio.Redis) -> None:

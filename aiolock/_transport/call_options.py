@@ -1,13 +1,14 @@
 """`CallOptions`: how one script call is made, given to `Backend.run` as one object.
 
-A quorum's backend (`_transport.quorum`) takes the same object and hands each node a copy
-(`dataclasses.replace`) rather than copying a dozen parameters.
+A quorum's backend (`_transport.quorum`) takes the same object, decides the call by the rule
+it names (`votes`), and gives each node the options of its own call.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from .._model.quorum_rules import Rule
 from .base import Sent
 
 __all__ = ("CallOptions",)
@@ -30,7 +31,9 @@ class CallOptions:
       (`ms` at least 1, well within `timeout`); the reply is then `(reply, acknowledged)`;
     - `by_text`: sent as EVAL with its text (runs on a server that does not know it yet);
     - `grace`: while a cluster slot migrates, a try in flight at the bound may end first
-      (False: the call ends at its bound).
+      (False: the call ends at its bound);
+    - `votes`: the rule that decides the call on a quorum of servers (a Redlock's:
+      `_model.quorum_rules`); a backend of one client does without it.
     """
 
     timeout: float
@@ -43,3 +46,4 @@ class CallOptions:
     wait: tuple[int, int] | None = None
     by_text: bool = False
     grace: bool = True
+    votes: Rule | None = None
