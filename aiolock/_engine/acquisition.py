@@ -36,15 +36,16 @@ from .._aio.backoff import Backoff, poll_delay
 from .._aio.shielding import run_shielded
 from .._lua.lock import acquired
 from .._model import renewal_policy as renewal
-from .._model.config import check_timeout, check_token
+from .._model.config import LockConfig, check_timeout, check_token
 from .._model.holder import task_name
 from .._transport.call_options import CallOptions
-from .._transport.clients import migrating, outcome_unknown, stalled_for
+from .._transport.clients import AsyncClient, migrating, outcome_unknown, stalled_for
+from .._transport.quorum import Quorum
 from ..errors import AcquireTimeoutError, BackendError, LeaseLostError, LossReason
 from .lease import Lease
 from .lease_issuing import Granting
 from .primitive_base import UNSET, Attempt, Busy, Call, Unset, check_within_ms
-from .release import ABORT_TIMEOUT, cleanup_budget
+from .release import ABORT_TIMEOUT, ReleasePath, cleanup_budget
 from .runtime import Runtime, runtime_for
 from .wait_queue import Registration, Released, Waiter, WaitQueue
 
@@ -120,7 +121,21 @@ class Primitive(Granting):
     class attributes of `PrimitiveBase`, and supply `_acquire_call`.
     """
 
-    __slots__ = ()
+    __slots__ = ("_release",)
+
+    def __init__(
+        self,
+        client: AsyncClient | Quorum,
+        name: str,
+        config: LockConfig,
+        *,
+        key: str,
+        channel: str,
+        release_keys: Sequence[str],
+    ) -> None:
+        """As `PrimitiveBase`'s; and the primitive's collaborators: its release path."""
+        super().__init__(client, name, config, key=key, channel=channel, release_keys=release_keys)
+        self._release = ReleasePath(self, hand_over=self._handed_over)
 
     # ----------------------------------------------------------------- acquiring
     async def acquire(
@@ -375,11 +390,11 @@ class Primitive(Granting):
         # the caller has its lease).
         budget = cleanup_budget(progress.time_left())
         if progress.acquired:
-            await self._withdraw_in_background(runtime, leaving, timeout=budget)
+            await self._release.withdraw_in_background(runtime, leaving, timeout=budget)
         else:
             with contextlib.suppress(BackendError, TimeoutError):
                 await run_shielded(
-                    self._withdraw(runtime, leaving, timeout=budget),
+                    self._release.withdraw(runtime, leaving, timeout=budget),
                     timeout=budget + 0.1,
                 )
 
@@ -539,6 +554,27 @@ class Primitive(Granting):
             stalled_for=stall,
         )
 
+    async def release_token(self, token: str) -> bool:
+        """Release the lease held under `token`, from any process: True if it was released
+        (now, or already by an earlier release), False if it is not held under it: it never
+        was, or it expired (its hold did not end as the token holder's, whoever got it
+        next). Waiters are served as by any release. One round trip.
+
+        A lease object held under `token` (here or in another process) finds the loss at
+        its next renewal; released before that, its `release()` reports the token's
+        release as its own (no error).
+
+        Raises:
+            BackendError: Redis could not be reached or refused the command.
+            ConfigError: `token` is not a valid token (nothing is sent).
+
+        Cancellation:
+            Finished under a shield, as `Lease.release()`.
+
+        Added in 0.2.
+        """
+        return await self._release.release_token(token)
+
     async def _attempt(
         self,
         runtime: Runtime,
@@ -591,12 +627,12 @@ class Primitive(Granting):
             if chosen:
                 pass  # the caller's token: its retry gets the lease back (see acquire)
             elif isinstance(exc, asyncio.CancelledError):
-                await self._abort(runtime, token, timeout=ABORT_TIMEOUT)
+                await self._release.abort(runtime, token, timeout=ABORT_TIMEOUT)
             elif outcome_unknown(exc):
                 # Redis did not answer: its answer to the abort may not come either, and the
                 # caller's timeout must hold (the key, if set, expires within the ttl).
                 left = None if time_left is None else time_left - (loop.time() - sent_at)
-                await self._abort(runtime, token, timeout=cleanup_budget(left))
+                await self._release.abort(runtime, token, timeout=cleanup_budget(left))
             raise
         finally:
             if queue is not None:
@@ -621,13 +657,13 @@ class Primitive(Granting):
             return Attempt(None, check_within_ms(reply), reply)
         if loop.time() >= sent_at + validity:
             # The reply came too late to be of use (this process was paused): give it back.
-            await self._abort(runtime, token, timeout=ABORT_TIMEOUT)
+            await self._release.abort(runtime, token, timeout=ABORT_TIMEOUT)
             return Attempt(None, -1)
         if acked < config.replicas:
             # Taken on the primary, not on enough replicas: a failover could lose it. Give
             # it back (a caller's own token is kept for its retry, which waits again).
             if not chosen:
-                await self._abort(runtime, token, timeout=ABORT_TIMEOUT)
+                await self._release.abort(runtime, token, timeout=ABORT_TIMEOUT)
             self._check_replicated("acquire", acked)
         first_due = renewal.first_due(sent_at, config.renew_interval)
         slot = int(reply[2]) if len(reply) > 2 else None

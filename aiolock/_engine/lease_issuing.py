@@ -16,7 +16,8 @@ from .._model import renewal_policy as renewal
 from .._transport.call_options import CallOptions
 from ..errors import BackendError
 from .lease import Lease
-from .release import ABORT_TIMEOUT, Releasing
+from .primitive_base import PrimitiveBase
+from .release import ABORT_TIMEOUT, ReleasePath
 from .runtime import Runtime
 from .wait_queue import Grant, Registration, Released, WaitQueue
 from .watchdog import RenewalEntry
@@ -29,10 +30,16 @@ def _done(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-class Granting(Releasing):
+class Granting(PrimitiveBase):
     """The lease side of a primitive (see the module docstring)."""
 
     __slots__ = ()
+
+    _release: ReleasePath
+
+    async def _release_lease(self, lease: Lease, *, timeout: float) -> bool:
+        """The `LeaseIssuer`'s release of `lease` (the release path's)."""
+        return await self._release.release_lease(lease, timeout=timeout)
 
     def _new_lease(
         self,
@@ -110,7 +117,7 @@ class Granting(Releasing):
         grant = Grant(registration, int(reply.granted), registration.sent_at, reply.expiry_ms, slot)
         lease = None if receiver is None else self._lease_from_grant(runtime, grant)
         if receiver is None or lease is None:
-            self._give_back(runtime, registration)
+            self._release.give_back(runtime, registration)
             return
         receiver.hand(lease, more=reply.after > 0)
 
@@ -276,7 +283,7 @@ class Granting(Releasing):
         return RenewalEntry(
             lease_ref=ref,
             key=self._key,
-            release=lambda: self._release_token(
+            release=lambda: self._release.release(
                 runtime,
                 token,
                 abort=False,

@@ -157,6 +157,8 @@ class PrimitiveBase(abc.ABC):
     in line (the release script's hand-over: SEM_RELEASE's)."""
     _max_poll: ClassVar[float | None] = None
     """Longest sleep of a waiting head between its tries (a waiting writer's refresh)."""
+    _queued_in_redis: ClassVar[bool] = True
+    """Its waiters are queued in Redis (a process's queue is withdrawn when it empties)."""
     _votes: ClassVar[VoteRules | None] = None
     """The rules of a quorum's votes on each of its calls (`_model.quorum_rules`), for a
     primitive whose client is a quorum of servers (a Redlock's)."""

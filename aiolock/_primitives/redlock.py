@@ -172,6 +172,7 @@ class Redlock(Primitive):
 
     _release_script = RL_RELEASE
     _votes = REDLOCK_VOTES
+    _queued_in_redis = False  # nothing to withdraw: waiters are not queued on the nodes
     _renew_kind = "r"
 
     def __init__(
@@ -363,9 +364,6 @@ class Redlock(Primitive):
         )
         entry.kind = f"{self._renew_kind}{fencing_token}"
         return entry
-
-    async def _withdraw(self, *args: object, **kwargs: object) -> None:
-        """Nothing to withdraw: waiters are not queued on the nodes."""
 
     def _granted(self, lease: Lease, waited: float, attempts: int) -> Lease:
         """The engine's, telling this process's waiters of the lease: the nodes'

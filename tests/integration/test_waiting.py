@@ -9,7 +9,7 @@ import pytest
 import redis.asyncio
 
 from aiolock import Lease, Lock, ReadLock, ReadWriteLock, Semaphore
-from aiolock._engine.acquisition import Primitive
+from aiolock._engine.release import ReleasePath
 from aiolock._engine.runtime import Runtime, runtime_for
 from aiolock._engine.wait_queue import Waiter
 from aiolock._lua.layout import LockKeys
@@ -402,13 +402,13 @@ async def test_a_withdrawal_left_running_opens_nothing_in_a_pool_closed_under_it
     pool = ClosedByItsUser.from_url(server_url)
     client = redis.asyncio.Redis(connection_pool=pool)
     other = make_client(server_url)
-    withdrawing = Primitive._withdraw_in_background
+    withdrawing = ReleasePath.withdraw_in_background
 
-    async def closed_under_it(self: Primitive, *args: Any, **kwargs: Any) -> None:
+    async def closed_under_it(self: ReleasePath, *args: Any, **kwargs: Any) -> None:
         pool.close_at = "checkout"
         await withdrawing(self, *args, **kwargs)
 
-    monkeypatch.setattr(Primitive, "_withdraw_in_background", closed_under_it)
+    monkeypatch.setattr(ReleasePath, "withdraw_in_background", closed_under_it)
     keys = LockKeys.build("aiolock", name, "sem:")
     notifier = runtime_for(client).notifier
     held: list[Lease] = []
