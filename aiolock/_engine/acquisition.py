@@ -43,8 +43,8 @@ from .._transport.clients import AsyncClient, migrating, outcome_unknown, stalle
 from .._transport.quorum import Quorum
 from ..errors import AcquireTimeoutError, BackendError, LeaseLostError, LossReason
 from .lease import Lease
-from .lease_issuing import Granting
-from .primitive_base import UNSET, Attempt, Busy, Call, Unset, check_within_ms
+from .lease_issuing import LeaseIssuing
+from .primitive_base import UNSET, Attempt, Busy, Call, PrimitiveBase, Unset, check_within_ms
 from .release import ABORT_TIMEOUT, ReleasePath, cleanup_budget
 from .runtime import Runtime, runtime_for
 from .wait_queue import Registration, Released, Waiter, WaitQueue
@@ -114,14 +114,14 @@ class _Progress:
         self.acquired, self.more = True, more
 
 
-class Primitive(Granting):
+class Primitive(PrimitiveBase):
     """A named primitive on one Redis server whose holders get `Lease`s.
 
     Subclasses call `__init__` with their client, name, configuration and keys, set the
     class attributes of `PrimitiveBase`, and supply `_acquire_call`.
     """
 
-    __slots__ = ("_release",)
+    __slots__ = ("_leases", "_release")
 
     def __init__(
         self,
@@ -133,9 +133,17 @@ class Primitive(Granting):
         channel: str,
         release_keys: Sequence[str],
     ) -> None:
-        """As `PrimitiveBase`'s; and the primitive's collaborators: its release path."""
+        """As `PrimitiveBase`'s; and the primitive's collaborators: its release path, and
+        its lease issuing, which a lease a release hands over here goes to."""
         super().__init__(client, name, config, key=key, channel=channel, release_keys=release_keys)
-        self._release = ReleasePath(self, hand_over=self._handed_over)
+        self._release = ReleasePath(self, hand_over=self._hand_over)
+        self._leases = LeaseIssuing(self, self._release)
+
+    def _hand_over(self, runtime: Runtime, registration: Registration, reply: Released) -> None:
+        self._leases.handed_over(runtime, registration, reply)
+
+    async def _release_lease(self, lease: Lease, *, timeout: float) -> bool:
+        return await self._release.release_lease(lease, timeout=timeout)
 
     # ----------------------------------------------------------------- acquiring
     async def acquire(
@@ -288,11 +296,11 @@ class Primitive(Granting):
                 continue
             if waiter.is_head and (grant := queue.pop_grant()) is not None:
                 # A lease under the caller's own token claims the grant by an acquire.
-                lease = None if token is not None else self._lease_from_grant(runtime, grant)
+                lease = None if token is not None else self._leases.lease_from_grant(runtime, grant)
                 if lease is None:
                     must_try = True  # heard of too late to count on: claim it by an acquire
                 else:
-                    await self._take_grant(runtime, queue, grant, lease)
+                    await self._leases.take_grant(runtime, queue, grant, lease)
                     if not await self._keep_or_hand(runtime, lease, waiter):
                         progress.took(more=not self._exclusive and grant.more)
                         return self._granted(lease, progress.waited(), progress.attempts)
@@ -536,7 +544,7 @@ class Primitive(Granting):
         self._check_replicated("resume", acked)
         first_due = renewal.first_due(sent_at, config.renew_interval)
         slot = int(reply[2]) if len(reply) > 2 else None
-        lease = self._new_lease(
+        lease = self._leases.new_lease(
             runtime, token, int(reply[1]), sent_at, first_due=first_due, slot=slot
         )
         return self._granted(lease, 0.0, 1)
@@ -667,7 +675,9 @@ class Primitive(Granting):
             self._check_replicated("acquire", acked)
         first_due = renewal.first_due(sent_at, config.renew_interval)
         slot = int(reply[2]) if len(reply) > 2 else None
-        lease = self._new_lease(runtime, token, value, sent_at, first_due=first_due, slot=slot)
+        lease = self._leases.new_lease(
+            runtime, token, value, sent_at, first_due=first_due, slot=slot
+        )
         return Attempt(lease, 0, free=int(reply[3]) if len(reply) > 3 else 0)
 
     # ----------------------------------------------------------------- async with

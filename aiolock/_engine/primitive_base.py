@@ -239,6 +239,10 @@ class PrimitiveBase(abc.ABC):
         """The call that resets the expiry of the lease under `token` to `ttl_ms`."""
         return RENEW, (self._key,), [token, ttl_ms, self._renew_kind]
 
+    def _renewal_kind(self, fencing_token: int) -> str:
+        """The kind of a lease's renewals (RENEW's ARGV[3]) once its fencing token is known."""
+        return self._renew_kind
+
     def _resume_call(self, token: str, ttl_ms: int) -> Call:
         """The call answering {1, fencing token[, slot]} if a lease is held under `token`
         (its expiry then reset to `ttl_ms`), else {0}."""
@@ -382,6 +386,10 @@ class PrimitiveBase(abc.ABC):
         )
 
     # ----------------------------------------------------------------- the LeaseIssuer side (extend; release is in `_engine.release`)
+    @abc.abstractmethod
+    async def _release_lease(self, lease: Lease, *, timeout: float) -> bool:
+        """Release `lease` if it is still ours (the release path's, `_engine.release`)."""
+
     async def _extend_lease(self, lease: Lease, *, timeout: float, ttl_ms: int) -> bool:
         reply, acked = await self._run_waiting(
             runtime_for(self._client),

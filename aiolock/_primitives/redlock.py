@@ -21,7 +21,6 @@ from .._engine.lease import Lease
 from .._engine.primitive_base import UNSET, Attempt, Unset
 from .._engine.runtime import Runtime, runtime_for
 from .._engine.wait_queue import WaitQueue
-from .._engine.watchdog import RenewalEntry
 from .._lua.layout import LockKeys
 from .._lua.lease import RENEW, RESUME
 from .._lua.lock import INSPECT, Script, release_args
@@ -342,28 +341,10 @@ class Redlock(Primitive):
         """RESUME of a lock's state (each node holds it as a lock does)."""
         return RESUME, (self._key,), [token, ttl_ms, ""]
 
-    def _renewal_entry(
-        self,
-        ref: object,
-        *,
-        token: str,
-        fencing_token: int,
-        sent_at: float,
-        due: float,
-        runtime: Runtime,
-    ) -> RenewalEntry:
-        """The engine's entry, its kind carrying the fencing token: a node that lost the
-        key gets it back, with this token, at the next renewal."""
-        entry = super()._renewal_entry(
-            ref,  # type: ignore[arg-type]
-            token=token,
-            fencing_token=fencing_token,
-            sent_at=sent_at,
-            due=due,
-            runtime=runtime,
-        )
-        entry.kind = f"{self._renew_kind}{fencing_token}"
-        return entry
+    def _renewal_kind(self, fencing_token: int) -> str:
+        """The renewals' kind carries the fencing token: a node that lost the key gets it
+        back, with this token, at the next renewal."""
+        return f"{self._renew_kind}{fencing_token}"
 
     def _granted(self, lease: Lease, waited: float, attempts: int) -> Lease:
         """The engine's, telling this process's waiters of the lease: the nodes'

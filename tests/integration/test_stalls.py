@@ -30,7 +30,7 @@ from aiolock import (
     LossReason,
     Redlock,
 )
-from aiolock._engine.lease_issuing import Granting
+from aiolock._engine.lease_issuing import LeaseIssuing
 from aiolock._engine.runtime import runtime_for
 from aiolock._lua.layout import LockKeys
 from aiolock._lua.lease import RESUME
@@ -204,7 +204,7 @@ async def _turns_taking_grant(
             loop.call_soon(tick)
 
     taking: list[int] = []
-    take_grant = Granting._take_grant
+    take_grant = LeaseIssuing.take_grant
 
     async def counted(self: Any, *args: Any) -> None:
         before = turns
@@ -213,7 +213,7 @@ async def _turns_taking_grant(
 
     done = asyncio.Event()
     with monkeypatch.context() as patched:
-        patched.setattr(Granting, "_take_grant", counted)
+        patched.setattr(LeaseIssuing, "take_grant", counted)
         holder = await Lock(a, name, ttl=30).acquire()
         waiting = asyncio.create_task(Lock(b, name, ttl=30).acquire())
         await queued(a, name, waiter=b)
