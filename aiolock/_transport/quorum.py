@@ -512,11 +512,10 @@ class _Call:
         reached = self.written - replies.keys()
         unknown = {i for i in reached if not (i in errors and Backend.refused(errors[i]))}
         if verdict.fence is not None:
+            # Written to every node; those that granted are waited for whatever their health.
             phase = self.rule.fence_call(self.args, verdict.fence)
-            fenced = phase.votes.decided
-            decided = functools.partial(fenced, quorum=self.quorum, keys=len(self.names))
             fence_replies, fence_errors = await self.gather(
-                decided, phase.script, phase.args, verdict.granted
+                self.decided_by(phase.votes), phase.script, phase.args, verdict.granted
             )
             acked = phase.votes.verdict(fence_replies, self.quorum, len(self.names))
             if acked.failure is None:
