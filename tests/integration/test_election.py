@@ -331,7 +331,10 @@ async def test_a_late_copy_of_a_proclamation_changes_nothing(
     keys = [election.key, election.key + ":log"]
     backend = runtime_for(client).backend
     for number, value in ((1, "v1"), (2, "v2")):  # copies of both, arriving late
-        reply = await backend.run(EL_PROCLAIM, keys, [term.lease.token, stored_value(value), number], CallOptions(timeout=5, operation="proclaim", name=name))  # fmt: skip
+        reply = await backend.run(
+            EL_PROCLAIM, keys, [term.lease.token, stored_value(value), number],
+            CallOptions(timeout=5, operation="proclaim", name=name),
+        )  # fmt: skip
         assert int(reply[0]) == 1
     assert described(await election.leader()) == (election.identity, "v2")
     assert await client.xlen(election.key + ":log") == 3  # won, v1, v2
