@@ -1,6 +1,7 @@
 """The engine every leased primitive shares: what a primitive is made of (`primitive_base`),
-one acquisition (`acquisition`), the release and the compensations of a failed acquire
-(`release`), leases made from a reply or a grant (`lease_issuing`), the `Lease` itself
+the primitive and its attempt (`acquisition`), and the objects it holds: one `acquire()`
+call (`acquire_call`), the release and the compensations of a failed acquire (`release`),
+leases made from a reply or a grant (`lease_issuing`); the `Lease` itself
 (`lease`) and the guard of its body (`guard`), the wait queue of one name in this process
 (`wait_queue`), the renewal task (`watchdog`), waiting without polling (`notifier`) and the
 per-client background work (`runtime`).

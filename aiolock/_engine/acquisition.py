@@ -1,125 +1,83 @@
-"""The acquisition engine: everything between "a task awaits acquire()" and "a Lease exists",
-for every leased primitive alike.
+"""The acquisition engine: `Primitive`, the base of `Lock` and of every leased primitive,
+whose holders get `Lease`s.
 
-`Primitive` is the base of `Lock` (and of every primitive on one Redis server). It owns the
-story of one acquisition:
+A primitive is a few objects, not layers of one class. `Primitive` is the public face
+(`acquire`, `try_acquire`, `try_acquire_or_busy`, `resume`, `release_token`, `async with`),
+its one attempt (`_attempt`: one acquire script call, its outcome made a lease or given
+back) and the `LeaseIssuer` side that leases call (extend, release, the `async with`
+guards). It holds its collaborators, each in a file of its own:
 
-- the fast path (one attempt when no task of this process waits for the name), then the
-  FIFO wait: the process's `WaitQueue` (`_engine.wait_queue`), where only the head talks to Redis, with
-  a fresh `Registration` per attempt so that a release can grant the lock straight to this
-  process; the caller's timeout, a fallback timer for expiries (which send no
-  notification), and the wait's withdrawal when its last waiter leaves;
-- a lease got by a later caller of this process while an earlier one waits, handed to it;
-- the `LeaseIssuer` side (extend, the `async with` guards) and `resume`.
+- each `acquire()` call is an `AcquireCall` (`_engine.acquire_call`): the story of one
+  acquisition, the fast path, the FIFO wait in the process's `WaitQueue` and its leaving;
+- its release path (`_engine.release.ReleasePath`: the release, the abort of an acquire
+  whose outcome is unknown, the withdrawal of the process's queue);
+- its lease issuing (`_engine.lease_issuing.LeaseIssuing`: the leases made from answers
+  and grants, which asks the renewal policy, `_model.renewal_policy`, for every timing
+  decision).
 
-It builds on three layers of its own: what a primitive is made of and what its replies
-mean (`_engine.primitive_base`), the release path and the compensations of a failed acquire
-(`_engine.release`), and the leases made from answers and grants (`_engine.lease_issuing`, which asks the
-renewal policy, `_model.renewal_policy`, for every timing decision).
-
-A primitive supplies what is its own: its keys and the three calls the engine makes (acquire,
-release, renew) as a script, its keys and its arguments, in the common argument conventions
-of `_lua.lock`; the meaning of the replies is shared (see ACQUIRE and RELEASE there).
+What a primitive is made of and what its replies mean is `_engine.primitive_base`'s. A
+primitive supplies what is its own: its keys and the calls the engine makes (acquire,
+release, renew, resume) as a script, its keys and its arguments, in the common argument
+conventions of `_lua.lock`; the meaning of the replies is shared (see ACQUIRE and RELEASE
+there).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import random
 import secrets
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any, Final
 
-from .._aio.backoff import Backoff, poll_delay
-from .._aio.shielding import run_shielded
 from .._lua.lock import acquired
 from .._model import renewal_policy as renewal
-from .._model.config import check_timeout, check_token
+from .._model.config import LockConfig, check_timeout, check_token
 from .._model.holder import task_name
-from .._transport.clients import migrating, outcome_unknown, stalled_for
+from .._transport.call_options import CallOptions
+from .._transport.clients import AsyncClient, outcome_unknown, stalled_for
+from .._transport.quorum import Quorum
 from ..errors import AcquireTimeoutError, BackendError, LeaseLostError, LossReason
+from .acquire_call import MIN_ATTEMPT_TIMEOUT, AcquireCall
 from .lease import Lease
-from .lease_issuing import Granting
-from .primitive_base import UNSET, Attempt, Busy, Call, Unset, check_within_ms
-from .release import ABORT_TIMEOUT, cleanup_budget
+from .lease_issuing import LeaseIssuing
+from .primitive_base import UNSET, Attempt, Busy, Call, PrimitiveBase, Unset, check_within_ms
+from .release import ABORT_TIMEOUT, ReleasePath, cleanup_budget
 from .runtime import Runtime, runtime_for
-from .wait_queue import Registration, Released, Waiter, WaitQueue
+from .wait_queue import Registration, Released, WaitQueue
 
 __all__ = ("MIN_ATTEMPT_TIMEOUT", "UNSET", "Busy", "Call", "Primitive", "Released", "Unset")
 
-MIN_ATTEMPT_TIMEOUT: Final = 1.0
-"""Shortest time an acquire attempt gives Redis to answer (connecting included)."""
-RECOUNT_DELAY: Final = 0.05
-"""How soon a waiting head writes its process's entry again after waiters joined or left
-(several arriving at once are counted by one command)."""
 
-MIGRATING_ATTEMPT_TIMEOUT: Final = 0.1
-"""The least time an attempt is given once an earlier attempt of the same acquire met its
-cluster slot migrating: a timed acquire then ends within its timeout and this."""
-
-
-class _Progress:
-    """One acquire() call's account: its bound, its attempts, what Redis last said, and how
-    it ended (what its waiter's leaving must know)."""
-
-    __slots__ = (
-        "acquired",
-        "attempts",
-        "busy",
-        "deadline",
-        "loop",
-        "migrating",
-        "more",
-        "pttl_ms",
-        "started",
-        "wait",
-    )
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, wait: float | None, pttl_ms: int) -> None:
-        self.loop = loop
-        self.wait = wait
-        self.started = loop.time()
-        self.deadline = None if wait is None else self.started + wait
-        self.attempts = 0
-        # When to check again unless told of a release: the holder's remaining ttl as last
-        # told, or sooner (`check_within_ms`); <= 0: unknown.
-        self.pttl_ms = pttl_ms
-        self.busy: Sequence[Any] = ()  # the last answer "held"
-        self.acquired = False
-        self.more = False  # leases may still be free for the next waiter here (a semaphore)
-        self.migrating = False  # an attempt met its cluster slot migrating
-
-    def floor(self) -> float:
-        """The least time an attempt is given, past the timeout too: less once the slot
-        was found migrating (a retry then would outlast the timeout by a whole window)."""
-        return MIGRATING_ATTEMPT_TIMEOUT if self.migrating else MIN_ATTEMPT_TIMEOUT
-
-    def time_left(self) -> float | None:
-        return None if self.deadline is None else self.deadline - self.loop.time()
-
-    def waited(self) -> float:
-        return self.loop.time() - self.started
-
-    def refused(self, attempt: Attempt, *, keep_busy: bool = False) -> None:
-        """An attempt found it held: remember when it may be free, and by whom."""
-        self.pttl_ms = attempt.pttl_ms
-        self.busy = (attempt.busy or self.busy) if keep_busy else attempt.busy
-
-    def took(self, *, more: bool) -> None:
-        """The waiter got its lease (`more`: the next waiter may get one too)."""
-        self.acquired, self.more = True, more
-
-
-class Primitive(Granting):
+class Primitive(PrimitiveBase):
     """A named primitive on one Redis server whose holders get `Lease`s.
 
     Subclasses call `__init__` with their client, name, configuration and keys, set the
     class attributes of `PrimitiveBase`, and supply `_acquire_call`.
     """
 
-    __slots__ = ()
+    __slots__ = ("_leases", "_release")
+
+    def __init__(
+        self,
+        client: AsyncClient | Quorum,
+        name: str,
+        config: LockConfig,
+        *,
+        key: str,
+        channel: str,
+        release_keys: Sequence[str],
+    ) -> None:
+        """As `PrimitiveBase`'s; and the primitive's collaborators: its release path, and
+        its lease issuing, which a lease a release hands over here goes to."""
+        super().__init__(client, name, config, key=key, channel=channel, release_keys=release_keys)
+        self._release = ReleasePath(self, hand_over=self._hand_over)
+        self._leases = LeaseIssuing(self, self._release)
+
+    def _hand_over(self, runtime: Runtime, registration: Registration, reply: Released) -> None:
+        self._leases.handed_over(runtime, registration, reply)
+
+    async def _release_lease(self, lease: Lease, *, timeout: float) -> bool:
+        return await self._release.release_lease(lease, timeout=timeout)
 
     # ----------------------------------------------------------------- acquiring
     async def acquire(
@@ -166,36 +124,16 @@ class Primitive(Granting):
             token = check_token(token)
         runtime = runtime_for(self._client)
         self._refuse_reentry(runtime, wait)
-        progress = _Progress(runtime.loop, wait, self._config.ttl_ms)
-        notifier = runtime.notifier
-        # The tasks of this process that wait are served in the order they called; a lease
-        # that a later caller gets while an earlier one waits goes to the earlier one.
-        ticket = notifier.ticket()
-        orderly = wait != 0 and token is None
-        handed_on = False
-        # Fast path: nobody of this process is queued, so try before subscribing (several
-        # tasks may try at once). Otherwise queue behind them (first come, first served),
-        # unless this is a single try.
-        if wait == 0 or notifier.queue_length(self._channel) == 0:
-            lease = await self._first_try(runtime, progress, ticket, token, orderly=orderly)
-            if lease is not None:
-                if not (orderly and await self._hand_to_earlier(runtime, lease, ticket)):
-                    return self._granted(lease, progress.waited(), progress.attempts)
-                handed_on = True
-        if wait == 0:
-            raise self._timed_out(progress)
-        # (A refused first try joins in the same step as it ends: whoever waits for it to
-        # be answered finds it in the queue.)
-        waiter = notifier.join(
-            self._channel, ticket, accepts=token is None, direct=self._direct_grants
+        call = AcquireCall(
+            self,
+            runtime,
+            wait=wait,
+            token=token,
+            attempt=self._attempt,
+            leases=self._leases,
+            release=self._release,
         )
-        notifier.end_try(self._channel, ticket)
-        try:
-            await notifier.ready(waiter, timeout=progress.time_left())
-            must_try = waiter.is_head and not handed_on
-            return await self._wait_in_line(runtime, progress, waiter, token, must_try=must_try)
-        finally:
-            await self._leave(runtime, progress, waiter)
+        return await call.run()
 
     def _refuse_reentry(self, runtime: Runtime, wait: float | None) -> None:
         """Raise `RuntimeError` if the current task holds it and would wait for it."""
@@ -205,234 +143,6 @@ class Primitive(Granting):
                 f"{self._what} {self._name!r} is already held by this task, in an 'async with' "
                 f"block: waiting for it here would wait forever (it is not reentrant)"
             )
-
-    async def _first_try(
-        self,
-        runtime: Runtime,
-        progress: _Progress,
-        ticket: int,
-        token: str | None,
-        *,
-        orderly: bool,
-    ) -> Lease | None:
-        """The fast path's one attempt: the lease, or None (refused: its try stays in
-        flight, for the caller to end once it has joined the queue)."""
-        notifier = runtime.notifier
-        progress.attempts += 1
-        if orderly:
-            notifier.start_try(self._channel, ticket)
-        try:
-            attempt = await self._attempt(runtime, progress.time_left(), token=token)
-        except BackendError as exc:
-            if not (migrating(exc) or stalled_for(exc)):
-                if orderly:
-                    notifier.end_try(self._channel, ticket)
-                raise
-            progress.migrating = progress.migrating or migrating(exc)
-            # Its cluster slot migrates, or a stall of this process spent its time (given
-            # back, see `_attempt`): wait, as for a holder.
-            attempt = Attempt(None, -1)
-        except BaseException:
-            if orderly:
-                notifier.end_try(self._channel, ticket)
-            raise
-        if attempt.lease is None:
-            progress.refused(attempt)
-        elif orderly:
-            notifier.end_try(self._channel, ticket)
-        return attempt.lease
-
-    async def _wait_in_line(
-        self,
-        runtime: Runtime,
-        progress: _Progress,
-        waiter: Waiter,
-        token: str | None,
-        *,
-        must_try: bool,
-    ) -> Lease:
-        """Wait in the process's queue until `waiter` gets a lease: handed by a later caller,
-        granted by a release, or got by its own attempt as the head."""
-        queue = waiter.queue
-        notifier = runtime.notifier
-        trying_before, rng = notifier.trying_before, notifier.rng
-        unknown_pttl = Backoff(base=0.01, cap=1.0, rng=rng)
-        while True:
-            if waiter.handed is not None:
-                # Handed by a task of this process that called later and got a lease, or
-                # by a release's hand-over.
-                progress.took(more=not self._exclusive and waiter.handed_more)
-                return self._granted(
-                    self._take_handed(waiter), progress.waited(), progress.attempts
-                )
-            if waiter.is_head and (queue.attempting or trying_before(self._channel, waiter.ticket)):
-                # An earlier caller's first try is in flight: if refused, it queues ahead
-                # of this one (which is nudged when it is answered).
-                await self._wait_turn(progress, waiter)
-                continue
-            if waiter.is_head and (grant := queue.pop_grant()) is not None:
-                # A lease under the caller's own token claims the grant by an acquire.
-                lease = None if token is not None else self._lease_from_grant(runtime, grant)
-                if lease is None:
-                    must_try = True  # heard of too late to count on: claim it by an acquire
-                else:
-                    await self._take_grant(runtime, queue, grant, lease)
-                    if not await self._keep_or_hand(runtime, lease, waiter):
-                        progress.took(more=not self._exclusive and grant.more)
-                        return self._granted(lease, progress.waited(), progress.attempts)
-                    continue
-            if waiter.is_head and queue.joining:
-                # A release here is putting the queue in line: its answer comes first (it
-                # nudges the head), unless the caller's timeout comes before it.
-                await self._wait_turn(progress, waiter)
-                continue
-            if waiter.is_head and (waiter.take_wakeup() or must_try):
-                must_try = False
-                attempt = await self._try_as_head(runtime, progress, queue, token)
-                if attempt.lease is not None:
-                    if not await self._keep_or_hand(runtime, attempt.lease, waiter):
-                        progress.took(more=attempt.free > 0)
-                        return self._granted(attempt.lease, progress.waited(), progress.attempts)
-                    continue
-            if await self._sleep(progress, waiter, unknown_pttl, rng):
-                must_try = True
-
-    async def _wait_turn(self, progress: _Progress, waiter: Waiter) -> None:
-        """The head waits for a command of its queue in flight to be answered (it is
-        nudged then), or for the caller's timeout, which raises."""
-        remaining = progress.time_left()
-        if remaining is not None and remaining <= 0:
-            raise self._timed_out(progress)
-        await waiter.wait(remaining, pending_ok=True)
-
-    async def _try_as_head(
-        self, runtime: Runtime, progress: _Progress, queue: WaitQueue, token: str | None
-    ) -> Attempt:
-        """The head's attempt, which puts the process in line with a fresh registration."""
-        progress.attempts += 1
-        try:
-            attempt = await self._attempt(
-                runtime,
-                progress.time_left(),
-                queue=queue,
-                behind=len(queue.waiters) - 1,
-                token=token,
-                floor=progress.floor(),
-            )
-        except BackendError as exc:
-            if not (migrating(exc) or stalled_for(exc)):
-                raise
-            progress.migrating = progress.migrating or migrating(exc)
-            # Its cluster slot migrates (a name's keys on both sides): nothing was applied;
-            # or a stall of this process spent its time (given back, see `_attempt`): try
-            # again after a pause, as for an unknown expiry.
-            attempt = Attempt(None, -1)
-        if attempt.lease is None:
-            progress.refused(attempt, keep_busy=True)
-        return attempt
-
-    async def _sleep(
-        self, progress: _Progress, waiter: Waiter, unknown_pttl: Backoff, rng: random.Random
-    ) -> bool:
-        """Sleep until woken, nudged, or (the head) until the holder's key would expire;
-        True if the head's timer ran out (it tries). Raises at the caller's timeout."""
-        remaining = progress.time_left()
-        if remaining is not None and remaining <= 0:
-            raise self._timed_out(progress)
-        delay = remaining
-        if waiter.is_head:
-            # The backoff only paces checks of a key whose expiry is unknown.
-            pttl_ms = progress.pttl_ms
-            fallback = unknown_pttl.next() if pttl_ms <= 0 else 0.0
-            poll = poll_delay(pttl_ms, fallback=fallback, rng=rng)
-            if self._max_poll is not None:
-                poll = min(poll, self._max_poll)
-            if waiter.queue.miscounted:
-                poll = min(poll, RECOUNT_DELAY)  # the next try writes the count
-            delay = poll if remaining is None else min(poll, remaining)
-        # A wake-up pending for a waiter that is no longer the head (an earlier caller
-        # queued ahead of it) waits until it is the head again.
-        timed_out = await waiter.wait(delay, pending_ok=not waiter.is_head)
-        waiter.check()
-        hint = waiter.take_poll_hint()
-        if hint is not None:  # the lock was handed to another process
-            progress.pttl_ms = hint
-        return timed_out and waiter.is_head
-
-    async def _leave(self, runtime: Runtime, progress: _Progress, waiter: Waiter) -> None:
-        """`waiter` leaves the queue, however its wait ended; the last of this process
-        takes the queue out of Redis."""
-        if waiter.handed is not None:
-            # Handed a lease it did not take (it timed out, or was cancelled): the next
-            # waiter takes it, or it is released.
-            self._pass_on(runtime, self._take_handed(waiter), but=waiter)
-        leaving = runtime.notifier.leave(waiter, acquired=progress.acquired, more=progress.more)
-        if leaving is None:
-            return
-        # The last waiter of this process left: take its queue out of Redis, and hand on a
-        # lock reserved or granted to it meanwhile (after an acquire, in the background:
-        # the caller has its lease).
-        budget = cleanup_budget(progress.time_left())
-        if progress.acquired:
-            await self._withdraw_in_background(runtime, leaving, timeout=budget)
-        else:
-            with contextlib.suppress(BackendError, TimeoutError):
-                await run_shielded(
-                    self._withdraw(runtime, leaving, timeout=budget),
-                    timeout=budget + 0.1,
-                )
-
-    def _timed_out(self, progress: _Progress) -> AcquireTimeoutError:
-        return self._timeout_error(
-            progress.wait,
-            progress.waited(),
-            progress.attempts,
-            progress.busy,
-            migrating=progress.migrating,
-        )
-
-    @staticmethod
-    def _take_handed(waiter: Waiter) -> Lease:
-        lease = waiter.take_handed()
-        assert isinstance(lease, Lease)
-        return lease
-
-    async def _hand_to_earlier(self, runtime: Runtime, lease: Lease, ticket: int) -> bool:
-        """Hand `lease`, which the acquire() call `ticket` got, to the waiter of an earlier
-        call of this process, if one waits for it (once the first tries of earlier calls
-        in flight are answered: a refused one queues). True if it was handed on.
-
-        Cancellation:
-            The lease never reaches a caller: it is released under a shield first.
-        """
-        notifier = runtime.notifier
-        if notifier.trying_before(self._channel, ticket):
-            try:
-                await notifier.tries_before(self._channel, ticket)
-            except BaseException:
-                await lease._cleanup_after_loss()
-                raise
-        receiver = notifier.first_before(self._channel, ticket)
-        if receiver is None:
-            return False
-        receiver.hand(lease)
-        return True
-
-    async def _keep_or_hand(self, runtime: Runtime, lease: Lease, waiter: Waiter) -> bool:
-        """A waiter got `lease`: False if it keeps it, True if it went to another waiter
-        (one of an earlier call, or any other if this one was handed a lease meanwhile)."""
-        if waiter.handed is not None:
-            self._pass_on(runtime, lease, but=waiter)
-            return True
-        return await self._hand_to_earlier(runtime, lease, waiter.ticket)
-
-    def _pass_on(self, runtime: Runtime, lease: Lease, *, but: Waiter) -> None:
-        """Give a lease nobody here took to the first waiter without one, or release it."""
-        receiver = runtime.notifier.next_without(self._channel, but)
-        if receiver is not None:
-            receiver.hand(lease)
-        else:
-            runtime.spawn(lease._cleanup_after_loss())
 
     async def try_acquire(self) -> Lease | None:
         """Try once, without waiting: the `Lease`, or None if someone else holds it.
@@ -498,6 +208,7 @@ class Primitive(Granting):
                 self._resume_call(token, config.ttl_ms),
                 timeout=validity,
                 operation="resume",
+                votes=None if self._votes is None else self._votes.resume,
             )
         except BackendError as error:
             stall = stalled_for(error)
@@ -519,7 +230,7 @@ class Primitive(Granting):
         self._check_replicated("resume", acked)
         first_due = renewal.first_due(sent_at, config.renew_interval)
         slot = int(reply[2]) if len(reply) > 2 else None
-        lease = self._new_lease(
+        lease = self._leases.new_lease(
             runtime, token, int(reply[1]), sent_at, first_due=first_due, slot=slot
         )
         return self._granted(lease, 0.0, 1)
@@ -536,6 +247,27 @@ class Primitive(Granting):
             fencing_token=fencing_token,
             stalled_for=stall,
         )
+
+    async def release_token(self, token: str) -> bool:
+        """Release the lease held under `token`, from any process: True if it was released
+        (now, or already by an earlier release), False if it is not held under it: it never
+        was, or it expired (its hold did not end as the token holder's, whoever got it
+        next). Waiters are served as by any release. One round trip.
+
+        A lease object held under `token` (here or in another process) finds the loss at
+        its next renewal; released before that, its `release()` reports the token's
+        release as its own (no error).
+
+        Raises:
+            BackendError: Redis could not be reached or refused the command.
+            ConfigError: `token` is not a valid token (nothing is sent).
+
+        Cancellation:
+            Finished under a shield, as `Lease.release()`.
+
+        Added in 0.2.
+        """
+        return await self._release.release_token(token)
 
     async def _attempt(
         self,
@@ -576,29 +308,25 @@ class Primitive(Granting):
             queued = (queue.wid, behind, self._entry(registration, task))
         script, keys, args = self._acquire_call(token, task, queued, claims)
         wait = config.wait_args(bound)
+        # A timed attempt ends at its bound (the timeout): no grace.
+        options = CallOptions(
+            timeout=bound, operation="acquire", name=self._name, wait=wait, grace=time_left is None,
+            votes=None if self._votes is None else self._votes.acquire,
+        )  # fmt: skip
         try:
-            reply = await runtime.backend.run(
-                script,
-                keys,
-                args,
-                timeout=bound,
-                operation="acquire",
-                name=self._name,
-                wait=wait,
-                grace=time_left is None,  # a timed attempt ends at its bound (the timeout)
-            )
+            reply = await runtime.backend.run(script, keys, args, options)
         except BaseException as exc:
             if queue is not None and registration is not None and not outcome_unknown(exc):
                 queue.attempt_refused(registration)  # (a migrating slot, say): not in Redis
             if chosen:
                 pass  # the caller's token: its retry gets the lease back (see acquire)
             elif isinstance(exc, asyncio.CancelledError):
-                await self._abort(runtime, token, timeout=ABORT_TIMEOUT)
+                await self._release.abort(runtime, token, timeout=ABORT_TIMEOUT)
             elif outcome_unknown(exc):
                 # Redis did not answer: its answer to the abort may not come either, and the
                 # caller's timeout must hold (the key, if set, expires within the ttl).
                 left = None if time_left is None else time_left - (loop.time() - sent_at)
-                await self._abort(runtime, token, timeout=cleanup_budget(left))
+                await self._release.abort(runtime, token, timeout=cleanup_budget(left))
             raise
         finally:
             if queue is not None:
@@ -623,17 +351,19 @@ class Primitive(Granting):
             return Attempt(None, check_within_ms(reply), reply)
         if loop.time() >= sent_at + validity:
             # The reply came too late to be of use (this process was paused): give it back.
-            await self._abort(runtime, token, timeout=ABORT_TIMEOUT)
+            await self._release.abort(runtime, token, timeout=ABORT_TIMEOUT)
             return Attempt(None, -1)
         if acked < config.replicas:
             # Taken on the primary, not on enough replicas: a failover could lose it. Give
             # it back (a caller's own token is kept for its retry, which waits again).
             if not chosen:
-                await self._abort(runtime, token, timeout=ABORT_TIMEOUT)
+                await self._release.abort(runtime, token, timeout=ABORT_TIMEOUT)
             self._check_replicated("acquire", acked)
         first_due = renewal.first_due(sent_at, config.renew_interval)
         slot = int(reply[2]) if len(reply) > 2 else None
-        lease = self._new_lease(runtime, token, value, sent_at, first_due=first_due, slot=slot)
+        lease = self._leases.new_lease(
+            runtime, token, value, sent_at, first_due=first_due, slot=slot
+        )
         return Attempt(lease, 0, free=int(reply[3]) if len(reply) > 3 else 0)
 
     # ----------------------------------------------------------------- async with

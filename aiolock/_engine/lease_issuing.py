@@ -1,6 +1,6 @@
 """Leases: made from an acquire's answer or from a grant, and registered for renewal.
 
-`Granting` turns what Redis said into a `Lease` counted from when the request was sent,
+`LeaseIssuing`, an object each primitive holds, turns what Redis said into a `Lease` counted from when the request was sent,
 registered with the client's `RenewalScheduler`; a lease taken from a grant heard of in
 time gets its first renewal written before `acquire()` returns (or, with `replicas=N`,
 confirmed by the replicas; with `renew_on_handoff=False`, left to the watchdog). Every
@@ -13,14 +13,16 @@ import asyncio
 import weakref
 
 from .._model import renewal_policy as renewal
+from .._transport.call_options import CallOptions
 from ..errors import BackendError
 from .lease import Lease
-from .release import ABORT_TIMEOUT, Releasing
+from .primitive_base import PrimitiveBase
+from .release import ABORT_TIMEOUT, ReleasePath
 from .runtime import Runtime
 from .wait_queue import Grant, Registration, Released, WaitQueue
 from .watchdog import RenewalEntry
 
-__all__ = ("Granting",)
+__all__ = ("LeaseIssuing",)
 
 
 def _done(future: asyncio.Future[None]) -> None:
@@ -28,12 +30,17 @@ def _done(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-class Granting(Releasing):
-    """The lease side of a primitive (see the module docstring)."""
+class LeaseIssuing:
+    """The lease side of one primitive (see the module docstring): its leases are the
+    primitive's (their `LeaseIssuer`), released by its release path."""
 
-    __slots__ = ()
+    __slots__ = ("_of", "_release")
 
-    def _new_lease(
+    def __init__(self, primitive: PrimitiveBase, release: ReleasePath) -> None:
+        self._of = primitive
+        self._release = release
+
+    def new_lease(
         self,
         runtime: Runtime,
         token: str,
@@ -45,9 +52,9 @@ class Granting(Releasing):
         slot: int | None = None,
     ) -> Lease:
         """A lease under `token`, renewed from `first_due` on (None: not renewed)."""
-        config = self._config
+        config = self._of._config
         return Lease(
-            issuer=self,
+            issuer=self._of,
             token=token,
             fencing_token=fencing_token,
             slot=slot,
@@ -68,7 +75,7 @@ class Granting(Releasing):
             ),
         )
 
-    def _lease_from_grant(self, runtime: Runtime, grant: Grant) -> Lease | None:
+    def lease_from_grant(self, runtime: Runtime, grant: Grant) -> Lease | None:
         """The lease for a grant heard of in time, or None if it must first be claimed.
 
         The grant was made after `grant.sent_at` with its expiry (the full ttl when this
@@ -79,7 +86,7 @@ class Granting(Releasing):
         `_renew_granted`), and by the watchdog within a third of its validity. These are
         the renewal policy's decisions (`renewal.grant_timing`).
         """
-        config = self._config
+        config = self._of._config
         timing = renewal.grant_timing(
             runtime.loop.time(),
             grant.sent_at,
@@ -89,7 +96,7 @@ class Granting(Releasing):
         )
         if timing is None:
             return None
-        return self._new_lease(
+        return self.new_lease(
             runtime,
             grant.registration.token,
             grant.fencing_token,
@@ -99,21 +106,21 @@ class Granting(Releasing):
             slot=grant.slot,
         )
 
-    def _handed_over(self, runtime: Runtime, registration: Registration, reply: Released) -> None:
+    def handed_over(self, runtime: Runtime, registration: Registration, reply: Released) -> None:
         """A release of this process handed its lease over to `registration` (for the ttl,
         its reply in hand): the lease goes to the first task here waiting without one (the
         queue in Redis is left as it was), or is released if none waits any more or the
         reply came too late to count on."""
-        receiver = runtime.notifier.next_without(self._channel, None)
+        receiver = runtime.notifier.next_without(self._of._channel, None)
         slot = int(reply.slot) if reply.slot.isdigit() else None
         grant = Grant(registration, int(reply.granted), registration.sent_at, reply.expiry_ms, slot)
-        lease = None if receiver is None else self._lease_from_grant(runtime, grant)
+        lease = None if receiver is None else self.lease_from_grant(runtime, grant)
         if receiver is None or lease is None:
-            self._give_back(runtime, registration)
+            self._release.give_back(runtime, registration)
             return
         receiver.hand(lease, more=reply.after > 0)
 
-    async def _take_grant(
+    async def take_grant(
         self, runtime: Runtime, queue: WaitQueue, grant: Grant, lease: Lease
     ) -> None:
         """The head takes `lease`, made from `grant`: the grant took the queue out of Redis
@@ -125,8 +132,8 @@ class Granting(Releasing):
         Cancellation:
             The lease never reaches the caller: it is released under a shield first.
         """
-        queue.took(grant, requeued=self._requeued_on_grant and grant.requeued)
-        config = self._config
+        queue.took(grant, requeued=self._of._requeued_on_grant and grant.requeued)
+        config = self._of._config
         first = renewal.first_renewal(
             grant.expiry_ms,
             config.ttl_ms,
@@ -158,7 +165,7 @@ class Granting(Releasing):
         renewals do. Either wait lasts at most half of what the grant has left. The
         watchdog's own schedule goes on regardless.
         """
-        config = self._config
+        config = self._of._config
         loop = runtime.loop
         entry = lease._entry
         if entry is None:
@@ -174,18 +181,21 @@ class Granting(Releasing):
         async def renew() -> None:
             sent_at = loop.time()
             lease._renewal_sent(sent_at, config.ttl)
-            script, keys, args = self._renew_call(lease.token, config.ttl_ms)
+            script, keys, args = self._of._renew_call(lease.token, config.ttl_ms)
             try:
                 ours = await runtime.backend.run(
                     script,
                     keys,
                     args,
-                    timeout=max(lease.deadline - sent_at, 0.001),
-                    operation="renew",
-                    name=self._name,
-                    on_sent=on_sent,
-                    by_text=True,
-                    background=backend.cluster,
+                    CallOptions(
+                        timeout=max(lease.deadline - sent_at, 0.001),
+                        operation="renew",
+                        name=self._of._name,
+                        on_sent=on_sent,
+                        by_text=True,
+                        background=backend.cluster,
+                        votes=None if self._of._votes is None else self._of._votes.renew,
+                    ),
                 )
             except BackendError as exc:
                 lease._renew_failed(exc)
@@ -230,15 +240,16 @@ class Granting(Releasing):
         Cancellation:
             The lease never reaches the caller: it is released under a shield first.
         """
-        config = self._config
+        config = self._of._config
         sent_at = runtime.loop.time()
         lease._renewal_sent(sent_at, config.ttl)
         try:
-            reply, acked = await self._run_waiting(
+            reply, acked = await self._of._run_waiting(
                 runtime,
-                self._renew_call(lease.token, config.ttl_ms),
+                self._of._renew_call(lease.token, config.ttl_ms),
                 timeout=max(lease.deadline - sent_at, 0.001),
                 operation="acquire",
+                votes=None if self._of._votes is None else self._of._votes.renew,
             )
         except BaseException:
             lease._renewal_answered(sent_at, config.ttl)
@@ -250,7 +261,7 @@ class Granting(Releasing):
             raise lease.loss_error()
         if acked < config.replicas:
             await lease._cleanup_after_loss()
-            self._check_replicated("acquire", acked)
+            self._of._check_replicated("acquire", acked)
         lease._renewed(sent_at, config.ttl)
         due = renewal.first_due(sent_at, config.renew_interval)
         if lease._entry is not None and due is not None:
@@ -266,12 +277,12 @@ class Granting(Releasing):
         due: float,
         runtime: Runtime,
     ) -> RenewalEntry:
-        config = self._config
+        config = self._of._config
         assert config.renew_interval is not None
         return RenewalEntry(
             lease_ref=ref,
-            key=self._key,
-            release=lambda: self._release_token(
+            key=self._of._key,
+            release=lambda: self._release.release(
                 runtime,
                 token,
                 abort=False,
@@ -280,7 +291,7 @@ class Granting(Releasing):
                 fencing_token=fencing_token,
             ),
             token=token,
-            kind=self._renew_kind,
+            kind=self._of._renewal_kind(fencing_token),
             ttl_ms=config.ttl_ms,
             interval=config.renew_interval,
             due=due,

@@ -24,6 +24,8 @@ from .._lua.lock import Script, release_args, released
 from .._model import events
 from .._model.config import LockConfig
 from .._model.holder import HOST, PID, LockInfo, text
+from .._model.quorum_rules import Rule, VoteRules
+from .._transport.call_options import CallOptions
 from .._transport.clients import AsyncClient, is_cluster
 from .._transport.quorum import Quorum
 from ..errors import AcquireTimeoutError, ConfigError, ReplicationError
@@ -155,6 +157,11 @@ class PrimitiveBase(abc.ABC):
     in line (the release script's hand-over: SEM_RELEASE's)."""
     _max_poll: ClassVar[float | None] = None
     """Longest sleep of a waiting head between its tries (a waiting writer's refresh)."""
+    _queued_in_redis: ClassVar[bool] = True
+    """Its waiters are queued in Redis (a process's queue is withdrawn when it empties)."""
+    _votes: ClassVar[VoteRules | None] = None
+    """The rules of a quorum's votes on each of its calls (`_model.quorum_rules`), for a
+    primitive whose client is a quorum of servers (a Redlock's)."""
 
     _client: AsyncClient | Quorum
     _name: str
@@ -232,6 +239,10 @@ class PrimitiveBase(abc.ABC):
         """The call that resets the expiry of the lease under `token` to `ttl_ms`."""
         return RENEW, (self._key,), [token, ttl_ms, self._renew_kind]
 
+    def _renewal_kind(self, fencing_token: int) -> str:
+        """The kind of a lease's renewals (RENEW's ARGV[3]) once its fencing token is known."""
+        return self._renew_kind
+
     def _resume_call(self, token: str, ttl_ms: int) -> Call:
         """The call answering {1, fencing token[, slot]} if a lease is held under `token`
         (its expiry then reset to `ttl_ms`), else {0}."""
@@ -262,16 +273,17 @@ class PrimitiveBase(abc.ABC):
         return f"{HOST} {PID} {r.seq} {r.grant_ms} {ttl_ms} {r.token} {task}"
 
     async def _run_waiting(
-        self, runtime: Runtime, call: Call, *, timeout: float, operation: str
+        self, runtime: Runtime, call: Call, *, timeout: float, operation: str, votes: Rule | None
     ) -> tuple[Any, int]:
         """Run `call`, followed by a WAIT for the replicas if this primitive needs any
         (`replicas=N`): its reply, and how many replicas acknowledged (`replicas` when it
-        needs none)."""
+        needs none). `votes`: the call's rule on a quorum (`_votes`)."""
         script, keys, args = call
         wait = self._config.wait_args(timeout)
-        reply = await runtime.backend.run(
-            script, keys, args, timeout=timeout, operation=operation, name=self._name, wait=wait
+        options = CallOptions(
+            timeout=timeout, operation=operation, name=self._name, wait=wait, votes=votes
         )
+        reply = await runtime.backend.run(script, keys, args, options)
         if wait is None:
             return reply, self._config.replicas
         answer, acked = reply
@@ -306,12 +318,15 @@ class PrimitiveBase(abc.ABC):
             script,
             keys,
             args,
-            timeout=timeout,
-            operation="release",
-            name=self._name,
-            background=background,
-            fresh=fresh,
-            on_sent=on_sent,
+            CallOptions(
+                timeout=timeout,
+                operation="release",
+                name=self._name,
+                background=background,
+                fresh=fresh,
+                on_sent=on_sent,
+                votes=None if self._votes is None else self._votes.release,
+            ),
         )
         reply = released(reply)
         slot = text(reply[5]) if len(reply) > 5 else ""
@@ -371,12 +386,17 @@ class PrimitiveBase(abc.ABC):
         )
 
     # ----------------------------------------------------------------- the LeaseIssuer side (extend; release is in `_engine.release`)
+    @abc.abstractmethod
+    async def _release_lease(self, lease: Lease, *, timeout: float) -> bool:
+        """Release `lease` if it is still ours (the release path's, `_engine.release`)."""
+
     async def _extend_lease(self, lease: Lease, *, timeout: float, ttl_ms: int) -> bool:
         reply, acked = await self._run_waiting(
             runtime_for(self._client),
             self._renew_call(lease.token, ttl_ms),
             timeout=timeout,
             operation="extend",
+            votes=None if self._votes is None else self._votes.renew,
         )
         if int(reply[0]) == 1:
             self._check_replicated("extend", acked)

@@ -1,9 +1,12 @@
 """The release path of every leased primitive, and the compensations of a failed acquire.
 
-`Releasing` runs the token-guarded release (putting this process's own waiters in line in
-the same call, and telling them at once what it did), the withdrawal of this process's wait
-queue from Redis when its last waiter leaves, and the abort of an acquire whose outcome is
-unknown (a release that also forbids that acquire from landing later).
+`ReleasePath`, an object each primitive holds, runs the token-guarded release (putting this
+process's own waiters in line in the same call, and telling them at once what it did), the
+withdrawal of this process's wait queue from Redis when its last waiter leaves, and the
+abort of an acquire whose outcome is unknown (a release that also forbids that acquire from
+landing later). It makes the primitive's release calls (`PrimitiveBase._release_call`,
+`_run_release`); a lease a release hands over to a task of this process goes where the
+primitive says (`hand_over`: the lease issuing's).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from .primitive_base import PrimitiveBase
 from .runtime import Runtime, runtime_for
 from .wait_queue import Registration, Released, WaitQueue
 
-__all__ = ("ABORT_TIMEOUT", "MIN_CLEANUP", "Releasing", "cleanup_budget")
+__all__ = ("ABORT_TIMEOUT", "MIN_CLEANUP", "HandOver", "ReleasePath", "cleanup_budget")
 
 MIN_CLEANUP: Final = 0.1
 """Shortest time given to a cleanup, even when the caller's timeout is used up."""
@@ -45,39 +48,33 @@ def cleanup_budget(time_left: float | None) -> float:
     return min(ABORT_TIMEOUT, max(time_left, MIN_CLEANUP))
 
 
-class Releasing(PrimitiveBase):
-    """The release side of a primitive (see the module docstring)."""
+HandOver = Callable[[Runtime, Registration, Released], None]
+"""Where a lease that a release handed over to a token of this process goes."""
 
-    __slots__ = ()
+
+class ReleasePath:
+    """The release side of one primitive (see the module docstring)."""
+
+    __slots__ = ("_hand_over", "_of")
+
+    def __init__(self, primitive: PrimitiveBase, *, hand_over: HandOver | None = None) -> None:
+        """`hand_over`: what becomes of a lease a release handed over to a token of this
+        process (a waiting task takes it); without it, it is given back."""
+        self._of = primitive
+        self._hand_over = hand_over
 
     async def release_token(self, token: str) -> bool:
-        """Release the lease held under `token`, from any process: True if it was released
-        (now, or already by an earlier release), False if it is not held under it: it never
-        was, or it expired (its hold did not end as the token holder's, whoever got it
-        next). Waiters are served as by any release. One round trip.
-
-        A lease object held under `token` (here or in another process) finds the loss at
-        its next renewal; released before that, its `release()` reports the token's
-        release as its own (no error).
-
-        Raises:
-            BackendError: Redis could not be reached or refused the command.
-            ConfigError: `token` is not a valid token (nothing is sent).
-
-        Cancellation:
-            Finished under a shield, as `Lease.release()`.
-
-        Added in 0.2.
-        """
+        """`Primitive.release_token`: the release of `token`, from any process, under a
+        shield; whether it was released (now or earlier)."""
         token = check_token(token)
-        runtime = runtime_for(self._client)
+        runtime = runtime_for(self._of._client)
         status = await run_shielded(
-            self._release_token(runtime, token, abort=False, timeout=ABORT_TIMEOUT * 5),
+            self.release(runtime, token, abort=False, timeout=ABORT_TIMEOUT * 5),
             timeout=ABORT_TIMEOUT * 5 + 0.5,
         )
         return status != 0
 
-    async def _abort(self, runtime: Runtime, token: str, *, timeout: float) -> None:
+    async def abort(self, runtime: Runtime, token: str, *, timeout: float) -> None:
         """Undo an acquire whose outcome is unknown: a release in abort mode, in a task of
         its own bounded by ABORT_TIMEOUT, its errors dropped. The caller waits for it at
         most `timeout` (what its own timeout leaves, see `cleanup_budget`); past that the
@@ -96,15 +93,13 @@ class Releasing(PrimitiveBase):
 
         async def abort() -> None:
             with contextlib.suppress(BackendError, TimeoutError):
-                await self._release_token(
-                    runtime, token, abort=True, timeout=ABORT_TIMEOUT, fresh=fresh
-                )
+                await self.release(runtime, token, abort=True, timeout=ABORT_TIMEOUT, fresh=fresh)
 
         aborting = runtime.spawn(abort())
         with contextlib.suppress(TimeoutError):
             await run_shielded(_until(aborting), timeout=timeout)
 
-    async def _withdraw_in_background(
+    async def withdraw_in_background(
         self, runtime: Runtime, queue: WaitQueue, *, timeout: float
     ) -> None:
         """Withdraw `queue` in a task of its own (its errors dropped), waiting only until
@@ -120,7 +115,7 @@ class Releasing(PrimitiveBase):
         async def withdraw() -> None:
             try:
                 with contextlib.suppress(BackendError, TimeoutError):
-                    await self._withdraw(runtime, queue, timeout=timeout, on_sent=on_sent)
+                    await self.withdraw(runtime, queue, timeout=timeout, on_sent=on_sent)
             finally:
                 on_sent()
 
@@ -129,7 +124,7 @@ class Releasing(PrimitiveBase):
             async with asyncio.timeout(timeout):
                 await asyncio.shield(written)
 
-    async def _withdraw(
+    async def withdraw(
         self,
         runtime: Runtime,
         queue: WaitQueue,
@@ -138,11 +133,13 @@ class Releasing(PrimitiveBase):
         on_sent: Callable[[], None] | None = None,
     ) -> None:
         """Take this process's wait queue out of Redis; pass on a reservation or grant made
-        for it."""
-        call = self._release_call(withdraw=queue.wid, claims=queue.claim_tokens())
-        reply = await self._run_release(runtime, call, timeout=timeout, on_sent=on_sent)
+        for it. Nothing for a primitive whose waiters are not queued in Redis."""
+        if not self._of._queued_in_redis:
+            return
+        call = self._of._release_call(withdraw=queue.wid, claims=queue.claim_tokens())
+        reply = await self._of._run_release(runtime, call, timeout=timeout, on_sent=on_sent)
         runtime.notifier.local_release(
-            self._channel,
+            self._of._channel,
             f"w{queue.wid}",
             reply.handed_to,
             granted=reply.granted,
@@ -152,7 +149,7 @@ class Releasing(PrimitiveBase):
             after=reply.after,
         )
 
-    async def _release_token(
+    async def release(
         self,
         runtime: Runtime,
         token: str,
@@ -176,7 +173,7 @@ class Releasing(PrimitiveBase):
         of them instead, under a fresh token, if no other process is ahead of them.
         """
         notifier = runtime.notifier
-        channel = self._channel
+        channel = self._of._channel
         queue = None if abort else notifier.queue_for(channel)
         # The queue this call puts in line, its registration and the waiters it counts:
         joining: tuple[WaitQueue, Registration, int] | None = None
@@ -188,17 +185,17 @@ class Releasing(PrimitiveBase):
             # A primitive with several leases gives back, in this call, what was granted to
             # the queue's earlier registrations (heard of or not).
             claims, registration = queue.joining_started(
-                self._grant_ms, sent_at, give_back=not self._exclusive
+                self._of._grant_ms, sent_at, give_back=not self._of._exclusive
             )
-            entry = self._entry(registration, task_name(queue.waiters[0].task))
+            entry = self._of._entry(registration, task_name(queue.waiters[0].task))
             join = (queue.wid, entry, len(queue.waiters))
             joining = (queue, registration, join[2])
         elif queue is not None and self._may_hand_over(runtime):
-            handing = Registration(0, secrets.token_hex(16), sent_at, self._grant_ms)
-            join = (queue.wid, self._entry(handing, task_name(queue.waiters[0].task)), 0)
+            handing = Registration(0, secrets.token_hex(16), sent_at, self._of._grant_ms)
+            join = (queue.wid, self._of._entry(handing, task_name(queue.waiters[0].task)), 0)
         try:
-            config = self._config
-            call = self._release_call(
+            config = self._of._config
+            call = self._of._release_call(
                 token=token,
                 retain_ms=config.abort_retain_ms if abort else config.retain_ms,
                 held_ms=held_ms if config.hold_stats else None,
@@ -208,14 +205,14 @@ class Releasing(PrimitiveBase):
                 join=join,
                 claims=claims,
             )
-            reply = await self._run_release(
+            reply = await self._of._run_release(
                 runtime, call, timeout=timeout, background=background, fresh=fresh
             )
         except BaseException:
             if joining is not None:
                 joining[0].joining_failed()
             if handing is not None:  # it may have been applied: a lease nobody would own
-                self._give_back(runtime, handing)
+                self.give_back(runtime, handing)
             raise
         status = reply.status
         if handing is not None:
@@ -223,7 +220,7 @@ class Releasing(PrimitiveBase):
                 self._handed_over(runtime, handing, reply)
                 return status
             if status == 2:  # an earlier copy of this call released: it may have handed over
-                self._give_back(runtime, handing)
+                self.give_back(runtime, handing)
         if joining is not None:
             queue, registration, count = joining
             queue.joining_answered(registration, status, count)
@@ -231,7 +228,7 @@ class Releasing(PrimitiveBase):
                 # Its waiters left while the release was in flight; their withdrawal may
                 # have come first, and this release put the queue back: withdraw it again.
                 with contextlib.suppress(BackendError, TimeoutError):
-                    await self._withdraw(runtime, queue, timeout=timeout)
+                    await self.withdraw(runtime, queue, timeout=timeout)
                 return status
         if status == 1 or fencing_token is not None:
             # A release by token does not know the fencing token it released: the start of
@@ -259,27 +256,32 @@ class Releasing(PrimitiveBase):
         primitive does, without replicas to confirm a lease (a hand-over is not followed
         by a WAIT), and a task waits that would take it."""
         return (
-            self._hands_over
-            and not self._config.replicas
-            and runtime.notifier.next_without(self._channel, None) is not None
+            self._of._hands_over
+            and not self._of._config.replicas
+            and runtime.notifier.next_without(self._of._channel, None) is not None
         )
 
     def _handed_over(self, runtime: Runtime, registration: Registration, reply: Released) -> None:
-        """A release handed its lease over to `registration`, a token of this process: the
-        granting layer makes it a lease for a waiting task; here nobody takes it."""
-        self._give_back(runtime, registration)
+        """A release handed its lease over to `registration`, a token of this process: it
+        goes where the primitive says (`hand_over`), else it is given back."""
+        if self._hand_over is None:
+            self.give_back(runtime, registration)
+        else:
+            self._hand_over(runtime, registration, reply)
 
-    def _give_back(self, runtime: Runtime, registration: Registration) -> None:
+    def give_back(self, runtime: Runtime, registration: Registration) -> None:
         """Abort, in the background, a lease that may be held under `registration` (a
         hand-over nobody here takes, or whose outcome is unknown): it is released if it
         was granted, and can never be granted later."""
-        runtime.spawn(self._abort(runtime, registration.token, timeout=ABORT_TIMEOUT))
+        runtime.spawn(self.abort(runtime, registration.token, timeout=ABORT_TIMEOUT))
 
-    async def _release_lease(self, lease: Lease, *, timeout: float) -> bool:
-        runtime = runtime_for(self._client)
+    async def release_lease(self, lease: Lease, *, timeout: float) -> bool:
+        """Release `lease` (the `LeaseIssuer`'s release): whether it was still this
+        lease's; a release its migrating cluster slot refuses goes on in the background."""
+        runtime = runtime_for(self._of._client)
         held_ms = round(lease.held_for() * 1000)
         try:
-            status = await self._release_token(
+            status = await self.release(
                 runtime,
                 lease.token,
                 abort=False,
@@ -303,11 +305,11 @@ class Releasing(PrimitiveBase):
 
     async def _release_later(self, runtime: Runtime, lease: Lease, held_ms: int) -> None:
         with contextlib.suppress(BackendError, TimeoutError):
-            await self._release_token(
+            await self.release(
                 runtime,
                 lease.token,
                 abort=False,
-                timeout=self._config.ttl,
+                timeout=self._of._config.ttl,
                 fencing_token=lease.fencing_token,
                 held_ms=held_ms,
             )

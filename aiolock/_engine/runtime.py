@@ -1,7 +1,7 @@
 """Per redis client and event loop: the background work aiolock runs for every lock.
 
-A `Runtime` holds the client's `Backend` (the I/O seam; a `QuorumBackend` for a Redlock's
-`Quorum` of clients), its `RenewalScheduler` (one task
+A `Runtime` holds the client's `Backend` (the I/O seam; for a Redlock's `Quorum` of
+clients, the backend its kind makes: `_transport.backend.open_backend`), its `RenewalScheduler` (one task
 renewing every lease) and its `Notifier` (one pub/sub subscription for every waiter), each
 made on first use; which tasks of this process hold which lock in an `async with` block
 (to refuse a wait that would never end); and the short tasks it starts on the side (a
@@ -16,9 +16,9 @@ from collections.abc import Coroutine
 from typing import Any
 
 from .._aio.eager_start import start_eagerly
-from .._transport.backend import Backend, detached
+from .._transport.backend import detached, open_backend
 from .._transport.clients import AsyncClient
-from .._transport.quorum import Quorum, QuorumBackend
+from .._transport.quorum import Quorum
 from .notifier import Notifier
 from .watchdog import RenewalScheduler
 
@@ -31,7 +31,7 @@ class Runtime:
     __slots__ = ("__weakref__", "_notifier", "_scheduler", "_spawned", "backend", "guards", "loop")
 
     def __init__(self, client: AsyncClient | Quorum) -> None:
-        self.backend = QuorumBackend(client) if isinstance(client, Quorum) else Backend(client)
+        self.backend = open_backend(client)
         self.loop = self.backend.loop
         self._scheduler: RenewalScheduler | None = None
         self._notifier: Notifier | None = None

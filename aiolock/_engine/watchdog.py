@@ -38,6 +38,8 @@ from .._aio.backoff import Backoff
 from .._lua.lease import RENEW
 from .._model import renewal_policy as renewal
 from .._model.config import replica_wait_ms
+from .._model.quorum_rules import RENEW_VOTES
+from .._transport.call_options import CallOptions
 from ..errors import BackendError, ReplicationError
 
 if TYPE_CHECKING:
@@ -381,11 +383,14 @@ class RenewalScheduler:
                     RENEW,
                     keys,
                     args,
-                    timeout=timeout,
-                    operation="renew",
-                    name=None,
-                    background=True,
-                    wait=wait,
+                    CallOptions(
+                        timeout=timeout,
+                        operation="renew",
+                        name=None,
+                        background=True,
+                        wait=wait,
+                        votes=RENEW_VOTES,  # on a quorum, each lease by its own votes
+                    ),
                 )
             if wait is not None:
                 replies, acked = replies

@@ -35,6 +35,7 @@ from .._model.config import check_prefix
 from .._model.hold_stats import HoldStats, parse_hold, summarize_holds
 from .._model.holder import LockInfo, text
 from .._model.leader import Leader
+from .._transport.call_options import CallOptions
 from .._transport.clients import AsyncClient, AsyncRedis, check_client, is_cluster, translate_errors
 from ..errors import ConfigError
 
@@ -632,7 +633,10 @@ async def force_release(
     # retried release is recognised), so the evicted owner's own release reports the loss.
     args = release_args(token=text(token_raw), forced=True)
     reply = await runtime_for(client).backend.run(
-        RELEASE, keys.scripts, args, timeout=READ_TIMEOUT, operation="release", name=name
+        RELEASE,
+        keys.scripts,
+        args,
+        CallOptions(timeout=READ_TIMEOUT, operation="release", name=name),
     )
     if int(reply[0]) != 1:  # 0: someone else holds it now; 2: its holder released it
         return ForceRelease(outcome="holder_changed", holder=state.holder)

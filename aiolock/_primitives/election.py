@@ -43,6 +43,7 @@ from .._model import events
 from .._model.config import LockConfig, check_identity, check_name, check_value
 from .._model.holder import HOST, PID, text
 from .._model.leader import Change, Leader, next_id, parse_change
+from .._transport.call_options import CallOptions
 from .._transport.clients import AsyncClient, check_client
 from ..errors import AiolockError, BackendError, LeaseLostError, LossReason
 
@@ -216,9 +217,9 @@ class Term:
             EL_PROCLAIM,
             election._record_keys,
             [lease.token, stored, self._proclaims],
-            timeout=max(lease.remaining(), 0.001),
-            operation="proclaim",
-            name=self.name,
+            CallOptions(
+                timeout=max(lease.remaining(), 0.001), operation="proclaim", name=self.name
+            ),
         )
         if int(reply[0]) != 1:
             lease._not_owner()
@@ -451,9 +452,11 @@ class Election:
                 EL_ANNOUNCE,
                 self._record_keys,
                 [lease.token, self._identity, stored],
-                timeout=max(lease.remaining(), MIN_ATTEMPT_TIMEOUT),
-                operation="announce",
-                name=self._name,
+                CallOptions(
+                    timeout=max(lease.remaining(), MIN_ATTEMPT_TIMEOUT),
+                    operation="announce",
+                    name=self._name,
+                ),
             )
         except BaseException:
             await lease._cleanup_after_loss()  # never reached its caller
@@ -540,9 +543,7 @@ class Election:
             EL_READ,
             self._record_keys,
             [first],
-            timeout=READ_TIMEOUT,
-            operation="inspect",
-            name=self._name,
+            CallOptions(timeout=READ_TIMEOUT, operation="inspect", name=self._name),
         )
         pttl, held, fence, announced, identity, since, value, newest, entries = reply
         leader = Leader.recorded(

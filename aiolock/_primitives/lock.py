@@ -14,6 +14,7 @@ from .._model.config import check_name
 from .._model.holder import HOST, PID, LockInfo, text
 from .._model.options import LockOptions, lock_config
 from .._ops.inspection import _queue as read_queue
+from .._transport.call_options import CallOptions
 from .._transport.clients import AsyncClient, check_client
 
 __all__ = ("Lock", "LockInfo")
@@ -157,9 +158,7 @@ class Lock(Primitive):
             INSPECT,
             (keys.lock, keys.queue, keys.waiters),
             [],
-            timeout=5.0,
-            operation="inspect",
-            name=self._name,
+            CallOptions(timeout=5.0, operation="inspect", name=self._name),
         )
         fields = {text(k): text(v) for k, v in zip(raw[::2], raw[1::2], strict=True)}
         holder = LockInfo.from_fields(self._name, fields, int(pttl))

@@ -21,7 +21,6 @@ from .._engine.lease import Lease
 from .._engine.primitive_base import UNSET, Attempt, Unset
 from .._engine.runtime import Runtime, runtime_for
 from .._engine.wait_queue import WaitQueue
-from .._engine.watchdog import RenewalEntry
 from .._lua.layout import LockKeys
 from .._lua.lease import RENEW, RESUME
 from .._lua.lock import INSPECT, Script, release_args
@@ -29,6 +28,8 @@ from .._lua.redlock import RL_ACQUIRE, RL_RELEASE
 from .._model.config import check_name, check_seconds
 from .._model.holder import HOST, PID, LockInfo, text
 from .._model.options import LockOptions, lock_config
+from .._model.quorum_rules import REDLOCK_VOTES
+from .._transport.call_options import CallOptions
 from .._transport.clients import AsyncClient, check_client, is_cluster
 from .._transport.quorum import Quorum, QuorumBackend, curable, node_name
 from ..errors import BackendError, ConfigError, QuorumError
@@ -169,6 +170,8 @@ class Redlock(Primitive):
     __slots__ = ("_clients_held", "_keys", "_quorum")
 
     _release_script = RL_RELEASE
+    _votes = REDLOCK_VOTES
+    _queued_in_redis = False  # nothing to withdraw: waiters are not queued on the nodes
     _renew_kind = "r"
 
     def __init__(
@@ -338,31 +341,10 @@ class Redlock(Primitive):
         """RESUME of a lock's state (each node holds it as a lock does)."""
         return RESUME, (self._key,), [token, ttl_ms, ""]
 
-    def _renewal_entry(
-        self,
-        ref: object,
-        *,
-        token: str,
-        fencing_token: int,
-        sent_at: float,
-        due: float,
-        runtime: Runtime,
-    ) -> RenewalEntry:
-        """The engine's entry, its kind carrying the fencing token: a node that lost the
-        key gets it back, with this token, at the next renewal."""
-        entry = super()._renewal_entry(
-            ref,  # type: ignore[arg-type]
-            token=token,
-            fencing_token=fencing_token,
-            sent_at=sent_at,
-            due=due,
-            runtime=runtime,
-        )
-        entry.kind = f"{self._renew_kind}{fencing_token}"
-        return entry
-
-    async def _withdraw(self, *args: object, **kwargs: object) -> None:
-        """Nothing to withdraw: waiters are not queued on the nodes."""
+    def _renewal_kind(self, fencing_token: int) -> str:
+        """The renewals' kind carries the fencing token: a node that lost the key gets it
+        back, with this token, at the next renewal."""
+        return f"{self._renew_kind}{fencing_token}"
 
     def _granted(self, lease: Lease, waited: float, attempts: int) -> Lease:
         """The engine's, telling this process's waiters of the lease: the nodes'
@@ -464,7 +446,10 @@ class Redlock(Primitive):
         answers = await asyncio.gather(
             *(
                 backend.nodes[index].run(
-                    script, keys, args, timeout=bound, operation=operation, name=self._name
+                    script,
+                    keys,
+                    args,
+                    CallOptions(timeout=bound, operation=operation, name=self._name),
                 )
                 for index in indexes
             ),

@@ -14,6 +14,7 @@ from .._model.config import check_limit, check_name
 from .._model.holder import HOST, PID, LockInfo
 from .._model.options import LockOptions, lock_config
 from .._ops.inspection import read_locks
+from .._transport.call_options import CallOptions
 from .._transport.clients import AsyncClient, check_client
 
 __all__ = ("Semaphore", "SemaphoreInfo")
@@ -178,9 +179,7 @@ class Semaphore(Primitive):
             SEM_SET_LIMIT,
             self._script_keys,
             ["", limit, retain_ms],
-            timeout=5.0,
-            operation="set_limit",
-            name=self._name,
+            CallOptions(timeout=5.0, operation="set_limit", name=self._name),
         )
         previous = reply[0]
         return int(previous) if previous not in (b"", "", None) else None

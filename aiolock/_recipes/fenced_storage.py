@@ -21,6 +21,7 @@ from .._engine.runtime import runtime_for
 from .._lua.fencing import FENCED_DELETE, FENCED_GET, FENCED_SET, MAX_FENCING_TOKEN
 from .._lua.lock import Script
 from .._model.config import MAX_SECONDS, check_seconds
+from .._transport.call_options import CallOptions
 from .._transport.clients import AsyncClient, check_client
 from ..errors import ConfigError
 
@@ -138,9 +139,7 @@ async def _run(
         script,
         (key,),
         args,  # type: ignore[arg-type]  # bytes are sent as they are
-        timeout=bound,
-        operation=_operation(script.name, key),
-        name=None,
+        CallOptions(timeout=bound, operation=_operation(script.name, key), name=None),
     )
 
 

@@ -39,6 +39,7 @@ from .._lua.cluster import for_cluster
 from .._lua.lock import Script
 from ..errors import BackendError
 from .base import Call, Command, CommandTransport, Sent, Transport
+from .call_options import CallOptions
 from .clients import (
     DURING_MIGRATION,
     STALLED,
@@ -56,7 +57,7 @@ from .cluster import ClusterTransport
 from .direct import DirectTransport, sends_directly
 from .sentinel import SentinelReplicaTransport, SentinelTransport
 
-__all__ = ("MIGRATION_GRACE", "Backend", "transport_for")
+__all__ = ("MIGRATION_GRACE", "Backend", "backend_kind", "open_backend", "transport_for")
 
 STALL_NOTICED: Final = 0.05
 """A bound that fell due this much late (or more) fell due while the event loop did not
@@ -317,41 +318,23 @@ class Backend:
         script: Script,
         keys: Sequence[str],
         args: Sequence[str | int],
-        *,
-        timeout: float,
-        operation: str,
-        name: str | None,
-        background: bool = False,
-        fresh: bool = False,
-        again_apart: bool = False,
-        on_sent: Sent = None,
-        wait: tuple[int, int] | None = None,
-        by_text: bool = False,
-        grace: bool = True,
+        options: CallOptions,
     ) -> Any:
         """Run one script in one round trip (two the first time a server sees it, unless
         `by_text`: sent as EVAL with its text, which runs even on a server that does not
         know it yet, for a call that must be applied in one send).
 
-        User-initiated calls go through the user's client; `background` calls (renewals)
-        through aiolock's own connections, which are never busy with the user's commands;
-        `fresh` calls on a connection of their own, closed after (the user's connections
-        may belong to another event loop). The whole call, retries included, is bounded
-        by `timeout`. `on_sent` is called when the command has been written (possibly
-        twice, if it is sent again). With `again_apart`, a call sent again after a broken
-        connection goes on a connection of its own, closed after: for a call that may
+        How the call is made is `options`' (`_transport.call_options`, each option
+        described there). User-initiated calls go through the user's client, `background`
+        ones through aiolock's own connections, `fresh` ones on a connection of their own
+        (with a cluster client, to the node serving the first key's slot). With
+        `again_apart`, a call sent again after a broken connection (or its EVAL after a
+        NOSCRIPT) goes on a connection of its own, closed after: for a call that may
         outlive its caller (a quorum's node), whose user may close the client meanwhile
-        (which breaks the connection: sent again on the user's pool, it would open one that
-        nobody closes); so does its EVAL after a NOSCRIPT. Every call made in a task that
-        aiolock started with `detached` is made so.
-
-        With a cluster client, `fresh` calls go on a connection of their own to the node
-        that serves the first key's slot.
-
-        `wait=(replicas, ms)` sends `WAIT replicas ms` right after the script, on the same
-        connection and in the same round trip (WAIT cannot run inside a script), and
-        returns `(the script's reply, how many replicas acknowledged its writes)`. `ms`
-        must be at least 1 (`WAIT` with 0 would block for ever) and well within `timeout`.
+        (sent again on the user's pool, it would open a connection nobody closes). Every
+        call made in a task that aiolock started with `detached` is made so. With `wait`,
+        the reply is `(the script's reply, how many replicas acknowledged its writes)`:
+        the WAIT follows on the same connection, in the same round trip.
 
         A cluster runs each script's variant that publishes on shard channels
         (`_lua.cluster`), chosen here without asking the server. While the slot migrates,
@@ -360,6 +343,9 @@ class Backend:
         """
         if self.transport.cluster:
             script = for_cluster(script)
+        by_text, wait, fresh = options.by_text, options.wait, options.fresh
+        timeout, operation, name = options.timeout, options.operation, options.name
+        on_sent, grace, background = options.on_sent, options.grace, options.background
         command: Command = (
             ("EVAL", script.source, len(keys), *keys, *args)
             if by_text
@@ -412,7 +398,7 @@ class Backend:
                 then=then,
                 again=(
                     functools.partial(self._own_client, keys[0] if keys else None)
-                    if again_apart or _DETACHED.get()
+                    if options.again_apart or _DETACHED.get()
                     else None
                 ),
                 grace=grace,
@@ -683,6 +669,20 @@ class Backend:
         """A pub/sub session on a connection of its own (on a cluster, to a primary other
         than the previous session's)."""
         return self.transport.new_pubsub()
+
+
+_KINDS: dict[type[Any], Callable[[Any], Backend]] = {}
+
+
+def backend_kind(source: type[Any], make: Callable[[Any], Backend]) -> None:
+    """A kind of source of calls that is not a redis client (a Redlock's `Quorum`) has its
+    backends made by `make`: the module that defines it says so."""
+    _KINDS[source] = make
+
+
+def open_backend(client: Any) -> Backend:
+    """The backend of `client`: a redis client's `Backend`, or what its kind makes."""
+    return _KINDS.get(type(client), Backend)(client)
 
 
 async def _close_own(client: redis.asyncio.Redis) -> None:

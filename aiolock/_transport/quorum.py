@@ -5,19 +5,13 @@ its own, whose backend is a `QuorumBackend`). `QuorumBackend.run` sends each scr
 every node at once, each bounded by the node timeout and the call's own bound, and decides
 as soon as a quorum (N // 2 + 1) for or against is known: a slow or frozen node does not
 delay the answer (its call goes on in the background, bounded, and is never cancelled
-midway). What a quorum of replies means is the script's vote, below:
-
-- an acquire (RL_ACQUIRE) is granted when a quorum granted it; the fencing token is then
-  agreed in a second phase (t = the highest token a granting node issued; RL_FENCE writes
-  it back to every node, token-guarded, raising their counters; the lease exists only once
-  a quorum acknowledged it), so that any later quorum, which shares a node with this one,
-  issues a higher token. A node whose grant comes after the decision, with a token of its
-  own, is written the agreed one then (in the background). A refused acquire is given back on every node (an abort, which
-  also refuses a late copy of the acquire), under a shield, before the answer is returned;
-- a resume (RESUME) likewise, without giving anything back;
-- a renewal batch (RENEW) renews each lease a quorum renewed, and loses each lease a
-  quorum answered "not the owner" of;
-- a release (RL_RELEASE) counts when a quorum released it.
+midway). What a quorum of replies means is the rule the call's options name
+(`CallOptions.votes`, from `_model.quorum_rules`, where a Redlock's rules are): the rule says
+when the call is decided and what the replies give back; this module sends, waits, writes
+an agreed fencing token back when the rule asks for a second phase (and a late grant's,
+in the background), gives a refused acquire back under a shield before answering (on
+every node it reached, for up to the rule's bound on those that did not answer), and
+raises what no quorum decided. It knows no script.
 
 When too many nodes failed for either side to reach a quorum, `QuorumError` names each
 node and what it answered (marked when a stall of this process spent every node's time).
@@ -31,7 +25,6 @@ import functools
 import math
 import random
 import weakref
-from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, Final, cast
 
@@ -39,12 +32,12 @@ import redis.asyncio
 from redis.asyncio.client import PubSub
 
 from .._aio.shielding import run_shielded
-from .._lua.lease import RENEW, RESUME
 from .._lua.lock import Script
-from .._lua.redlock import RL_ACQUIRE, RL_FENCE, RL_RELEASE
+from .._model.quorum_rules import Rule, Verdict, Votes
 from ..errors import BackendError, QuorumError
-from .backend import Backend
+from .backend import Backend, backend_kind
 from .base import Sent
+from .call_options import CallOptions
 from .clients import AsyncClient, lasting, mark_stalled
 from .quorum_pubsub import QuorumPubSub
 
@@ -59,9 +52,6 @@ calls sent after it, before new calls skip it (see `_Node`); at most half the no
 timeout."""
 HEALTH_INTERVAL: Final = 2.0
 """Seconds of silence on a node's pub/sub session before it is pinged (as the notifier's)."""
-
-Votes = dict[int, Any]
-"""The replies so far, by node index."""
 
 
 def node_name(client: AsyncClient) -> str:
@@ -220,39 +210,14 @@ class QuorumBackend(Backend):
         script: Script,
         keys: Sequence[str],
         args: Sequence[str | int],
-        *,
-        timeout: float,
-        operation: str,
-        name: str | None,
-        background: bool = False,
-        fresh: bool = False,
-        again_apart: bool = False,
-        on_sent: Sent = None,
-        wait: tuple[int, int] | None = None,
-        by_text: bool = False,
-        grace: bool = True,
+        options: CallOptions,
     ) -> Any:
         """Run `script` on every node: what a quorum said, in the script's reply format on one
         node (module docstring); each node's call is sent again apart (it may outlive this one)."""
-        assert wait is None, "a Redlock takes no replicas"
-        call = _Call(
-            self,
-            script,
-            keys,
-            args,
-            bound=timeout,
-            operation=operation,
-            name=name,
-            background=background,
-            fresh=fresh,
-        )
-        if script is RL_ACQUIRE or script is RESUME:
-            return await call.acquire()
-        if script is RENEW:
-            return await call.renew()
-        if script is RL_RELEASE:
-            return await call.release()
-        raise AssertionError(f"{script.name} is not a script a quorum decides")
+        assert options.wait is None, "a Redlock takes no replicas"
+        if options.votes is None:
+            raise AssertionError(f"{script.name}: a quorum's call needs the rule of its votes")
+        return await _Call(self, script, keys, args, options, rule=options.votes).decide()
 
     @property
     def patience(self) -> float:
@@ -405,6 +370,9 @@ class QuorumBackend(Backend):
         return failed
 
 
+backend_kind(Quorum, QuorumBackend)
+
+
 def curable(error: QuorumError) -> bool:
     """Whether sending the call again may decide it: the nodes whose error would be the
     same again (`lasting`: a wrong type, a permission, a script error) leave a majority
@@ -425,6 +393,7 @@ class _Call:
         "name",
         "names",
         "operation",
+        "rule",
         "script",
         "started",
         "written",
@@ -436,17 +405,14 @@ class _Call:
         script: Script,
         keys: Sequence[str],
         args: Sequence[str | int],
+        options: CallOptions,
         *,
-        bound: float,
-        operation: str,
-        name: str | None,
-        background: bool,
-        fresh: bool,
+        rule: Rule,
     ) -> None:
-        self.backend = backend
+        self.backend, self.rule = backend, rule
         self.script, self.names, self.args = script, keys, args
-        self.bound, self.operation, self.name = bound, operation, name
-        self.background, self.fresh = background, fresh
+        self.bound, self.operation, self.name = options.timeout, options.operation, options.name
+        self.background, self.fresh = options.background, options.fresh
         self.started = backend.loop.time()
         self.written: set[int] = set()  # nodes the call was written to (or handed to redis-py)
 
@@ -473,14 +439,11 @@ class _Call:
                 script or self.script,
                 self.names,
                 self.args if args is None else args,
-                timeout=timeout,
-                operation=self.operation,
-                name=self.name,
-                background=self.background,
-                fresh=self.fresh,
-                again_apart=True,  # the call may outlive its caller (`QuorumBackend.keep`)
-                # (the first phase's: a node it reached may apply it however late)
-                on_sent=None if script else functools.partial(self.written.add, index),
+                self.node_options(
+                    timeout,
+                    # (the first phase's: a node it reached may apply it however late)
+                    on_sent=None if script else functools.partial(self.written.add, index),
+                ),
             )
 
         return await self.backend.spread(
@@ -491,6 +454,19 @@ class _Call:
             name=self.name,
             answered=answered,
             late=late,
+        )
+
+    def node_options(self, timeout: float, on_sent: Sent = None) -> CallOptions:
+        """The options of the call on one node, bounded by `timeout`: sent again apart, as
+        it may outlive its caller (`QuorumBackend.keep`)."""
+        return CallOptions(
+            timeout=timeout,
+            operation=self.operation,
+            name=self.name,
+            background=self.background,
+            fresh=self.fresh,
+            again_apart=True,
+            on_sent=on_sent,
         )
 
     def failed(
@@ -504,59 +480,53 @@ class _Call:
             what, replies, errors, word, operation=self.operation, name=self.name
         )
 
-    # ----------------------------------------------------------------- acquire and resume
-    async def acquire(self) -> list[Any]:
-        q = self.quorum
-
-        def decided(replies: Votes, pending: int) -> bool:
-            # Granted; or refused by the answers of a quorum (busy: who holds it is in
-            # them); or too few nodes left to answer for either.
-            granted, answered = sum(1 for r in replies.values() if int(r[0]) == 1), len(replies)
-            out_of_reach = granted + pending < q
-            return granted >= q or (out_of_reach and (answered >= q or answered + pending < q))
-
-        late: dict[int, asyncio.Task[Any]] = {}
-        replies, errors = await self.gather(decided, late=late)
+    # ----------------------------------------------------------------- the votes
+    async def decide(self) -> Any:
+        """The call on every node, decided by its rule: the answer in the script's reply
+        format on one node; a fencing token written back first, and a refused acquire given
+        back, when the rule's verdict says so."""
+        rule, q = self.rule, self.quorum
+        late: dict[int, asyncio.Task[Any]] | None = {} if rule.fences else None
+        replies, errors = await self.gather(self.decided_by(rule), late=late)
         agreed: asyncio.Future[int | None] = self.backend.loop.create_future()
-        for index, call in late.items():
+        for index, call in (late or {}).items():
             self.backend.keep(self.backend.loop.create_task(self.fence_late(index, call, agreed)))
         fence = None
         try:
-            reply = await self.decide(replies, errors)
-            fence = int(reply[1]) if int(reply[0]) == 1 else None
+            reply = await self.settle(rule.verdict(replies, q, len(self.names)), replies, errors)
+            fence = rule.granted_token(reply) if rule.fences else None
             return reply
         finally:
             agreed.set_result(fence)
 
-    async def decide(self, replies: Votes, errors: dict[int, BaseException]) -> list[Any]:
-        """The acquire's (or resume's) answer from the nodes' first replies: the agreed
-        fencing token, written back if they differ; a refused acquire given back."""
-        q = self.quorum
-        granted = {i: int(r[1]) for i, r in replies.items() if int(r[0]) == 1}
+    def decided_by(self, rule: Rule) -> Callable[[Votes, int], bool]:
+        """`rule`'s test of whether the replies so far decide the call."""
+        return functools.partial(rule.decided, quorum=self.quorum, keys=len(self.names))
+
+    async def settle(
+        self, verdict: Verdict, replies: Votes, errors: dict[int, BaseException]
+    ) -> Any:
+        """Act on the verdict of the first replies: the agreed fencing token written back (a
+        second phase), a refused acquire given back; the answer, or the `QuorumError`."""
         # Reached, unanswered (not refused): it may apply the acquire when it answers again.
         reached = self.written - replies.keys()
         unknown = {i for i in reached if not (i in errors and Backend.refused(errors[i]))}
-        if len(granted) >= q:
-            agreed = max(granted.values())
-            if Counter(granted.values())[agreed] >= q:
-                return [1, agreed]
-            acked, fence_replies, fence_errors = await self.fenced(agreed, granted)
-            if acked:
-                return [1, agreed]
-            if self.script is RL_ACQUIRE:
-                await self.give_back(set(granted), unknown)
-            what = "the fencing token was not acknowledged by a quorum"
-            raise self.failed(what, fence_replies, fence_errors, _fence_said)
-        if self.script is RL_ACQUIRE:
-            await self.give_back(set(granted), unknown)
-        refused = [r for r in replies.values() if int(r[0]) != 1]
-        if len(refused) + len(granted) < q or not refused:
-            raise self.failed("no quorum answered", replies, errors, _said)
-        if self.script is RESUME:
-            return [0]
-        if sum(1 for r in refused if int(r[0]) == -1) >= q:
-            return [-1, 0]
-        return _busiest([r for r in refused if int(r[0]) == 0]) or [0, -1]
+        if verdict.fence is not None:
+            # Written to every node; those that granted are waited for whatever their health.
+            phase = self.rule.fence_call(self.args, verdict.fence)
+            fence_replies, fence_errors = await self.gather(
+                self.decided_by(phase.votes), phase.script, phase.args, verdict.granted
+            )
+            acked = phase.votes.verdict(fence_replies, self.quorum, len(self.names))
+            if acked.failure is None:
+                return verdict.reply
+            await self.give_back(set(verdict.granted), unknown)
+            raise self.failed(acked.failure, fence_replies, fence_errors, phase.votes.said)
+        if verdict.give_back:
+            await self.give_back(set(verdict.granted), unknown)
+        if verdict.failure is not None:
+            raise self.failed(verdict.failure, replies, errors, self.rule.said)
+        return verdict.reply
 
     async def fence_late(
         self, index: int, call: asyncio.Task[Any], agreed: asyncio.Future[int | None]
@@ -572,55 +542,34 @@ class _Call:
         fence = await agreed
         if fence is None or call.cancelled() or call.exception() is not None:
             return
-        reply = call.result()
-        if int(reply[0]) != 1 or int(reply[1]) == fence:
+        token = self.rule.granted_token(call.result())
+        if token is None or token == fence:
             return
         node = self.backend.nodes[index]
-        sent = node.run(
-            RL_FENCE,
-            self.names,
-            [self.args[0], fence],
-            timeout=self.backend.node_timeout,
-            operation=self.operation,
-            name=self.name,
-            fresh=True,
+        phase = self.rule.fence_call(self.args, fence)
+        options = CallOptions(
+            timeout=self.backend.node_timeout, operation=self.operation, name=self.name, fresh=True
         )
+        sent = node.run(phase.script, self.names, phase.args, options)
         with contextlib.suppress(BackendError):
             await self.backend.send(index, sent, self.backend.loop.time())
 
-    async def fenced(
-        self, agreed: int, granted: Collection[int]
-    ) -> tuple[bool, Votes, dict[int, BaseException]]:
-        """Write the agreed fencing token back to every node (those that `granted` the
-        acquire included, whatever their health): whether a quorum acknowledged it, and
-        what each node said."""
-        q = self.quorum
-
-        def decided(replies: Votes, pending: int) -> bool:
-            acked = sum(1 for r in replies.values() if int(r) == 1)
-            return acked >= q or acked + pending < q
-
-        replies, errors = await self.gather(decided, RL_FENCE, [self.args[0], agreed], granted)
-        return sum(1 for r in replies.values() if int(r) == 1) >= q, replies, errors
-
     async def give_back(self, granted: set[int], unknown: Collection[int] = ()) -> None:
-        """Undo a refused acquire on every node, under a shield: an abort that also refuses
-        a late copy of the acquire (or, for a token the caller chose, a plain release).
-        Waits for the nodes that granted it to answer (within the call's bound, at least
-        GIVE_BACK_MIN); the others get it in the background, within their node timeout,
-        but for those `unknown` (the acquire reached them, unanswered: frozen, say), which
-        are given the ttl, so that an acquire they apply when they answer again is undone
-        there too (the abort comes after it, or refuses it)."""
-        token, retain = self.args[0], self.args[3] if len(self.args) > 3 else ""
-        args = [token, "abort", retain] if retain != "" else [token, ""]
-        ttl = int(self.args[1]) / 1000
+        """Undo a refused acquire on every node, under a shield, as the rule says (an abort
+        that also refuses a late copy of the acquire; nothing for a rule that gives nothing
+        back). Waits for the nodes that granted it to answer (within the call's bound, at
+        least GIVE_BACK_MIN); the others get it in the background, within their node
+        timeout, but for those `unknown` (the acquire reached them, unanswered: frozen,
+        say), which are given the rule's bound (the ttl), so that an acquire they apply
+        when they answer again is undone there too (the abort comes after it, or refuses
+        it)."""
+        undo = self.rule.give_back(self.args)
+        if undo is None:
+            return
 
         def send(index: int, node: Backend, timeout: float) -> Awaitable[Any]:
-            bound = ttl if index in unknown else timeout
-            return node.run(
-                RL_RELEASE, self.names, args, timeout=bound, operation=self.operation,
-                name=self.name, background=self.background, fresh=self.fresh, again_apart=True,
-            )  # fmt: skip
+            bound = undo.bound if index in unknown else timeout
+            return node.run(undo.script, self.names, undo.args, self.node_options(bound))
 
         def decided(replies: Votes, pending: int) -> bool:
             return granted <= replies.keys()
@@ -632,69 +581,3 @@ class _Call:
         )  # fmt: skip
         with contextlib.suppress(BackendError, TimeoutError):
             await run_shielded(spread, timeout=max(self.left(), GIVE_BACK_MIN))
-
-    # ----------------------------------------------------------------- renew and release
-    async def renew(self) -> list[int]:
-        q = self.quorum
-        count = len(self.names)
-
-        def tally(replies: Votes) -> tuple[list[int], list[int]]:
-            yes, no = [0] * count, [0] * count
-            for reply in replies.values():
-                for index, one in enumerate(reply):
-                    if int(one) == 1:
-                        yes[index] += 1
-                    else:
-                        no[index] += 1
-            return yes, no
-
-        def decided(replies: Votes, pending: int) -> bool:
-            yes, no = tally(replies)
-            return all(
-                y >= q or n >= q or (y + pending < q and n + pending < q)
-                for y, n in zip(yes, no, strict=True)
-            )
-
-        replies, errors = await self.gather(decided)
-        yes, no = tally(replies)
-        if any(y < q and n < q for y, n in zip(yes, no, strict=True)):
-            raise self.failed("no quorum renewed or refused every lease", replies, errors, _said)
-        return [1 if y >= q else 0 for y in yes]
-
-    async def release(self) -> list[Any]:
-        q = self.quorum
-
-        def decided(replies: Votes, pending: int) -> bool:
-            done = sum(1 for r in replies.values() if int(r[0]) != 0)
-            refused = len(replies) - done
-            return done >= q or refused >= q or (done + pending < q and refused + pending < q)
-
-        replies, errors = await self.gather(decided)
-        done = [r for r in replies.values() if int(r[0]) != 0]
-        if len(done) >= q:
-            return [1 if any(int(r[0]) == 1 for r in done) else 2, "", "", "", 0]
-        if len(replies) - len(done) >= q:
-            return [0, "", "", "", 0]
-        raise self.failed("no quorum answered", replies, errors, _said)
-
-
-def _said(reply: Any) -> str:
-    """What a node's reply says, in a word (for `QuorumError.nodes`)."""
-    first = reply[0] if isinstance(reply, list) and reply else reply
-    return {1: "ok", 0: "refused", 2: "ok", -1: "token already used"}.get(int(first), "?")
-
-
-def _fence_said(reply: Any) -> str:
-    """What a node's answer to the fencing write says (for `QuorumError.nodes`)."""
-    return "acknowledged" if int(reply) == 1 else "not held"
-
-
-def _busiest(refused: list[Any]) -> list[Any] | None:
-    """The refusal naming the holder most nodes named (its shortest expiry: the earliest
-    time worth trying again), or None."""
-    if not refused:
-        return None
-    holders = Counter(str(r[2]) for r in refused)
-    holder = holders.most_common(1)[0][0]
-    busiest: list[Any] = min((r for r in refused if str(r[2]) == holder), key=lambda r: int(r[1]))
-    return busiest

@@ -15,6 +15,7 @@ from .._model.config import check_name, check_prefix
 from .._primitives.lock import Lock
 from .._primitives.rwlock import ReadLock, ReadWriteLock, WriteLock
 from .._primitives.semaphore import Semaphore
+from .._transport.call_options import CallOptions
 from .._transport.clients import AsyncRedis, ValkeyClient, check_client, is_cluster
 from ..errors import ConfigError, LeaseLostError
 
@@ -272,8 +273,6 @@ async def expire_now(
         EXPIRE_LEASES,
         keys,
         [which],
-        timeout=_TIMEOUT,
-        operation="expire",
-        name=target.name,
+        CallOptions(timeout=_TIMEOUT, operation="expire", name=target.name),
     )
     return int(expired) > 0

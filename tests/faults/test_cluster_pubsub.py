@@ -23,6 +23,7 @@ from aiolock._lua.layout import LockKeys
 from aiolock._lua.lease import RENEW
 from aiolock._lua.lock import ACQUIRE, RELEASE, acquire_args, acquired, release_args
 from aiolock._transport.backend import Backend
+from aiolock._transport.call_options import CallOptions
 from aiolock._transport.cluster import ClusterTransport
 from aiolock._transport.cluster_pubsub import ShardedPubSub
 
@@ -123,7 +124,9 @@ async def renewed_by_hand(
         while True:
             await asyncio.sleep(ttl / 3)
             args: list[str | int] = [token, int(ttl * 1000), ""]
-            await backend.run(RENEW, [key], args, timeout=5.0, operation="renew", name=name)
+            await backend.run(
+                RENEW, [key], args, CallOptions(timeout=5.0, operation="renew", name=name)
+            )
 
     task = asyncio.ensure_future(renew())
     try:
@@ -406,7 +409,7 @@ async def test_a_release_of_the_classic_kind_reaches_its_waiter_within_a_ttl(
         holder = runtime_for(a).backend  # a process of the earlier version holds the lock
         answer = await holder.run(
             ACQUIRE, keys.scripts, acquire_args(token, int(ttl * 1000), "host 1 task"),
-            timeout=5.0, operation="acquire", name=name,
+            CallOptions(timeout=5.0, operation="acquire", name=name),
         )  # fmt: skip
         assert acquired(answer)[0] == 1, answer
         waiting = asyncio.ensure_future(Lock(b, name, ttl=ttl).acquire(timeout=4 * ttl))

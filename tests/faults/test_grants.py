@@ -177,15 +177,15 @@ async def test_a_grant_whose_first_renewal_finds_it_gone_is_lost_at_that_answer(
     run = type(grantee).run
     renewing, answered = asyncio.Event(), asyncio.Event()
 
-    async def gone_first(self: Any, script: Any, keys: Any, args: Any, **kwargs: Any) -> Any:
-        if self is grantee and kwargs.get("operation") == "renew" and kwargs.get("by_text"):
+    async def gone_first(self: Any, script: Any, keys: Any, args: Any, options: Any) -> Any:
+        if self is grantee and options.operation == "renew" and options.by_text:
             renewing.set()
             await proxied.direct.delete(keys[0])  # the grant lapsed meanwhile
             try:
-                return await run(self, script, keys, args, **kwargs)
+                return await run(self, script, keys, args, options)
             finally:
                 answered.set()
-        return await run(self, script, keys, args, **kwargs)
+        return await run(self, script, keys, args, options)
 
     monkeypatch.setattr(type(grantee), "run", gone_first)
     for attempt in range(3):

@@ -32,6 +32,7 @@ from aiolock._lua.lock import (
     released,
 )
 from aiolock._lua.semaphore import SEM_ACQUIRE, SEM_RELEASE, sem_acquire_args
+from aiolock._transport.call_options import CallOptions
 
 from ..conftest import make_client
 from ..support.servers import RedisServer, ServerBinary
@@ -53,7 +54,10 @@ class Replay:
 
     async def run(self, script: Script, args: list[str | int]) -> Any:
         return await runtime_for(self.client).backend.run(
-            script, self.keys.scripts, args, timeout=5, operation=script.name, name=self.name
+            script,
+            self.keys.scripts,
+            args,
+            CallOptions(timeout=5, operation=script.name, name=self.name),
         )
 
     async def acquire(self, token: str) -> int:
@@ -171,7 +175,7 @@ class SemaphoreReplay:
 
     async def run(self, script: Script, keys: tuple[str, ...], args: list[str | int]) -> Any:
         return await runtime_for(self.client).backend.run(
-            script, keys, args, timeout=5, operation=script.name, name=self.name
+            script, keys, args, CallOptions(timeout=5, operation=script.name, name=self.name)
         )
 
     async def acquire(self, token: str, ttl_ms: int = 5000) -> int:

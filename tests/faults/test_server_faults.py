@@ -37,6 +37,7 @@ from aiolock._lua.lock import (
     release_args,
     released,
 )
+from aiolock._transport.call_options import CallOptions
 
 from ..conftest import CommandLog, counting_connection, make_client
 from ..support.load import scaled
@@ -494,7 +495,7 @@ async def test_scripts_applied_twice_give_the_same_answer(server: RedisServer, n
         async def run(script: Script, args: list[str | int]) -> Any:
             operation = "acquire" if script is ACQUIRE else "release"
             return await backend.run(
-                script, keys.scripts, args, timeout=5, operation=operation, name=name
+                script, keys.scripts, args, CallOptions(timeout=5, operation=operation, name=name)
             )
 
         token = secrets.token_hex(16)

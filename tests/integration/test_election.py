@@ -27,6 +27,7 @@ from aiolock import (
 )
 from aiolock._engine.runtime import runtime_for
 from aiolock._lua.election import EL_ANNOUNCE, EL_PROCLAIM, LOG_KEPT, stored_value
+from aiolock._transport.call_options import CallOptions
 
 from ..conftest import CommandLog, make_client
 from ..deployments.proxy import FaultProxy
@@ -332,7 +333,7 @@ async def test_a_late_copy_of_a_proclamation_changes_nothing(
     for number, value in ((1, "v1"), (2, "v2")):  # copies of both, arriving late
         reply = await backend.run(
             EL_PROCLAIM, keys, [term.lease.token, stored_value(value), number],
-            timeout=5, operation="proclaim", name=name,
+            CallOptions(timeout=5, operation="proclaim", name=name),
         )  # fmt: skip
         assert int(reply[0]) == 1
     assert described(await election.leader()) == (election.identity, "v2")

@@ -34,6 +34,8 @@ from aiolock._lua.layout import LockKeys
 from aiolock._lua.lease import RENEW
 from aiolock._lua.redlock import RL_ACQUIRE, RL_RELEASE
 from aiolock._model.holder import text
+from aiolock._model.quorum_rules import Rule, Verdict, Votes
+from aiolock._transport.call_options import CallOptions
 from aiolock._transport.quorum import Quorum, QuorumBackend
 
 from ..support.load import scaled
@@ -298,9 +300,9 @@ async def test_a_grant_read_past_its_validity_is_given_back_and_tried_again(
     loop = asyncio.get_running_loop()
     stalls: list[float] = []
 
-    async def read_late(self: Any, script: Any, keys: Any, args: Any, **kwargs: Any) -> Any:
+    async def read_late(self: Any, script: Any, keys: Any, args: Any, options: Any) -> Any:
         sent_at = loop.time()
-        reply = await run(self, script, keys, args, **kwargs)
+        reply = await run(self, script, keys, args, options)
         if self is backend and script is RL_ACQUIRE and not stalls:
             stalls.append(sent_at)
             time.sleep(max(sent_at + ttl - drift / 2 - loop.time(), 0))  # the loop held
@@ -885,3 +887,29 @@ async def test_a_renewal_does_not_hold_a_node_again_for_a_token_forbidden_there(
     renewed = await node.eval(RENEW.source, 1, key, token, 10_000, f"r{fence}")
     assert renewed == [0]
     assert await holders([node], name) == [None]
+
+
+async def test_a_quorum_call_is_decided_by_the_rule_its_options_name(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    """The quorum's backend knows no script: a rule of its own, named in the call's
+    options, decides the call and makes its answer; a call that names none is refused."""
+
+    class EveryNode(Rule):
+        __slots__ = ()
+
+        def decided(self, replies: Votes, pending: int, quorum: int, keys: int) -> bool:
+            return pending == 0
+
+        def verdict(self, replies: Votes, quorum: int, keys: int) -> Verdict:
+            return Verdict(reply=sorted(replies))
+
+    lock = Redlock(nodes, name)
+    backend = runtime_for(lock._client).backend
+    args: list[str | int] = ["ab" * 16, 1000, "r"]  # nothing held: nothing renewed
+    options = CallOptions(timeout=5.0, operation="renew", name=name, votes=EveryNode())
+    assert await backend.run(RENEW, [key_of(name)], args, options) == list(range(len(nodes)))
+    without = CallOptions(timeout=5.0, operation="renew", name=name)
+    with pytest.raises(AssertionError, match="the rule of its votes"):
+        await backend.run(RENEW, [key_of(name)], args, without)
+    assert await holders(nodes, name) == [None] * len(nodes)

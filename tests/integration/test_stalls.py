@@ -30,11 +30,12 @@ from aiolock import (
     LossReason,
     Redlock,
 )
-from aiolock._engine.lease_issuing import Granting
+from aiolock._engine.lease_issuing import LeaseIssuing
 from aiolock._engine.runtime import runtime_for
 from aiolock._lua.layout import LockKeys
 from aiolock._lua.lease import RESUME
 from aiolock._transport.base import pooled
+from aiolock._transport.call_options import CallOptions
 
 from ..conftest import CommandLog, make_client
 from ..deployments.proxy import ThreadedProxy
@@ -203,7 +204,7 @@ async def _turns_taking_grant(
             loop.call_soon(tick)
 
     taking: list[int] = []
-    take_grant = Granting._take_grant
+    take_grant = LeaseIssuing.take_grant
 
     async def counted(self: Any, *args: Any) -> None:
         before = turns
@@ -212,7 +213,7 @@ async def _turns_taking_grant(
 
     done = asyncio.Event()
     with monkeypatch.context() as patched:
-        patched.setattr(Granting, "_take_grant", counted)
+        patched.setattr(LeaseIssuing, "take_grant", counted)
         holder = await Lock(a, name, ttl=30).acquire()
         waiting = asyncio.create_task(Lock(b, name, ttl=30).acquire())
         await queued(a, name, waiter=b)
@@ -241,18 +242,20 @@ async def test_a_granted_leases_renewal_that_lands_after_its_release_is_not_a_lo
     run = backend.run
     renewing, released, renewed = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
-    async def release_first(self: Any, script: Any, keys: Any, args: Any, **kwargs: Any) -> Any:
-        operation = kwargs.get("operation")
-        if self is grantee and operation == "renew" and kwargs.get("by_text"):
+    async def release_first(
+        self: Any, script: Any, keys: Any, args: Any, options: CallOptions
+    ) -> Any:
+        operation = options.operation
+        if self is grantee and operation == "renew" and options.by_text:
             renewing.set()
-            on_sent = kwargs.pop("on_sent")
-            on_sent()  # taken for written: the body starts
+            assert options.on_sent is not None
+            options.on_sent()  # taken for written: the body starts
             await asyncio.wait_for(released.wait(), 10)  # ...and Redis runs the release first
             try:
-                return await run(self, script, keys, args, on_sent=on_sent, **kwargs)
+                return await run(self, script, keys, args, options)
             finally:
                 renewed.set()
-        reply = await run(self, script, keys, args, **kwargs)
+        reply = await run(self, script, keys, args, options)
         if self is grantee and operation == "release" and renewing.is_set():
             # Applied; the renewal's answer is read before the release's.
             released.set()

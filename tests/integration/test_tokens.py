@@ -196,11 +196,11 @@ async def test_extend_to_a_longer_ttl_counts_a_shorter_renewal_still_in_flight(
     run = type(backend).run
     on_its_way, land = asyncio.Event(), asyncio.Event()
 
-    async def renewal_held(self: Any, script: Any, keys: Any, args: Any, **kwargs: Any) -> Any:
-        if self is backend and kwargs.get("operation") == "renew" and not land.is_set():
+    async def renewal_held(self: Any, script: Any, keys: Any, args: Any, options: Any) -> Any:
+        if self is backend and options.operation == "renew" and not land.is_set():
             on_its_way.set()
             await within(land.wait(), what="the test to let the renewal land")
-        return await run(self, script, keys, args, **kwargs)
+        return await run(self, script, keys, args, options)
 
     monkeypatch.setattr(type(backend), "run", renewal_held)
     loop = asyncio.get_running_loop()

@@ -9,7 +9,7 @@ import pytest
 import redis.asyncio
 
 from aiolock import Lease, Lock, ReadLock, ReadWriteLock, Semaphore
-from aiolock._engine.acquisition import Primitive
+from aiolock._engine.release import ReleasePath
 from aiolock._engine.runtime import Runtime, runtime_for
 from aiolock._engine.wait_queue import Waiter
 from aiolock._lua.layout import LockKeys
@@ -263,19 +263,19 @@ async def test_tasks_of_a_process_are_served_in_call_order_whatever_order_redis_
     answered = 0
     tries = 0
 
-    async def first_try_answered_last(self: Backend, *args: Any, **kwargs: Any) -> Any:
+    async def first_try_answered_last(self: Backend, *args: Any) -> Any:
         nonlocal answered, tries
-        if self is not backend or kwargs.get("operation") != "acquire":
-            return await run(self, *args, **kwargs)
+        if self is not backend or args[3].operation != "acquire":
+            return await run(self, *args)
         tries += 1
         if tries == 5:
             all_sent.set()
         if tries == 1:
             await within(others_answered.wait(), what="the other tasks' first tries answered")
-            return await run(self, *args, **kwargs)
+            return await run(self, *args)
         await within(all_sent.wait(), what="every task's first try sent")
         try:
-            return await run(self, *args, **kwargs)
+            return await run(self, *args)
         finally:
             answered += 1
             if answered == 4:
@@ -309,19 +309,19 @@ async def test_a_lease_handed_to_an_earlier_caller_that_is_cancelled_goes_to_the
     all_sent = asyncio.Event()  # every task's first try, before any answer
     tries = 0
 
-    async def first_try_answered_last(self: Backend, *args: Any, **kwargs: Any) -> Any:
+    async def first_try_answered_last(self: Backend, *args: Any) -> Any:
         nonlocal tries
-        if self is not backend or kwargs.get("operation") != "acquire":
-            return await run(self, *args, **kwargs)
+        if self is not backend or args[3].operation != "acquire":
+            return await run(self, *args)
         tries += 1
         if tries == 3:
             all_sent.set()
         if tries == 1:
             await within(others_answered.wait(), what="the other tasks' first tries answered")
-            return await run(self, *args, **kwargs)
+            return await run(self, *args)
         await within(all_sent.wait(), what="every task's first try sent")
         try:
-            return await run(self, *args, **kwargs)
+            return await run(self, *args)
         finally:
             if tries >= 3:
                 others_answered.set()
@@ -402,13 +402,13 @@ async def test_a_withdrawal_left_running_opens_nothing_in_a_pool_closed_under_it
     pool = ClosedByItsUser.from_url(server_url)
     client = redis.asyncio.Redis(connection_pool=pool)
     other = make_client(server_url)
-    withdrawing = Primitive._withdraw_in_background
+    withdrawing = ReleasePath.withdraw_in_background
 
-    async def closed_under_it(self: Primitive, *args: Any, **kwargs: Any) -> None:
+    async def closed_under_it(self: ReleasePath, *args: Any, **kwargs: Any) -> None:
         pool.close_at = "checkout"
         await withdrawing(self, *args, **kwargs)
 
-    monkeypatch.setattr(Primitive, "_withdraw_in_background", closed_under_it)
+    monkeypatch.setattr(ReleasePath, "withdraw_in_background", closed_under_it)
     keys = LockKeys.build("aiolock", name, "sem:")
     notifier = runtime_for(client).notifier
     held: list[Lease] = []
