@@ -416,7 +416,5 @@ class Primitive(PrimitiveBase):
         tb: TracebackType | None,
     ) -> None:
         """Release the current task's lease; see `Lease.__aexit__` for what is raised."""
-        lease = self._held.left(asyncio.current_task())
-        if lease is None:
-            raise RuntimeError(f"{self._what} {self._name!r} is not held by the current task")
-        await lease.__aexit__(exc_type, exc, tb)
+        not_held = f"{self._what} {self._name!r} is not held by the current task"
+        await self._held.exit(exc_type, exc, tb, not_held=not_held)
