@@ -20,6 +20,8 @@ async def place_order(request: web.Request, lease: Lease) -> web.Response:
   route's `match_info`, or else from the query string (a request without it gets 400).
 - Busy (by default the lock is tried once, `timeout=0`): `busy_status` (409 Conflict or
   429 Too Many Requests) with a `Retry-After` header, at once.
+- Redis unreachable (`BackendError` while taking the lock): 503 Service Unavailable with
+  `Retry-After: 1`; the handler does not run.
 - The handler runs guarded by the lease: if the lease is lost it is cancelled at its
   next `await`, and the client gets 503 Service Unavailable.
 - The lock is released when the handler returns, before aiohttp sends the response. A
@@ -27,8 +29,8 @@ async def place_order(request: web.Request, lease: Lease) -> web.Response:
   lease is lost after the headers went out, the connection is closed instead of a 503.
 - The handler takes the request, and optionally the `Lease` as a second argument.
 
-Redis errors (`BackendError`) propagate as from any handler (500 unless a middleware of
-yours turns them into something else).
+A `BackendError` the handler raises itself (its own Redis calls) is not this request's
+lock's, and propagates as from any handler.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from ._engine.lease import Lease
 from ._model.options import LockOptions, lock_config
 from ._recipes.name_templates import (
     NOTHING,
+    UNAVAILABLE_RETRY_AFTER,
     Clients,
     NameTemplate,
     check_for,
@@ -60,7 +63,7 @@ from ._recipes.name_templates import (
     retry_after_header,
 )
 from ._transport.clients import AsyncClient
-from .errors import AcquireTimeoutError, ConfigError, LeaseLostError
+from .errors import AcquireTimeoutError, BackendError, ConfigError, LeaseLostError
 
 __all__ = ("locked_handler",)
 
@@ -235,6 +238,11 @@ def locked_handler(
                 raise busy_error(
                     text="busy: another request holds the lock on this resource",
                     headers={"Retry-After": retry_after_header(exc)},
+                ) from exc
+            except BackendError as exc:
+                raise web.HTTPServiceUnavailable(
+                    text=f"Redis could not lock this resource: {exc}",
+                    headers={"Retry-After": UNAVAILABLE_RETRY_AFTER},
                 ) from exc
             try:
                 async with lease:

@@ -24,6 +24,8 @@ async def place_order(
 - The handler runs guarded by the lease: if the lease is lost, the handler is cancelled
   at its next `await` (nothing it would have written after that point is written) and the
   client gets 503 Service Unavailable.
+- Redis unreachable (`BackendError` while taking the lock): 503 Service Unavailable with
+  `Retry-After: 1`; the handler does not run.
 - The lock is released when the handler returns, *before* the response is sent (the
   dependency has `scope="function"`): a client that sees the response can lock again at
   once. A `StreamingResponse`'s body is produced after that and is not protected.
@@ -32,8 +34,8 @@ Use `async def` handlers: a plain `def` handler runs in a worker thread, which a
 cannot cancel (the client still gets 503 if the lease was lost meanwhile, but the
 handler's writes were not stopped).
 
-Redis errors (`BackendError`) are not turned into a status: add an exception handler for
-them if you want one (503 is the usual choice).
+A `BackendError` the handler raises itself (its own Redis calls) is not this request's
+lock's, and passes through as any error of the handler.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ from ._engine.lease import Lease
 from ._model.options import LockOptions, lock_config
 from ._recipes.name_templates import (
     NOTHING,
+    UNAVAILABLE,
+    UNAVAILABLE_RETRY_AFTER,
     ClientSource,
     NameTemplate,
     check_for,
@@ -63,7 +67,7 @@ from ._recipes.name_templates import (
     lock_for,
     retry_after_header,
 )
-from .errors import AcquireTimeoutError, ConfigError, LeaseLostError
+from .errors import AcquireTimeoutError, BackendError, ConfigError, LeaseLostError
 
 __all__ = ("locked_request",)
 
@@ -192,6 +196,12 @@ def locked_request(
                 status_code=busy_status,
                 detail="busy: another request holds the lock on this resource",
                 headers={"Retry-After": retry_after_header(exc)},
+            ) from exc
+        except BackendError as exc:
+            raise HTTPException(
+                status_code=UNAVAILABLE,
+                detail=f"Redis could not lock this resource: {exc}",
+                headers={"Retry-After": UNAVAILABLE_RETRY_AFTER},
             ) from exc
         try:
             async with lease:
