@@ -176,7 +176,7 @@ def locked_handler(
         TypeError, ConfigError: bad arguments, or a handler that is not `async def` or
             does not take `(request)` or `(request, lease)`, at decoration.
 
-    Added in 0.2; `retain`, `hold_stats` and the client first in 0.3.
+    Added in 0.1.
     """
     client, name = client_then_name(
         "locked_handler()", client_or_name, name_after_client, name, client

@@ -139,7 +139,7 @@ def locked_request(
     Raises:
         TypeError, ConfigError: bad arguments, when the route is declared.
 
-    Added in 0.2; `retain`, `hold_stats` and the client first in 0.3.
+    Added in 0.1.
     """
     client, name = client_then_name(
         "locked_request()", client_or_name, name_after_client, name, client

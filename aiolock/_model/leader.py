@@ -30,7 +30,7 @@ class Leader:
     """The leader of an election, as Redis records it: who, which term, since when, and
     the value it proclaimed.
 
-    Added in 0.3.
+    Added in 0.1.
     """
 
     name: str

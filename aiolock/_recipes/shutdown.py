@@ -42,7 +42,7 @@ REDELIVER_AFTER: Final = 0.5
 class ReleaseReport:
     """What `release_all` did, by lock name.
 
-    Added in 0.2.
+    Added in 0.1.
     """
 
     cancelled: tuple[str, ...]
@@ -110,7 +110,7 @@ async def release_all(*, timeout: float = 5.0) -> ReleaseReport:
         Cancelling the caller stops the waiting; the bodies already cancelled go on
         unwinding and release their leases by themselves.
 
-    Added in 0.2.
+    Added in 0.1.
     """
     wait = check_seconds("timeout", timeout, minimum=0.01)
     loop = asyncio.get_running_loop()
@@ -191,7 +191,7 @@ def release_on_signals(
     Raises:
         RuntimeError: no running event loop and no `loop` given.
 
-    Added in 0.2.
+    Added in 0.1.
     """
     check_seconds("timeout", timeout, minimum=0.01)
     chosen = tuple(signals)

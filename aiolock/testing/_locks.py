@@ -166,6 +166,8 @@ def hold_elsewhere(
     Cancellation:
         Cancelled while taking it, nothing stays held (as the primitive's `acquire()`);
         the block's end releases what was taken under a shield, as `Lease.release()`.
+
+    Added in 0.1.
     """
     target = _check_target(name, "name")
     if isinstance(target, Redlock | Election | MultiLock):
@@ -317,6 +319,8 @@ async def expire_now(
 
     Cancellation:
         Safe to cancel: what was sent expired what it reached; sending it again is safe.
+
+    Added in 0.1.
     """
     target = _check_target(lock, "lock")
     if isinstance(target, Redlock | Election | MultiLock):
