@@ -24,6 +24,8 @@ async def place_order(request: web.Request, lease: Lease) -> web.Response:
   `Retry-After: 1`; the handler does not run.
 - The handler runs guarded by the lease: if the lease is lost it is cancelled at its
   next `await`, and the client gets 503 Service Unavailable.
+- The process shutting down (`release_on_signals(drain=...)` cancelled the handler just
+  before the server's graceful timeout ended): 503 with `Retry-After: 1`, never a 500.
 - The lock is released when the handler returns, before aiohttp sends the response. A
   handler that streams (`StreamResponse.prepare()`) sends while it holds the lock; if the
   lease is lost after the headers went out, the connection is closed instead of a 503.
@@ -35,6 +37,7 @@ lock's, and propagates as from any handler.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
@@ -62,6 +65,7 @@ from ._recipes.name_templates import (
     lock_for,
     retry_after_header,
 )
+from ._recipes.shutdown import is_shutdown
 from ._transport.clients import AsyncClient
 from .errors import AcquireTimeoutError, BackendError, ConfigError, LeaseLostError
 
@@ -255,6 +259,16 @@ def locked_handler(
                 raise web.HTTPServiceUnavailable(
                     text="the lock on this resource was lost; the request was stopped"
                 ) from exc
+            except asyncio.CancelledError as exc:
+                if not is_shutdown(exc):
+                    raise
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()  # answered: no longer counted as cancelled
+                raise web.HTTPServiceUnavailable(
+                    text="the server is shutting down; the request was stopped",
+                    headers={"Retry-After": UNAVAILABLE_RETRY_AFTER},
+                ) from None
             raise AssertionError("unreachable")  # pragma: no cover - see @locked
 
         return locked

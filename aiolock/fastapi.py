@@ -26,6 +26,8 @@ async def place_order(
   client gets 503 Service Unavailable.
 - Redis unreachable (`BackendError` while taking the lock): 503 Service Unavailable with
   `Retry-After: 1`; the handler does not run.
+- The process shutting down (`release_on_signals(drain=...)` cancelled the handler just
+  before the server's graceful timeout ended): 503 with `Retry-After: 1`, never a 500.
 - The lock is released when the handler returns, *before* the response is sent (the
   dependency has `scope="function"`): a client that sees the response can lock again at
   once. A `StreamingResponse`'s body is produced after that and is not protected.
@@ -40,6 +42,7 @@ lock's, and passes through as any error of the handler.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import keyword
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -67,6 +70,7 @@ from ._recipes.name_templates import (
     lock_for,
     retry_after_header,
 )
+from ._recipes.shutdown import is_shutdown
 from .errors import AcquireTimeoutError, BackendError, ConfigError, LeaseLostError
 
 __all__ = ("locked_request",)
@@ -213,8 +217,26 @@ def locked_request(
                 status_code=LOST_STATUS,
                 detail="the lock on this resource was lost; the request was stopped",
             ) from exc
+        except asyncio.CancelledError as exc:
+            if not is_shutdown(exc):
+                raise
+            raise shutting_down() from None
 
     hold_lock.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         parameters, return_annotation=AsyncIterator[Lease]
     )
     return fastapi.Depends(hold_lock, scope="function")
+
+
+def shutting_down() -> HTTPException:
+    """503 for a request whose handler `release_all` cancelled (the process is shutting
+    down: `release_on_signals(drain=...)`), its task no longer counted as cancelled so that
+    the answer is sent."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+    return HTTPException(
+        status_code=UNAVAILABLE,
+        detail="the server is shutting down; the request was stopped",
+        headers={"Retry-After": UNAVAILABLE_RETRY_AFTER},
+    )
