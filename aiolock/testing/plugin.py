@@ -15,6 +15,10 @@ auto-loading (`PYTEST_DISABLE_PLUGIN_AUTOLOAD`), add `-p aiolock.testing.plugin`
   N is the ini option `aiolock_nodes`, 3 by default).
 - `aiolock_clients`: a list of clients, one on each of them (in their order), every server
   emptied before the test; closed after it.
+- `aiolock_cluster`: a throwaway Redis Cluster for the session (`ClusterServers`: three
+  primaries; skipped if the server binary has no cluster support).
+- `aiolock_cluster_client`: a `redis.asyncio.RedisCluster` on it, every primary emptied
+  before the test; closed after it.
 
 The client fixtures are async: they run in the test's event loop through pytest-asyncio
 (strict or auto mode). The `pytest` extra (`pip install "aiolock-redis[pytest]"`) brings
@@ -28,7 +32,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import redis.asyncio
 
-from ._servers import RedisServer, ServerBinary, find_binaries
+from ._cluster import ClusterServers
+from ._servers import RedisServer, ServerBinary, ServerStartError, find_binaries
 
 try:
     from pytest_asyncio import fixture as _async_fixture
@@ -38,6 +43,8 @@ except ImportError:  # pragma: no cover - pytest then reports the async fixtures
 __all__ = (
     "aiolock_client",
     "aiolock_clients",
+    "aiolock_cluster",
+    "aiolock_cluster_client",
     "aiolock_fakeredis",
     "aiolock_server",
     "aiolock_servers",
@@ -117,6 +124,35 @@ async def aiolock_client(aiolock_server: RedisServer) -> AsyncIterator[redis.asy
     client = redis.asyncio.Redis.from_url(aiolock_server.url)
     try:
         await client.flushall()
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture(scope="session")
+def aiolock_cluster() -> Iterator[ClusterServers]:
+    """A throwaway Redis Cluster (three primaries) for the session (stopped at its end)."""
+    cluster = ClusterServers(_binary("aiolock_cluster"))
+    try:
+        cluster.start()
+    except ServerStartError as exc:
+        if "cluster" not in f"{exc} {exc.log}".lower():
+            raise
+        pytest.skip(f"aiolock_cluster: the server binary has no cluster support: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@_async_fixture
+async def aiolock_cluster_client(
+    aiolock_cluster: ClusterServers,
+) -> AsyncIterator[redis.asyncio.RedisCluster]:
+    """A client of `aiolock_cluster`, every primary emptied first: each test starts clean."""
+    client = aiolock_cluster.client()
+    try:
+        await client.flushall(target_nodes=redis.asyncio.RedisCluster.PRIMARIES)
         yield client
     finally:
         await client.aclose()
