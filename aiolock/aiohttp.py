@@ -20,19 +20,24 @@ async def place_order(request: web.Request, lease: Lease) -> web.Response:
   route's `match_info`, or else from the query string (a request without it gets 400).
 - Busy (by default the lock is tried once, `timeout=0`): `busy_status` (409 Conflict or
   429 Too Many Requests) with a `Retry-After` header, at once.
+- Redis unreachable (`BackendError` while taking the lock): 503 Service Unavailable with
+  `Retry-After: 1`; the handler does not run.
 - The handler runs guarded by the lease: if the lease is lost it is cancelled at its
   next `await`, and the client gets 503 Service Unavailable.
+- The process shutting down (`release_on_signals(drain=...)` cancelled the handler just
+  before the server's graceful timeout ended): 503 with `Retry-After: 1`, never a 500.
 - The lock is released when the handler returns, before aiohttp sends the response. A
   handler that streams (`StreamResponse.prepare()`) sends while it holds the lock; if the
   lease is lost after the headers went out, the connection is closed instead of a 503.
 - The handler takes the request, and optionally the `Lease` as a second argument.
 
-Redis errors (`BackendError`) propagate as from any handler (500 unless a middleware of
-yours turns them into something else).
+A `BackendError` the handler raises itself (its own Redis calls) is not this request's
+lock's, and propagates as from any handler.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
@@ -51,6 +56,7 @@ from ._engine.lease import Lease
 from ._model.options import LockOptions, lock_config
 from ._recipes.name_templates import (
     NOTHING,
+    UNAVAILABLE_RETRY_AFTER,
     Clients,
     NameTemplate,
     check_for,
@@ -59,8 +65,9 @@ from ._recipes.name_templates import (
     lock_for,
     retry_after_header,
 )
+from ._recipes.shutdown import is_shutdown
 from ._transport.clients import AsyncClient
-from .errors import AcquireTimeoutError, ConfigError, LeaseLostError
+from .errors import AcquireTimeoutError, BackendError, ConfigError, LeaseLostError
 
 __all__ = ("locked_handler",)
 
@@ -173,7 +180,7 @@ def locked_handler(
         TypeError, ConfigError: bad arguments, or a handler that is not `async def` or
             does not take `(request)` or `(request, lease)`, at decoration.
 
-    Added in 0.2; `retain`, `hold_stats` and the client first in 0.3.
+    Added in 0.1.
     """
     client, name = client_then_name(
         "locked_handler()", client_or_name, name_after_client, name, client
@@ -236,6 +243,11 @@ def locked_handler(
                     text="busy: another request holds the lock on this resource",
                     headers={"Retry-After": retry_after_header(exc)},
                 ) from exc
+            except BackendError as exc:
+                raise web.HTTPServiceUnavailable(
+                    text=f"Redis could not lock this resource: {exc}",
+                    headers={"Retry-After": UNAVAILABLE_RETRY_AFTER},
+                ) from exc
             try:
                 async with lease:
                     if with_lease:
@@ -247,6 +259,16 @@ def locked_handler(
                 raise web.HTTPServiceUnavailable(
                     text="the lock on this resource was lost; the request was stopped"
                 ) from exc
+            except asyncio.CancelledError as exc:
+                if not is_shutdown(exc):
+                    raise
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()  # answered: no longer counted as cancelled
+                raise web.HTTPServiceUnavailable(
+                    text="the server is shutting down; the request was stopped",
+                    headers={"Retry-After": UNAVAILABLE_RETRY_AFTER},
+                ) from None
             raise AssertionError("unreachable")  # pragma: no cover - see @locked
 
         return locked

@@ -225,7 +225,7 @@ class QuorumError(BackendError):
     of them: a node's refusal that sending again would not cure (a wrong type, a
     permission, a script error) if there is one.
 
-    Added in 0.3.
+    Added in 0.1.
     """
 
     def __init__(

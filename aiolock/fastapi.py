@@ -24,6 +24,10 @@ async def place_order(
 - The handler runs guarded by the lease: if the lease is lost, the handler is cancelled
   at its next `await` (nothing it would have written after that point is written) and the
   client gets 503 Service Unavailable.
+- Redis unreachable (`BackendError` while taking the lock): 503 Service Unavailable with
+  `Retry-After: 1`; the handler does not run.
+- The process shutting down (`release_on_signals(drain=...)` cancelled the handler just
+  before the server's graceful timeout ended): 503 with `Retry-After: 1`, never a 500.
 - The lock is released when the handler returns, *before* the response is sent (the
   dependency has `scope="function"`): a client that sees the response can lock again at
   once. A `StreamingResponse`'s body is produced after that and is not protected.
@@ -32,12 +36,13 @@ Use `async def` handlers: a plain `def` handler runs in a worker thread, which a
 cannot cancel (the client still gets 503 if the lease was lost meanwhile, but the
 handler's writes were not stopped).
 
-Redis errors (`BackendError`) are not turned into a status: add an exception handler for
-them if you want one (503 is the usual choice).
+A `BackendError` the handler raises itself (its own Redis calls) is not this request's
+lock's, and passes through as any error of the handler.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import keyword
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -55,6 +60,8 @@ from ._engine.lease import Lease
 from ._model.options import LockOptions, lock_config
 from ._recipes.name_templates import (
     NOTHING,
+    UNAVAILABLE,
+    UNAVAILABLE_RETRY_AFTER,
     ClientSource,
     NameTemplate,
     check_for,
@@ -63,7 +70,8 @@ from ._recipes.name_templates import (
     lock_for,
     retry_after_header,
 )
-from .errors import AcquireTimeoutError, ConfigError, LeaseLostError
+from ._recipes.shutdown import is_shutdown
+from .errors import AcquireTimeoutError, BackendError, ConfigError, LeaseLostError
 
 __all__ = ("locked_request",)
 
@@ -135,7 +143,7 @@ def locked_request(
     Raises:
         TypeError, ConfigError: bad arguments, when the route is declared.
 
-    Added in 0.2; `retain`, `hold_stats` and the client first in 0.3.
+    Added in 0.1.
     """
     client, name = client_then_name(
         "locked_request()", client_or_name, name_after_client, name, client
@@ -193,6 +201,12 @@ def locked_request(
                 detail="busy: another request holds the lock on this resource",
                 headers={"Retry-After": retry_after_header(exc)},
             ) from exc
+        except BackendError as exc:
+            raise HTTPException(
+                status_code=UNAVAILABLE,
+                detail=f"Redis could not lock this resource: {exc}",
+                headers={"Retry-After": UNAVAILABLE_RETRY_AFTER},
+            ) from exc
         try:
             async with lease:
                 yield lease
@@ -203,8 +217,26 @@ def locked_request(
                 status_code=LOST_STATUS,
                 detail="the lock on this resource was lost; the request was stopped",
             ) from exc
+        except asyncio.CancelledError as exc:
+            if not is_shutdown(exc):
+                raise
+            raise shutting_down() from None
 
     hold_lock.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         parameters, return_annotation=AsyncIterator[Lease]
     )
     return fastapi.Depends(hold_lock, scope="function")
+
+
+def shutting_down() -> HTTPException:
+    """503 for a request whose handler `release_all` cancelled (the process is shutting
+    down: `release_on_signals(drain=...)`), its task no longer counted as cancelled so that
+    the answer is sent."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+    return HTTPException(
+        status_code=UNAVAILABLE,
+        detail="the server is shutting down; the request was stopped",
+        headers={"Retry-After": UNAVAILABLE_RETRY_AFTER},
+    )

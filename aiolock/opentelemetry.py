@@ -25,7 +25,7 @@ lock names are per request: one series per name would grow without bound.
 The measurements are recorded by an event listener (`aiolock.add_listener`), synchronously
 and in memory: they add no round trip to Redis. Needs the `otel` extra
 (`pip install "aiolock-redis[otel]"`, the API only; the SDK and exporters are yours to choose).
-Added in 0.1; the terms' counters in 0.3.
+Added in 0.1.
 """
 
 from __future__ import annotations

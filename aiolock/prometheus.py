@@ -25,7 +25,7 @@ grow without bound.
 
 The metrics are updated by an event listener (`aiolock.add_listener`), synchronously and
 in memory: they add no round trip to Redis. Needs the `prometheus` extra
-(`pip install "aiolock-redis[prometheus]"`). Added in 0.1; the terms' counters in 0.3.
+(`pip install "aiolock-redis[prometheus]"`). Added in 0.1.
 """
 
 from __future__ import annotations

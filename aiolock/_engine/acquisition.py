@@ -96,7 +96,7 @@ class Primitive(PrimitiveBase):
                 an acquire is therefore not undone when its reply is lost: the lock may stay
                 held under the token, for up to the ttl, until the caller retries or
                 releases it by token (`release_token`). Another process can take the lease
-                over with `resume(token)`. Added in 0.2.
+                over with `resume(token)`. Added in 0.1.
 
         Raises:
             AcquireTimeoutError: it stayed held by others for the whole timeout.
@@ -168,7 +168,7 @@ class Primitive(PrimitiveBase):
         Cancellation:
             As for `acquire()`.
 
-        Added in 0.2.
+        Added in 0.1.
         """
         try:
             return await self.acquire(timeout=0)
@@ -195,7 +195,7 @@ class Primitive(PrimitiveBase):
         Cancellation:
             Safe to cancel: the lease's expiry is reset or not; it stays the holder's.
 
-        Added in 0.2.
+        Added in 0.1.
         """
         token = check_token(token)
         runtime = runtime_for(self._client)
@@ -265,7 +265,7 @@ class Primitive(PrimitiveBase):
         Cancellation:
             Finished under a shield, as `Lease.release()`.
 
-        Added in 0.2.
+        Added in 0.1.
         """
         return await self._release.release_token(token)
 

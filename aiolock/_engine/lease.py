@@ -322,7 +322,7 @@ class Lease:
         Args:
             ttl: a new ttl for the lease, seconds (0.01 to 1 year): the expiry is set to it
                 now, and the watchdog renews to it from then on (at least every third of
-                it). Default: the lease's ttl. Added in 0.2.
+                it). Default: the lease's ttl. Added in 0.1.
 
         Raises:
             ConfigError: `ttl` out of range (nothing is sent).

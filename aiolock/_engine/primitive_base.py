@@ -63,7 +63,7 @@ UNSET: Final = Unset()
 class Busy:
     """Someone else holds it: what Redis said when it refused a single try.
 
-    Added in 0.2.
+    Added in 0.1.
     """
 
     name: str

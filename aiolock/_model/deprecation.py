@@ -13,7 +13,7 @@ __all__ = ("REMOVED_IN", "renamed_argument", "warn_renamed")
 
 T = TypeVar("T")
 
-REMOVED_IN = "0.5"
+REMOVED_IN = "0.2"
 """The release that removes the names deprecated in this one."""
 
 

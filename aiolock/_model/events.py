@@ -57,15 +57,15 @@ class EventKind(enum.Enum):
 
     TERM_WON = "term_won"
     """An election's candidate won a term (`name`: the election's; `fencing_token`: the
-    term's number); `wait` is the time spent campaigning for it. Added in 0.3."""
+    term's number); `wait` is the time spent campaigning for it."""
 
     TERM_LOST = "term_lost"
     """A term was lost before its leader resigned; `reason` says why, `hold` how long it
-    had lasted. Its lease's `LOST` event comes with it. Added in 0.3."""
+    had lasted. Its lease's `LOST` event comes with it."""
 
     TERM_RESIGNED = "term_resigned"
     """A leader resigned its term (or its `async with term` block ended); `hold` is how long
-    it lasted. Added in 0.3."""
+    it lasted."""
 
 
 @final

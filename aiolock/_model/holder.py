@@ -54,24 +54,18 @@ class LockInfo:
     waiting: int = dataclasses.field(default=0, compare=False)
     """Tasks waiting for the lock, summed over the queued processes whose entries have
     not expired, as `Lock.info()` reads them; 0 in a holder listed by a `SemaphoreInfo` or
-    a `ReadWriteInfo`, whose own `waiting` counts them.
-
-    Added in 0.3."""
+    a `ReadWriteInfo`, whose own `waiting` counts them."""
 
     @property
     def holders(self) -> tuple[LockInfo, ...]:
         """This holder alone: the holders of a lock, as `SemaphoreInfo.holders` and
-        `ReadWriteInfo.holders` give theirs.
-
-        Added in 0.3."""
+        `ReadWriteInfo.holders` give theirs."""
         return (self,)
 
     @property
     def free(self) -> int:
         """0: a lock that has a holder has no place free (`Lock.info()` returns None when
-        the lock is free), as `SemaphoreInfo.free` counts permits.
-
-        Added in 0.3."""
+        the lock is free), as `SemaphoreInfo.free` counts permits."""
         return 0
 
     @classmethod

@@ -31,7 +31,8 @@ class Leader:
     """The leader of an election, as Redis records it: who, which term (by its fencing
     token), since when, and the value it proclaimed.
 
-    Added in 0.3. `term`, the fencing token's name before 0.4, is a deprecated alias.
+    Added in 0.1. `term`, the fencing token's old name, is a deprecated alias (removed in
+    0.2).
     """
 
     name: str
@@ -40,7 +41,7 @@ class Leader:
     """The leader's identity, as its `Election` was given it (default "<host>:<pid>")."""
     fencing_token: int
     """The term's number: its lease's fencing token (`Term.fencing_token`), larger for every
-    later term (across a restart of Redis too, as for any fencing token). Added in 0.4
+    later term (across a restart of Redis too, as for any fencing token). Added in 0.1
     (before: `term`)."""
     since: float
     """When the term was announced, Unix seconds on the server's clock."""
@@ -67,7 +68,7 @@ class Leader:
         value: str | None,
         term: int | None = None,
     ) -> None:
-        """`term=` (deprecated, removed in 0.5) is the old name of `fencing_token=`."""
+        """`term=` (deprecated, removed in 0.2) is the old name of `fencing_token=`."""
         token = renamed_argument("Leader", fencing_token, term, new="fencing_token")
         for field, given in (
             ("name", name),
@@ -80,7 +81,7 @@ class Leader:
 
     @property
     def term(self) -> int:
-        """Deprecated alias of `fencing_token` (removed in 0.5): it warns."""
+        """Deprecated alias of `fencing_token` (removed in 0.2): it warns."""
         warn_renamed("Leader.term", "Leader.fencing_token")
         return self.fencing_token
 
@@ -139,7 +140,7 @@ class Leader:
         term: str | None = None,
     ) -> Leader | None:
         """The leader, if a lease is `held` and its fencing token (`fence`) is the one
-        `announced` (the record's `et` field). `term=` (deprecated, removed in 0.5) is the
+        `announced` (the record's `et` field). `term=` (deprecated, removed in 0.2) is the
         old name of `announced=`."""
         announced = renamed_argument("Leader.recorded", announced, term, new="announced")
         if not held or not announced or announced != fence or not announced.isdigit():

@@ -60,7 +60,7 @@ class LockOptions(TypedDict, total=False):
     at run time an unknown keyword raises `TypeError` and a value out of range
     `ConfigError` naming the argument and the range, at the call.
 
-    Added in 0.3; `renew_on_handoff` in 0.4.
+    Added in 0.1.
     """
 
     ttl: float

@@ -128,7 +128,7 @@ class Term:
         since: when the term was announced, Unix seconds on the server's clock.
         lease: the term's `Lease` (renewed by the watchdog like any lease).
 
-    Added in 0.3.
+    Added in 0.1.
     """
 
     __slots__ = ("_election", "_proclaims", "fencing_token", "identity", "lease", "name", "since")
@@ -347,7 +347,7 @@ class Election:
         TypeError: a wrong type.
         ConfigError: a value out of range; the message names the argument and the range.
 
-    Added in 0.3.
+    Added in 0.1.
     """
 
     __slots__ = ("_changed", "_client", "_identity", "_name", "_record_keys", "_seat")

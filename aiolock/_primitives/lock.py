@@ -136,7 +136,7 @@ class Lock(Primitive):
         Raises:
             BackendError: Redis could not be reached or refused the command.
 
-        Added in 0.2.
+        Added in 0.1.
         """
         holder, fields = await self._inspect_fields()
         if holder is None:

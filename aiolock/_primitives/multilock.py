@@ -85,7 +85,7 @@ class MultiLease:
         names: the locks' names, in the order they were taken (sorted).
         leases: each name's `Lease`.
 
-    Added in 0.3.
+    Added in 0.1.
     """
 
     __slots__ = (
@@ -326,7 +326,7 @@ class MultiLock:
         TypeError: a wrong type (`names` a single `str`, say).
         ConfigError: a value out of range; the message names the argument and the range.
 
-    Added in 0.3.
+    Added in 0.1.
     """
 
     __slots__ = ("_held", "_locks", "_timeout")

@@ -50,7 +50,7 @@ more than the usual skew between the servers' clocks (at most half the ttl)."""
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RedlockNode:
-    """What one node of a `Redlock` says. Added in 0.3."""
+    """What one node of a `Redlock` says. Added in 0.1."""
 
     node: str
     """The node, as "host:port"."""
@@ -63,7 +63,7 @@ class RedlockNode:
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RedlockInfo:
-    """A `Redlock`'s state on each of its nodes, and the quorum's view. Added in 0.3."""
+    """A `Redlock`'s state on each of its nodes, and the quorum's view. Added in 0.1."""
 
     name: str
     holder: LockInfo | None
@@ -92,7 +92,7 @@ class RedlockInfo:
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RedlockRelease:
-    """What `Redlock.force_release()` deleted, and on which nodes. Added in 0.3."""
+    """What `Redlock.force_release()` deleted, and on which nodes. Added in 0.1."""
 
     name: str
     holder: LockInfo
@@ -164,7 +164,7 @@ class Redlock(Primitive):
     given back on every node with an abort that forbids its token); `resume(token)` and
     `release_token(token)` work as for `Lock`.
 
-    Added in 0.3.
+    Added in 0.1.
     """
 
     __slots__ = ("_clients_held", "_keys", "_quorum")

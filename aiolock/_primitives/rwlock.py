@@ -53,7 +53,7 @@ class ReadWriteInfo:
     `holders`, `waiting` and `free` are the fields every primitive's `info()` has, with
     the same meanings (`LockInfo`, `SemaphoreInfo`).
 
-    Added in 0.2.
+    Added in 0.1.
     """
 
     name: str
@@ -69,14 +69,14 @@ class ReadWriteInfo:
     def holders(self) -> tuple[LockInfo, ...]:
         """Who holds the lock: the writer alone, or the readers (empty: free).
 
-        Added in 0.3."""
+        Added in 0.1."""
         return (self.writer,) if self.writer is not None else self.readers
 
     @property
     def waiting(self) -> int:
         """Tasks waiting, on either side: `writers_waiting` plus `readers_waiting`.
 
-        Added in 0.3."""
+        Added in 0.1."""
         return self.writers_waiting + self.readers_waiting
 
     @property
@@ -84,7 +84,7 @@ class ReadWriteInfo:
         """1 when nobody holds either side (a writer may enter at once), else 0: as a
         lock's, since the write side is the exclusive one.
 
-        Added in 0.3."""
+        Added in 0.1."""
         return 0 if self.holders else 1
 
 
@@ -131,7 +131,7 @@ class ReadLock(_Side):
     readers, never with the writer. Used like a `Lock`: `async with rw.read() as lease`,
     `acquire()`, `try_acquire()`...
 
-    Added in 0.2.
+    Added in 0.1.
     """
 
     __slots__ = ()
@@ -147,7 +147,7 @@ class WriteLock(_Side):
     meanwhile. Used like a `Lock`. While it waits, the first waiting writer of the process
     refreshes its place every third of a second (one command), which also stops new readers.
 
-    Added in 0.2.
+    Added in 0.1.
     """
 
     __slots__ = ()
@@ -193,7 +193,7 @@ class ReadWriteLock:
         TypeError: a wrong type, or an unknown keyword.
         ConfigError: a value out of range; the message names the argument and the range.
 
-    Added in 0.2.
+    Added in 0.1.
     """
 
     __slots__ = ("_client", "_config", "_keys", "_name", "_read", "_write")
@@ -261,6 +261,6 @@ class ReadWriteLock:
         Cancellation:
             Safe to cancel: it only reads.
 
-        Added in 0.3.
+        Added in 0.1.
         """
         return (await self.info()).free == 0

@@ -28,7 +28,7 @@ class SemaphoreInfo:
     `holders`, `waiting` and `free` are the fields every primitive's `info()` has, with
     the same meanings (`LockInfo`, `ReadWriteInfo`).
 
-    Added in 0.2.
+    Added in 0.1.
     """
 
     name: str
@@ -90,7 +90,7 @@ class Semaphore(Primitive):
         TypeError: a wrong type, or an unknown keyword.
         ConfigError: a value out of range; the message names the argument and the range.
 
-    Added in 0.2.
+    Added in 0.1.
     """
 
     __slots__ = ("_keys", "_limit", "_script_keys")

@@ -39,7 +39,7 @@ _KEY_SHOWN: Final = 100
 class FencedValue:
     """What `fenced_get` read of a fenced key.
 
-    Added in 0.4.
+    Added in 0.1.
     """
 
     value: bytes | None
@@ -213,7 +213,7 @@ async def fenced_set(
         cancellation landed. Writing again with the same token is safe: it is accepted
         again, unless a higher one came meanwhile.
 
-    Added in 0.4.
+    Added in 0.1.
     """
     key = _check_key(key)
     sent = _check_value(value)
@@ -260,7 +260,7 @@ async def fenced_delete(
         A cancelled call may or may not have deleted the value; deleting again with the
         same token is safe.
 
-    Added in 0.4.
+    Added in 0.1.
     """
     key = _check_key(key)
     token = _check_token(fencing_token)
@@ -293,7 +293,7 @@ async def fenced_get(
     Cancellation:
         Safe to cancel: it only reads.
 
-    Added in 0.4.
+    Added in 0.1.
     """
     key = _check_key(key)
     value, fence = await _run(client, FENCED_GET, key, [], timeout=timeout)

@@ -209,8 +209,7 @@ def locked(
         As for `async with Lock(...)`: a call cancelled while waiting leaves no lock held;
         one cancelled while running releases the lock before the cancellation propagates.
 
-    Added in 0.2; a `lease` parameter without a default in 0.3; `retain`, `hold_stats`
-    and the client first in 0.3.
+    Added in 0.1.
     """
     client, name = client_then_name("locked()", client_or_name, name_after_client, name, client)
     template = NameTemplate(name)

@@ -6,7 +6,8 @@
   (so an application can create its client at startup, after the decorators ran), or the
   clients of a Redlock's independent servers, as a list or tuple;
 - `lock_for`: a `Lock` on one client, or a `Redlock` over several.
-- `retry_after_header`: the `Retry-After` value for a busy lock.
+- `retry_after_header`: the `Retry-After` value for a busy lock; `UNAVAILABLE` and
+  `UNAVAILABLE_RETRY_AFTER`: what a web helper answers when Redis could not be reached.
 
 Nothing here sends anything to Redis.
 """
@@ -28,6 +29,8 @@ from ..errors import AcquireTimeoutError, ConfigError
 
 __all__ = (
     "NOTHING",
+    "UNAVAILABLE",
+    "UNAVAILABLE_RETRY_AFTER",
     "ClientSource",
     "NameTemplate",
     "check_for",
@@ -44,6 +47,12 @@ Clients = Client | tuple[AsyncClient, ...]
 """One client (a `Lock`'s), or a Redlock's clients."""
 
 _BASE_NAME: Final = re.compile(r"[^.\[]+")
+
+UNAVAILABLE: Final = 503
+"""The status of a request whose lock Redis could not take (`BackendError`): Service
+Unavailable, as for a lost lease."""
+UNAVAILABLE_RETRY_AFTER: Final = "1"
+"""Its `Retry-After`: one second, the least whole number (Redis gave no hint)."""
 
 
 @final

@@ -84,7 +84,7 @@ class DoneMarker:
 class OnceResult(Generic[T]):
     """The outcome of `run_once`.
 
-    Added in 0.2.
+    Added in 0.1.
     """
 
     status: OnceStatus
@@ -351,7 +351,7 @@ async def run_once(
         retention: seconds the done marker is kept (0.001 to 1 year).
         node_timeout: with a list of clients, the `Redlock`'s `node_timeout`: seconds each
             node's call may take (its lock's and its markers'); default None, as
-            `Redlock`'s. Refused with one client (`ConfigError`). Added in 0.3.
+            `Redlock`'s. Refused with one client (`ConfigError`).
         options: the settings of the job's `Lock`, `LockOptions`, with their defaults but
             one: `timeout`, the seconds to wait for a job running elsewhere, is 0 (do not
             wait). After a wait, a job that finished there is ALREADY_DONE, and one that
@@ -372,8 +372,7 @@ async def run_once(
     Cancellation:
         A cancelled call leaves no lock held and writes no marker.
 
-    Added in 0.2; every setting of `LockOptions` besides `ttl`, `timeout` and `prefix` in
-    0.3.
+    Added in 0.1.
     """
     several = isinstance(client, (list, tuple))
     clients = check_clients(client) if several else (check_client(client),)

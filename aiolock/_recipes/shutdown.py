@@ -12,6 +12,11 @@ held stays taken until its ttl runs out. `release_all` ends the holders properly
    released directly; their holders see `lease.held` turn False;
 4. a body that does not end within the timeout keeps its lease: releasing under running
    code would leave it unprotected. Its key expires by its ttl after the process is gone.
+
+Under a web server (uvicorn, gunicorn, aiohttp's runner), `release_on_signals(drain=...)`
+hands the signal to the server at once, so that it drains as it would without aiolock,
+and does the above only for the lock holders still running just before the server's
+graceful timeout ends; the web helpers answer their requests 503 (`is_shutdown`).
 """
 
 from __future__ import annotations
@@ -28,13 +33,23 @@ from .._engine.lease import Lease, held_leases
 from .._model.config import check_seconds
 from ..errors import AiolockError
 
-__all__ = ("ReleaseReport", "release_all", "release_on_signals")
+__all__ = ("DRAIN_MARGIN", "ReleaseReport", "is_shutdown", "release_all", "release_on_signals")
 
 logger = logging.getLogger("aiolock")
 
 _CANCEL_MESSAGE: Final = "aiolock: the process is shutting down (release_all)"
 REDELIVER_AFTER: Final = 0.5
 """Seconds after which a body still in its block is cancelled again."""
+DRAIN_MARGIN: Final = 0.5
+"""With `drain`, how long before the server's graceful timeout ends the lock holders still
+running are cancelled: time for their requests to be answered (503) and their locks
+released before the server cancels what is left."""
+
+
+def is_shutdown(error: BaseException) -> bool:
+    """Whether `error` is the cancellation `release_all` delivers to a lock holder's body
+    (the process is shutting down), rather than any other."""
+    return isinstance(error, asyncio.CancelledError) and error.args[:1] == (_CANCEL_MESSAGE,)
 
 
 @final
@@ -42,7 +57,7 @@ REDELIVER_AFTER: Final = 0.5
 class ReleaseReport:
     """What `release_all` did, by lock name.
 
-    Added in 0.2.
+    Added in 0.1.
     """
 
     cancelled: tuple[str, ...]
@@ -110,7 +125,7 @@ async def release_all(*, timeout: float = 5.0) -> ReleaseReport:
         Cancelling the caller stops the waiting; the bodies already cancelled go on
         unwinding and release their leases by themselves.
 
-    Added in 0.2.
+    Added in 0.1.
     """
     wait = check_seconds("timeout", timeout, minimum=0.01)
     loop = asyncio.get_running_loop()
@@ -159,6 +174,7 @@ def release_on_signals(
     *,
     timeout: float = 5.0,
     terminate: bool = True,
+    drain: float | None = None,
     loop: asyncio.AbstractEventLoop | None = None,
 ) -> Callable[[], None]:
     """On each of `signals`, run `release_all`, then let the signal end the process.
@@ -176,13 +192,38 @@ def release_on_signals(
     the process goes on (the cancelled holders' tasks have ended); use that when your own
     shutdown code runs next.
 
+    Under a web server, pass `drain`, the server's graceful timeout (uvicorn's
+    `--timeout-graceful-shutdown`, gunicorn's `--graceful-timeout`, aiohttp's
+    `shutdown_timeout`), and call it where the server's signal handler is already in place
+    (a FastAPI/Starlette lifespan, an aiohttp `on_startup`):
+
+    ```python
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        aiolock.release_on_signals(drain=10)   # uvicorn --timeout-graceful-shutdown 10
+        yield
+    ```
+
+    Then the signal goes to the server's handler at once (a Python handler such as
+    uvicorn's, or the event loop's such as aiohttp's), and the server drains as it would
+    without aiolock: it stops accepting, and the requests in flight end and release their
+    locks as usual. The lock holders still running `DRAIN_MARGIN` (0.5) seconds before
+    `drain` ends are cancelled and released by `release_all`: a request of
+    `aiolock.fastapi.locked_request` or `aiolock.aiohttp.locked_handler` is then answered
+    503 Service Unavailable (with `Retry-After`), before the server cancels what is left
+    (which would be a 500, or a closed connection). The signal is not raised again (the
+    server had it); with no handler of a server in place (the default action), the
+    signal is handled as without `drain`.
+
     Unix only (it uses `loop.add_signal_handler`). Call it from the event loop's thread.
 
     Args:
         signals: the signals to handle (default SIGTERM, what process managers and
             container runtimes send).
         timeout: passed to `release_all`.
-        terminate: raise the signal again after releasing.
+        terminate: raise the signal again after releasing (without `drain`).
+        drain: seconds the server gives requests in flight after the signal (1 to 1
+            year); None (default): no server, release at once.
         loop: the event loop whose locks to release (default: the running one).
 
     Returns:
@@ -191,15 +232,17 @@ def release_on_signals(
     Raises:
         RuntimeError: no running event loop and no `loop` given.
 
-    Added in 0.2.
+    Added in 0.1.
     """
     check_seconds("timeout", timeout, minimum=0.01)
+    if drain is not None:
+        drain = check_seconds("drain", drain, minimum=1.0)
     chosen = tuple(signals)
     for sig in chosen:
         if not isinstance(sig, signal.Signals):
             raise TypeError(f"signals must be signal.Signals values, got {sig!r}")
     target = loop if loop is not None else asyncio.get_running_loop()
-    previous = {sig: signal.getsignal(sig) for sig in chosen}
+    previous = _Previous(target, chosen)
     installed: list[signal.Signals] = []
     running: set[asyncio.Task[None]] = set()
 
@@ -207,9 +250,7 @@ def release_on_signals(
         while installed:
             sig = installed.pop()
             target.remove_signal_handler(sig)
-            before = previous[sig]
-            if before is not None:
-                signal.signal(sig, before)
+            previous.restore(sig)
 
     async def shut_down(sig: signal.Signals) -> None:
         logger.warning("aiolock: %s received: releasing every held lock", sig.name)
@@ -219,11 +260,27 @@ def release_on_signals(
             if terminate:
                 signal.raise_signal(sig)
 
+    async def drained(sig: signal.Signals, wait: float) -> None:
+        logger.warning(
+            "aiolock: %s received: the server drains; lock holders still running in %.3gs "
+            "are cancelled and their locks released",
+            sig.name,
+            wait,
+        )
+        await asyncio.sleep(wait)  # the server's drain, less the margin
+        await release_all(timeout=timeout)
+
     def on_signal(sig: signal.Signals) -> None:
         uninstall()
-        task = target.create_task(shut_down(sig), name=f"aiolock release_on_signals {sig.name}")
+        if drain is not None and previous.is_servers(sig):
+            work = drained(sig, max(drain - DRAIN_MARGIN, 0.0))
+        else:
+            work = shut_down(sig)
+        task = target.create_task(work, name=f"aiolock release_on_signals {sig.name}")
         running.add(task)
         task.add_done_callback(running.discard)
+        if drain is not None and previous.is_servers(sig):
+            signal.raise_signal(sig)  # to the server's handler, put back: its drain starts
 
     try:
         for sig in chosen:
@@ -233,3 +290,33 @@ def release_on_signals(
         uninstall()
         raise
     return uninstall
+
+
+class _Previous:
+    """The handlers in place before `release_on_signals`, per signal: the event loop's own
+    (`loop.add_signal_handler`, as aiohttp's runner installs), else Python's
+    (`signal.signal`, as uvicorn installs; or the default action); put back by `restore`."""
+
+    __slots__ = ("_handlers", "_loop", "_loop_handlers")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, signals: tuple[signal.Signals, ...]):
+        self._loop = loop
+        self._handlers = {sig: signal.getsignal(sig) for sig in signals}
+        # The loop's own handlers: asyncio's Unix loop keeps them here (uvloop has none to
+        # read); adding ours replaces them, so they are kept to be put back.
+        known: dict[int, asyncio.Handle] = getattr(loop, "_signal_handlers", None) or {}
+        self._loop_handlers = {sig: known[sig] for sig in signals if sig in known}
+
+    def is_servers(self, sig: signal.Signals) -> bool:
+        """Whether a handler of the program's (a server's) was in place, not the default
+        action or nothing."""
+        return sig in self._loop_handlers or callable(self._handlers[sig])
+
+    def restore(self, sig: signal.Signals) -> None:
+        handle = self._loop_handlers.get(sig)
+        if handle is not None and not handle.cancelled():
+            self._loop.add_signal_handler(sig, handle._callback, *handle._args)  # type: ignore[attr-defined]
+            return
+        before = self._handlers[sig]
+        if before is not None:
+            signal.signal(sig, before)

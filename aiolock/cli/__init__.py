@@ -20,8 +20,7 @@ stats; `_maintenance`: release, doctor; `_demo_command`: demo), and the views
 (`_json_views`, `_tables`; values as text in `_text`); the demo's flash sale itself is
 `_flash_sale`.
 
-Needs the `cli` extra (`pip install "aiolock-redis[cli]"`) for `rich`. Added in 0.1; semaphores,
-read-write locks and `--kind` in 0.2; elections in 0.3.
+Needs the `cli` extra (`pip install "aiolock-redis[cli]"`) for `rich`. Added in 0.1.
 """
 
 from __future__ import annotations

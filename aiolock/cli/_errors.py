@@ -6,12 +6,14 @@ import sys
 from typing import Final
 
 EXIT_OK: Final = 0
+"""The command did what it was asked."""
 EXIT_FAILED: Final = 1
 """The operation failed: the demo's invariant, nothing released, no such lock, a problem
 found by `doctor`."""
 EXIT_USAGE: Final = 2
 """Bad usage, or Redis could not be reached (or is not Redis)."""
 EXIT_INTERRUPTED: Final = 130
+"""Interrupted (Ctrl-C, SIGINT): 128 + 2, as a shell reports it."""
 
 
 class UsageError(Exception):

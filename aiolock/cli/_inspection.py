@@ -18,7 +18,14 @@ from ._errors import EXIT_FAILED, EXIT_OK
 from ._json_views import in_use, print_json, row_dict, show_dict, stats_dict
 from ._parser import chosen_kinds
 from ._redlock_commands import nodes_of, show_redlock
-from ._tables import kind_and_name, locks_table, make_console, show_renderable, stats_table
+from ._tables import (
+    kind_and_name,
+    locks_table,
+    make_console,
+    rule_width,
+    show_renderable,
+    stats_table,
+)
 from ._text import and_list, article, duration, printable, quoted
 
 
@@ -85,7 +92,7 @@ async def show_command(args: argparse.Namespace, url: str | None) -> int:
         "unrelated); --kind shows one"
     )
     for state in known:
-        console.print(Rule(kind_and_name(state), align="left"))
+        console.print(Rule(kind_and_name(state), align="left"), width=rule_width(console))
         console.print(show_renderable(state, args.prefix))
     return EXIT_OK
 

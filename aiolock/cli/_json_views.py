@@ -153,7 +153,7 @@ def show_dict(state: LockState, prefix: str, kind: Kind) -> dict[str, Any]:
 
 def leader_dict(leader: Leader | None) -> dict[str, Any] | None:
     """An election's leader in `show --json` (its keys: docs/cli.md). `term` is the
-    deprecated old name of `fencing_token`, kept beside it until 0.5."""
+    deprecated old name of `fencing_token`, kept beside it until 0.2."""
     if leader is None:
         return None
     return {**dataclasses.asdict(leader), "term": leader.fencing_token}

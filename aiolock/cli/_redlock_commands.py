@@ -25,7 +25,7 @@ from ..errors import BackendError, QuorumError
 from ._connection import connect, redact
 from ._errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, error
 from ._json_views import doctor_dict, info_dict, print_json
-from ._tables import doctor_renderable, make_console, release_confirmed
+from ._tables import doctor_renderable, make_console, release_confirmed, rule_width
 from ._text import duration, printable, quoted
 
 NODE_TIMEOUT = 1.0
@@ -234,7 +234,7 @@ async def doctor_redlock(args: argparse.Namespace, nodes: Sequence[str]) -> int:
         return EXIT_FAILED if failed else EXIT_OK
     console = make_console()
     for where, found in reports:
-        console.print(Rule(f"node {printable(where)}", align="left"))
+        console.print(Rule(f"node {printable(where)}", align="left"), width=rule_width(console))
         if isinstance(found, str):
             console.print(Text(f"cannot talk to Redis at {where}: {found}", style="red"))
         else:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import IO, Any, Final, cast
 
 from rich import box
 from rich.console import Console, Group
@@ -30,8 +30,12 @@ from ._json_views import (
 )
 from ._text import CELL_LIMIT, duration, printable, quoted, utc
 
-_PIPE_WIDTH: Final = 160
-"""Output width when stdout is not a terminal and COLUMNS is not set: rows stay whole."""
+_PIPE_WIDTH: Final = 100_000
+"""Output width when stdout is not a terminal and COLUMNS is not set: wider than any row
+(a cell holds at most `CELL_LIMIT` characters), so that a table is as wide as its widest
+row and no cell is cut; a rule is drawn `RULE_WIDTH` wide (see `rule_width`)."""
+RULE_WIDTH: Final = 160
+"""Widest a rule (a heading line) is drawn."""
 
 
 def make_console() -> Console:
@@ -41,7 +45,44 @@ def make_console() -> Console:
     console = Console(highlight=False, soft_wrap=False, markup=False, emoji=False)
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console.width = _PIPE_WIDTH
+        console.file = cast(IO[str], _TrimmedLines(console.file))
     return console
+
+
+class _TrimmedLines:
+    """A text file whose lines are written without their trailing spaces: the padding a
+    table gives every cell to its column's width (piped, a table as wide as its widest
+    row would otherwise pad every line to that width). A line is written once it ends;
+    the rest (a prompt, say) at each flush, as is."""
+
+    __slots__ = ("_file", "_pending")
+
+    def __init__(self, file: IO[str]) -> None:
+        self._file = file
+        self._pending = ""
+
+    def write(self, text: str) -> int:
+        *lines, self._pending = (self._pending + text).split("\n")
+        for line in lines:
+            self._file.write(line.rstrip(" ") + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            self._file.write(self._pending)
+            self._pending = ""
+        self._file.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self._file, attribute)
+
+
+def rule_width(console: Console) -> int:
+    """The width to draw a rule at: the console's, at most `RULE_WIDTH`."""
+    return min(console.width, RULE_WIDTH)
 
 
 def kind_and_name(state: LockState) -> str:

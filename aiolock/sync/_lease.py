@@ -128,7 +128,7 @@ class Lease:
             same sequence as asyncio code's leases of the name.
         slot: a semaphore permit's slot, else None.
 
-    Added in 0.4.
+    Added in 0.1.
     """
 
     __slots__ = (

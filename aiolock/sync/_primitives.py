@@ -305,7 +305,7 @@ class Lock(_Face[AsyncLock]):
             keyword.
         ConfigError: a value out of range; the message names the argument and the range.
 
-    Added in 0.4.
+    Added in 0.1.
     """
 
     __slots__ = ()
@@ -356,7 +356,7 @@ class Semaphore(_Face[AsyncSemaphore]):
         on_lost: as for `Lock`.
         options: `LockOptions`, as for `aiolock.Semaphore`.
 
-    Added in 0.4.
+    Added in 0.1.
     """
 
     __slots__ = ()
@@ -420,7 +420,7 @@ class _Side(_Face[Primitive]):
 class ReadLock(_Side):
     """The read side of a sync `ReadWriteLock` (`rw.read()`): shared with other readers.
 
-    Added in 0.4.
+    Added in 0.1.
     """
 
     __slots__ = ()
@@ -430,7 +430,7 @@ class ReadLock(_Side):
 class WriteLock(_Side):
     """The write side of a sync `ReadWriteLock` (`rw.write()`): alone.
 
-    Added in 0.4.
+    Added in 0.1.
     """
 
     __slots__ = ()
@@ -455,7 +455,7 @@ class ReadWriteLock(_Base[AsyncReadWriteLock]):
         on_lost: as for `Lock`, for the leases of either side.
         options: `LockOptions`, as for `aiolock.ReadWriteLock`.
 
-    Added in 0.4.
+    Added in 0.1.
     """
 
     __slots__ = ("_read", "_write")
@@ -517,7 +517,7 @@ class Redlock(_Face[AsyncRedlock]):
         on_lost: as for `Lock`.
         options: `LockOptions`, as for `aiolock.Redlock`.
 
-    Added in 0.4.
+    Added in 0.1.
     """
 
     __slots__ = ()

@@ -109,7 +109,7 @@ def run_once(
         Ctrl-C while waiting for the lock leaves nothing held; while `fn` runs, the lock is
         released on the way out and the job is not marked done.
 
-    Added in 0.4.
+    Added in 0.1.
     """
     redlock = isinstance(client, (list, tuple))
     aio_clients = twins(client) if redlock else (twin(client),)
@@ -260,7 +260,7 @@ def locked(
         Ctrl-C while waiting leaves no lock held; while the function runs, the lock is
         released on the way out.
 
-    Added in 0.4.
+    Added in 0.1.
     """
     client, name = client_then_name("locked()", client_or_name, name_after_client, name, client)
     template = NameTemplate(name)

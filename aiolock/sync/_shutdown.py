@@ -108,7 +108,7 @@ def release_all(*, timeout: float = 5.0) -> ReleaseReport:
     Raises:
         RuntimeError: called from a thread that runs an event loop.
 
-    Added in 0.4.
+    Added in 0.1.
     """
     wait = check_seconds("timeout", timeout, minimum=0.01)
     _portal.check_caller("release_all()")
@@ -153,7 +153,7 @@ def release_on_signals(
     Raises:
         RuntimeError: not called from the main thread.
 
-    Added in 0.4.
+    Added in 0.1.
     """
     wait = check_seconds("timeout", timeout, minimum=0.01)
     chosen = tuple(signals)
@@ -202,7 +202,7 @@ def shutdown(*, timeout: float = 5.0) -> ReleaseReport:
     Raises:
         RuntimeError: called from a thread that runs an event loop.
 
-    Added in 0.4.
+    Added in 0.1.
     """
     wait = check_seconds("timeout", timeout, minimum=0.01)
     _portal.check_caller("shutdown()")

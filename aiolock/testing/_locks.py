@@ -1,56 +1,50 @@
-"""Locks, semaphores and read-write locks made busy or lost on purpose, for tests of code
-that uses aiolock."""
+"""Every primitive made busy or lost on purpose, for tests of code that uses aiolock: a
+lock, a semaphore's permits, a read-write lock's sides (here), a Redlock, an election and
+a multi-lock (`_quorum`, `_others`)."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
-from typing import Final, cast, overload
+from collections.abc import AsyncIterator, Sequence
+from typing import Final, overload
 
 from .._engine.lease import Lease
 from .._engine.runtime import runtime_for
 from .._lua.hash_leases import EXPIRE_LEASES
 from .._lua.layout import LockKeys, permits_key
 from .._model.config import check_name, check_prefix
+from .._primitives.election import Election, Term
 from .._primitives.lock import Lock
+from .._primitives.multilock import MultiLease, MultiLock
+from .._primitives.redlock import Redlock
 from .._primitives.rwlock import ReadLock, ReadWriteLock, WriteLock
 from .._primitives.semaphore import Semaphore
 from .._transport.call_options import CallOptions
-from .._transport.clients import AsyncRedis, ValkeyClient, check_client, is_cluster
+from .._transport.clients import AsyncRedis, check_client
 from ..errors import ConfigError, LeaseLostError
+from ._others import OneServer, another_process, expire_other, hold_other
 
 __all__ = ("expire_now", "hold_elsewhere")
 
-_KINDS: Final = "a Lock or a lock's name (str), a Semaphore, or a ReadWriteLock's read() or write()"
+_KINDS: Final = (
+    "a Lock or a lock's name (str), a Semaphore, a ReadWriteLock's read() or write(), a "
+    "Redlock, an Election or a MultiLock"
+)
 _MAX_SLOT: Final = 9999
 """The highest slot a semaphore's permit can have (its limit is at most 10,000)."""
 _TIMEOUT: Final = 5.0
 """Longest wait for Redis to answer `expire_now`, seconds."""
 
-Target = Lock | Semaphore | ReadLock | WriteLock | str
-
-OneServer = AsyncRedis | ValkeyClient
-"""A client of one server: redis-py's (fakeredis's too) or valkey-py's."""
+Target = Lock | Semaphore | ReadLock | WriteLock | str | Redlock | Election | MultiLock
 
 
 def _check_target(value: object, argument: str) -> Target:
-    if isinstance(value, Lock | Semaphore | ReadLock | WriteLock | str):
+    if isinstance(
+        value, Lock | Semaphore | ReadLock | WriteLock | str | Redlock | Election | MultiLock
+    ):
         return value
     hint = " (pass its read() or write())" if isinstance(value, ReadWriteLock) else ""
     raise TypeError(f"{argument} must be {_KINDS}, got {type(value).__name__}{hint}")
-
-
-def _another_process(client: object) -> AsyncRedis:
-    """A second client on `client`'s connection pool: aiolock keeps a runtime (notifier,
-    wait queues, queue id) per client, so its leases are another process's."""
-    checked = check_client(client)
-    if is_cluster(checked):
-        raise TypeError(
-            "client must be a client of one server (a redis.asyncio.Redis, fakeredis's or "
-            f"a valkey.asyncio.Valkey), got the cluster client {type(client).__name__}"
-        )
-    one = cast(AsyncRedis, checked)
-    return type(one)(connection_pool=one.connection_pool)
 
 
 @overload
@@ -75,15 +69,39 @@ def hold_elsewhere(
 ) -> contextlib.AbstractAsyncContextManager[Lease]: ...
 
 
+@overload
 def hold_elsewhere(
-    client: OneServer,
+    client: Sequence[OneServer],
+    name: Redlock,
+    *,
+    nodes: Sequence[int] | None = None,
+    ttl: float = 30.0,
+    timeout: float | None = 5.0,
+) -> contextlib.AbstractAsyncContextManager[Lease]: ...
+
+
+@overload
+def hold_elsewhere(
+    client: OneServer, name: Election, *, ttl: float = 30.0, timeout: float | None = 5.0
+) -> contextlib.AbstractAsyncContextManager[Term]: ...
+
+
+@overload
+def hold_elsewhere(
+    client: OneServer, name: MultiLock, *, ttl: float = 30.0, timeout: float | None = 5.0
+) -> contextlib.AbstractAsyncContextManager[MultiLease]: ...
+
+
+def hold_elsewhere(
+    client: OneServer | Sequence[OneServer],
     name: Target,
     *,
     permits: int | None = None,
+    nodes: Sequence[int] | None = None,
     ttl: float = 30.0,
     timeout: float | None = 5.0,
     prefix: str = "aiolock",
-) -> contextlib.AbstractAsyncContextManager[Lease | tuple[Lease, ...]]:
+) -> contextlib.AbstractAsyncContextManager[Lease | tuple[Lease, ...] | Term | MultiLease]:
     """Hold a lock, a semaphore's permits or a side of a read-write lock for the duration of
     the block, as another process would.
 
@@ -94,6 +112,10 @@ def hold_elsewhere(
     async with hold_elsewhere(client, partner_api, permits=1):  # one permit
     async with hold_elsewhere(client, catalog.write()):         # the writer
     async with hold_elsewhere(client, catalog.read()):          # one reader
+    async with hold_elsewhere([a, b, c], redlock):              # a Redlock, on every node
+    async with hold_elsewhere([a, b, c], redlock, nodes=[0]):   # on node 0 only
+    async with hold_elsewhere(client, election) as term:        # a leader elsewhere
+    async with hold_elsewhere(client, accounts):                # a MultiLock's every name
     ```
 
     The leases are taken with tokens of their own through a second client on `client`'s
@@ -110,28 +132,51 @@ def hold_elsewhere(
       yields a tuple of `Lease`s, each with its `slot`;
     - a `ReadWriteLock`'s `write()`: the writer (readers and writers are kept out); its
       `read()`: one reader (writers are kept out, readers still get in); yields its
-      `Lease`.
+      `Lease`;
+    - a `Redlock`, with its list of clients as `client` (one per node, in its order): the
+      lock on every node, or on the nodes `nodes` only (on a minority the code under test
+      still gets its quorum; on a majority it does not); yields the `Lease` (a Redlock's
+      over those nodes);
+    - an `Election`: a leader elsewhere (identity "elsewhere"), whose term is renewed
+      while the block runs and resigned at its end; yields its `Term`;
+    - a `MultiLock`: every one of its names; yields the `MultiLease`.
 
     Args:
-        client: the client the code under test uses (fakeredis's works too).
+        client: the client the code under test uses (fakeredis's works too); for a
+            `Redlock`, its list of clients.
         name: the lock's name, or the primitive (a `Lock`, a `Semaphore`, a read-write
-            lock's side); a primitive's own name and prefix are used.
+            lock's side, a `Redlock`, an `Election`, a `MultiLock`); a primitive's own name
+            and prefix are used.
         permits: a semaphore's permits to hold (1 to 10,000; default: every free one).
+        nodes: a Redlock's nodes to hold it on, as indexes into `client` (each once, at
+            least one; default: every node).
         ttl: the leases' ttl.
         timeout: how long to wait if it is already held; `AcquireTimeoutError` after.
         prefix: the lock's key prefix, with a name (a primitive has its own).
 
     Raises:
         TypeError: anything else than those kinds (a `ReadWriteLock` itself: pass its
-            `read()` or `write()`), `permits` with anything but a `Semaphore`, or a
+            `read()` or `write()`), `permits` with anything but a `Semaphore`, `nodes`
+            with anything but a `Redlock`, a `Redlock` without its list of clients, or a
             cluster client; before anything is sent to Redis.
-        ConfigError: `permits`, `ttl`, `timeout` or `prefix` out of range, before
-            anything is sent to Redis.
+        ConfigError: `permits`, `nodes`, `ttl`, `timeout` or `prefix` out of range, or a
+            list of clients of another length than the Redlock's, before anything is sent
+            to Redis.
         AcquireTimeoutError: it stayed held by someone else for `timeout`.
 
-    Added in 0.1; semaphores, read-write locks and `Lock` objects in 0.3.
+    Cancellation:
+        Cancelled while taking it, nothing stays held (as the primitive's `acquire()`);
+        the block's end releases what was taken under a shield, as `Lease.release()`.
+
+    Added in 0.1.
     """
     target = _check_target(name, "name")
+    if isinstance(target, Redlock | Election | MultiLock):
+        if permits is not None:
+            raise TypeError(f"permits applies to a Semaphore, not to {type(target).__name__}")
+        return hold_other(client, target, nodes=nodes, ttl=ttl, timeout=timeout)
+    if nodes is not None:
+        raise TypeError(f"nodes applies to a Redlock, not to {type(target).__name__}")
     if permits is not None and not isinstance(target, Semaphore):
         raise TypeError(f"permits applies to a Semaphore, not to {type(target).__name__}")
     if permits is not None and (
@@ -142,7 +187,7 @@ def hold_elsewhere(
             argument="permits",
             value=permits,
         )
-    other = _another_process(client)
+    other = another_process(client)
     primitive: Lock | Semaphore | ReadLock | WriteLock
     if isinstance(target, str):
         primitive = Lock(other, target, ttl=ttl, timeout=timeout, prefix=prefix)
@@ -196,8 +241,23 @@ async def expire_now(
 ) -> bool: ...
 
 
+@overload
 async def expire_now(
-    client: OneServer, lock: Target, *, slot: int | None = None, prefix: str = "aiolock"
+    client: Sequence[OneServer], lock: Redlock, *, nodes: Sequence[int] | None = None
+) -> bool: ...
+
+
+@overload
+async def expire_now(client: OneServer, lock: Election | MultiLock) -> bool: ...
+
+
+async def expire_now(
+    client: OneServer | Sequence[OneServer],
+    lock: Target,
+    *,
+    slot: int | None = None,
+    nodes: Sequence[int] | None = None,
+    prefix: str = "aiolock",
 ) -> bool:
     """Make leases expire now, as if their holders had stopped renewing them: each holder
     loses its lease at its next renewal (within a third of its ttl; at its `extend()` or
@@ -211,6 +271,10 @@ async def expire_now(
     await expire_now(client, partner_api, slot=2)   # the permit in slot 2
     await expire_now(client, catalog.write())       # a ReadWriteLock's writer
     await expire_now(client, catalog.read())        # every reader of it
+    await expire_now([a, b, c], redlock)            # a Redlock's holder, on every node
+    await expire_now([a, b, c], redlock, nodes=[0]) # on node 0 only (still a quorum)
+    await expire_now(client, election)              # the current term
+    await expire_now(client, accounts)              # a MultiLock's every name
     ```
 
     What expires, by kind:
@@ -220,16 +284,27 @@ async def expire_now(
     - a `Semaphore`: every permit held, or with `slot`, the permit holding that slot (a
       lease's `slot`); permits handed over to a queued process and not claimed yet are
       left alone;
-    - a `ReadWriteLock`'s `write()`: the writer; its `read()`: every reader.
+    - a `ReadWriteLock`'s `write()`: the writer; its `read()`: every reader;
+    - a `Redlock`, with its list of clients as `client`: its holder on every node, or on
+      the nodes `nodes` (evicted there token-guarded, as `Redlock.force_release` does: the
+      node does not give the lease back at the next renewal); the holder loses the lease
+      once fewer than a quorum renew it;
+    - an `Election`: the current term (its state is deleted, as its expiry would: the
+      leader loses the term at its next renewal and `leader()` names nobody until the
+      next term);
+    - a `MultiLock`: the holder of each name (the `MultiLease` is lost with its first).
 
     A permit or lease that expires this way is freed for the others as an expiry frees
     it (by the next command that reads the state); processes already waiting learn of it
     when the expired lease would have expired, at the latest.
 
     Args:
-        client: the client the code under test uses (fakeredis's works too).
+        client: the client the code under test uses (fakeredis's works too); for a
+            `Redlock`, its list of clients (one per node, in its order).
         lock: the lock's name, or the primitive; a primitive's own prefix is used.
         slot: with a `Semaphore`, the slot of the one permit to expire (0 to 9999).
+        nodes: with a `Redlock`, the nodes to expire it on, as indexes into `client`
+            (each once, at least one; default: every node).
         prefix: the lock's key prefix, with a name.
 
     Returns:
@@ -237,15 +312,25 @@ async def expire_now(
 
     Raises:
         TypeError: anything else than those kinds (a `ReadWriteLock` itself: pass its
-            `read()` or `write()`), or `slot` with anything but a `Semaphore`, before
+            `read()` or `write()`), `slot` with anything but a `Semaphore`, `nodes` with
+            anything but a `Redlock`, or a `Redlock` without its list of clients, before
             anything is sent to Redis.
-        ConfigError: `slot` or `prefix` out of range, before anything is sent.
+        ConfigError: `slot`, `nodes` or `prefix` out of range, before anything is sent.
         BackendError: Redis could not be reached.
 
-    Added in 0.1; semaphores, read-write locks and `slot` in 0.3.
+    Cancellation:
+        Safe to cancel: what was sent expired what it reached; sending it again is safe.
+
+    Added in 0.1.
     """
-    checked = check_client(client)
     target = _check_target(lock, "lock")
+    if isinstance(target, Redlock | Election | MultiLock):
+        if slot is not None:
+            raise TypeError(f"slot applies to a Semaphore, not to {type(target).__name__}")
+        return await expire_other(client, target, nodes=nodes)
+    if nodes is not None:
+        raise TypeError(f"nodes applies to a Redlock, not to {type(target).__name__}")
+    checked = check_client(client)
     if slot is not None and not isinstance(target, Semaphore):
         raise TypeError(f"slot applies to a Semaphore, not to {type(target).__name__}")
     if slot is not None and (

@@ -16,6 +16,7 @@ from aiolock._engine.runtime import runtime_for
 from aiolock._lua.layout import LockKeys
 from aiolock.cli import _inspection
 from aiolock.cli._parser import build_parser
+from aiolock.cli._text import CELL_LIMIT
 
 from ..conftest import make_client
 from ..support.load import scaled
@@ -434,3 +435,36 @@ def test_demo_table(run: RunCli) -> None:
     assert result.code == 0, result.err
     for text in ("sold", "5 of 5", "oversold", "hand-off", "invariant holds"):
         assert text in result.out
+
+
+async def test_piped_tables_cut_no_cell(
+    server_url: str, tag: str, arun: Callable[..., Awaitable[Run]]
+) -> None:
+    """Piped, with COLUMNS unset, `ls` and `show` print every cell whole: a long name, the
+    holder's host and pid, and a long task name are not cut short ("…"), up to the cell
+    limit (60 characters: past it a value is shown cut, saying its length)."""
+    task_name = "Task-billing-nightly-reconciliation-for-every-region-" + "x" * 7
+    name = f"{tag}:" + "orders:" * 5 + "42"
+    assert len(task_name) == len(name) + 8 == CELL_LIMIT
+    client = make_client(server_url)
+    entered, done = asyncio.Event(), asyncio.Event()
+
+    async def holder() -> None:
+        async with Lock(client, name, ttl=30):
+            entered.set()
+            await done.wait()
+
+    task = asyncio.create_task(holder(), name=task_name)
+    try:
+        await within(entered.wait(), what="the lock held")
+        for argv in (("ls", f"{tag}:*"), ("show", name)):
+            result = await arun("--url", server_url, *argv)
+            assert result.code == 0, result.err
+            assert "…" not in result.out, result.out
+            assert task_name in result.out, result.out
+            assert name in result.out, result.out
+            assert str(os.getpid()) in result.out, result.out
+    finally:
+        done.set()
+        await task
+        await client.aclose()

@@ -81,7 +81,7 @@ async def test_ls_show_and_watch_name_the_leader_its_term_and_the_candidates(
             "fencing_token": term.fencing_token,
             "since": term.since,
             "value": "http://host-a:8080",
-            "term": term.fencing_token,  # its deprecated old name, until 0.5
+            "term": term.fencing_token,  # its deprecated old name, until 0.2
         }
         assert [entry["count"] for entry in detail["queue"]] == [1, 1]
         text = (await arun("--url", server_url, "show", name)).out

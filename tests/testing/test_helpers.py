@@ -1,7 +1,10 @@
 """`hold_elsewhere` and `expire_now` for every primitive: a lock, a semaphore's permits, a
-read-write lock's writer and readers; on a real server and on fakeredis."""
+read-write lock's writer and readers, an election, a multi-lock (on a real server and on
+fakeredis), a Redlock (on three real servers)."""
 
 from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import redis.asyncio
@@ -9,16 +12,26 @@ import redis.asyncio
 from aiolock import (
     AcquireTimeoutError,
     ConfigError,
+    Election,
     Lease,
     Lock,
     LossReason,
+    MultiLock,
     ReadWriteLock,
+    Redlock,
     Semaphore,
 )
 from aiolock.testing import expire_now, hold_elsewhere
 
 from ..conftest import CommandLog
 from ..support.load import scaled
+from ..support.servers import (
+    RedisServer,
+    ServerBinary,
+    clients_of,
+    independent_servers,
+    quorum_calls_ended,
+)
 from ..support.waits import within
 
 
@@ -161,3 +174,112 @@ async def test_bad_targets_and_arguments_fail_before_anything_is_sent(
         async with hold_elsewhere(client, rw.read(), permits=1):  # type: ignore[call-overload]
             pass
     assert commands.since(mark).total() == 0
+
+
+@pytest.fixture(scope="module")
+def node_servers(binaries: list[ServerBinary]) -> Iterator[list[RedisServer]]:
+    """Three independent servers: a Redlock's nodes."""
+    with independent_servers(binaries[0], 3) as started:
+        yield started
+
+
+@pytest.fixture
+async def nodes(node_servers: list[RedisServer]) -> AsyncIterator[list[redis.asyncio.Redis]]:
+    async with clients_of(node_servers) as clients:
+        try:
+            yield clients
+        finally:
+            await quorum_calls_ended(clients)
+
+
+async def test_hold_elsewhere_a_redlock_on_every_node_or_some(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    redlock = Redlock(nodes, name, ttl=5, prefix="app")
+    async with hold_elsewhere(nodes, redlock) as lease:
+        assert lease.held
+        assert await redlock.try_acquire() is None
+        info = await redlock.info()
+        assert info is not None and info.holder is not None  # a quorum's holder
+        assert all(node.holder is not None for node in info.nodes)
+    async with hold_elsewhere(nodes, redlock, nodes=[2]), redlock:  # a minority: a quorum free
+        pass
+    async with hold_elsewhere(nodes, redlock, nodes=[0, 2]):  # a majority
+        assert await redlock.try_acquire() is None
+    async with redlock:  # released at the block's end
+        pass
+
+
+async def test_expire_now_a_redlock_on_every_node_or_a_minority(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    redlock = Redlock(nodes, name, ttl=scaled(0.6))
+    lease = await redlock.acquire()
+    assert await expire_now(nodes, redlock, nodes=[1])  # one node of three: still a quorum
+    await lease.extend()
+    assert lease.held
+    assert await expire_now(nodes, redlock)  # every node: not given back at the renewal
+    await lost(lease)
+    assert not await expire_now(nodes, redlock)  # nothing held now
+    async with redlock:  # free again
+        pass
+
+
+async def test_hold_elsewhere_and_expire_now_an_election(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    election = Election(client, name, ttl=scaled(0.6), identity="here")
+    async with hold_elsewhere(client, election) as term:
+        assert term.held
+        leader = await election.leader()
+        assert leader is not None and leader.identity == "elsewhere"
+    assert await election.leader() is None  # resigned at the block's end
+    mine = await anext(aiter(election.campaign()))
+    assert await expire_now(client, election)
+    await lost(mine.lease)
+    assert await election.leader() is None
+    assert not await expire_now(client, election)
+
+
+async def test_hold_elsewhere_and_expire_now_a_multilock(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    accounts = MultiLock(client, [f"{name}:1", f"{name}:2"], ttl=scaled(0.6))
+    async with hold_elsewhere(client, accounts) as held:
+        assert held.held
+        assert await accounts.try_acquire() is None
+        assert await Lock(client, f"{name}:2").try_acquire() is None  # each name is held
+    multi = await accounts.acquire()
+    assert await expire_now(client, accounts)
+    error = await within(multi.wait_lost(), what="the multi-lease lost")
+    assert error is not None and multi.loss_reason is LossReason.NOT_OWNER
+    assert not await expire_now(client, accounts)
+
+
+@pytest.mark.real_only
+async def test_the_new_kinds_bad_arguments_fail_before_anything_is_sent(
+    client: redis.asyncio.Redis, commands: CommandLog, name: str
+) -> None:
+    other = redis.asyncio.Redis(port=1)  # never connected: nothing may be sent to it
+    redlock = Redlock([client, other], name)
+    election, accounts = Election(client, name), MultiLock(client, [name])
+    mark = commands.mark()
+    with pytest.raises(TypeError, match="list of clients"):
+        await expire_now(client, redlock)  # type: ignore[call-overload]
+    with pytest.raises(ConfigError, match="2 clients") as config:
+        await expire_now([client], redlock)
+    assert config.value.argument == "client"
+    for bad in ([], [0, 0], [2], [-1], [True]):
+        with pytest.raises(ConfigError, match=r"from 0 to 1") as config:
+            async with hold_elsewhere([client, other], redlock, nodes=bad):
+                pass
+        assert config.value.argument == "nodes"
+    for target in (election, accounts):
+        with pytest.raises(TypeError, match="nodes applies to a Redlock"):
+            await expire_now(client, target, nodes=[0])  # type: ignore[call-overload]
+        with pytest.raises(TypeError, match="permits applies to a Semaphore"):
+            hold_elsewhere(client, target, permits=1)  # type: ignore[call-overload]
+    with pytest.raises(TypeError, match="nodes applies to a Redlock"):
+        await expire_now(client, name, nodes=[0])  # type: ignore[call-overload]
+    assert commands.since(mark).total() == 0
+    await other.aclose()

@@ -14,7 +14,9 @@ import asyncio
 
 import pytest
 
-from aiolock import AcquireTimeoutError, LeaseLostError, Lock, LossReason, fenced_set
+from aiolock import (
+    AcquireTimeoutError, LeaseLostError, Lock, LossReason, MultiLock, Redlock, fenced_set,
+)
 from aiolock.testing import RedisServer, expire_now, hold_elsewhere
 
 
@@ -75,6 +77,41 @@ async def test_a_superseded_write_refused_on_fakeredis(aiolock_fakeredis):
     async with Lock(aiolock_fakeredis, "orders:4") as second:
         assert await fenced_set(aiolock_fakeredis, "orders:4:total", 10, second.fencing_token)
     assert not await fenced_set(aiolock_fakeredis, "orders:4:total", 99, first.fencing_token)
+
+
+@pytest.mark.asyncio
+async def test_a_redlock_on_three_servers(aiolock_clients, aiolock_servers):
+    assert len(aiolock_clients) == len(aiolock_servers) == 3
+    assert [await c.dbsize() for c in aiolock_clients] == [0, 0, 0]
+    billing = Redlock(aiolock_clients, "billing", ttl=5, timeout=0.2)
+    async with hold_elsewhere(aiolock_clients, billing, nodes=[0]):
+        async with billing:  # held on one node of three: the quorum is still free
+            pass
+    async with hold_elsewhere(aiolock_clients, billing, nodes=[0, 1]):
+        with pytest.raises(AcquireTimeoutError):
+            await billing.acquire()
+    short = Redlock(aiolock_clients, "billing", ttl=0.6)
+    with pytest.raises(LeaseLostError) as lost:
+        async with short:
+            assert await expire_now(aiolock_clients, short)
+            await asyncio.sleep(5)  # cancelled at the next renewal, within 0.2 s
+    assert lost.value.reason is LossReason.NOT_OWNER
+
+
+@pytest.mark.asyncio
+async def test_a_cluster(aiolock_cluster, aiolock_cluster_client):
+    assert len(aiolock_cluster.servers) == 3
+    assert await aiolock_cluster_client.dbsize() == 0
+    accounts = MultiLock(aiolock_cluster_client, [f"account:{i}" for i in range(6)], ttl=5)
+    async with accounts as held:  # names on different nodes
+        assert len(held.fencing_tokens) == 6
+        assert await Lock(aiolock_cluster_client, "account:3").try_acquire() is None
+    await aiolock_cluster_client.set("left-behind", 1)
+
+
+@pytest.mark.asyncio
+async def test_the_next_cluster_test_starts_empty(aiolock_cluster_client):
+    assert await aiolock_cluster_client.get("left-behind") is None
 """
 
 INI = """
@@ -104,7 +141,7 @@ def user_tests(pytester: pytest.Pytester) -> pytest.Pytester:
 def test_the_plugins_fixtures_in_a_users_tests(user_tests: pytest.Pytester, mode: str) -> None:
     user_tests.makeini(INI.format(mode=mode))
     result = user_tests.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
-    result.assert_outcomes(passed=6)
+    result.assert_outcomes(passed=9)
 
 
 @pytest.mark.timeout(300)
@@ -119,7 +156,7 @@ def test_the_plugin_without_auto_loading(
         "-p", "no:cacheprovider", "-p", "asyncio", "-p", "pytest_timeout",
         "-p", "aiolock.testing.plugin", timeout=120,
     )  # fmt: skip
-    result.assert_outcomes(passed=6)
+    result.assert_outcomes(passed=9)
     monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
     result = user_tests.runpytest_subprocess(
         "-p", "no:cacheprovider", "-p", "no:aiolock", timeout=120

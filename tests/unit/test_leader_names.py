@@ -1,5 +1,5 @@
 """`Leader.fencing_token`, the one name of an election term's number, and `term`, its old
-name, kept as a deprecated alias until 0.5 (docs/versioning.md): it warns, naming the new
+name, kept as a deprecated alias until 0.2 (docs/versioning.md): it warns, naming the new
 name and that release, and gives the same number. No server."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def test_the_term_attribute_warns_and_gives_the_fencing_token() -> None:
     (warning,) = caught
     message = str(warning.message)
     assert "Leader.term" in message and "Leader.fencing_token" in message, message
-    assert "removed in aiolock 0.5" in message, message
+    assert "removed in aiolock 0.2" in message, message
     assert warning.filename == __file__  # it points at the code that used the old name
 
 

@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from aiolock import ConfigError, Lease, LeaseLostError, Lock
 from aiolock.aiohttp import locked_handler
 
+from ..support.servers import RedisServer
 from ..support.waits import handler_entered
 
 pytestmark = pytest.mark.real_only
@@ -202,3 +203,30 @@ async def test_another_locks_loss_raised_by_the_handler_is_not_this_requests_los
     assert [type(exc) for exc in raised] == [LeaseLostError], raised
     assert isinstance(raised[0], LeaseLostError) and raised[0].name == audit
     assert not await Lock(client, f"{name}:7").locked()
+
+
+async def test_redis_unreachable_answers_503_with_retry_after(
+    server: RedisServer, name: str
+) -> None:
+    """A `BackendError` of the request's lock (Redis down) is 503 Service Unavailable with
+    `Retry-After`, not a 500; the handler does not run."""
+    down = redis.asyncio.Redis.from_url(server.url)
+    server.stop()  # nothing listens there now: the connection is refused
+    ran: list[str] = []
+
+    @locked_handler(down, name + ":{order_id}")
+    async def place(request: web.Request) -> web.Response:
+        ran.append("placed")
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post("/orders/{order_id}", place)
+    try:
+        async with serve(app) as http:
+            response = await http.post("/orders/1")
+            assert response.status == 503, await response.text()
+            assert response.headers["Retry-After"] == "1"
+            assert "Redis" in await response.text()
+    finally:
+        await down.aclose()
+    assert ran == []

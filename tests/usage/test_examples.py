@@ -35,7 +35,9 @@ def test_every_example_is_listed_here() -> None:
         "aiohttp_app", "api_pool", "catalog", "celery_tasks", "cron_once",
         "django_command", "fastapi_orders", "fenced_files", "fenced_http", "fenced_sql",
         "fenced_storage", "flash_sale",
-        "idempotent_order", "long_job", "quickstart", "scheduler", "worker_pool",
+        "idempotent_order", "long_job", "quickstart", "redlock_billing", "scheduler",
+        "web_shutdown",
+        "worker_pool",
     ]  # fmt: skip
 
 

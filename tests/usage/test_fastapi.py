@@ -17,6 +17,7 @@ from aiolock import AcquireTimeoutError, ConfigError, Lease, LeaseLostError, Loc
 from aiolock._recipes.name_templates import retry_after_header
 from aiolock.fastapi import locked_request
 
+from ..support.servers import RedisServer
 from ..support.waits import handler_entered, within
 
 pytestmark = pytest.mark.real_only
@@ -302,3 +303,28 @@ async def test_retry_after_of_a_fail_fast_endpoint_follows_its_holds(
         assert first.headers["retry-after"] == "30"  # nothing known yet: the key's ttl
         for _ in range(3):
             assert (await busy_while_held()).headers["retry-after"] == "1"
+
+
+async def test_redis_unreachable_answers_503_with_retry_after(
+    server: RedisServer, name: str
+) -> None:
+    """A `BackendError` of the request's lock (Redis down) is 503 Service Unavailable with
+    `Retry-After`, not a 500; the handler does not run."""
+    down = redis.asyncio.Redis.from_url(server.url)
+    server.stop()  # nothing listens there now: the connection is refused
+    app = fastapi.FastAPI()
+    ran: list[str] = []
+
+    @app.post("/orders/{order_id}")
+    async def place(order_id: int, _: Lease = locked_request(down, name + ":{order_id}")) -> None:
+        ran.append("placed")
+
+    try:
+        async with http(app) as web:
+            response = await web.post("/orders/1")
+    finally:
+        await down.aclose()
+    assert response.status_code == 503, response.text
+    assert response.headers["Retry-After"] == "1"
+    assert "Redis" in response.json()["detail"]
+    assert ran == []

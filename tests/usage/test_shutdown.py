@@ -141,6 +141,39 @@ def test_bad_arguments() -> None:
     with pytest.raises(TypeError, match=r"signal\.Signals"):
         asyncio.run(install([15]))
 
+    async def drain(seconds: Any) -> None:
+        release_on_signals(drain=seconds)
+
+    for bad in (0.5, -1, float("nan")):
+        with pytest.raises(ConfigError, match="drain") as info:
+            asyncio.run(drain(bad))
+        assert info.value.argument == "drain"
+
+
+def test_the_event_loops_own_handler_is_put_back_and_called() -> None:
+    """A handler the event loop ran before (aiohttp's runner installs its SIGTERM so) is
+    put back when ours is removed, and a signal then reaches it."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        reached = asyncio.Event()
+        loop.add_signal_handler(signal.SIGUSR1, reached.set)
+        try:
+            remove = release_on_signals([signal.SIGUSR1], terminate=False)
+            remove()
+            signal.raise_signal(signal.SIGUSR1)
+            async with asyncio.timeout(10):
+                await reached.wait()  # the loop's own handler, put back
+            release_on_signals([signal.SIGUSR1], terminate=True)
+            reached.clear()
+            signal.raise_signal(signal.SIGUSR1)  # ours: release_all, then raised again
+            async with asyncio.timeout(10):
+                await reached.wait()  # ... and the loop's handler had it
+        finally:
+            loop.remove_signal_handler(signal.SIGUSR1)
+
+    asyncio.run(scenario())
+
 
 def test_removing_the_handlers_puts_back_the_previous_one() -> None:
     def previous(signum: int, frame: object) -> None: ...
