@@ -43,7 +43,7 @@ def test_the_term_attribute_warns_and_gives_the_fencing_token() -> None:
 
 
 def test_the_term_argument_warns_and_builds_the_same_leader() -> None:
-    with pytest.warns(DeprecationWarning, match=r"Leader\(term=\.\.\.\).*0\.5.*fencing_token"):
+    with pytest.warns(DeprecationWarning, match=r"Leader\(term=\.\.\.\).*0\.2.*fencing_token"):
         old = Leader(name="jobs", identity="host-a:1234", term=42, since=1765000000.5, value="x")
     assert old == leader(42)
     assert old.fencing_token == 42
@@ -63,7 +63,7 @@ def test_recorded_takes_term_as_the_deprecated_name_of_announced() -> None:
         new = Leader.recorded("jobs", held=True, fence="42", announced="42", **fields)
     assert new == leader(42)
     with pytest.warns(
-        DeprecationWarning, match=r"Leader\.recorded\(term=\.\.\.\).*0\.5.*announced"
+        DeprecationWarning, match=r"Leader\.recorded\(term=\.\.\.\).*0\.2.*announced"
     ):
         old = Leader.recorded("jobs", held=True, fence="42", term="42", **fields)
     assert old == new
