@@ -31,6 +31,7 @@ from typing import Any, Final, Protocol
 
 from .._aio.backoff import Backoff, poll_delay
 from .._aio.shielding import run_shielded
+from .._model.config import REPLY_TIMEOUT
 from .._transport.clients import migrating, stalled_for
 from ..errors import AcquireTimeoutError, BackendError
 from .lease import Lease
@@ -48,8 +49,9 @@ __all__ = (
     "Attempting",
 )
 
-MIN_ATTEMPT_TIMEOUT: Final = 1.0
-"""Shortest time an acquire attempt gives Redis to answer (connecting included)."""
+MIN_ATTEMPT_TIMEOUT: Final = REPLY_TIMEOUT
+"""Shortest time an acquire attempt gives Redis to answer (connecting included), unless a
+primitive's `reply_timeout` says otherwise."""
 RECOUNT_DELAY: Final = 0.05
 """How soon a waiting head writes its process's entry again after waiters joined or left
 (several arriving at once are counted by one command)."""
@@ -87,12 +89,20 @@ class _Progress:
         "migrating",
         "more",
         "pttl_ms",
+        "reply_timeout",
         "started",
         "wait",
     )
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, wait: float | None, pttl_ms: int) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        wait: float | None,
+        pttl_ms: int,
+        reply_timeout: float = MIN_ATTEMPT_TIMEOUT,
+    ) -> None:
         self.loop = loop
+        self.reply_timeout = reply_timeout
         self.wait = wait
         self.started = loop.time()
         self.deadline = None if wait is None else self.started + wait
@@ -106,9 +116,12 @@ class _Progress:
         self.migrating = False  # an attempt met its cluster slot migrating
 
     def floor(self) -> float:
-        """The least time an attempt is given, past the timeout too: less once the slot
-        was found migrating (a retry then would outlast the timeout by a whole window)."""
-        return MIGRATING_ATTEMPT_TIMEOUT if self.migrating else MIN_ATTEMPT_TIMEOUT
+        """The least time an attempt is given, past the timeout too (the primitive's
+        `reply_timeout`): less once the slot was found migrating (a retry then would
+        outlast the timeout by a whole window)."""
+        if self.migrating:
+            return min(MIGRATING_ATTEMPT_TIMEOUT, self.reply_timeout)
+        return self.reply_timeout
 
     def time_left(self) -> float | None:
         return None if self.deadline is None else self.deadline - self.loop.time()
@@ -148,7 +161,8 @@ class AcquireCall:
         self.of, self.runtime = primitive, runtime
         self.wait, self.token = wait, token
         self._attempt, self.leases, self.release = attempt, leases, release
-        self.progress = _Progress(runtime.loop, wait, primitive._config.ttl_ms)
+        config = primitive._config
+        self.progress = _Progress(runtime.loop, wait, config.ttl_ms, config.reply_timeout)
 
     async def run(self) -> Lease:
         """The lease, or `AcquireTimeoutError` (see `Primitive.acquire`)."""
@@ -190,7 +204,9 @@ class AcquireCall:
         if orderly:
             notifier.start_try(channel, ticket)
         try:
-            attempt = await self._attempt(self.runtime, progress.time_left(), token=self.token)
+            attempt = await self._attempt(
+                self.runtime, progress.time_left(), token=self.token, floor=progress.floor()
+            )
         except BackendError as exc:
             if not (migrating(exc) or stalled_for(exc)):
                 if orderly:

@@ -24,6 +24,8 @@ __all__ = (
     "MAX_SECONDS",
     "MAX_VALUE_LENGTH",
     "MIN_TTL",
+    "REPLY_TIMEOUT",
+    "REPLY_TIMEOUT_MAX",
     "LockConfig",
     "check_identity",
     "check_limit",
@@ -126,6 +128,11 @@ MAX_REPLICAS = 100
 
 REPLICA_TIMEOUT_CAP = 1.0
 """Longest default wait for the replicas' acknowledgement, in seconds."""
+
+REPLY_TIMEOUT = 1.0
+"""The default `reply_timeout`: the least time an acquire attempt gives Redis to answer."""
+REPLY_TIMEOUT_MAX = 60.0
+"""The longest `reply_timeout` accepted, in seconds."""
 
 
 WAIT_LATENESS = 0.12
@@ -288,6 +295,9 @@ class LockConfig:
     renew_on_handoff: bool = True
     """Whether a lease handed over by another process's release (a grant shorter than the
     ttl) is renewed to the full ttl before the block starts, or left to the watchdog."""
+    reply_timeout: float = REPLY_TIMEOUT
+    """The least time an acquire attempt gives Redis to answer, its own timeout reached or
+    not (`REPLY_TIMEOUT` by default)."""
     drift: float | None = None
     """Seconds subtracted from a lease's validity instead of the safety margin (a
     `Redlock`'s `drift`); None: the safety margin."""
@@ -345,6 +355,7 @@ class LockConfig:
         replicas: object = 0,
         replica_timeout: object = None,
         renew_on_handoff: object = True,
+        reply_timeout: object = REPLY_TIMEOUT,
     ) -> LockConfig:
         ttl_s = check_seconds("ttl", ttl, minimum=MIN_TTL)
         if not isinstance(renew, bool):
@@ -408,6 +419,9 @@ class LockConfig:
             replicas=needed,
             replica_timeout=wait,
             renew_on_handoff=renew_on_handoff,
+            reply_timeout=check_seconds(
+                "reply_timeout", reply_timeout, minimum=0.01, maximum=REPLY_TIMEOUT_MAX
+            ),
         )
 
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Final, TypedDict
 
 from .._lua.layout import RETAIN_DEFAULT
-from .config import LockConfig
+from .config import REPLY_TIMEOUT, LockConfig
 
 __all__ = ("DEFAULTS", "LockOptions", "lock_config", "lock_options")
 
@@ -51,6 +51,11 @@ class LockOptions(TypedDict, total=False):
             more than about half a second right after the hand-off can lose it. A crashed
             process still blocks the others for at most 1 s either way. Not with
             `replicas` (a handed-over lease counts only once they have its renewal).
+        reply_timeout: seconds (0.01 to 60) an acquire attempt gives Redis to answer, even
+            when the acquire's own `timeout` is shorter or 0 (a try): connecting and the
+            server's reply within it, else `BackendError` ("no reply from Redis within
+            ..."). Default 1. A web handler's try on a loaded host may need more; an
+            attempt never outlives the lease it asks for (the ttl minus its margin).
 
     An `Election` takes five of them as its own keywords, with the same meanings: `ttl`
     (default 10 there), `renew_interval`, `prefix`, `replicas` and `replica_timeout` (a
@@ -74,6 +79,7 @@ class LockOptions(TypedDict, total=False):
     replicas: int
     replica_timeout: float | None
     renew_on_handoff: bool
+    reply_timeout: float
 
 
 DEFAULTS: Final[LockOptions] = {
@@ -88,6 +94,7 @@ DEFAULTS: Final[LockOptions] = {
     "replicas": 0,
     "replica_timeout": None,
     "renew_on_handoff": True,
+    "reply_timeout": REPLY_TIMEOUT,
 }
 """Each setting's default, for a `Lock`, a `Semaphore`, a `ReadWriteLock`, a `MultiLock` and
 `@locked` (the other helpers override `timeout`)."""

@@ -17,7 +17,7 @@ import pytest
 import redis.asyncio
 from redis.asyncio.connection import Connection
 
-from aiolock import BackendError, Lock
+from aiolock import BackendError, Lock, LockOptions
 from aiolock._engine.runtime import runtime_for
 from aiolock._transport import base as _transport
 from aiolock._transport import clients as _clients
@@ -159,6 +159,31 @@ async def test_a_frozen_server_bounds_the_call_and_the_pool_stays_usable(
         finally:
             server.resume()
         assert await client.ping() is True
+        async with lock as lease:
+            assert lease.fencing_token > 0
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize(("reply_timeout", "says"), [(None, "1s"), (0.05, "0.05s")])
+async def test_a_try_gives_redis_the_reply_window_it_is_set(
+    server: RedisServer, name: str, reply_timeout: float | None, says: str
+) -> None:
+    """A try (timeout 0, as the web helpers' default) still gives Redis a window to answer:
+    1 s by default (a loaded host can miss it), `reply_timeout` when set; past it, the
+    error names the window."""
+    client = make_client(server.url)
+    options: LockOptions = {"ttl": 30}
+    if reply_timeout is not None:
+        options["reply_timeout"] = reply_timeout
+    try:
+        lock = Lock(client, name, **options)
+        server.pause()
+        try:
+            with pytest.raises(BackendError, match=rf"no reply from Redis within {says}"):
+                await lock.try_acquire()
+        finally:
+            server.resume()
         async with lock as lease:
             assert lease.fencing_token > 0
     finally:

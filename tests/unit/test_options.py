@@ -37,6 +37,7 @@ SETTINGS = (
     "replicas",
     "replica_timeout",
     "renew_on_handoff",
+    "reply_timeout",
 )
 
 
@@ -115,6 +116,8 @@ def test_an_unknown_keyword_raises_type_error_at_the_call(
         ("retain", 1, "5 to 86400"),
         ("replica_timeout", 0.5, "replicas=0"),
         ("max_hold", 1, "max_hold"),
+        ("reply_timeout", 0, "0.01 to 60"),
+        ("reply_timeout", 61, "0.01 to 60"),
     ],
 )
 def test_a_bad_value_names_its_argument_at_the_call(
@@ -147,6 +150,7 @@ def test_every_setting_is_accepted_everywhere(fake: fakeredis.FakeAsyncRedis, wh
         "replicas": 1,
         "replica_timeout": 0.5,
         "renew_on_handoff": True,
+        "reply_timeout": 3,
     }
     makers(fake)[where](**options)
 
