@@ -29,10 +29,13 @@ from .._engine.lease import Lease
 from .._engine.runtime import runtime_for
 from .._lua.election import (
     CHANGED_SUFFIX,
+    EL_ACQUIRE,
     EL_ANNOUNCE,
     EL_PROCLAIM,
     EL_READ,
     EL_RELEASE,
+    EL_SUCCESSOR,
+    IDS_SUFFIX,
     INFIX,
     LOG_SUFFIX,
     stored_value,
@@ -45,7 +48,7 @@ from .._model.holder import HOST, PID, text
 from .._model.leader import Change, Leader, next_id, parse_change
 from .._transport.call_options import CallOptions
 from .._transport.clients import AsyncClient, check_client
-from ..errors import AiolockError, BackendError, LeaseLostError, LossReason
+from ..errors import AiolockError, BackendError, ConfigError, LeaseLostError, LossReason
 
 __all__ = ("Election", "Term")
 
@@ -62,13 +65,16 @@ class _Seat(Primitive):
     """The primitive whose leases are an election's terms: a lock's scripts, and a release
     that ends the term's record (EL_RELEASE)."""
 
-    __slots__ = ("_keys",)
+    __slots__ = ("_identity", "_keys")
 
     _what = "election"
     _release_script = EL_RELEASE
     _direct_grants = True
 
-    def __init__(self, client: AsyncClient, name: str, config: LockConfig) -> None:
+    def __init__(
+        self, client: AsyncClient, name: str, config: LockConfig, *, identity: str
+    ) -> None:
+        self._identity = identity
         keys = self._keys = LockKeys.build(config.prefix, name, INFIX)
         super().__init__(
             client,
@@ -84,7 +90,24 @@ class _Seat(Primitive):
     ) -> Call:
         holder = f"{HOST} {PID} {task}"
         args = acquire_args(token, self._config.ttl_ms, holder, queue=queue, claims=claims)
-        return ACQUIRE, self._keys.scripts if queue is not None else self._keys.state, args
+        if queue is None:
+            return ACQUIRE, self._keys.state, args
+        # A candidate in line says who it is, for `Term.transfer()` (EL_SUCCESSOR).
+        args.insert(6, self._identity)
+        return EL_ACQUIRE, self._transfer_keys, args
+
+    @property
+    def _transfer_keys(self) -> tuple[str, ...]:
+        """EL_ACQUIRE's KEYS: ACQUIRE's, and the candidates' identities."""
+        keys = self._keys
+        return (*keys.scripts, keys.lock + IDS_SUFFIX)
+
+    @property
+    def _successor_keys(self) -> tuple[str, ...]:
+        """EL_SUCCESSOR's KEYS: the state, the waiter queue and its entries, and the
+        candidates' identities."""
+        keys = self._keys
+        return (keys.lock, keys.queue, keys.waiters, keys.lock + IDS_SUFFIX)
 
 
 def _term_ended(name: str, lease: Lease) -> None:
@@ -133,12 +156,14 @@ class Term:
 
     __slots__ = ("_election", "_proclaims", "fencing_token", "identity", "lease", "name", "since")
 
-    def __init__(self, election: Election, lease: Lease, *, since: float) -> None:
+    def __init__(
+        self, election: Election, lease: Lease, *, since: float, identity: str | None = None
+    ) -> None:
         self._election = election
         self.name = election.name
         self.lease = lease
         self.fencing_token = lease.fencing_token
-        self.identity = election.identity
+        self.identity = election.identity if identity is None else identity
         self.since = since
         self._proclaims = 0
         lease._when_ended(functools.partial(_term_ended, election.name))
@@ -190,6 +215,67 @@ class Term:
             Finished under a shield (as `Lease.release()`), then the cancellation goes on.
         """
         await self.lease.release()
+
+    async def transfer(self, identity: str) -> None:
+        """Hand the term to a named successor: the first candidate in line (campaigning now,
+        in any process) whose `Election` has `identity`, instead of the first in line. It
+        leads on the release's notification, with no wait for an expiry, and nobody else
+        can take the term in between: it goes straight from this leader to it, as a
+        resignation goes to the next in line. E.g. before a planned restart of this
+        leader's node. Two round trips: the successor is put at the head of the line (the
+        others keep their order), then the term is resigned (`resign()`), which grants it
+        to the head of the line; code after it runs as a leader no longer.
+
+        Identities need not be unique (the default is "<host>:<pid>"): the first candidate
+        in line with that identity is named. Within one process, candidates on one client
+        share a place in line, which carries the identity of the one that last wrote it:
+        name a candidate of another process, or give each its own client.
+
+        Args:
+            identity: the successor's identity (1 to 1000 characters).
+
+        Raises:
+            ConfigError: no candidate with that identity is in line (not campaigning, or
+                only as a process of a release before 0.4): the term is kept, unchanged.
+            TypeError: `identity` is not a `str` (nothing is sent).
+            LeaseLostError: the term is over (lost, or Redis no longer holds it).
+            RuntimeError: the term was resigned.
+            BackendError: Redis could not be reached or refused a command; the term is kept
+                if the first round trip failed, else it ends by itself within the ttl.
+
+        Cancellation:
+            Cancelled during the first round trip, the term is kept (the successor may
+            head the line already); once it is being resigned, as `resign()`.
+
+        Added in 0.4.
+        """
+        identity = check_identity(identity)
+        lease = self.lease
+        if lease.released:
+            raise RuntimeError(f"cannot transfer: the term of election {self.name!r} was resigned")
+        if lease.lost or not lease.held:  # (reading `lost` declares a passed deadline)
+            raise lease.loss_error()
+        election = self._election
+        reply = await runtime_for(election._client).backend.run(
+            EL_SUCCESSOR,
+            election._seat._successor_keys,
+            [lease.token, identity],
+            CallOptions(
+                timeout=max(lease.remaining(), 0.001), operation="transfer", name=self.name
+            ),
+        )
+        status = int(reply[0])
+        if status == 0:
+            lease._not_owner()
+            raise lease.loss_error()
+        if status != 1:
+            raise ConfigError(
+                f"identity must be that of a candidate in line in election {self.name!r}: "
+                f"none with identity {identity!r} is campaigning; the term is kept",
+                argument="identity",
+                value=identity,
+            )
+        await lease.release()
 
     async def proclaim(self, value: str | None) -> None:
         """Publish `value` as the leader's (None: none), for `Election.leader()` and the
@@ -380,7 +466,7 @@ class Election:
         )
         self._client = checked_client
         self._name = checked_name
-        self._seat = _Seat(checked_client, checked_name, config)
+        self._seat = _Seat(checked_client, checked_name, config, identity=self._identity)
         state = self._seat._key
         self._record_keys = (state, state + LOG_SUFFIX)
         self._changed = state + CHANGED_SUFFIX
@@ -442,9 +528,40 @@ class Election:
                 with contextlib.suppress(AiolockError, TimeoutError):
                     await lease.release()
 
-    async def _announce(self, lease: Lease, stored: str, *, waited: float) -> Term | None:
-        """Write the leader's record for the term under `lease`: its `Term`, or None if the
-        term ended meanwhile (the lease is then released)."""
+    async def resume(self, token: str) -> Term:
+        """Take back the term held under `token` (`term.lease.token`), e.g. in the process
+        that replaced the one that won it, as `Lock.resume()` does a lease: its expiry is
+        reset to the ttl, and from then on it is renewed, resigned and lost here like any
+        term (etcd's `ResumeElection`). The term and its record are unchanged: observers
+        see no change, and the `Term`'s identity and value are the ones the term was
+        announced with (a term won but not yet announced is announced now, with this
+        election's identity). Two round trips.
+
+        Raises:
+            LeaseLostError: no term is held under `token` (it ended, or never was); or,
+                with reason `DEADLINE`, the answer came only after the term's validity, as
+                for `Lock.resume()`.
+            ConfigError: `token` is not a valid token (nothing is sent).
+            BackendError: Redis could not be reached or refused the command.
+
+        Cancellation:
+            Safe to cancel: the term's expiry is reset or not; it stays the holder's, and
+            expires within the ttl unless resumed again.
+
+        Added in 0.4.
+        """
+        lease = await self._seat.resume(token)
+        term = await self._announce(lease, "", waited=0.0, resumed=True)
+        if term is None:
+            raise lease.loss_error()
+        return term
+
+    async def _announce(
+        self, lease: Lease, stored: str, *, waited: float, resumed: bool = False
+    ) -> Term | None:
+        """Write the leader's record for the term under `lease` (`resumed`: unless it is
+        written already): its `Term`, or None if the term ended meanwhile (the lease is
+        then released)."""
         try:
             # Bounded as an acquire attempt is: a term taken from a grant counts on a short
             # validity until its first renewal is answered (see `_renew_granted`).
@@ -465,7 +582,10 @@ class Election:
             lease._not_owner()
             await lease._cleanup_after_loss()
             return None
-        term = Term(self, lease, since=int(text(reply[2])) / 1000)
+        identity = text(reply[3]) if len(reply) > 3 else ""
+        term = Term(self, lease, since=int(text(reply[2])) / 1000, identity=identity or None)
+        if resumed:
+            return term
         if events.enabled():
             events.emit(
                 events.LockEvent(
