@@ -162,11 +162,10 @@ EL_ANNOUNCE = Script(
 -- KEYS[1] state (hash), KEYS[2] change log (stream)
 -- ARGV[1] token of the term's lease, ARGV[2] the leader's identity, ARGV[3] the value to
 -- proclaim as stored ("" for none, else "=" and the value)
--- Returns {1, term, announced at (Unix ms, server clock), identity}: the term held under
---           the token is announced: its record written, logged ("won"; a term before it
---           whose key expired unannounced as ended, "expired", first) and published; or it
---           was already, by an earlier copy of this call or by the process that held the
---           term before it was resumed (nothing changed: the identity is the record's);
+-- Returns {1, term, announced at (Unix ms, server clock)}: the term held under the token
+--           is announced: its record written, logged ("won"; a term before it whose key
+--           expired unannounced as ended, "expired", first) and published; or it was
+--           already, by an earlier copy of this call (nothing changed);
 --         {0}: no term is held under the token (it ended).
 -- PUBLISH (SPUBLISH on a cluster of Redis 7+ or Valkey: the variant of `_lua.cluster`).
 -- Calls: HMGET, TIME, HSET, XREVRANGE, XADD, PEXPIRE, PUBLISH (7; 9 when an expired term
@@ -176,13 +175,13 @@ EL_ANNOUNCE = Script(
     + "local LOG = 2\n"
     + LOG
     + """
-local s = redis.call('HMGET', KEYS[1], 'token', 'fence', 'et', 'es', 'ei')
+local s = redis.call('HMGET', KEYS[1], 'token', 'fence', 'et', 'es')
 if not s[1] or s[1] ~= ARGV[1] then
   return {0}
 end
 local term = s[2]
 if s[3] == term then
-  return {1, term, s[4], s[5] or ''}
+  return {1, term, s[4]}
 end
 local t = redis.call('TIME')
 local now = string.format('%.0f', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
@@ -192,7 +191,7 @@ if lt and lt ~= term and le ~= 'ended' then
   append(lt, 'e', 'ended', 'r', 'expired')
 end
 changed(append(term, 'e', 'won', 'i', ARGV[2], 's', now, 'v', ARGV[3]))
-return {1, term, now, ARGV[2]}
+return {1, term, now}
 """,
 )
 

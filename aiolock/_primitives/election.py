@@ -306,33 +306,42 @@ class Election:
         term (etcd's `ResumeElection`). The term and its record are unchanged: observers
         see no change, and the `Term`'s identity and value are the ones the term was
         announced with (a term won but not yet announced is announced now, with this
-        election's identity). Two round trips.
+        election's identity, counted as a term won). Two round trips (three for a term
+        never announced).
 
         Raises:
             LeaseLostError: no term is held under `token` (it ended, or never was); or,
                 with reason `DEADLINE`, the answer came only after the term's validity, as
                 for `Lock.resume()`.
             ConfigError: `token` is not a valid token (nothing is sent).
-            BackendError: Redis could not be reached or refused the command.
+            BackendError: Redis could not be reached or refused a command; if the term was
+                resumed but its record could not be read, it is resigned (or, Redis out of
+                reach, expires within the ttl): nothing stays held without its caller.
 
         Cancellation:
-            Safe to cancel: the term's expiry is reset or not; it stays the holder's, and
-            expires within the ttl unless resumed again.
+            Cancelled during the resume itself, the term's expiry is reset or not, and it
+            stays the holder's (it expires within the ttl unless resumed again); cancelled
+            once resumed, while its record is read, the term is resigned under a shield,
+            as a campaign resigns a term won but not yet yielded.
 
         Added in 0.4.
         """
         lease = await self._seat.resume(token)
-        term = await self._announce(lease, "", waited=0.0, resumed=True)
+        try:
+            leader = (await self._read("")).leader
+        except BaseException:
+            await lease._cleanup_after_loss()  # never reached its caller
+            raise
+        if leader is not None and leader.fencing_token == lease.fencing_token:
+            return Term(self._office, lease, since=leader.since, identity=leader.identity)
+        term = await self._announce(lease, "", waited=0.0)  # won, never announced
         if term is None:
             raise lease.loss_error()
         return term
 
-    async def _announce(
-        self, lease: Lease, stored: str, *, waited: float, resumed: bool = False
-    ) -> Term | None:
-        """Write the leader's record for the term under `lease` (`resumed`: unless it is
-        written already): its `Term`, or None if the term ended meanwhile (the lease is
-        then released)."""
+    async def _announce(self, lease: Lease, stored: str, *, waited: float) -> Term | None:
+        """Write the leader's record for the term under `lease`: its `Term`, or None if the
+        term ended meanwhile (the lease is then released)."""
         try:
             # Bounded as an acquire attempt is: a term taken from a grant counts on a short
             # validity until its first renewal is answered (see `_renew_granted`).
@@ -353,12 +362,7 @@ class Election:
             lease._not_owner()
             await lease._cleanup_after_loss()
             return None
-        identity = text(reply[3]) if len(reply) > 3 else ""
-        term = Term(
-            self._office, lease, since=int(text(reply[2])) / 1000, identity=identity or None
-        )
-        if resumed:
-            return term
+        term = Term(self._office, lease, since=int(text(reply[2])) / 1000)
         if events.enabled():
             events.emit(
                 events.LockEvent(
