@@ -8,7 +8,7 @@ For an election named NAME under PREFIX, besides a lock's keys under `PREFIX:el:
 | `PREFIX:el:{NAME}` fields  | hash    | the lock's state, and while a term is announced: `et` (its term: the holder's fencing token), `ei` (the leader's identity), `es` (server time of the announcement, Unix ms), `ev` (the proclaimed value: "" for none, else "=" and the value), `en` (the number of the last proclamation) |
 | `PREFIX:el:{NAME}:log`     | stream  | the changes, oldest first, at most LOG_KEPT: id "<term>-<n>", fields `e` ("won", "value" or "ended") and `i`, `s`, `v` (won), `v` (value), `r` (ended: "resigned", "evicted", "aborted" or "expired"); lives LOG_RETAIN_MS after its last change |
 | `PREFIX:el:{NAME}:changed` | channel | one message per change: the id of its log entry ("" if it could not be logged) |
-| `PREFIX:el:{NAME}:ids`     | hash    | the identity of the candidate each process's wait queue last put in line (field: queue id), for `Term.transfer()`; lives IDS_RETAIN_MS after its last write (added in 0.4: older processes neither write nor read it) |
+| `PREFIX:el:{NAME}:ids`     | hash    | the identity of the candidate each process's wait queue last put in line (field: queue id), for `Term.transfer()`; those of queues no longer in line are removed once they are many (see EL_ACQUIRE); lives IDS_RETAIN_MS after its last write (added in 0.4: older processes neither write nor read it) |
 
 A term is announced once its holder has its lease (an acquire or a grant): until then, and
 after it ends, the record is absent. The record lives in the state hash, so it expires with
@@ -42,6 +42,7 @@ __all__ = (
     "EL_RELEASE",
     "EL_SUCCESSOR",
     "IDS_RETAIN_MS",
+    "IDS_SLACK",
     "IDS_SUFFIX",
     "INFIX",
     "LOG_KEPT",
@@ -60,6 +61,9 @@ IDS_SUFFIX: Final = ":ids"
 """The candidates' identities (by wait queue): the state key and this."""
 IDS_RETAIN_MS: Final = 86_400_000
 """How long the candidates' identities live after the last was written (ms)."""
+IDS_SLACK: Final = 32
+"""The candidates' identities kept beyond twice the queue's length before those of wait
+queues no longer in line are removed."""
 LOG_KEPT: Final = 100
 """Changes the log keeps: a reader further behind misses the oldest of them."""
 LOG_RETAIN_MS: Final = 86_400_000
@@ -276,13 +280,26 @@ EL_ACQUIRE = Script(
 -- identity inserted as ARGV[7] (the tokens claimed follow it, from ARGV[8]).
 -- First the identity is recorded for the caller's wait queue (ARGV[4]), for
 -- `Term.transfer()` to find (EL_SUCCESSOR): HSET, PEXPIRE; then ACQUIRE's own calls.
+-- A process makes a new wait queue id each time its waiters come back after none waited,
+-- so when a new id makes the hash hold more than IDS_SLACK ids and twice as many as are
+-- in line, those not in line (but the caller's) are removed: HLEN, ZCARD, and then HKEYS,
+-- a ZSCORE per id and an HDEL per id removed (about once per IDS_SLACK new ids).
 -- A candidate that does not queue uses ACQUIRE itself; older processes never write here.
 """
     + CONSTANTS
-    + f"local IDS_RETAIN = {IDS_RETAIN_MS}\n"
+    + f"local IDS_RETAIN, IDS_SLACK = {IDS_RETAIN_MS}, {IDS_SLACK}\n"
     + """
 local identity = table.remove(ARGV, 7)
-redis.call('HSET', KEYS[5], ARGV[4], identity)
+if redis.call('HSET', KEYS[5], ARGV[4], identity) == 1 then
+  local count = redis.call('HLEN', KEYS[5])
+  if count > IDS_SLACK and count > 2 * redis.call('ZCARD', KEYS[2]) then
+    for _, wid in ipairs(redis.call('HKEYS', KEYS[5])) do
+      if wid ~= ARGV[4] and not redis.call('ZSCORE', KEYS[2], wid) then
+        redis.call('HDEL', KEYS[5], wid)
+      end
+    end
+  end
+end
 redis.call('PEXPIRE', KEYS[5], IDS_RETAIN)
 """
     + _ACQUIRE_BODY,

@@ -16,7 +16,7 @@ import pytest
 import redis.asyncio
 
 from aiolock import ConfigError, Election, LeaseLostError, LossReason, Term
-from aiolock._lua.election import INFIX
+from aiolock._lua.election import IDS_SLACK, INFIX
 from aiolock._lua.layout import LockKeys
 from aiolock._lua.lock import ACQUIRE, acquire_args
 
@@ -300,3 +300,26 @@ async def test_a_transfer_beside_candidates_of_the_release_before(
     assert await clients[0].hget(keys.lock, "token") == old_token.encode()
     taken = await old_attempt()
     assert isinstance(taken, int) and taken > term.fencing_token  # held under its token
+
+
+async def test_the_identities_of_queues_no_longer_in_line_are_removed_once_many(
+    clients: list[redis.asyncio.Redis], name: str
+) -> None:
+    """A process makes a new wait queue id each time its waiters come back: the identities
+    of those gone are removed when a new one comes and they are many, so the hash does not
+    grow with every campaign."""
+    election = Election(clients[0], name, ttl=10, identity="leader")
+    leader = await first_term(election)
+    ids = election.key + ":ids"
+    stale = [item for i in range(IDS_SLACK) for item in (f"gone{i:02d}", f"c{i}")]
+    await clients[0].hset(ids, items=stale)
+    order: list[str] = []
+    (first,) = await line_up(clients, name, ["c1"], order)
+    # IDS_SLACK + 1 ids, one of them in line: those of the queues gone are removed.
+    assert await clients[0].hgetall(ids) == {
+        (await clients[0].zrange(election.key + ":queue", 0, 0))[0]: b"c1"
+    }
+    assert await clients[0].ttl(ids) > 0
+    await leader.transfer("c1")
+    await within(first.task, what="c1 to lead")
+    assert order == ["c1"]
