@@ -8,7 +8,7 @@ For an election named NAME under PREFIX, besides a lock's keys under `PREFIX:el:
 | `PREFIX:el:{NAME}` fields  | hash    | the lock's state, and while a term is announced: `et` (its term: the holder's fencing token), `ei` (the leader's identity), `es` (server time of the announcement, Unix ms), `ev` (the proclaimed value: "" for none, else "=" and the value), `en` (the number of the last proclamation) |
 | `PREFIX:el:{NAME}:log`     | stream  | the changes, oldest first, at most LOG_KEPT: id "<term>-<n>", fields `e` ("won", "value" or "ended") and `i`, `s`, `v` (won), `v` (value), `r` (ended: "resigned", "evicted", "aborted" or "expired"); lives LOG_RETAIN_MS after its last change |
 | `PREFIX:el:{NAME}:changed` | channel | one message per change: the id of its log entry ("" if it could not be logged) |
-| `PREFIX:el:{NAME}:ids`     | hash    | the identity of the candidate each process's wait queue last put in line (field: queue id), for `Term.transfer()`; those of queues no longer in line are removed once they are many (see EL_ACQUIRE); lives IDS_RETAIN_MS after its last write (added in 0.4: older processes neither write nor read it) |
+| `PREFIX:el:{NAME}:ids`     | hash    | the identity of the candidate each process's wait queue last put in line (field: queue id), for `Term.transfer()`, and `#`: how many queue ids it holds (those of queues no longer in line are removed once they are many, see EL_ACQUIRE); lives IDS_RETAIN_MS after its last write (added in 0.4: older processes neither write nor read it) |
 
 A term is announced once its holder has its lease (an acquire or a grant): until then, and
 after it ends, the record is absent. The record lives in the state hash, so it expires with
@@ -281,9 +281,10 @@ EL_ACQUIRE = Script(
 -- First the identity is recorded for the caller's wait queue (ARGV[4]), for
 -- `Term.transfer()` to find (EL_SUCCESSOR): HSET, PEXPIRE; then ACQUIRE's own calls.
 -- A process makes a new wait queue id each time its waiters come back after none waited,
--- so when a new id makes the hash hold more than IDS_SLACK ids and twice as many as are
--- in line, those not in line (but the caller's) are removed: HLEN, ZCARD, and then HKEYS,
--- a ZSCORE per id and an HDEL per id removed (about once per IDS_SLACK new ids).
+-- so the hash counts the ids it holds (field "#"): when a new id makes them more than
+-- IDS_SLACK and twice as many as are in line, those not in line (but the caller's) are
+-- removed: HINCRBY, ZCARD, and then HGETALL, ZRANGE, HDEL, HSET (about once per IDS_SLACK
+-- new ids). Only commands a lock's scripts call too (a least-privilege user has them).
 -- A candidate that does not queue uses ACQUIRE itself; older processes never write here.
 """
     + CONSTANTS
@@ -291,13 +292,23 @@ EL_ACQUIRE = Script(
     + """
 local identity = table.remove(ARGV, 7)
 if redis.call('HSET', KEYS[5], ARGV[4], identity) == 1 then
-  local count = redis.call('HLEN', KEYS[5])
+  local count = redis.call('HINCRBY', KEYS[5], '#', 1)
   if count > IDS_SLACK and count > 2 * redis.call('ZCARD', KEYS[2]) then
-    for _, wid in ipairs(redis.call('HKEYS', KEYS[5])) do
-      if wid ~= ARGV[4] and not redis.call('ZSCORE', KEYS[2], wid) then
-        redis.call('HDEL', KEYS[5], wid)
+    local line = {}
+    for _, wid in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+      line[wid] = true
+    end
+    local fields, gone = redis.call('HGETALL', KEYS[5]), {}
+    for i = 1, #fields, 2 do
+      local wid = fields[i]
+      if wid ~= '#' and wid ~= ARGV[4] and not line[wid] then
+        gone[#gone + 1] = wid
       end
     end
+    if #gone > 0 then
+      redis.call('HDEL', KEYS[5], unpack(gone))
+    end
+    redis.call('HSET', KEYS[5], '#', count - #gone)
   end
 end
 redis.call('PEXPIRE', KEYS[5], IDS_RETAIN)
