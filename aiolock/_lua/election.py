@@ -329,8 +329,10 @@ EL_SUCCESSOR = Script(
 --           it; it headed the queue already: nothing changed;
 --         {0}: no term is held under the token (nothing changed);
 --         {-1}: no candidate of that identity is in line (nothing changed).
--- Calls: HGET (1) for a refusal; else TIME, ZRANGE, then HGET per queue in line (one more
--- for the one named), and ZADD if it moves: 4 + 2 per queue ahead of it.
+-- Calls: HGET (1) when the term is not held; else HGET, TIME, ZRANGE, an HGET per queue
+-- looked at (its identity; one more, its entry, when the identity is the one named), and
+-- ZADD if the one named moves: 5 when it heads the line, 6 + 1 per queue ahead of it;
+-- 3 + 1 per queue in line when none is named so.
 """
     + CONSTANTS
     + """
