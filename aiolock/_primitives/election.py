@@ -176,7 +176,8 @@ class Election:
     highest token it has seen refuses them.
 
     `leader()` says who leads now; `observe()` gives every change, in order; `run()` takes
-    the callbacks of Kubernetes client-go's leader election. See docs/election.md.
+    the callbacks of Kubernetes client-go's leader election; `resume(token)` takes a term
+    back after a restart. See docs/election.md.
 
     Args:
         client: a redis-py or valkey-py asyncio client, of one server (Sentinel's

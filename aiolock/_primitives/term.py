@@ -65,12 +65,15 @@ class Term:
     process paused past its ttl) the body is cancelled and `LeaseLostError` is raised, and
     when the block ends the leader resigns (the next candidate takes over at once). Pass
     `fencing_token` to storage that can refuse the writes of a leader whose term ended: it
-    is larger than every earlier term's.
+    is larger than every earlier term's. `transfer(identity)` hands the term to a named
+    candidate instead of the next in line; `Election.resume(term.lease.token)` takes it
+    back in another process.
 
     Attributes:
         name: the election's name.
         fencing_token: the term's number (its lease's fencing token).
-        identity: the leader's identity (its `Election`'s).
+        identity: the leader's identity (its `Election`'s; for a resumed term, the one it
+            was announced with).
         since: when the term was announced, Unix seconds on the server's clock.
         lease: the term's `Lease` (renewed by the watchdog like any lease).
 
