@@ -23,7 +23,6 @@ from ._model.leader import Leader as Leader
 from ._model.options import LockOptions as LockOptions
 from ._ops.inspection import hold_stats as hold_stats
 from ._primitives.election import Election as Election
-from ._primitives.election import Term as Term
 from ._primitives.lock import Lock as Lock
 from ._primitives.multilock import MultiLease as MultiLease
 from ._primitives.multilock import MultiLock as MultiLock
@@ -37,6 +36,7 @@ from ._primitives.rwlock import ReadWriteLock as ReadWriteLock
 from ._primitives.rwlock import WriteLock as WriteLock
 from ._primitives.semaphore import Semaphore as Semaphore
 from ._primitives.semaphore import SemaphoreInfo as SemaphoreInfo
+from ._primitives.term import Term as Term
 from ._recipes.fenced_storage import FencedValue as FencedValue
 from ._recipes.fenced_storage import fenced_delete as fenced_delete
 from ._recipes.fenced_storage import fenced_get as fenced_get

@@ -22,7 +22,14 @@ import pytest
 import redis.asyncio
 from redis.asyncio.connection import Connection
 
-from aiolock._lua.election import EL_ANNOUNCE, EL_PROCLAIM, EL_READ, EL_RELEASE
+from aiolock._lua.election import (
+    EL_ACQUIRE,
+    EL_ANNOUNCE,
+    EL_PROCLAIM,
+    EL_READ,
+    EL_RELEASE,
+    EL_SUCCESSOR,
+)
 from aiolock._lua.fencing import FENCING_SCRIPTS
 from aiolock._lua.hash_leases import EXPIRE_LEASES
 from aiolock._lua.lease import RENEW, RESUME
@@ -38,7 +45,7 @@ pytest_plugins = ["pytester", "tests.support.hygiene"]
 SCRIPTS = (
     *(ACQUIRE, RELEASE, RENEW, RESUME, INSPECT),
     *(SEM_ACQUIRE, SEM_RELEASE, SEM_SET_LIMIT, *RW_ACQUIRE, *RW_RELEASE, EXPIRE_LEASES),
-    *(EL_ANNOUNCE, EL_PROCLAIM, EL_READ, EL_RELEASE),
+    *(EL_ACQUIRE, EL_ANNOUNCE, EL_PROCLAIM, EL_READ, EL_RELEASE, EL_SUCCESSOR),
     *FENCING_SCRIPTS,
 )
 SCRIPT_NAMES = {script.sha: script.name for script in SCRIPTS}

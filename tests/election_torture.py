@@ -3,12 +3,14 @@ a nemesis kills and pauses them, and a fenced log checks what their leaders writ
 
 ```
 python -m tests.election_torture --seconds 60 [--candidates 3] [--ttl 1] [--seed N] [--json]
-    [--faults kill-leader,pause-leader,...]
+    [--faults kill-leader,pause-leader,...] [--transfer 0.5]
 ```
 
 The torture starts a throwaway server of its own (`aiolock.testing`) and `--candidates`
 candidate processes. Each campaigns for ever (`Election.campaign()`); as leader it writes to
-the fenced log at once, then every 20 ms, and resigns after 10 to 75 writes (0.2 to 1.5 s). The
+the fenced log at once, then every 20 ms, and resigns after 10 to 75 writes (0.2 to 1.5 s)
+(with `--transfer P`, it hands the term instead, with probability P, to the last candidate
+in line: `Term.transfer()`, timed and checked as a resignation is). The
 fenced log is a Lua script on the same server: it accepts a write only with a fencing token
 (the term's number) at least the highest it has accepted, and notes whether the write was
 late: whether the writer's term had ended by then in Redis (the election's key no longer
@@ -45,7 +47,9 @@ Checked (the run fails on any):
   resignation, its release may not have reached Redis) is judged as a takeover after a
   kill or a pause, from the fault on;
 - the observer saw every term won, in increasing order, and nothing after a term's end but
-  None or a later term.
+  None or a later term;
+- a transfer hands the term to the candidate named (the next term is its), unless that
+  candidate or the leader was killed or paused before the takeover.
 
 The report gives the counts and the takeover times (p50, p99, max). From tests:
 `report = await run(TortureConfig(seconds=8))`, then `report.ok`.
@@ -74,7 +78,16 @@ from typing import Any
 
 import redis.asyncio
 
-from aiolock import Election, EventKind, Leader, LeaseLostError, LockEvent, add_listener
+from aiolock import (
+    ConfigError,
+    Election,
+    EventKind,
+    Leader,
+    LeaseLostError,
+    LockEvent,
+    Term,
+    add_listener,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -116,6 +129,25 @@ end
 return 0
 """
 
+LAST_IN_LINE = """
+-- KEYS[1] the election's wait queue (zset), KEYS[2] its entries (hash), KEYS[3] the
+-- candidates' identities (hash, by queue id)
+-- Returns {pid, identity} of the last process in line whose entry is live and whose
+-- identity is recorded (the successor a transfer names), or {0, ''}.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local line = redis.call('ZRANGE', KEYS[1], 0, -1)
+for i = #line, 1, -1 do
+  local entry = redis.call('HGET', KEYS[2], line[i]) or ''
+  local identity = redis.call('HGET', KEYS[3], line[i])
+  local until_ms, pid = string.match(entry, '^(%d+) %d+ %S+ (%d+)')
+  if until_ms and tonumber(until_ms) >= now and identity then
+    return {tonumber(pid), identity}
+  end
+end
+return {0, ''}
+"""
+
 WRITE_EVERY = 0.02
 STALL_TICK, STALL = 0.01, 0.05
 """A candidate checks every STALL_TICK that its event loop runs when asked; one running more
@@ -132,6 +164,8 @@ async def _candidate(args: argparse.Namespace, out: Any) -> None:
     election = Election(client, args.name, ttl=args.ttl, identity=f"c{args.index}:{pid}")
     write = client.register_script(FENCED_WRITE)
     next_in_line = client.register_script(NEXT_IN_LINE)
+    last_in_line = client.register_script(LAST_IN_LINE)
+    line_keys = [election.key + ":queue", election.key + ":waiters", election.key + ":ids"]
     keys = [f"{args.name}:highest", f"{args.name}:fenced", election.key]
     rng = random.Random(f"{args.seed}:{args.index}:{pid}")
 
@@ -163,12 +197,40 @@ async def _candidate(args: argparse.Namespace, out: Any) -> None:
                     if seq >= last:
                         break
                     await asyncio.sleep(WRITE_EVERY)
-                head = await next_in_line(keys=[election.key + ":queue", election.key + ":waiters"])
-                record("resign", token, next=int(head))
-                await term.resign()
+                if not await _transferred(
+                    args, rng, term, last_in_line=last_in_line, line_keys=line_keys, record=record
+                ):
+                    head = await next_in_line(keys=line_keys[:2])
+                    record("resign", token, next=int(head))
+                    await term.resign()
         except LeaseLostError as exc:
             record("lost", token, reason=str(exc.reason))
     watch.cancel()
+
+
+async def _transferred(
+    args: argparse.Namespace,
+    rng: random.Random,
+    term: Term,
+    *,
+    last_in_line: Any,
+    line_keys: list[str],
+    record: Any,
+) -> bool:
+    """With probability `--transfer`, hand the term to the last candidate in line: whether
+    it was handed (logged as a resignation naming that candidate's pid)."""
+    if rng.random() >= args.transfer:
+        return False
+    pid, identity = await last_in_line(keys=line_keys)
+    if not int(pid):
+        return False
+    record("resign", term.fencing_token, next=int(pid), named=int(pid))
+    try:
+        await term.transfer(identity.decode())
+    except ConfigError:  # it left the line meanwhile: the term is kept
+        record("named-gone", term.fencing_token)
+        return False
+    return True
 
 
 async def _watch_stalls(record: Any) -> None:
@@ -195,6 +257,9 @@ class TortureConfig:
     fault_every: tuple[float, float] = (1.0, 2.0)
     kinds: tuple[str, ...] = ()
     """Faults to inject in this order, round and round (default: chosen at random)."""
+    transfer: float = 0.0
+    """The probability that a leader hands its term to a named successor (the last in line)
+    rather than resigning."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +366,8 @@ class _Candidates:
             str(self.config.seed),
             "--log",
             str(self.log),
+            "--transfer",
+            str(self.config.transfer),
             cwd=ROOT,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
@@ -548,6 +615,30 @@ def check(
     return report
 
 
+def _check_transfer(
+    event: dict[str, Any], taken: dict[str, Any], faults: list[Fault], report: Report
+) -> None:
+    """A transfer (`event`) hands the term to the candidate named, unless that candidate
+    was killed before the next term (`taken`) was won (its entry stays in line: the grant
+    to it lapses), or paused meanwhile, or the leader was killed or paused meanwhile."""
+    named, start, end = event["named"], event["t"], taken["t"]
+    report.counts["transfers"] += 1
+    disrupted = any(
+        (f.pid == named and f.start <= end and (f.kind.startswith("kill") or f.end >= start))
+        or (f.pid == event["pid"] and start <= f.start <= end)
+        for f in faults
+    )
+    if taken["pid"] == named:
+        report.counts["transfers won by the one named"] += 1
+    elif disrupted:
+        report.counts["transfers cut short by a kill or pause"] += 1
+    else:
+        report.violations.append(
+            f"transfer of fencing token {event['fencing_token']} to pid {named}: pid "
+            f"{taken['pid']} won the next term"
+        )
+
+
 def _check_resignations(
     config: TortureConfig,
     events: list[dict[str, Any]],
@@ -583,12 +674,18 @@ def _check_resignations(
     takeovers["resign while a candidate stalled"] = []
     takeovers["resign cut short by a kill or pause"] = []
     lost_terms = {(e["pid"], e["fencing_token"]) for e in events if e["ev"] == "lost"}
+    kept = {(e["pid"], e["fencing_token"]) for e in events if e["ev"] == "named-gone"}
+    report.counts["transfers refused (the one named had left the line)"] = len(kept)
     for event in events:
         if event["ev"] != "resign" or (event["pid"], event["fencing_token"]) in lost_terms:
             continue  # (a resignation that found the term lost hands nothing over)
+        if "named" in event and (event["pid"], event["fencing_token"]) in kept:
+            continue  # (a transfer refused: the term was kept, and resigned after)
         taken = _next_won(won, event["t"], event["fencing_token"])
         if taken is None:
             continue
+        if "named" in event:
+            _check_transfer(event, taken, faults, report)
         delay = taken["t"] - event["t"]
         involved = {event["pid"], event.get("next", 0), taken["pid"]}
         stalled = _stalled(events, involved, event["t"], taken["t"])
@@ -678,6 +775,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="faults in this order, round and round: kill-leader, pause-leader, kill-other, "
         "pause-other, comma-separated (default: at random)",
     )
+    parser.add_argument(
+        "--transfer",
+        type=float,
+        default=0.0,
+        help="probability that a leader hands its term to the last candidate in line "
+        "(Term.transfer) instead of resigning (default 0)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--candidate", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
@@ -699,6 +803,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ttl=args.ttl,
         seed=args.seed,
         kinds=tuple(kind for kind in args.faults.split(",") if kind),
+        transfer=args.transfer,
     )
     report = asyncio.run(run(config))
     sys.stdout.write(

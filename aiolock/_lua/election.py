@@ -8,6 +8,7 @@ For an election named NAME under PREFIX, besides a lock's keys under `PREFIX:el:
 | `PREFIX:el:{NAME}` fields  | hash    | the lock's state, and while a term is announced: `et` (its term: the holder's fencing token), `ei` (the leader's identity), `es` (server time of the announcement, Unix ms), `ev` (the proclaimed value: "" for none, else "=" and the value), `en` (the number of the last proclamation) |
 | `PREFIX:el:{NAME}:log`     | stream  | the changes, oldest first, at most LOG_KEPT: id "<term>-<n>", fields `e` ("won", "value" or "ended") and `i`, `s`, `v` (won), `v` (value), `r` (ended: "resigned", "evicted", "aborted" or "expired"); lives LOG_RETAIN_MS after its last change |
 | `PREFIX:el:{NAME}:changed` | channel | one message per change: the id of its log entry ("" if it could not be logged) |
+| `PREFIX:el:{NAME}:ids`     | hash    | the identity of the candidate each process's wait queue last put in line (field: queue id), for `Term.transfer()`, and `#`: how many queue ids it holds (those of queues no longer in line are removed once they are many, see EL_ACQUIRE); lives IDS_RETAIN_MS after its last write (added in 0.4: older processes neither write nor read it) |
 
 A term is announced once its holder has its lease (an acquire or a grant): until then, and
 after it ends, the record is absent. The record lives in the state hash, so it expires with
@@ -29,15 +30,20 @@ from __future__ import annotations
 
 from typing import Final
 
-from .lock import CONSTANTS, RELEASE, Script
+from .lock import ACQUIRE, CONSTANTS, RELEASE, Script
 
 __all__ = (
     "ACL_EXTRA",
     "CHANGED_SUFFIX",
+    "EL_ACQUIRE",
     "EL_ANNOUNCE",
     "EL_PROCLAIM",
     "EL_READ",
     "EL_RELEASE",
+    "EL_SUCCESSOR",
+    "IDS_RETAIN_MS",
+    "IDS_SLACK",
+    "IDS_SUFFIX",
     "INFIX",
     "LOG_KEPT",
     "LOG_RETAIN_MS",
@@ -51,6 +57,13 @@ LOG_SUFFIX: Final = ":log"
 """The change log's key: the state key and this."""
 CHANGED_SUFFIX: Final = ":changed"
 """The change channel: the state key and this."""
+IDS_SUFFIX: Final = ":ids"
+"""The candidates' identities (by wait queue): the state key and this."""
+IDS_RETAIN_MS: Final = 86_400_000
+"""How long the candidates' identities live after the last was written (ms)."""
+IDS_SLACK: Final = 32
+"""The candidates' identities kept beyond twice the queue's length before those of wait
+queues no longer in line are removed."""
 LOG_KEPT: Final = 100
 """Changes the log keeps: a reader further behind misses the oldest of them."""
 LOG_RETAIN_MS: Final = 86_400_000
@@ -253,5 +266,95 @@ if s[1] then
   held = 1
 end
 return {pttl, held, s[2] or '', s[3] or '', s[4] or '', s[5] or '', s[6] or '', newest, entries}
+""",
+)
+
+_ACQUIRE_BODY = ACQUIRE.source.split(CONSTANTS, 1)[1]
+assert ACQUIRE.source.count(CONSTANTS) == 1, "ACQUIRE is CONSTANTS followed by its body"
+
+EL_ACQUIRE = Script(
+    "el_acquire",
+    """
+-- ACQUIRE (see `_lua.lock`) for a candidate that queues: its KEYS[1..4] and replies, and
+-- KEYS[5] the candidates' identities (hash); ARGV as ACQUIRE's with the candidate's
+-- identity inserted as ARGV[7] (the tokens claimed follow it, from ARGV[8]).
+-- First the identity is recorded for the caller's wait queue (ARGV[4]), for
+-- `Term.transfer()` to find (EL_SUCCESSOR): HSET, PEXPIRE; then ACQUIRE's own calls.
+-- A process makes a new wait queue id each time its waiters come back after none waited,
+-- so the hash counts the ids it holds (field "#"): when a new id makes them more than
+-- IDS_SLACK and twice as many as are in line, those not in line (but the caller's) are
+-- removed: HINCRBY, ZCARD, and then HGETALL, ZRANGE, HDEL, HSET (about once per IDS_SLACK
+-- new ids). Only commands a lock's scripts call too (a least-privilege user has them).
+-- A candidate that does not queue uses ACQUIRE itself; older processes never write here.
+"""
+    + CONSTANTS
+    + f"local IDS_RETAIN, IDS_SLACK = {IDS_RETAIN_MS}, {IDS_SLACK}\n"
+    + """
+local identity = table.remove(ARGV, 7)
+if redis.call('HSET', KEYS[5], ARGV[4], identity) == 1 then
+  local count = redis.call('HINCRBY', KEYS[5], '#', 1)
+  if count > IDS_SLACK and count > 2 * redis.call('ZCARD', KEYS[2]) then
+    local line = {}
+    for _, wid in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+      line[wid] = true
+    end
+    local fields, gone = redis.call('HGETALL', KEYS[5]), {}
+    for i = 1, #fields, 2 do
+      local wid = fields[i]
+      if wid ~= '#' and wid ~= ARGV[4] and not line[wid] then
+        gone[#gone + 1] = wid
+      end
+    end
+    if #gone > 0 then
+      redis.call('HDEL', KEYS[5], unpack(gone))
+    end
+    redis.call('HSET', KEYS[5], '#', count - #gone)
+  end
+end
+redis.call('PEXPIRE', KEYS[5], IDS_RETAIN)
+"""
+    + _ACQUIRE_BODY,
+)
+
+EL_SUCCESSOR = Script(
+    "el_successor",
+    """
+-- KEYS[1] state (hash), KEYS[2] waiter queue (zset), KEYS[3] waiter entries (hash),
+-- KEYS[4] candidates' identities (hash: wait queue id -> identity, see EL_ACQUIRE)
+-- ARGV[1] token of the term's lease, ARGV[2] the identity of the successor named
+-- Returns {1, queue id}: the first wait queue in line whose entry has not expired and whose
+--           candidate has that identity now heads the queue (moved ahead of the others,
+--           their order otherwise kept), so that the release that follows (EL_RELEASE, or
+--           RELEASE of an older process: it grants to the queue's head) grants the term to
+--           it; it headed the queue already: nothing changed;
+--         {0}: no term is held under the token (nothing changed);
+--         {-1}: no candidate of that identity is in line (nothing changed).
+-- Calls: HGET (1) when the term is not held; else HGET, TIME, ZRANGE, an HGET per queue
+-- looked at (its identity; one more, its entry, when the identity is the one named), and
+-- ZADD if the one named moves: 5 when it heads the line, 6 + 1 per queue ahead of it;
+-- 3 + 1 per queue in line when none is named so.
+"""
+    + CONSTANTS
+    + """
+if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then
+  return {0}
+end
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local line = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+for i = 1, #line, 2 do
+  local wid = line[i]
+  if redis.call('HGET', KEYS[4], wid) == ARGV[2] then
+    local entry = redis.call('HGET', KEYS[3], wid) or '0'
+    local until_ms = tonumber(string.match(entry, '^(%d+) ') or '0')
+    if until_ms >= now_ms then
+      if i > 1 then
+        redis.call('ZADD', KEYS[2], tonumber(line[2]) - 1, wid)
+      end
+      return {1, wid}
+    end
+  end
+end
+return {-1}
 """,
 )

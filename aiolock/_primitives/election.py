@@ -1,4 +1,4 @@
-"""Leader election: `Election`, the `Term`s its candidates win, and its observers.
+"""Leader election: `Election`, which wins `Term`s (`_primitives.term`), and its observers.
 
 A term is a lease of `_Seat`, a primitive on the engine with a lock's acquire and a release
 that also ends the term's record (`_lua.election`): candidates wait in the engine's FIFO
@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import inspect
 import logging
 import random
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from types import TracebackType
 from typing import Final, final
 
 from .._aio.backoff import Backoff
@@ -29,10 +27,11 @@ from .._engine.lease import Lease
 from .._engine.runtime import runtime_for
 from .._lua.election import (
     CHANGED_SUFFIX,
+    EL_ACQUIRE,
     EL_ANNOUNCE,
-    EL_PROCLAIM,
     EL_READ,
     EL_RELEASE,
+    IDS_SUFFIX,
     INFIX,
     LOG_SUFFIX,
     stored_value,
@@ -45,9 +44,10 @@ from .._model.holder import HOST, PID, text
 from .._model.leader import Change, Leader, next_id, parse_change
 from .._transport.call_options import CallOptions
 from .._transport.clients import AsyncClient, check_client
-from ..errors import AiolockError, BackendError, LeaseLostError, LossReason
+from ..errors import AiolockError, BackendError, LeaseLostError
+from .term import Office, Term
 
-__all__ = ("Election", "Term")
+__all__ = ("Election",)
 
 logger = logging.getLogger("aiolock")
 
@@ -62,13 +62,16 @@ class _Seat(Primitive):
     """The primitive whose leases are an election's terms: a lock's scripts, and a release
     that ends the term's record (EL_RELEASE)."""
 
-    __slots__ = ("_keys",)
+    __slots__ = ("_identity", "_keys")
 
     _what = "election"
     _release_script = EL_RELEASE
     _direct_grants = True
 
-    def __init__(self, client: AsyncClient, name: str, config: LockConfig) -> None:
+    def __init__(
+        self, client: AsyncClient, name: str, config: LockConfig, *, identity: str
+    ) -> None:
+        self._identity = identity
         keys = self._keys = LockKeys.build(config.prefix, name, INFIX)
         super().__init__(
             client,
@@ -84,177 +87,24 @@ class _Seat(Primitive):
     ) -> Call:
         holder = f"{HOST} {PID} {task}"
         args = acquire_args(token, self._config.ttl_ms, holder, queue=queue, claims=claims)
-        return ACQUIRE, self._keys.scripts if queue is not None else self._keys.state, args
-
-
-def _term_ended(name: str, lease: Lease) -> None:
-    """A term's lease ended: TERM_LOST or TERM_RESIGNED."""
-    if not events.enabled():
-        return
-    lost = lease.lost
-    events.emit(
-        events.LockEvent(
-            kind=events.EventKind.TERM_LOST if lost else events.EventKind.TERM_RESIGNED,
-            name=name,
-            fencing_token=lease.fencing_token,
-            hold=lease.held_for(),
-            reason=lease.loss_reason if lost else None,
-        )
-    )
-
-
-@final
-class Term:
-    """One leadership won by `Election.campaign()`: a lease on the election, its number a
-    fencing token.
-
-    ```python
-    async for term in election.campaign():
-        async with term:
-            await run_scheduler(fence=term.fencing_token)
-    ```
-
-    Use it as an async context manager, as a lock's lease: the body runs as the leader; if
-    the term is lost (its renewal refused, Redis unreachable until its deadline, this
-    process paused past its ttl) the body is cancelled and `LeaseLostError` is raised, and
-    when the block ends the leader resigns (the next candidate takes over at once). Pass
-    `fencing_token` to storage that can refuse the writes of a leader whose term ended: it
-    is larger than every earlier term's.
-
-    Attributes:
-        name: the election's name.
-        fencing_token: the term's number (its lease's fencing token).
-        identity: the leader's identity (its `Election`'s).
-        since: when the term was announced, Unix seconds on the server's clock.
-        lease: the term's `Lease` (renewed by the watchdog like any lease).
-
-    Added in 0.1.
-    """
-
-    __slots__ = ("_election", "_proclaims", "fencing_token", "identity", "lease", "name", "since")
-
-    def __init__(self, election: Election, lease: Lease, *, since: float) -> None:
-        self._election = election
-        self.name = election.name
-        self.lease = lease
-        self.fencing_token = lease.fencing_token
-        self.identity = election.identity
-        self.since = since
-        self._proclaims = 0
-        lease._when_ended(functools.partial(_term_ended, election.name))
+        if queue is None:
+            return ACQUIRE, self._keys.state, args
+        # A candidate in line says who it is, for `Term.transfer()` (EL_SUCCESSOR).
+        args.insert(6, self._identity)
+        return EL_ACQUIRE, self._transfer_keys, args
 
     @property
-    def held(self) -> bool:
-        """True while the term is neither resigned nor lost, and its deadline has not passed
-        (see `Lease.held`)."""
-        return self.lease.held
+    def _transfer_keys(self) -> tuple[str, ...]:
+        """EL_ACQUIRE's KEYS: ACQUIRE's, and the candidates' identities."""
+        keys = self._keys
+        return (*keys.scripts, keys.lock + IDS_SUFFIX)
 
     @property
-    def lost(self) -> bool:
-        """True once the term was lost (see `Lease.lost`)."""
-        return self.lease.lost
-
-    @property
-    def loss_reason(self) -> LossReason | None:
-        return self.lease.loss_reason
-
-    def remaining(self) -> float:
-        """Seconds the term can still be counted on (see `Lease.remaining`)."""
-        return self.lease.remaining()
-
-    async def wait_lost(self) -> LeaseLostError | None:
-        """Wait until the term ends: the loss as an error, or None if resigned.
-
-        Cancellation:
-            Safe to cancel; nothing is changed.
-        """
-        return await self.lease.wait_lost()
-
-    def __repr__(self) -> str:
-        state = "held" if self.lease.held else "lost" if self.lease.lost else "ended"
-        return (
-            f"<Term {self.name!r} fencing_token={self.fencing_token} "
-            f"identity={self.identity!r} {state}>"
-        )
-
-    async def resign(self) -> None:
-        """Give the term up: the next candidate in line takes over at once (one
-        notification), and observers see the end of this term. Doing it again does
-        nothing. Code after it in the `async with` block runs as a leader no longer.
-
-        Raises:
-            LeaseLostError: the term had been lost (its work since was not protected).
-            BackendError: Redis could not be reached; the term ends by itself within the ttl.
-
-        Cancellation:
-            Finished under a shield (as `Lease.release()`), then the cancellation goes on.
-        """
-        await self.lease.release()
-
-    async def proclaim(self, value: str | None) -> None:
-        """Publish `value` as the leader's (None: none), for `Election.leader()` and the
-        observers; one round trip.
-
-        Raises:
-            ConfigError: `value` longer than 65,536 characters (nothing is sent).
-            TypeError: `value` is not a `str` or None.
-            LeaseLostError: the term is over (lost, or Redis no longer holds it).
-            RuntimeError: the term was resigned.
-            BackendError: Redis could not be reached or refused the command.
-
-        Cancellation:
-            Safe to cancel: the value is published or not; the term is unchanged.
-        """
-        stored = stored_value(check_value(value))
-        lease = self.lease
-        if lease.released:
-            raise RuntimeError(f"cannot proclaim: the term of election {self.name!r} was resigned")
-        if lease.lost or not lease.held:  # (reading `lost` declares a passed deadline)
-            raise lease.loss_error()
-        self._proclaims += 1
-        election = self._election
-        reply = await runtime_for(election._client).backend.run(
-            EL_PROCLAIM,
-            election._record_keys,
-            [lease.token, stored, self._proclaims],
-            CallOptions(
-                timeout=max(lease.remaining(), 0.001), operation="proclaim", name=self.name
-            ),
-        )
-        if int(reply[0]) != 1:
-            lease._not_owner()
-            raise lease.loss_error()
-
-    # ----------------------------------------------------------------- async with
-    def __enter__(self) -> None:
-        raise TypeError("use 'async with' with a Term, not 'with'")
-
-    def __exit__(self, *exc_info: object) -> None:  # pragma: no cover - __enter__ raises
-        raise TypeError("use 'async with' with a Term, not 'with'")
-
-    async def __aenter__(self) -> Term:
-        """Guard the body: it is cancelled if the term is lost while it runs.
-
-        Raises:
-            LeaseLostError: the term was lost already.
-        """
-        await self.lease.__aenter__()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Resign, and say whether the body ran as the leader throughout: as
-        `Lease.__aexit__` (`LeaseLostError` if the term was lost while it ran).
-
-        Cancellation:
-            Only the cancellation caused by the loss is turned into `LeaseLostError`; any
-            other propagates, after the resignation.
-        """
-        await self.lease.__aexit__(exc_type, exc, tb)
+    def _successor_keys(self) -> tuple[str, ...]:
+        """EL_SUCCESSOR's KEYS: the state, the waiter queue and its entries, and the
+        candidates' identities."""
+        keys = self._keys
+        return (keys.lock, keys.queue, keys.waiters, keys.lock + IDS_SUFFIX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,7 +176,8 @@ class Election:
     highest token it has seen refuses them.
 
     `leader()` says who leads now; `observe()` gives every change, in order; `run()` takes
-    the callbacks of Kubernetes client-go's leader election. See docs/election.md.
+    the callbacks of Kubernetes client-go's leader election; `resume(token)` takes a term
+    back after a restart. See docs/election.md.
 
     Args:
         client: a redis-py or valkey-py asyncio client, of one server (Sentinel's
@@ -350,7 +201,7 @@ class Election:
     Added in 0.1.
     """
 
-    __slots__ = ("_changed", "_client", "_identity", "_name", "_record_keys", "_seat")
+    __slots__ = ("_changed", "_client", "_identity", "_name", "_office", "_record_keys", "_seat")
 
     def __init__(
         self,
@@ -380,10 +231,17 @@ class Election:
         )
         self._client = checked_client
         self._name = checked_name
-        self._seat = _Seat(checked_client, checked_name, config)
+        self._seat = _Seat(checked_client, checked_name, config, identity=self._identity)
         state = self._seat._key
         self._record_keys = (state, state + LOG_SUFFIX)
         self._changed = state + CHANGED_SUFFIX
+        self._office = Office(
+            checked_client,
+            checked_name,
+            self._identity,
+            self._record_keys,
+            self._seat._successor_keys,
+        )
 
     @property
     def name(self) -> str:
@@ -442,6 +300,46 @@ class Election:
                 with contextlib.suppress(AiolockError, TimeoutError):
                     await lease.release()
 
+    async def resume(self, token: str) -> Term:
+        """Take back the term held under `token` (`term.lease.token`), e.g. in the process
+        that replaced the one that won it, as `Lock.resume()` does a lease: its expiry is
+        reset to the ttl, and from then on it is renewed, resigned and lost here like any
+        term (etcd's `ResumeElection`). The term and its record are unchanged: observers
+        see no change, and the `Term`'s identity and value are the ones the term was
+        announced with (a term won but not yet announced is announced now, with this
+        election's identity, counted as a term won). Two round trips (three for a term
+        never announced).
+
+        Raises:
+            LeaseLostError: no term is held under `token` (it ended, or never was); or,
+                with reason `DEADLINE`, the answer came only after the term's validity, as
+                for `Lock.resume()`.
+            ConfigError: `token` is not a valid token (nothing is sent).
+            BackendError: Redis could not be reached or refused a command; if the term was
+                resumed but its record could not be read, it is resigned (or, Redis out of
+                reach, expires within the ttl): nothing stays held without its caller.
+
+        Cancellation:
+            Cancelled during the resume itself, the term's expiry is reset or not, and it
+            stays the holder's (it expires within the ttl unless resumed again); cancelled
+            once resumed, while its record is read, the term is resigned under a shield,
+            as a campaign resigns a term won but not yet yielded.
+
+        Added in 0.1.
+        """
+        lease = await self._seat.resume(token)
+        try:
+            leader = (await self._read("")).leader
+        except BaseException:
+            await lease._cleanup_after_loss()  # never reached its caller
+            raise
+        if leader is not None and leader.fencing_token == lease.fencing_token:
+            return Term(self._office, lease, since=leader.since, identity=leader.identity)
+        term = await self._announce(lease, "", waited=0.0)  # won, never announced
+        if term is None:
+            raise lease.loss_error()
+        return term
+
     async def _announce(self, lease: Lease, stored: str, *, waited: float) -> Term | None:
         """Write the leader's record for the term under `lease`: its `Term`, or None if the
         term ended meanwhile (the lease is then released)."""
@@ -465,7 +363,7 @@ class Election:
             lease._not_owner()
             await lease._cleanup_after_loss()
             return None
-        term = Term(self, lease, since=int(text(reply[2])) / 1000)
+        term = Term(self._office, lease, since=int(text(reply[2])) / 1000)
         if events.enabled():
             events.emit(
                 events.LockEvent(

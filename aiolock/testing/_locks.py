@@ -13,12 +13,13 @@ from .._engine.runtime import runtime_for
 from .._lua.hash_leases import EXPIRE_LEASES
 from .._lua.layout import LockKeys, permits_key
 from .._model.config import check_name, check_prefix
-from .._primitives.election import Election, Term
+from .._primitives.election import Election
 from .._primitives.lock import Lock
 from .._primitives.multilock import MultiLease, MultiLock
 from .._primitives.redlock import Redlock
 from .._primitives.rwlock import ReadLock, ReadWriteLock, WriteLock
 from .._primitives.semaphore import Semaphore
+from .._primitives.term import Term
 from .._transport.call_options import CallOptions
 from .._transport.clients import AsyncRedis, check_client
 from ..errors import ConfigError, LeaseLostError

@@ -14,9 +14,10 @@ from .._engine.runtime import runtime_for
 from .._lua.election import stored_value
 from .._lua.lock import release_args
 from .._lua.redlock import RL_RELEASE
-from .._primitives.election import Election, Term
+from .._primitives.election import Election
 from .._primitives.multilock import MultiLease, MultiLock
 from .._primitives.redlock import Redlock
+from .._primitives.term import Term
 from .._transport.call_options import CallOptions
 from .._transport.clients import AsyncRedis, ValkeyClient, check_client, is_cluster
 from ..errors import ConfigError, LeaseLostError

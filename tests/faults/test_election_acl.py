@@ -10,11 +10,12 @@ import pytest
 
 from aiolock import Election, Leader
 from aiolock._lua import election as election_scripts
+from aiolock._lua.election import IDS_SLACK, IDS_SUFFIX
 from aiolock._lua.lock import Script
 
 from ..conftest import make_client
 from ..support.servers import RedisServer
-from ..support.waits import within
+from ..support.waits import eventually, within
 from .test_security import (
     ACL_SETUSER,
     HANDSHAKE_REFUSALS,
@@ -61,6 +62,41 @@ async def test_an_election_as_a_least_privilege_user(any_server: RedisServer, na
         await asyncio.sleep(0)
         refused = set(_log_objects(await admin.execute_command("ACL", "LOG")))  # type: ignore[no-untyped-call]
         assert refused <= HANDSHAKE_REFUSALS, f"the election was refused: {refused}"
+    finally:
+        await user.aclose()
+        await other.aclose()
+        await admin.aclose()
+
+
+async def test_a_transfer_as_a_least_privilege_user(any_server: RedisServer, name: str) -> None:  # noqa: F811
+    """A candidate in line (EL_ACQUIRE, with the identities of queues gone removed) and a
+    transfer (EL_SUCCESSOR) need nothing beyond the election's line."""
+    admin = make_client(any_server.url)
+    await admin.execute_command(*ELECTION_ACL.replace("PASSWORD", "s3cret").split())  # type: ignore[no-untyped-call]
+    await admin.execute_command("ACL", "LOG", "RESET")  # type: ignore[no-untyped-call]
+    user = make_client(any_server.url, username="aiolock-app", password="s3cret")
+    other = make_client(any_server.url, username="aiolock-app", password="s3cret")
+    try:
+        leading = Election(user, name, ttl=5, identity="a")
+        campaign = leading.campaign()
+        term = await within(anext(campaign), what="a term")
+        await campaign.aclose()
+        gone = [item for i in range(IDS_SLACK) for item in (f"gone{i}", "x")]
+        await admin.hset(leading.key + IDS_SUFFIX, items=[*gone, "#", IDS_SLACK])
+        successor = Election(other, name, ttl=5, identity="b").campaign()
+        waiting = asyncio.create_task(anext(successor))
+
+        async def queued() -> bool:
+            return await admin.hlen(leading.key + IDS_SUFFIX) == 2  # "b" and "#"
+
+        await eventually(queued, what="b in line, the identities of queues gone removed")
+        await term.transfer("b")
+        taken = await within(waiting, what="b to lead")
+        await successor.aclose()
+        assert taken.identity == "b"
+        await taken.resign()
+        refused = set(_log_objects(await admin.execute_command("ACL", "LOG")))  # type: ignore[no-untyped-call]
+        assert refused <= HANDSHAKE_REFUSALS, f"the transfer was refused: {refused}"
     finally:
         await user.aclose()
         await other.aclose()

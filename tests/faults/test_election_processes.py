@@ -35,3 +35,25 @@ async def test_a_paused_leader_is_fenced_off_and_killed_or_paused_leaders_are_re
     )
     assert counts["late writes"] == counts["late writes refused"], counts
     assert counts["terms won"] >= 3 and counts["writes accepted"] > 0, counts
+
+
+async def test_leaders_that_hand_their_term_to_a_named_successor_under_kills_and_pauses(
+    binaries: list[object],
+) -> None:
+    """Every leader transfers its term to the last candidate in line: that candidate leads
+    next (unless it or the leader was killed or paused meanwhile), as fast as after a
+    resignation, and the fenced log still accepts no late write."""
+    config = TortureConfig(
+        seconds=6,
+        ttl=1.0,
+        fault_every=(0.5, 1.0),
+        kinds=("pause-other", "kill-leader"),
+        kill_bound=min(scaled(0.2), 0.4),
+        resign_bound=scaled(0.05),
+        transfer=1.0,
+    )
+    report = await run(config)
+    assert report.ok, report.summary()
+    counts = report.counts
+    assert counts["transfers won by the one named"] >= 1, counts
+    assert counts["late writes"] == counts["late writes refused"], counts
