@@ -50,7 +50,17 @@ class LockInfo:
     expires_in: float
     """Seconds until the key expires unless renewed."""
     slot: int | None = None
-    """A semaphore permit's slot (None for a lock's holder)."""
+    """A semaphore permit's slot (None for a lock's holder); a lease of several permits
+    is listed once, at its first slot (`slots` has them all)."""
+    permits: int = 1
+    """The permits the holder's lease holds (a semaphore's lease of several permits, see
+    `Semaphore.acquire`; else 1).
+
+    Added in 0.3."""
+    slots: tuple[int, ...] = ()
+    """A semaphore lease's slots, its first one first (empty for other holders).
+
+    Added in 0.3."""
     waiting: int = dataclasses.field(default=0, compare=False)
     """Tasks waiting for the lock, summed over the queued processes whose entries have
     not expired, as `Lock.info()` reads them; 0 in a holder listed by a `SemaphoreInfo` or
@@ -121,20 +131,27 @@ class LockInfo:
         )
 
     @classmethod
-    def permits(cls, name: str, fields: Mapping[str, str], now_ms: int) -> tuple[LockInfo, ...]:
-        """The live permits among a semaphore state's `fields` ("p:<token>" = "<slot>
-        <expires at, ms> <fencing token> <acquired at, ms> <ttl ms> <host> <pid> <task>"),
-        by slot; `now_ms` is the server's clock."""
+    def from_permits(
+        cls, name: str, fields: Mapping[str, str], now_ms: int
+    ) -> tuple[LockInfo, ...]:
+        """The live leases among a semaphore state's `fields` ("p:<token>" = "<slot>
+        <expires at, ms> <fencing token> <acquired at, ms> <ttl ms> <host> <pid> <task>";
+        a lease of several permits also has "p:<token>~2" to "p:<token>~n", one per extra
+        permit), by first slot; `now_ms` is the server's clock."""
         found = []
+        extra: dict[str, list[int]] = {}
         for field, value in fields.items():
             if not field.startswith("p:"):
                 continue
             parts = value.split(" ", 5)
             if len(parts) < 6 or not parts[0].isdigit() or _number(parts[1]) <= now_ms:
                 continue
+            if "~" in field:
+                extra.setdefault(field.partition("~")[0], []).append(int(parts[0]))
+                continue
             slot, expires, fence, acquired, ttl, holder = parts
             found.append(
-                cls.of(
+                (field, cls.of(
                     name,
                     fence=fence,
                     holder=holder,
@@ -142,9 +159,14 @@ class LockInfo:
                     ttl_ms=ttl,
                     pttl_ms=_number(expires) - now_ms,
                     slot=int(slot),
-                )
-            )
-        return tuple(sorted(found, key=lambda info: info.slot or 0))
+                ))
+            )  # fmt: skip
+        leases = []
+        for field, info in found:
+            more = sorted(extra.get(field, ()))
+            slots = (info.slot or 0, *more)
+            leases.append(dataclasses.replace(info, permits=len(slots), slots=slots))
+        return tuple(sorted(leases, key=lambda info: info.slot or 0))
 
 
 def _number(value: str) -> int:

@@ -147,7 +147,7 @@ RESERVED_TASK: Final = "(reserved)"
 
 
 def _permit_holders(name: str, fields: Mapping[str, str], pttl: int, now_ms: int) -> Holders:
-    holders = LockInfo.permits(name, fields, now_ms)
+    holders = LockInfo.from_permits(name, fields, now_ms)
     reserved: dict[int, str] = {}
     for key, value in fields.items():
         if key.startswith("p:q") and value.endswith(" " + RESERVED_TASK):
@@ -161,11 +161,11 @@ def _permit_holders(name: str, fields: Mapping[str, str], pttl: int, now_ms: int
 def _rw_holders(name: str, fields: Mapping[str, str], pttl: int, now_ms: int) -> Holders:
     # Its leases are written as a semaphore's permits, with the side (0 read, 1 write) in
     # place of the slot.
-    leases = LockInfo.permits(name, fields, now_ms)
-    writer = next((replace(info, slot=None) for info in leases if info.slot == 1), None)
+    leases = LockInfo.from_permits(name, fields, now_ms)
+    writer = next((replace(info, slot=None, slots=()) for info in leases if info.slot == 1), None)
     readers = tuple(
         sorted(
-            (replace(info, slot=None) for info in leases if info.slot == 0),
+            (replace(info, slot=None, slots=()) for info in leases if info.slot == 0),
             key=lambda info: info.fencing_token,
         )
     )
