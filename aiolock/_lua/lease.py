@@ -66,30 +66,39 @@ for i = 1, #KEYS do
       local t = redis.call('TIME')
       now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     end
-    local slot, expires, rest
-    if lease then
-      slot, expires, rest = string.match(lease, '^(%d+) (%d+) (.*)$')
+    -- 'ps<n>': a lease of n permits, its extra ones in 'p:<token>~2' to 'p:<token>~n'
+    -- (see `_lua.permit_index`): renewed with it if every one is still held, else the
+    -- lease is not (it lost a permit).
+    local names, values = {field}, {lease}
+    for k = 2, string.sub(kind, 1, 2) == 'ps' and tonumber(string.sub(kind, 3)) or 1 do
+      if not lease then
+        break
+      end
+      names[k] = field .. '~' .. k
+      values[k] = redis.call('HGET', KEYS[i], names[k])
+      lease = values[k]
     end
-    if expires and tonumber(expires) > now_ms then
-      redis.call('HSET', KEYS[i], field, string.format('%s %.0f %s', slot, now_ms + ttl, rest))
+    local parsed = {}
+    for k, value in ipairs(values) do
+      local slot, expires, rest = string.match(value, '^(%d+) (%d+) (.*)$')
+      if not (expires and tonumber(expires) > now_ms) then
+        parsed = nil
+        break
+      end
+      parsed[k] = {slot, rest}
+    end
+    if lease and parsed then
       local longer = redis.call('PTTL', KEYS[i]) < ttl
+      for k, each in ipairs(parsed) do
+        redis.call('HSET', KEYS[i], names[k], string.format('%s %.0f %s', each[1], now_ms + ttl, each[2]))
+      end
       if longer then
         redis.call('PEXPIRE', KEYS[i], ttl)
       end
       if string.sub(kind, 1, 2) == 'ps' then
         local permits = KEYS[i] .. ':permits'
-        redis.call('ZADD', permits, 'XX', now_ms + ttl, slot)
-        -- 'ps<n>': a lease of n permits, its extra ones in 'p:<token>~2' to 'p:<token>~n'
-        -- (see `_lua.permit_index`), renewed with it.
-        for k = 2, tonumber(string.sub(kind, 3)) or 1 do
-          local name = field .. '~' .. k
-          local extra = redis.call('HGET', KEYS[i], name)
-          local extra_slot, extra_rest = string.match(extra or '', '^(%d+) %d+ (.*)$')
-          if extra_slot then
-            redis.call('HSET', KEYS[i], name,
-              string.format('%s %.0f %s', extra_slot, now_ms + ttl, extra_rest))
-            redis.call('ZADD', permits, 'XX', now_ms + ttl, extra_slot)
-          end
+        for _, each in ipairs(parsed) do
+          redis.call('ZADD', permits, 'XX', now_ms + ttl, each[1])
         end
         if longer then
           redis.call('PEXPIRE', permits, ttl)

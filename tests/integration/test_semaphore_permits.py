@@ -13,8 +13,9 @@ import asyncio
 import pytest
 import redis.asyncio
 
-from aiolock import AcquireTimeoutError, ConfigError, Semaphore
+from aiolock import AcquireTimeoutError, ConfigError, LeaseLostError, Semaphore
 from aiolock._lua.layout import LockKeys, permits_key
+from aiolock.testing import expire_now
 
 from ..conftest import CommandLog
 from ..support.waits import eventually, within
@@ -240,3 +241,19 @@ async def test_a_raised_limit_lets_the_waiting_large_request_in(
     assert (await semaphore.info()).held == 5
     await lease.release()
     await held.release()
+
+
+async def test_a_lease_that_lost_one_of_its_permits_is_not_renewed(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    """Its permits expire together; one that expired alone (here by `expire_now`) is
+    freed for the others, and the lease is lost: renewed, it would count a permit it no
+    longer holds."""
+    semaphore = Semaphore(client, name, limit=3, ttl=30, renew=False)
+    lease = await semaphore.acquire(permits=3)
+    assert await expire_now(client, semaphore, slot=2)
+    with pytest.raises(LeaseLostError):
+        await lease.extend(30)
+    single = await semaphore.acquire(timeout=0)  # the expired slot, reaped
+    assert single.slot == 2
+    await single.release()
