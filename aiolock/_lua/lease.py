@@ -80,7 +80,7 @@ for i = 1, #KEYS do
     end
     local parsed = {}
     for k, value in ipairs(values) do
-      local slot, expires, rest = string.match(value, '^(%d+) (%d+) (.*)$')
+      local slot, expires, rest = string.match(value or '', '^(%d+) (%d+) (.*)$')
       if not (expires and tonumber(expires) > now_ms) then
         parsed = nil
         break

@@ -285,6 +285,11 @@ if kept then
   flush()
   return {1, kept, kept_slot, math.max(limit - live, 0)}
 end
+-- Not enough permits free: those that expired are reaped first (settle() reaps them only
+-- when the semaphore is full).
+if live < limit and limit - live < n then
+  reap()
+end
 settle()
 serve()
 if limit - live >= n and (ours or not barred('')) then
