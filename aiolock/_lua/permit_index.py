@@ -407,6 +407,24 @@ local function extras(token)
     state[name], found[name], k = lease, true, k + 1
   end
 end
+-- The permits parked for the waiting request for several permits under `token` (fields
+-- `p:<token>~w1`, `~w2`...: see SEM_ACQUIRE_SEVERAL), read into `state`: a set, and how
+-- many.
+local function parked_of(token)
+  local found, k = {}, 1
+  while true do
+    local name = 'p:' .. token .. '~w' .. k
+    local lease = state[name] or redis.call('HGET', KEYS[1], name)
+    if not lease then
+      return found, k - 1
+    end
+    state[name], found[name], k = lease, true, k + 1
+  end
+end
+-- The wait queue id of the request for several permits under `token` while it waits.
+local function waiting_queue(token)
+  return 'w' .. string.sub(token, 1, 15)
+end
 -- Forget the extra permits in the fields named in `drop` (their tokens not remembered:
 -- the first permit's is), their slots free.
 local function drop_extras(drop)

@@ -241,7 +241,8 @@ SEM_ACQUIRE_SEVERAL = Script(
 -- caller's limit (stored if no limit is in force), ARGV[5] the permits wanted (2 or more),
 -- ARGV[6] how long (ms) the caller's request, once refused, keeps later ones from the
 -- permits freed (the barrier `w`, see `barrier()` in `_lua.permit_index`; renewed by each
--- retry), ARGV[7] '1' to set it, '' to try without
+-- retry; the permits free meanwhile are parked for it, in 'p:<token>~w<k>', for as long),
+-- ARGV[7] '1' to set it, '' to try without
 -- Returns {1, fencing token, slot of the first permit, permits still free}: the permits,
 --           held as one lease (also when a retry finds them already ours: their expiry is
 --           reset to the ttl);
@@ -256,7 +257,9 @@ SEM_ACQUIRE_SEVERAL = Script(
     + _SERVE
     + """
 local n = tonumber(ARGV[5])
-begin({'a:' .. ARGV[1], 'p:' .. ARGV[1], 'p:' .. ARGV[1] .. '~2'})
+local wid = waiting_queue(ARGV[1])
+begin({'a:' .. ARGV[1], 'p:' .. ARGV[1], 'p:' .. ARGV[1] .. '~2', 'p:' .. ARGV[1] .. '~w1',
+  'p:q' .. wid})
 if not limit then
   limit = tonumber(ARGV[4])
   writes[#writes + 1] = 'limit'
@@ -267,10 +270,17 @@ if refused() then
   return {-1, 0}
 end
 local ours = barrier() == ARGV[1]
+local parked, count = parked_of(ARGV[1])
+-- A permit that a release of the version before reserved for the request's queue entry
+-- (see below): free again, for this request first.
+drop_extras({['p:q' .. wid] = true})
 if n > limit then
   if ours then
     removed[#removed + 1] = 'w'
   end
+  dequeue(wid)
+  drop_extras(parked)
+  serve()
   flush()
   return {-2, limit}
 end
@@ -292,7 +302,10 @@ if live < limit and limit - live < n then
 end
 settle()
 serve()
-if limit - live >= n and (ours or not barred('')) then
+if limit - live + count >= n and (ours or not barred('')) then
+  -- The permits parked for it (see below) are taken with the others free.
+  drop_extras(parked)
+  dequeue(wid)
   local fence = issue()
   local slot = hold(ARGV[1], fence, ttl, ttl, ARGV[3])
   for k = 2, n do
@@ -304,14 +317,35 @@ if limit - live >= n and (ours or not barred('')) then
   flush()
   return {1, fence, slot, math.max(limit - live, 0)}
 end
+local lasts = tonumber(ARGV[6])
 if ARGV[7] == '1' and (ours or not barrier()) then
-  -- The barrier: the permits freed from now on wait for this request.
+  -- The barrier: the permits freed from now on wait for this request. Those free now are
+  -- parked for it, held under 'p:<token>~w<k>' until the barrier lapses (renewed by each
+  -- try): every version counts them, so a process of the version before, which does not
+  -- know the barrier, cannot take them either.
   local since = ours and string.match(state.w, ' (%d+)$') or string.format('%.0f', now_us)
   writes[#writes + 1] = 'w'
-  writes[#writes + 1] = string.format('%s %d %.0f %s', ARGV[1], n,
-    now_ms + tonumber(ARGV[6]), since)
-  queue_until = math.max(queue_until, now_ms + tonumber(ARGV[6]))
+  writes[#writes + 1] = string.format('%s %d %.0f %s', ARGV[1], n, now_ms + lasts, since)
+  queue_until = math.max(queue_until, now_ms + lasts)
   requeued = true
+  for name in pairs(parked) do
+    local slot, at = string.match(state[name], '^(%d+) %d+ %d+ (%d+) ')
+    live = live - 1
+    hold(string.sub(name, 3), 0, lasts, lasts, ARGV[3], tonumber(slot), tonumber(at))
+  end
+  while live < limit do
+    count = count + 1
+    hold(ARGV[1] .. '~w' .. count, 0, lasts, lasts, ARGV[3])
+  end
+  -- In the wait queue too, an entry without a grant token: a release of the version before
+  -- (which serves the queue, not the barrier) reserves a permit for it in its turn, which
+  -- the next try parks.
+  line_up(wid, now_ms + lasts, 1, string.match(ARGV[3], '^%S+ %S+'))
+elseif ours then
+  removed[#removed + 1] = 'w'  -- a single try of the barrier's own: it ends
+  dequeue(wid)
+  drop_extras(parked)
+  serve()
 end
 local soonest = soonest_expiry()
 flush()
@@ -373,8 +407,17 @@ end
 begin(extra)
 limit = limit or 1
 if ARGV[1] ~= '' and string.match(state.w or '', '^%S+') == ARGV[1] then
-  redis.call('HDEL', KEYS[1], 'w')  -- a request for several permits given up
+  -- A request for several permits given up: its barrier ends, the permits parked for it
+  -- go to the next in line.
+  removed[#removed + 1] = 'w'
   state.w = nil
+  local wid = waiting_queue(ARGV[1])
+  dequeue(wid)
+  state['p:q' .. wid] = redis.call('HGET', KEYS[1], 'p:q' .. wid) or nil
+  drop_extras({['p:q' .. wid] = true})
+  drop_extras((parked_of(ARGV[1])))
+  serve()
+  flush()
 end
 if ARGV[1] ~= '' and holding(field) then
   local several = extras(ARGV[1])

@@ -137,36 +137,42 @@ class LockInfo:
         """The live leases among a semaphore state's `fields` ("p:<token>" = "<slot>
         <expires at, ms> <fencing token> <acquired at, ms> <ttl ms> <host> <pid> <task>";
         a lease of several permits also has "p:<token>~2" to "p:<token>~n", one per extra
-        permit), by first slot; `now_ms` is the server's clock."""
-        found = []
-        extra: dict[str, list[int]] = {}
-        for field, value in fields.items():
-            if not field.startswith("p:"):
-                continue
+        permit), by first slot; `now_ms` is the server's clock. The permits parked for a
+        waiting request for several permits ("p:<token>~w<k>", fencing token 0) are listed
+        as one holder of theirs."""
+        leases: dict[str, LockInfo] = {}
+        for field, value in sorted(fields.items()):
             parts = value.split(" ", 5)
-            if len(parts) < 6 or not parts[0].isdigit() or _number(parts[1]) <= now_ms:
-                continue
-            if "~" in field:
-                extra.setdefault(field.partition("~")[0], []).append(int(parts[0]))
+            if not field.startswith("p:") or len(parts) < 6 or not parts[0].isdigit():
                 continue
             slot, expires, fence, acquired, ttl, holder = parts
-            found.append(
-                (field, cls.of(
-                    name,
-                    fence=fence,
-                    holder=holder,
-                    acquired_ms=acquired,
-                    ttl_ms=ttl,
-                    pttl_ms=_number(expires) - now_ms,
-                    slot=int(slot),
-                ))
-            )  # fmt: skip
-        leases = []
-        for field, info in found:
-            more = sorted(extra.get(field, ()))
-            slots = (info.slot or 0, *more)
-            leases.append(dataclasses.replace(info, permits=len(slots), slots=slots))
-        return tuple(sorted(leases, key=lambda info: info.slot or 0))
+            if _number(expires) <= now_ms:
+                continue
+            base, _, extra = field.partition("~")
+            key = base + ("~w" if extra.startswith("w") else "")
+            if key in leases:
+                known = leases[key]
+                leases[key] = dataclasses.replace(
+                    known, permits=known.permits + 1, slots=(*known.slots, int(slot))
+                )
+                continue
+            info = cls.of(
+                name,
+                fence=fence,
+                holder=holder,
+                acquired_ms=acquired,
+                ttl_ms=ttl,
+                pttl_ms=_number(expires) - now_ms,
+                slot=int(slot),
+            )
+            leases[key] = dataclasses.replace(info, slots=(int(slot),))
+        ordered = []
+        for key, info in leases.items():
+            # A lease's first slot is its first permit's ("p:<token>", read first).
+            first = min(info.slots) if key.endswith("~w") else info.slots[0]
+            slots = (first, *sorted(info.slots[1:] if first == info.slots[0] else info.slots))
+            ordered.append(dataclasses.replace(info, slot=first, slots=tuple(dict.fromkeys(slots))))
+        return tuple(sorted(ordered, key=lambda info: info.slot or 0))
 
 
 def _number(value: str) -> int:

@@ -259,9 +259,9 @@ async def test_older_single_permits_and_leases_of_several_never_exceed_the_limit
 async def test_a_waiting_lease_of_several_permits_beside_older_processes(
     client: redis.asyncio.Redis, name: str
 ) -> None:
-    """The older scripts do not know the barrier of a waiting request for several permits:
-    they may take a permit it waits for (never one past the limit), and it gets its
-    permits once enough are free."""
+    """The older scripts do not know the barrier of a waiting request for several permits,
+    but they count the permits parked for it (fields of their own): they cannot take them,
+    and the request gets its permits once enough are free."""
     limit = 3
     keys = LockKeys.build("aiolock", name, "sem:")
     script_keys = (*keys.scripts, permits_key(keys.lock))
@@ -281,15 +281,15 @@ async def test_a_waiting_lease_of_several_permits_beside_older_processes(
         return bool(await client.hexists(keys.lock, "w"))
 
     await eventually(barrier_up, what="the request for two permits refused", interval=0.005)
-    # One permit is free: this version's single acquire waits behind the barrier; an
-    # older process takes it (it does not know the barrier), and the limit holds.
+    # The one permit free is parked for it: neither version takes it.
     assert await semaphore.try_acquire() is None
-    third = await old_acquire()
-    assert third is not None and await old_acquire() is None
+    assert await old_acquire() is None
     assert len(await live_slots(client, keys.lock)) == limit
-    for token in (first, second):
-        await client.eval(weights_before.SEM_RELEASE.source, 5, *script_keys, token)
+    waiting = [h for h in (await semaphore.info()).holders if h.fencing_token == 0]
+    assert [h.permits for h in waiting] == [1]
+    await client.eval(weights_before.SEM_RELEASE.source, 5, *script_keys, first)
     lease = await within(big, what="the request for two permits served")
     assert lease.permits == 2 and len(await live_slots(client, keys.lock)) == limit
     await lease.release()
-    await client.eval(weights_before.SEM_RELEASE.source, 5, *script_keys, third)
+    await client.eval(weights_before.SEM_RELEASE.source, 5, *script_keys, second)
+    assert await live_slots(client, keys.lock) == []

@@ -198,7 +198,8 @@ async def test_queued_single_waiters_wait_behind_the_large_request(
     late = asyncio.create_task(third.acquire(timeout=30))
 
     async def late_queued() -> bool:
-        return await clients[0].zcard(LockKeys.build("aiolock", name, "sem:").queue) >= 1
+        # (the large request has an entry of its own: see SEM_ACQUIRE_SEVERAL)
+        return await clients[0].zcard(LockKeys.build("aiolock", name, "sem:").queue) >= 2
 
     await eventually(late_queued, what="the single waiter queued", interval=0.005)
     await a.release()
