@@ -254,10 +254,16 @@ class LockState:
         return "reserved" if self.reservation is not None else "free"
 
     @property
+    def permits_held(self) -> int:
+        """A semaphore's permits held: its holders' `permits` summed (a lease of several
+        permits is one holder)."""
+        return sum(info.permits for info in self.holders)
+
+    @property
     def free(self) -> int | None:
         """A semaphore's permits free now (0 while a lowered limit is still exceeded; None:
         no limit stored, or a lock)."""
-        return None if self.limit is None else max(self.limit - len(self.holders), 0)
+        return None if self.limit is None else max(self.limit - self.permits_held, 0)
 
     @property
     def waiters(self) -> int:
