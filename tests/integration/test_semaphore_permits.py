@@ -258,3 +258,32 @@ async def test_a_lease_that_lost_one_of_its_permits_is_not_renewed(
     single = await semaphore.acquire(timeout=0)  # the expired slot, reaped
     assert single.slot == 2
     await single.release()
+
+
+async def test_a_waiter_queued_before_the_large_request_is_served_before_it(
+    clients: list[redis.asyncio.Redis], name: str
+) -> None:
+    """First come, first served across sizes: the barrier keeps out only the requests that
+    came after it."""
+    holder, early, large = (Semaphore(c, name, limit=2, ttl=10) for c in clients[:3])
+    a, b = await holder.acquire(), await holder.acquire()
+    first = asyncio.create_task(early.acquire(timeout=30))
+
+    async def queued() -> bool:
+        return await clients[0].zcard(LockKeys.build("aiolock", name, "sem:").queue) >= 1
+
+    await eventually(queued, what="the single waiter queued", interval=0.005)
+    big = asyncio.create_task(large.acquire(permits=2, timeout=30))
+
+    async def barrier_up() -> bool:
+        return await clients[0].hexists(state_key(name), "w")
+
+    await eventually(barrier_up, what="the large request refused", interval=0.005)
+    await a.release()
+    single = await within(first, what="the earlier single waiter served first")
+    assert not big.done()
+    await b.release()
+    await single.release()
+    lease = await within(big, what="the large request served next")
+    assert lease.permits == 2
+    await lease.release()
