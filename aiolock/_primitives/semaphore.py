@@ -287,7 +287,12 @@ class Semaphore(Primitive):
             hint = soonest / 1000 if soonest > 0 else pause
             delay = min(pause, max(hint, 0.001), POLL_MAX if left is None else left)
             pause = min(pause * 2, POLL_MAX)
-            await asyncio.sleep(delay)
+            try:
+                await asyncio.sleep(delay)
+            except asyncio.CancelledError:
+                # Cancelled between tries: the request stops keeping the others out now.
+                await self._release.abort(runtime, token, timeout=ABORT_TIMEOUT)
+                raise
 
     async def _try_several(
         self,

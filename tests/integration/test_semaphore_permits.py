@@ -287,3 +287,26 @@ async def test_a_waiter_queued_before_the_large_request_is_served_before_it(
     lease = await within(big, what="the large request served next")
     assert lease.permits == 2
     await lease.release()
+
+
+async def test_a_cancelled_large_request_stops_keeping_the_others_out_at_once(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    semaphore = Semaphore(client, name, limit=3, ttl=10)
+    held = await semaphore.acquire(permits=2)
+    big = asyncio.create_task(semaphore.acquire(permits=2, timeout=60))
+
+    async def parked() -> bool:
+        fields = await permit_fields(client, name)
+        return await client.hexists(state_key(name), "w") and any("~w" in f for f in fields)
+
+    await eventually(parked, what="the free permit parked for the large request", interval=0.005)
+    big.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await big
+    # Its barrier and the permit parked for it are gone: a single permit gets in at once.
+    assert not await client.hexists(state_key(name), "w")
+    single = await semaphore.try_acquire()
+    assert single is not None
+    await single.release()
+    await held.release()
