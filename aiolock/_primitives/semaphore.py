@@ -57,7 +57,8 @@ class SemaphoreInfo:
     """The limit in force: the one stored in Redis while the semaphore is in use (see
     `Semaphore`), else this object's."""
     holders: tuple[LockInfo, ...]
-    """The permits held, by slot; each holder's `slot` is set."""
+    """The leases held, by slot; each holder's `slot` is set (a lease of several permits
+    is listed once, at its first slot, with its `permits` and `slots`)."""
     waiting: int
     """Tasks waiting, summed over the queued processes whose entries have not expired."""
     last_fencing_token: int | None
@@ -97,6 +98,9 @@ class Semaphore(Primitive):
     with different limits therefore never exceed the stored one. `set_limit()` changes it
     while in use: permits held are kept, a lowered limit lets no new permit in until enough
     are released, a raised one hands the new permits to waiters at once.
+
+    Several permits at once: `acquire(permits=n)` takes n as one lease, and a large
+    request is not starved by single ones (see `acquire`).
 
     Fencing: each permit gets a fencing token from one sequence per semaphore, and a
     `slot`, from 0 to the limit minus 1, that no other permit holds meanwhile. Storage that
