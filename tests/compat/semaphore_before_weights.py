@@ -1,7 +1,7 @@
 """The semaphore's scripts as they were before leases of several permits
 (`Semaphore.acquire(permits=n)`): `aiolock/_lua/semaphore.py` at a645d7a, unchanged but
 for its imports and this docstring (the index's helpers they use, `aiolock._lua.permit_index`,
-only gained new ones since). `test_semaphore_versions` runs them beside this version's on
+have only gained new ones since, and read one more field, `w`, which they ignore). `test_semaphore_versions` runs them beside this version's on
 one semaphore, as processes of both versions would during a rolling upgrade.
 
 Their own docstring follows.
