@@ -68,7 +68,10 @@ lost. What is verified, per name:
    was told), or the later one was reported lost and carries the lower token (a stale
    grant: its acquire ran before a restart wiped it, and its reply was read late). With
    `--limit N` (a `Semaphore` of that limit instead of a `Lock`): no more than N sections
-   at once, and no two at once in one permit slot, with the same exceptions. With `--rw`
+   at once, and no two at once in one permit slot, with the same exceptions; with
+   `--weights W` as well, each section holds 1 to W permits (`Semaphore.acquire(permits=)`,
+   W at most the limit) and the permits of the sections at once are summed: never more
+   than N (old workers of a mixed run take one permit each). With `--rw`
    (a `ReadWriteLock`, a quarter of the sections writing): no section overlaps a writer's.
 2. **Fencing order**: fencing tokens strictly increase in the order the sections were
    entered (of a semaphore: per permit slot; of a read-write lock: every section entered
@@ -166,6 +169,8 @@ class Section:
     slot: int = -1
     """A semaphore permit's slot, a read-write lock's side (0 read, 1 write); -1 for a
     lock's section."""
+    permits: int = 1
+    """The semaphore permits the section held (`--weights`; its first slot is `slot`)."""
 
     @property
     def side(self) -> str:
@@ -184,6 +189,7 @@ class Section:
                 "worker": self.worker,
                 "reason": self.reason,
                 "slot": self.slot,
+                "permits": self.permits,
             }
         )
 
@@ -199,6 +205,7 @@ class Section:
             worker=str(data.get("worker", "")),
             reason=str(data.get("reason", "")),
             slot=int(data.get("slot", -1)),
+            permits=int(data.get("permits", 1)),
         )
 
 
@@ -381,15 +388,15 @@ def _check_writers_order(history: list[Section], verdict: Verdict) -> None:
 
 
 def _check_limit(history: list[Section], limit: int, verdict: Verdict) -> None:
-    """A semaphore's sections: no more than `limit` at once (lost ones excused, as stale
-    grants are), and no token in two slots."""
+    """A semaphore's sections: no more than `limit` permits at once (each section's
+    `permits`; lost ones excused, as stale grants are), and no token in two slots."""
     history.sort(key=lambda s: (s.enter, s.exit))
     open_sections: list[Section] = []
     seen: dict[int, Section] = {}
     for section in history:
         open_sections = [s for s in open_sections if s.exit > section.enter]
         counted = [s for s in open_sections if not (s.lost or _stale_grant(s, section))]
-        if len(counted) >= limit:
+        if sum(s.permits for s in counted) + section.permits > limit:
             verdict.violations.append(Violation("over the limit", counted[0], section))
         open_sections.append(section)
         if section.token in seen and seen[section.token].slot != section.slot:
@@ -534,6 +541,9 @@ class CheckerConfig:
     limit: int = 0
     """A semaphore's limit: the factory (`lock`, by default then `aiolock:Semaphore`) is
     called with `limit=`; 0: a lock."""
+    weights: int = 0
+    """With `limit`: each section of the workers of this tree takes 1 to this many permits
+    at once (`acquire(permits=)`, uniformly); 0: one each."""
     rw: bool = False
     """A read-write lock: the factory (by default then `aiolock:ReadWriteLock`) makes one,
     and each section reads or (a quarter of them) writes."""
@@ -626,6 +636,8 @@ class CheckerConfig:
             or self.lock != DEFAULT_LOCK
         ):
             raise ValueError("sync_processes: locks on one server (aiolock.sync.Lock beside Lock)")
+        if self.weights and not 1 <= self.weights <= self.limit:
+            raise ValueError("weights: 1 to the limit (a semaphore's, limit=N)")
         if any(n < 1 for n in self.task_mix):
             raise ValueError("every process needs at least one task")
         if self.old_processes and not (self.old_python and self.old_tree):
@@ -689,6 +701,7 @@ class Report:
                 f"{c.names} names ({'semaphore' if c.limit else 'read-write lock' if c.rw else 'lock'} "
                 f"{c.lock}"
                 f"{f', limit {c.limit}' if c.limit else ''}"
+                f"{f', 1 to {c.weights} permits a section' if c.weights else ''}"
                 f"{f', {c.multi} names at once' if c.multi else ''}"
                 f"{f' over {c.redlock} servers' if c.redlock else ''}"
                 f"{' through Sentinels' if c.sentinel else ''}, ttl {c.ttl:g}s, "
@@ -794,9 +807,11 @@ async def _contend(
     limit: int = 0,
     rw: bool = False,
     multi: int = 0,
+    weights: int = 0,
 ) -> None:
-    """One task: take a random lock (or `multi` random names at once), hold it a little,
-    record the section (one per name); until `end_at`."""
+    """One task: take a random lock (or `multi` random names at once; 1 to `weights`
+    permits of a semaphore), hold it a little, record the section (one per name); until
+    `end_at`."""
     extra = {"limit": limit} if limit else {}
     while (now := time.monotonic()) < end_at:
         held = rng.sample(list(names), multi) if multi else [rng.choice(names)]
@@ -809,6 +824,7 @@ async def _contend(
         lost_names: set[str] = set()
         reason = ""
         lease: Any = None
+        permits = rng.randint(1, weights) if weights else 1
         try:
             timeout = min(5.0, end_at - now)
             made: Any = factory(
@@ -817,6 +833,8 @@ async def _contend(
             writing = rw and rng.random() < WRITE_SHARE
             if rw:
                 made = made.write() if writing else made.read()
+            if permits > 1:
+                made = await made.acquire(permits=permits, timeout=timeout)
             async with made as lease:
                 enter = time.monotonic()
                 if multi:
@@ -853,8 +871,9 @@ async def _contend(
         for each in held:
             lost_here = lost and (not multi or each in lost_names)
             section = Section(
-                each, tokens.get(each, token), enter, exit_, lost_here, worker, reason, slot
-            )
+                each, tokens.get(each, token), enter, exit_, lost_here, worker, reason, slot,
+                permits,
+            )  # fmt: skip
             out.write(section.to_json() + "\n")
         out.flush()
 
@@ -902,6 +921,7 @@ async def _worker(args: argparse.Namespace) -> None:
                             limit=int(getattr(args, "limit", 0) or 0),
                             rw=bool(getattr(args, "rw", False)),
                             multi=int(getattr(args, "multi", 0) or 0),
+                            weights=int(getattr(args, "weights", 0) or 0),
                         )
                     )
     finally:
@@ -1187,6 +1207,11 @@ async def _spawn(
         *(("--limit", str(config.limit)) if config.limit else ()),
         *(("--rw",) if config.rw else ()),
         *(("--multi", str(config.multi)) if config.multi else ()),
+        *(
+            ("--weights", str(config.weights))
+            if config.weights and config.sides[index] == "new"
+            else ()
+        ),
         *(("--cluster",) if config.cluster else ()),
         *(("--sync",) if config.face(index) == "sync" else ()),
         *(("--sentinels", ",".join(map(str, sentinels))) if sentinels else ()),
@@ -1468,6 +1493,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="through 3 Sentinels of the checker's own, on a master and its replica",
     )
     parser.add_argument(
+        "--weights",
+        type=int,
+        default=0,
+        metavar="W",
+        help="with --limit: each section takes 1 to W permits at once (acquire(permits=))",
+    )
+    parser.add_argument(
         "--multi",
         type=int,
         default=0,
@@ -1563,6 +1595,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         redlock=args.redlock,
         lock=args.lock,
         limit=args.limit,
+        weights=args.weights,
         rw=args.rw,
         multi=args.multi,
         seed=int(args.seed),

@@ -4,7 +4,13 @@ virtualenv of its own, and this tree share one lock name.
 ```
 python -m tests.upgrade             # from 6d9b9a6 (the last release writing layout 1), 60 s
 python -m tests.upgrade --from 6d9b9a6 --seconds 20 --variant both
+python -m tests.upgrade --limit 5 --weights 3   # a semaphore, from a645d7a (layout 2)
 ```
+
+With `--limit N` the name is a semaphore of that limit (by default from SEMAPHORE_FROM, the
+version before leases of several permits), and with `--weights W` as well each section of
+this tree's processes takes 1 to W permits at once while the old processes take one each:
+the checker sums the permits of the sections at once, never more than N.
 
 What it does: `git archive` extracts the old commit into a temporary directory (no work
 tree is left behind), a virtualenv there gets the old package (with its dependencies:
@@ -70,6 +76,9 @@ __all__ = ("Analysis", "analyse", "build_old", "extract", "main", "problems")
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_FROM = "6d9b9a6"
 """The last release that writes data layout 1."""
+SEMAPHORE_FROM = "a645d7a"
+"""The default with `--limit`: the last version before leases of several permits (layout
+2: its semaphore scripts count a permit per field and per slot of the index)."""
 ACQUIRE_TIMEOUT = 5.0
 """How long a checker worker's task waits for the lock at most, per attempt (its protocol)."""
 TASK_MIX = (1, 4)
@@ -385,6 +394,8 @@ async def _run_variants(
                 ttl=args.ttl,
                 hold=args.hold,
                 seed=args.seed,
+                limit=args.limit,
+                weights=args.weights,
             )
             reports[variant] = await run(config, server=server)
         return reports
@@ -406,8 +417,19 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--from",
         dest="revision",
-        default=DEFAULT_FROM,
-        help=f"the old version's commit (default {DEFAULT_FROM}, the last layout-1 release)",
+        default=None,
+        help=f"the old version's commit (default {DEFAULT_FROM}, the last layout-1 release; "
+        f"with --limit, {SEMAPHORE_FROM})",
+    )
+    parser.add_argument(
+        "--limit", type=int, default=0, help="a semaphore of this limit instead of a lock"
+    )
+    parser.add_argument(
+        "--weights",
+        type=int,
+        default=0,
+        metavar="W",
+        help="with --limit: this tree's sections take 1 to W permits at once",
     )
     parser.add_argument("--seconds", type=float, default=60.0, help="of contention, per variant")
     parser.add_argument(
@@ -436,7 +458,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--keep", action="store_true", help="keep every run's history, not only a failing one's"
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.revision is None:
+        args.revision = SEMAPHORE_FROM if args.limit else DEFAULT_FROM
+    if args.weights and not 1 <= args.weights <= args.limit:
+        parser.error("--weights: 1 to the --limit")
+    return args
 
 
 def _stop(signum: int, frame: object) -> None:

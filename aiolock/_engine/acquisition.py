@@ -230,9 +230,11 @@ class Primitive(PrimitiveBase):
         self._check_replicated("resume", acked)
         first_due = renewal.first_due(sent_at, config.renew_interval)
         slot = int(reply[2]) if len(reply) > 2 else None
+        permits = int(reply[3]) if len(reply) > 3 else 1
         lease = self._leases.new_lease(
-            runtime, token, int(reply[1]), sent_at, first_due=first_due, slot=slot
-        )
+            runtime, token, int(reply[1]), sent_at, first_due=first_due, slot=slot,
+            permits=permits,
+        )  # fmt: skip
         return self._granted(lease, 0.0, 1)
 
     def _late_resume(self, stall: float, *, fencing_token: int = 0) -> LeaseLostError:

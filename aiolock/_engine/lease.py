@@ -104,8 +104,7 @@ class Lease:
     lock): held until released, or lost.
 
     Obtained from `Lock.acquire()`, `Lock.try_acquire()` or `async with lock as lease` (and
-    the same on every primitive); not created directly. While held, the watchdog renews it
-    in the background.
+    the same on every primitive); not created directly. The watchdog renews it while held.
 
     Use it as an async context manager (`async with lock as lease:` does this for you) to
     have the body cancelled when the lease is lost; outside one, check `lost`, `remaining()`
@@ -124,6 +123,7 @@ class Lease:
         slot: a semaphore permit's slot, from 0 to the limit minus 1: no two permits held
             at once share one, and a permit that was lost has its slot (and its place in
             the fencing order of that slot) taken by the next. None for other leases.
+        permits: n for `Semaphore.acquire(permits=n)` (`slot` is its first), else 1.
     """
 
     __slots__ = (
@@ -149,6 +149,7 @@ class Lease:
         "_validity",
         "fencing_token",
         "name",
+        "permits",
         "slot",
         "token",
     )
@@ -166,12 +167,11 @@ class Lease:
         make_entry: Callable[[weakref.ref[Lease]], RenewalEntry] | None,
         deadline: float | None = None,
         slot: int | None = None,
+        permits: int = 1,
     ) -> None:
         self._issuer = issuer
-        self.name = issuer.name
-        self.token = token
-        self.fencing_token = fencing_token
-        self.slot = slot
+        self.name, self.token, self.fencing_token = issuer.name, token, fencing_token
+        self.slot, self.permits = slot, permits
         self._validity = renewal.Validity(
             sent_at=sent_at, ttl=ttl, margin=margin, deadline=deadline
         )

@@ -50,14 +50,17 @@ class LeaseIssuing:
         first_due: float | None,
         deadline: float | None = None,
         slot: int | None = None,
+        permits: int = 1,
     ) -> Lease:
-        """A lease under `token`, renewed from `first_due` on (None: not renewed)."""
+        """A lease under `token` (of `permits` permits, for a semaphore's), renewed from
+        `first_due` on (None: not renewed)."""
         config = self._of._config
         return Lease(
             issuer=self._of,
             token=token,
             fencing_token=fencing_token,
             slot=slot,
+            permits=permits,
             ttl=config.ttl,
             margin=config.margin,
             sent_at=sent_at,
@@ -72,6 +75,7 @@ class LeaseIssuing:
                 sent_at=sent_at,
                 due=first_due,
                 runtime=runtime,
+                permits=permits,
             ),
         )
 
@@ -181,7 +185,7 @@ class LeaseIssuing:
         async def renew() -> None:
             sent_at = loop.time()
             lease._renewal_sent(sent_at, config.ttl)
-            script, keys, args = self._of._renew_call(lease.token, config.ttl_ms)
+            script, keys, args = self._of._renew_call(lease.token, config.ttl_ms, lease.permits)
             try:
                 ours = await runtime.backend.run(
                     script,
@@ -246,7 +250,7 @@ class LeaseIssuing:
         try:
             reply, acked = await self._of._run_waiting(
                 runtime,
-                self._of._renew_call(lease.token, config.ttl_ms),
+                self._of._renew_call(lease.token, config.ttl_ms, lease.permits),
                 timeout=max(lease.deadline - sent_at, 0.001),
                 operation="acquire",
                 votes=None if self._of._votes is None else self._of._votes.renew,
@@ -276,6 +280,7 @@ class LeaseIssuing:
         sent_at: float,
         due: float,
         runtime: Runtime,
+        permits: int = 1,
     ) -> RenewalEntry:
         config = self._of._config
         assert config.renew_interval is not None
@@ -291,7 +296,7 @@ class LeaseIssuing:
                 fencing_token=fencing_token,
             ),
             token=token,
-            kind=self._of._renewal_kind(fencing_token),
+            kind=self._of._renewal_kind(fencing_token, permits),
             ttl_ms=config.ttl_ms,
             interval=config.renew_interval,
             due=due,

@@ -235,12 +235,16 @@ class PrimitiveBase(abc.ABC):
         )
         return self._release_script, self._release_keys, args
 
-    def _renew_call(self, token: str, ttl_ms: int) -> Call:
-        """The call that resets the expiry of the lease under `token` to `ttl_ms`."""
-        return RENEW, (self._key,), [token, ttl_ms, self._renew_kind]
+    def _renew_call(self, token: str, ttl_ms: int, permits: int = 1) -> Call:
+        """The call that resets the expiry of the lease under `token` (of `permits`
+        permits) to `ttl_ms`."""
+        return RENEW, (self._key,), [token, ttl_ms, self._renewal_kind(0, permits)]
 
-    def _renewal_kind(self, fencing_token: int) -> str:
-        """The kind of a lease's renewals (RENEW's ARGV[3]) once its fencing token is known."""
+    def _renewal_kind(self, fencing_token: int, permits: int = 1) -> str:
+        """The kind of a lease's renewals (RENEW's ARGV[3]) once its fencing token is
+        known; a semaphore's lease of several permits says how many (RENEW's 'ps<n>')."""
+        if permits > 1:
+            return f"{self._renew_kind}{permits}"
         return self._renew_kind
 
     def _resume_call(self, token: str, ttl_ms: int) -> Call:
@@ -393,7 +397,7 @@ class PrimitiveBase(abc.ABC):
     async def _extend_lease(self, lease: Lease, *, timeout: float, ttl_ms: int) -> bool:
         reply, acked = await self._run_waiting(
             runtime_for(self._client),
-            self._renew_call(lease.token, ttl_ms),
+            self._renew_call(lease.token, ttl_ms, lease.permits),
             timeout=timeout,
             operation="extend",
             votes=None if self._votes is None else self._votes.renew,

@@ -1,6 +1,7 @@
 """Where one lock lives in Redis: key names, fields and the format version.
 
-Format version 2. For a lock named NAME under PREFIX (default "aiolock"):
+Format version 3 (version 2 with a semaphore's leases of several permits: see the end). For
+a lock named NAME under PREFIX (default "aiolock"):
 
 | key / channel            | type    | holds                                                  |
 |--------------------------|---------|--------------------------------------------------------|
@@ -89,6 +90,19 @@ version before it, which do not know the index). An election's
 are a lock's under `PREFIX:el:{NAME}`, its state hash also holding the leader's record,
 with a change log `:log` and a channel `:changed` (see `_lua.election`).
 
+Layout 3 (a semaphore's leases of several permits, `Semaphore.acquire(permits=n)`): such a
+lease is n permits, each a field of its own with a slot of its own, as every permit is:
+`p:<token>` and `p:<token>~2` to `p:<token>~n` (one expiry, renewed together: RENEW's kind
+"ps<n>"). A request for several permits that is refused and waits sets `w` = "<token>
+<permits> <until, ms> <since, µs>" in the state (no later request gets a permit freed
+until it has its own), parks the permits free meanwhile in `p:<token>~w<k>` (fencing token
+0, lapsing with `w`), and has an entry without a grant token in the wait queue, under the
+id "w" and the token's first 15 characters. Processes of layout 2 count every one of
+those fields as a permit (their scripts read permits by field and by slot), reap and
+rebuild them as their own, and do not know `w`: they serve their queue first, where a
+release of theirs reserves a permit for the request's entry in its turn (`p:q<queue id>`),
+which the request's next try parks. So mixed versions never hold more than the limit.
+
 `{NAME}` is a Redis Cluster hash tag: every key of one lock is in one slot. Names may hold
 any text except a leading "}". Match every aiolock lock's key with `SCAN MATCH PREFIX:{*`
 (semaphores: `PREFIX:sem:{*`, read-write locks: `PREFIX:rw:{*`).
@@ -116,7 +130,7 @@ __all__ = (
     "permits_key",
 )
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 GRACE_MS = 2000
 """How long a waiter's queue entry outlives the expiry of the key it waits for. The waiter

@@ -18,7 +18,8 @@ RENEW = Script(
 -- ARGV[3i-2] token of the lease in KEYS[i], ARGV[3i-1] its ttl (ms), ARGV[3i] its kind:
 -- '' for a state hash holding it under `token` (a lock); 'p' for a hash holding it in the
 -- field 'p:<token>', "<slot> <expires at, ms> <rest>" (a read-write lock's lease), the key
--- living at least as long as each such lease; 'ps' for a semaphore's permit, held so, and
+-- living at least as long as each such lease; 'ps' (or 'ps<n>' for a lease of n permits,
+-- its extra ones in 'p:<token>~2' to 'p:<token>~n') for a semaphore's permit, held so, and
 -- its slot's score in the index `KEYS[i]:permits` (a sorted set in the same slot, living
 -- as long as the key: see `_lua.permit_index`) set to the new expiry; 'r<fencing token>' for a Redlock's state on
 -- one of its nodes (see `_lua.redlock`): held as a lock's, and if the node lost it (it
@@ -65,19 +66,40 @@ for i = 1, #KEYS do
       local t = redis.call('TIME')
       now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     end
-    local slot, expires, rest
-    if lease then
-      slot, expires, rest = string.match(lease, '^(%d+) (%d+) (.*)$')
+    -- 'ps<n>': a lease of n permits, its extra ones in 'p:<token>~2' to 'p:<token>~n'
+    -- (see `_lua.permit_index`): renewed with it if every one is still held, else the
+    -- lease is not (it lost a permit).
+    local names, values = {field}, {lease}
+    for k = 2, string.sub(kind, 1, 2) == 'ps' and tonumber(string.sub(kind, 3)) or 1 do
+      if not lease then
+        break
+      end
+      names[k] = field .. '~' .. k
+      values[k] = redis.call('HGET', KEYS[i], names[k])
+      lease = values[k]
     end
-    if expires and tonumber(expires) > now_ms then
-      redis.call('HSET', KEYS[i], field, string.format('%s %.0f %s', slot, now_ms + ttl, rest))
+    local parsed = {}
+    for k, value in ipairs(values) do
+      local slot, expires, rest = string.match(value or '', '^(%d+) (%d+) (.*)$')
+      if not (expires and tonumber(expires) > now_ms) then
+        parsed = nil
+        break
+      end
+      parsed[k] = {slot, rest}
+    end
+    if lease and parsed then
       local longer = redis.call('PTTL', KEYS[i]) < ttl
+      for k, each in ipairs(parsed) do
+        redis.call('HSET', KEYS[i], names[k], string.format('%s %.0f %s', each[1], now_ms + ttl, each[2]))
+      end
       if longer then
         redis.call('PEXPIRE', KEYS[i], ttl)
       end
-      if kind == 'ps' then
+      if string.sub(kind, 1, 2) == 'ps' then
         local permits = KEYS[i] .. ':permits'
-        redis.call('ZADD', permits, 'XX', now_ms + ttl, slot)
+        for _, each in ipairs(parsed) do
+          redis.call('ZADD', permits, 'XX', now_ms + ttl, each[1])
+        end
         if longer then
           redis.call('PEXPIRE', permits, ttl)
         end
@@ -95,8 +117,10 @@ RESUME = Script(
     """
 -- KEYS[1] the key holding the lease
 -- ARGV[1] token, ARGV[2] ttl (ms), ARGV[3] its kind, as for RENEW ('' if left out)
--- Returns {1, fencing token[, slot]}: a lease is held under this token (its slot, for a
---         semaphore's permit); its expiry is reset to the ttl; {0}: it is not.
+-- Returns {1, fencing token[, slot, permits]}: a lease is held under this token (its slot
+--         and permits, for a semaphore's lease, whose extra permits are reset too: the
+--         index is not, its rescoring left to the scripts that read it); its expiry is
+--         reset to the ttl; {0}: it is not.
 if (ARGV[3] or '') == '' then
   if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -121,6 +145,21 @@ redis.call('HSET', KEYS[1], field, string.format('%s %.0f %s %s', slot, now_ms +
 if redis.call('PTTL', KEYS[1]) < ttl then
   redis.call('PEXPIRE', KEYS[1], ttl)
 end
-return {1, tonumber(fence), tonumber(slot)}
+if ARGV[3] ~= 'ps' then
+  return {1, tonumber(fence), tonumber(slot)}
+end
+-- A semaphore's lease of several permits: the extra ones renewed too, counted in the reply.
+local permits, k = 1, 2
+while true do
+  local name = field .. '~' .. k
+  local extra = redis.call('HGET', KEYS[1], name)
+  local extra_slot, extra_rest = string.match(extra or '', '^(%d+) %d+ (.*)$')
+  if not extra_slot then
+    break
+  end
+  redis.call('HSET', KEYS[1], name, string.format('%s %.0f %s', extra_slot, now_ms + ttl, extra_rest))
+  permits, k = permits + 1, k + 1
+end
+return {1, tonumber(fence), tonumber(slot), permits}
 """,
 )

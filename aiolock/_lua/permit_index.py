@@ -77,7 +77,7 @@ local function zadd_all(args)
 end
 -- Read the state's own fields and `extra` (field names) into `state`; the clock.
 local function read(extra)
-  local names = {'limit', 'fence', 'q', 'r', 'ru', 'h', 'n', 'c', 'x', 'xr', 'l'}
+  local names = {'limit', 'fence', 'q', 'r', 'ru', 'h', 'n', 'c', 'x', 'xr', 'l', 'w'}
   for _, name in ipairs(extra) do
     names[#names + 1] = name
   end
@@ -387,6 +387,93 @@ local function keep_ours(ttl)
   live = live - 1
   hold(ARGV[1], tonumber(fence), ttl, ttl, holder, tonumber(slot), tonumber(at))
   return tonumber(fence), tonumber(slot)
+end
+-- A lease of n permits is its first permit, `p:<token>`, and n - 1 more, `p:<token>~2` to
+-- `p:<token>~n`, each a permit with a slot of its own (what every version counts).
+-- The fields of the extra permits of the lease under `token` (the first read in `state`
+-- by begin()), as a set; nil if it holds one permit.
+local function extras(token)
+  local name = 'p:' .. token .. '~2'
+  if not state[name] then
+    return nil
+  end
+  local found, k = {[name] = true}, 3
+  while true do
+    name = 'p:' .. token .. '~' .. k
+    local lease = redis.call('HGET', KEYS[1], name)
+    if not lease then
+      return found
+    end
+    state[name], found[name], k = lease, true, k + 1
+  end
+end
+-- The permits parked for the waiting request for several permits under `token` (fields
+-- `p:<token>~w1`, `~w2`...: see SEM_ACQUIRE_SEVERAL), read into `state`: a set, and how
+-- many.
+local function parked_of(token)
+  local found, k = {}, 1
+  while true do
+    local name = 'p:' .. token .. '~w' .. k
+    local lease = state[name] or redis.call('HGET', KEYS[1], name)
+    if not lease then
+      return found, k - 1
+    end
+    state[name], found[name], k = lease, true, k + 1
+  end
+end
+-- The wait queue id of the request for several permits under `token` while it waits.
+local function waiting_queue(token)
+  return 'w' .. string.sub(token, 1, 15)
+end
+-- Forget the extra permits in the fields named in `drop` (their tokens not remembered:
+-- the first permit's is), their slots free.
+local function drop_extras(drop)
+  for name in pairs(drop) do
+    local slot = string.match(state[name] or '', '^(%d+) ')
+    if slot then
+      removed[#removed + 1] = name
+      removed[#removed + 1] = 's' .. slot
+      state[name] = nil
+      zset[slot] = tonumber(slot)
+      freed[tonumber(slot)] = true
+      live = live - 1
+      counted = true
+    end
+  end
+end
+-- The oldest request for several permits that was refused (`w`, "<token> <permits> <until,
+-- ms> <since, µs>") while it stands: its token, permits and since; else nil. No permit
+-- goes to a request that came after it (a queue entry that joined later, an acquire that
+-- does not queue) until it has its permits or its time lapsed.
+local function barrier()
+  local token, n, until_ms, since = string.match(state.w or '', '^(%S+) (%d+) (%d+) (%d+)$')
+  if not token then
+    return nil
+  end
+  clock()
+  if tonumber(until_ms) <= now_ms then
+    return nil
+  end
+  return token, tonumber(n), tonumber(since), tonumber(until_ms)
+end
+-- Whether a barrier (see barrier()) keeps the caller, of queue `wid` ('' if none), from a
+-- free permit: it is not the barrier's owner and its queue entry is not older.
+local function barred(wid)
+  local token, _, since = barrier()
+  if not token or token == ARGV[1] then
+    return false
+  end
+  if wid ~= '' then
+    -- (the entries queued before it: one per process, a few; ZSCORE would need one more
+    -- command granted by the ACL line)
+    local older = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', string.format('(%.0f', since))
+    for _, each in ipairs(older) do
+      if each == wid then
+        return false
+      end
+    end
+  end
+  return true
 end
 """
     + RELEASE_HELPERS

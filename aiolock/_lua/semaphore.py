@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from .lock import COMMON, CONSTANTS, FORBID, HOLDS, Script
 from .permit_index import END_PERMIT, INDEX
 
-__all__ = ("SEM_ACQUIRE", "SEM_RELEASE", "SEM_SET_LIMIT", "sem_acquire_args")
+__all__ = ("SEM_ACQUIRE", "SEM_ACQUIRE_SEVERAL", "SEM_RELEASE", "SEM_SET_LIMIT", "sem_acquire_args")
 
 _SERVE = """
 -- Give a free permit to queue `wid`, whose entry ends with `tail`: held under the entry's
@@ -85,8 +85,13 @@ local function serve(stop, quiet)
   -- `left`: the waiters of each process served in this call that are still to be served;
   -- `reserving`: the queues given a reservation in this call.
   local index, left, reserving = 0, {}, {}
+  local _, _, since = barrier()
   while live < limit do
-    local head = redis.call('ZRANGE', KEYS[2], index, index)[1]
+    local found = redis.call('ZRANGE', KEYS[2], index, index, 'WITHSCORES')
+    local head = found[1]
+    if head and since and tonumber(found[2]) >= since then
+      break  -- queued after the barrier's request: it waits for it
+    end
     if not head then
       if index == 0 then
         redis.call('HDEL', KEYS[1], 'q')
@@ -209,17 +214,142 @@ end
 -- the free permits first.
 settle()
 serve(wid ~= '' and wid or nil)
-if live < limit then
+local barring = live < limit and barred(wid)
+if live < limit and not barring then
   local fence = issue()
   return taken(fence, hold(ARGV[1], fence, ttl, ttl, ARGV[3]))
 end
 local soonest = soonest_expiry()
+if barring then
+  local _, _, _, until_ms = barrier()
+  soonest = soonest and math.min(soonest, until_ms) or until_ms
+end
 local wait = soonest and soonest - now_ms or -1
 if wid ~= '' then
   line_up(wid, now_ms + math.max(wait, 0) + GRACE, behind + 1, ARGV[7])
 end
 flush()
 return {0, wait, '', '', '', '', state.h or ''}
+""",
+)
+
+SEM_ACQUIRE_SEVERAL = Script(
+    "semaphore-acquire-several",
+    """
+-- KEYS as SEM_ACQUIRE's
+-- ARGV[1] token, ARGV[2] ttl (ms), ARGV[3] the holder, "<host> <pid> <task>", ARGV[4] the
+-- caller's limit (stored if no limit is in force), ARGV[5] the permits wanted (2 or more),
+-- ARGV[6] how long (ms) the caller's request, once refused, keeps later ones from the
+-- permits freed (the barrier `w`, see `barrier()` in `_lua.permit_index`; renewed by each
+-- retry; the permits free meanwhile are parked for it, in 'p:<token>~w<k>', for as long),
+-- ARGV[7] '1' to set it, '' to try without
+-- Returns {1, fencing token, slot of the first permit, permits still free}: the permits,
+--           held as one lease (also when a retry finds them already ours: their expiry is
+--           reset to the ttl);
+--         {0, ms until the soonest permit expires, '', '', '', '', typical hold ms}: not
+--           enough permits free, or the processes queued first take the free ones;
+--         {-1, 0}: this token was aborted by its owner, or already used;
+--         {-2, the limit in force}: more permits wanted than the limit in force.
+"""
+    + CONSTANTS
+    + COMMON
+    + INDEX
+    + _SERVE
+    + """
+local n = tonumber(ARGV[5])
+local wid = waiting_queue(ARGV[1])
+begin({'a:' .. ARGV[1], 'p:' .. ARGV[1], 'p:' .. ARGV[1] .. '~2', 'p:' .. ARGV[1] .. '~w1',
+  'p:q' .. wid})
+if not limit then
+  limit = tonumber(ARGV[4])
+  writes[#writes + 1] = 'limit'
+  writes[#writes + 1] = limit
+end
+local ttl = tonumber(ARGV[2])
+if refused() then
+  return {-1, 0}
+end
+local ours = barrier() == ARGV[1]
+local parked, count = parked_of(ARGV[1])
+-- A permit that a release of the version before reserved for the request's queue entry
+-- (see below): free again, for this request first.
+drop_extras({['p:q' .. wid] = true})
+if n > limit then
+  if ours then
+    removed[#removed + 1] = 'w'
+  end
+  dequeue(wid)
+  drop_extras(parked)
+  serve()
+  flush()
+  return {-2, limit}
+end
+local kept, kept_slot = keep_ours(ttl)
+if kept then
+  -- A retry: the extra permits' expiry reset too, each keeping its slot.
+  for name in pairs(extras(ARGV[1]) or {}) do
+    local slot, at, holder = string.match(state[name], '^(%d+) %d+ %d+ (%d+) %d+ (.*)$')
+    live = live - 1
+    hold(string.sub(name, 3), kept, ttl, ttl, holder, tonumber(slot), tonumber(at))
+  end
+  flush()
+  return {1, kept, kept_slot, math.max(limit - live, 0)}
+end
+-- Not enough permits free: those that expired are reaped first (settle() reaps them only
+-- when the semaphore is full).
+if live < limit and limit - live < n then
+  reap()
+end
+settle()
+serve()
+if limit - live + count >= n and (ours or not barred('')) then
+  -- The permits parked for it (see below) are taken with the others free.
+  drop_extras(parked)
+  dequeue(wid)
+  local fence = issue()
+  local slot = hold(ARGV[1], fence, ttl, ttl, ARGV[3])
+  for k = 2, n do
+    hold(ARGV[1] .. '~' .. k, fence, ttl, ttl, ARGV[3])
+  end
+  if ours then
+    removed[#removed + 1] = 'w'
+  end
+  flush()
+  return {1, fence, slot, math.max(limit - live, 0)}
+end
+local lasts = tonumber(ARGV[6])
+if ARGV[7] == '1' and (ours or not barrier()) then
+  -- The barrier: the permits freed from now on wait for this request. Those free now are
+  -- parked for it, held under 'p:<token>~w<k>' until the barrier lapses (renewed by each
+  -- try): every version counts them, so a process of the version before, which does not
+  -- know the barrier, cannot take them either.
+  local since = ours and string.match(state.w, ' (%d+)$') or string.format('%.0f', now_us)
+  writes[#writes + 1] = 'w'
+  writes[#writes + 1] = string.format('%s %d %.0f %s', ARGV[1], n, now_ms + lasts, since)
+  queue_until = math.max(queue_until, now_ms + lasts)
+  requeued = true
+  for name in pairs(parked) do
+    local slot, at = string.match(state[name], '^(%d+) %d+ %d+ (%d+) ')
+    live = live - 1
+    hold(string.sub(name, 3), 0, lasts, lasts, ARGV[3], tonumber(slot), tonumber(at))
+  end
+  while live < limit do
+    count = count + 1
+    hold(ARGV[1] .. '~w' .. count, 0, lasts, lasts, ARGV[3])
+  end
+  -- In the wait queue too, an entry without a grant token: a release of the version before
+  -- (which serves the queue, not the barrier) reserves a permit for it in its turn, which
+  -- the next try parks.
+  line_up(wid, now_ms + lasts, 1, string.match(ARGV[3], '^%S+ %S+'))
+elseif ours then
+  removed[#removed + 1] = 'w'  -- a single try of the barrier's own: it ends
+  dequeue(wid)
+  drop_extras(parked)
+  serve()
+end
+local soonest = soonest_expiry()
+flush()
+return {0, soonest and soonest - now_ms or -1, '', '', '', '', state.h or ''}
 """,
 )
 
@@ -264,7 +394,7 @@ local handed = nil
 if own ~= '' and not joining then
   handed = 'a:' .. string.match(ARGV[7], '^%S+ %S+ %d+ %d+ %d+ (%x+) ')
 end
-local extra = {field}
+local extra = {field, field .. '~2'}
 if handed then
   extra[#extra + 1] = handed
 end
@@ -276,17 +406,38 @@ for i = 9, #ARGV do
 end
 begin(extra)
 limit = limit or 1
+if ARGV[1] ~= '' and string.match(state.w or '', '^%S+') == ARGV[1] then
+  -- A request for several permits given up: its barrier ends, the permits parked for it
+  -- go to the next in line.
+  removed[#removed + 1] = 'w'
+  state.w = nil
+  local wid = waiting_queue(ARGV[1])
+  dequeue(wid)
+  state['p:q' .. wid] = redis.call('HGET', KEYS[1], 'p:q' .. wid) or nil
+  drop_extras({['p:q' .. wid] = true})
+  drop_extras((parked_of(ARGV[1])))
+  serve()
+  flush()
+end
 if ARGV[1] ~= '' and holding(field) then
+  local several = extras(ARGV[1])
+  if several then
+    drop_extras(several)
+  end
   end_lease(field, (forgotten(9, reserved)))
   if own ~= '' then
     local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
-    if (not head or head == own) and live < limit and not (handed and state[handed]) then
+    if (not head or head == own) and live < limit and not (handed and state[handed])
+        and not barrier() then
       -- Nobody is ahead of the releasing process's own waiters: straight to them (a
       -- hand-over leaves the queue entry to the command putting it in line).
       if head and joining then
         dequeue(head)
       end
       local grant = give(own, ARGV[7], true)
+      if several then
+        serve(own)  -- the other permits freed go to the next in line
+      end
       flush(retain)
       return reply(1, grant, math.max(limit - live, 0))
     end

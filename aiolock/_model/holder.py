@@ -50,7 +50,17 @@ class LockInfo:
     expires_in: float
     """Seconds until the key expires unless renewed."""
     slot: int | None = None
-    """A semaphore permit's slot (None for a lock's holder)."""
+    """A semaphore permit's slot (None for a lock's holder); a lease of several permits
+    is listed once, at its first slot (`slots` has them all)."""
+    permits: int = 1
+    """The permits the holder's lease holds (a semaphore's lease of several permits, see
+    `Semaphore.acquire`; else 1).
+
+    Added in 0.1."""
+    slots: tuple[int, ...] = ()
+    """A semaphore lease's slots, its first one first (empty for other holders).
+
+    Added in 0.1."""
     waiting: int = dataclasses.field(default=0, compare=False)
     """Tasks waiting for the lock, summed over the queued processes whose entries have
     not expired, as `Lock.info()` reads them; 0 in a holder listed by a `SemaphoreInfo` or
@@ -115,30 +125,48 @@ class LockInfo:
         )
 
     @classmethod
-    def permits(cls, name: str, fields: Mapping[str, str], now_ms: int) -> tuple[LockInfo, ...]:
-        """The live permits among a semaphore state's `fields` ("p:<token>" = "<slot>
-        <expires at, ms> <fencing token> <acquired at, ms> <ttl ms> <host> <pid> <task>"),
-        by slot; `now_ms` is the server's clock."""
-        found = []
-        for field, value in fields.items():
-            if not field.startswith("p:"):
-                continue
+    def from_permits(
+        cls, name: str, fields: Mapping[str, str], now_ms: int
+    ) -> tuple[LockInfo, ...]:
+        """The live leases among a semaphore state's `fields` ("p:<token>" = "<slot>
+        <expires at, ms> <fencing token> <acquired at, ms> <ttl ms> <host> <pid> <task>";
+        a lease of several permits also has "p:<token>~2" to "p:<token>~n", one per extra
+        permit), by first slot; `now_ms` is the server's clock. The permits parked for a
+        waiting request for several permits ("p:<token>~w<k>", fencing token 0) are listed
+        as one holder of theirs."""
+        leases: dict[str, LockInfo] = {}
+        for field, value in sorted(fields.items()):
             parts = value.split(" ", 5)
-            if len(parts) < 6 or not parts[0].isdigit() or _number(parts[1]) <= now_ms:
+            if not field.startswith("p:") or len(parts) < 6 or not parts[0].isdigit():
                 continue
             slot, expires, fence, acquired, ttl, holder = parts
-            found.append(
-                cls.of(
-                    name,
-                    fence=fence,
-                    holder=holder,
-                    acquired_ms=acquired,
-                    ttl_ms=ttl,
-                    pttl_ms=_number(expires) - now_ms,
-                    slot=int(slot),
+            if _number(expires) <= now_ms:
+                continue
+            base, _, extra = field.partition("~")
+            key = base + ("~w" if extra.startswith("w") else "")
+            if key in leases:
+                known = leases[key]
+                leases[key] = dataclasses.replace(
+                    known, permits=known.permits + 1, slots=(*known.slots, int(slot))
                 )
+                continue
+            info = cls.of(
+                name,
+                fence=fence,
+                holder=holder,
+                acquired_ms=acquired,
+                ttl_ms=ttl,
+                pttl_ms=_number(expires) - now_ms,
+                slot=int(slot),
             )
-        return tuple(sorted(found, key=lambda info: info.slot or 0))
+            leases[key] = dataclasses.replace(info, slots=(int(slot),))
+        ordered = []
+        for key, info in leases.items():
+            # A lease's first slot is its first permit's ("p:<token>", read first).
+            first = min(info.slots) if key.endswith("~w") else info.slots[0]
+            slots = (first, *sorted(info.slots[1:] if first == info.slots[0] else info.slots))
+            ordered.append(dataclasses.replace(info, slot=first, slots=tuple(dict.fromkeys(slots))))
+        return tuple(sorted(ordered, key=lambda info: info.slot or 0))
 
 
 def _number(value: str) -> int:

@@ -147,7 +147,7 @@ RESERVED_TASK: Final = "(reserved)"
 
 
 def _permit_holders(name: str, fields: Mapping[str, str], pttl: int, now_ms: int) -> Holders:
-    holders = LockInfo.permits(name, fields, now_ms)
+    holders = LockInfo.from_permits(name, fields, now_ms)
     reserved: dict[int, str] = {}
     for key, value in fields.items():
         if key.startswith("p:q") and value.endswith(" " + RESERVED_TASK):
@@ -161,11 +161,11 @@ def _permit_holders(name: str, fields: Mapping[str, str], pttl: int, now_ms: int
 def _rw_holders(name: str, fields: Mapping[str, str], pttl: int, now_ms: int) -> Holders:
     # Its leases are written as a semaphore's permits, with the side (0 read, 1 write) in
     # place of the slot.
-    leases = LockInfo.permits(name, fields, now_ms)
-    writer = next((replace(info, slot=None) for info in leases if info.slot == 1), None)
+    leases = LockInfo.from_permits(name, fields, now_ms)
+    writer = next((replace(info, slot=None, slots=()) for info in leases if info.slot == 1), None)
     readers = tuple(
         sorted(
-            (replace(info, slot=None) for info in leases if info.slot == 0),
+            (replace(info, slot=None, slots=()) for info in leases if info.slot == 0),
             key=lambda info: info.fencing_token,
         )
     )
@@ -254,10 +254,16 @@ class LockState:
         return "reserved" if self.reservation is not None else "free"
 
     @property
+    def permits_held(self) -> int:
+        """A semaphore's permits held: its holders' `permits` summed (a lease of several
+        permits is one holder)."""
+        return sum(info.permits for info in self.holders)
+
+    @property
     def free(self) -> int | None:
         """A semaphore's permits free now (0 while a lowered limit is still exceeded; None:
         no limit stored, or a lock)."""
-        return None if self.limit is None else max(self.limit - len(self.holders), 0)
+        return None if self.limit is None else max(self.limit - self.permits_held, 0)
 
     @property
     def waiters(self) -> int:

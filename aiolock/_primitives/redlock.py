@@ -334,14 +334,14 @@ class Redlock(Primitive):
         args = release_args(token=token, retain_ms=retain_ms, abort=abort, forced=forced)
         return RL_RELEASE, self._release_keys, args
 
-    def _renew_call(self, token: str, ttl_ms: int) -> Call:
+    def _renew_call(self, token: str, ttl_ms: int, permits: int = 1) -> Call:
         return RENEW, (self._key,), [token, ttl_ms, self._renew_kind]
 
     def _resume_call(self, token: str, ttl_ms: int) -> Call:
         """RESUME of a lock's state (each node holds it as a lock does)."""
         return RESUME, (self._key,), [token, ttl_ms, ""]
 
-    def _renewal_kind(self, fencing_token: int) -> str:
+    def _renewal_kind(self, fencing_token: int, permits: int = 1) -> str:
         """The renewals' kind carries the fencing token: a node that lost the key gets it
         back, with this token, at the next renewal."""
         return f"{self._renew_kind}{fencing_token}"

@@ -42,7 +42,7 @@ def live_holders(state: LockState) -> list[LockInfo]:
 
 def held_count(state: LockState) -> int:
     """Permits taken: holders, and what was handed over to a queued process."""
-    return len(state.holders) + (1 if state.reservation is not None else 0)
+    return sum(info.permits for info in state.holders) + (1 if state.reservation is not None else 0)
 
 
 def limit_of(state: LockState) -> int | None:
@@ -74,6 +74,8 @@ def holder_dict(state: LockState, info: LockInfo) -> dict[str, Any]:
     age = max(round(state.server_time * 1000) - acquired_ms, 0) / 1000 if acquired_ms else None
     return {
         "slot": info.slot,
+        "permits": info.permits,
+        "slots": list(info.slots),
         "side": _side(state, info),
         "fencing_token": info.fencing_token,
         "host": info.host,

@@ -301,8 +301,10 @@ def _permit_facts(facts: Table, state: LockState) -> None:
         facts.add_row("limit", "- (none stored: the semaphore is not in use)")
     else:
         facts.add_row("limit", f"{state.limit} (in force, stored in Redis)")
-    held = len(state.holders)
+    held = state.permits_held
     permits = f"{held} held"
+    if held > len(state.holders):
+        permits += f" by {len(state.holders)} holder(s)"
     if state.free is not None:
         permits += f", {state.free} free"
         if state.limit is not None and held > state.limit:
@@ -321,7 +323,7 @@ def _permits_table(state: LockState) -> Table:
         first = "SIDE"
     else:
         limit = "?" if state.limit is None else str(state.limit)
-        title, first = f"permits: {len(state.holders)} of {limit} held", "SLOT"
+        title, first = f"permits: {state.permits_held} of {limit} held", "SLOT"
     table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
     for column in (first, "HOST", "PID", "TASK", "FENCING TOKEN", "AGE", "TTL", "EXPIRES IN"):
         table.add_column(column, justify="right" if column in {"SLOT", "PID"} else "left")
@@ -329,7 +331,7 @@ def _permits_table(state: LockState) -> Table:
         holder = holder_dict(state, info)
         queue = holder["reserved_for"]
         table.add_row(
-            holder["side"] or str(info.slot),
+            holder["side"] or ",".join(map(str, info.slots or (info.slot,))),
             printable(info.host),
             str(info.pid),
             Text(f"(handed over to queue {printable(queue)})", style="italic")

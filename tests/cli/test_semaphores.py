@@ -532,3 +532,36 @@ async def test_waiters_behind_permits_that_expired_are_listed(
         assert "queue: 1 process(es), 3 waiter(s)" in table and "web-1" not in table
     finally:
         await client.delete(keys.lock, keys.queue, keys.waiters)
+
+
+async def test_show_lists_a_lease_of_several_permits_once_with_its_slots(
+    server_url: str, tag: str, client: redis.asyncio.Redis, arun: AsyncRunCli
+) -> None:
+    name = f"{tag}:gpus"
+    semaphore = Semaphore(client, name, limit=5, ttl=15)
+    big = await asyncio.create_task(semaphore.acquire(permits=3), name="training")
+    single = await acquire_as(semaphore, "inference")
+    try:
+        result = await arun("--url", server_url, "show", name, "--json")
+        assert result.code == 0, result.err
+        sem = result.json()["semaphore"]
+        assert (sem["held"], sem["free"]) == (4, 1)
+        assert [(p["task"], p["permits"], p["slots"]) for p in sem["holders"]] == [
+            ("training", 3, [0, 1, 2]),
+            ("inference", 1, [3]),
+        ]
+        table = await arun("--url", server_url, "show", name)
+        assert table.code == 0, table.err
+        assert "permits        4 held by 2 holder(s), 1 free" in table.out
+        assert "permits: 4 of 5 held" in table.out
+        (line,) = [ln for ln in table.out.splitlines() if " training " in ln]
+        assert line.split()[:5] == [
+            "0,1,2",
+            HOST,
+            str(os.getpid()),
+            "training",
+            str(big.fencing_token),
+        ]
+    finally:
+        await big.release()
+        await single.release()

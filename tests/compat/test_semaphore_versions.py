@@ -5,6 +5,7 @@ one is free (the index notices what the older scripts did: `aiolock._lua.permit_
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
 import uuid
@@ -13,11 +14,13 @@ import pytest
 import redis.asyncio
 
 from aiolock import Lease, LeaseLostError, Semaphore
-from aiolock._lua.layout import LockKeys
+from aiolock._lua.layout import LockKeys, permits_key
 from aiolock._lua.lease import RENEW
 from aiolock.testing import expire_now
 
+from ..support.waits import eventually, within
 from . import semaphore_before_index as before
+from . import semaphore_before_weights as weights_before
 
 pytestmark = pytest.mark.real_only
 
@@ -159,3 +162,134 @@ async def test_each_change_an_older_process_makes_is_seen_at_once(
     assert await semaphore.try_acquire() is None, "a renewed permit's slot was taken"
     assert sorted(await live_slots(client, keys.lock)) == [0, 1]
     await first.release()
+
+
+# ------------------------------------------------- beside the version before weighted leases
+async def lease_slots(client: redis.asyncio.Redis, key: str, token: str) -> tuple[int, ...]:
+    """The slots of the lease under `token` (its permits' fields, `p:<token>~k` too)."""
+    fields = await client.hgetall(key)
+    return tuple(
+        sorted(
+            int(text(value).split()[0])
+            for field, value in fields.items()
+            if text(field) == f"p:{token}" or text(field).startswith(f"p:{token}~")
+        )
+    )
+
+
+async def test_older_single_permits_and_leases_of_several_never_exceed_the_limit(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    """Processes of the version before leases of several permits take single permits with
+    their scripts (`semaphore_before_weights`), this version's leases of 1 to 3 permits:
+    the older scripts count each lease's n permits (n fields, n slots in the index), so
+    together they never hold more than the limit, and each side gets what is free."""
+    limit = 5
+    keys = LockKeys.build("aiolock", name, "sem:")
+    script_keys = (*keys.scripts, permits_key(keys.lock))
+    semaphore = Semaphore(client, name, limit=limit, ttl=TTL_MS / 1000, renew=False)
+    rng = random.Random(20261206)
+    new_held: list[Lease] = []
+    old_held: list[str] = []
+
+    async def old_acquire() -> bool:
+        token = uuid.uuid4().hex
+        args = weights_before.sem_acquire_args(token, TTL_MS, "old-host 1 old-task", limit)
+        reply = await client.eval(weights_before.SEM_ACQUIRE.source, 5, *script_keys, *args)
+        if int(reply[0]) == 1:
+            old_held.append(token)
+            return True
+        return False
+
+    async def old_release() -> None:
+        token = old_held.pop(rng.randrange(len(old_held)))
+        await client.eval(weights_before.SEM_RELEASE.source, 5, *script_keys, token)
+
+    async def new_release() -> None:
+        lease = new_held.pop(rng.randrange(len(new_held)))
+        with contextlib.suppress(LeaseLostError):  # lapsed meanwhile
+            await lease.release()
+
+    async def lapse() -> None:
+        """A lease of either side reaches its expiry unrenewed (every permit of it)."""
+        if new_held and (not old_held or rng.random() < 0.5):
+            lease = rng.choice(new_held)
+            for slot in await lease_slots(client, keys.lock, lease.token):
+                await expire_now(client, semaphore, slot=slot)
+        elif old_held:
+            for slot in await lease_slots(client, keys.lock, rng.choice(old_held)):
+                await expire_now(client, semaphore, slot=slot)
+
+    for step in range(500):
+        free = limit - len(await live_slots(client, keys.lock))
+        action = rng.choice(["old", "new", "old", "new", "release", "renew", "lapse"])
+        if action == "old":
+            assert await old_acquire() == (free > 0), f"step {step}: old acquire, {free} free"
+        elif action == "new":
+            permits = rng.randint(1, 3)
+            lease = await semaphore.try_acquire(permits=permits)
+            assert (lease is not None) == (free >= permits), f"step {step}: {permits}, {free}"
+            if lease is not None:
+                new_held.append(lease)
+        elif action == "release" and (old_held or new_held):
+            if old_held and (not new_held or rng.random() < 0.5):
+                await old_release()
+            else:
+                await new_release()
+        elif action == "renew" and old_held:
+            await client.eval(RENEW.source, 1, keys.lock, rng.choice(old_held), TTL_MS, "ps")
+        elif action == "lapse":
+            await lapse()
+        slots = await live_slots(client, keys.lock)
+        assert len(slots) <= limit, f"step {step} ({action}): {len(slots)} permits live"
+        assert len(set(slots)) == len(slots), f"step {step} ({action}): a slot held twice"
+        assert all(slot < limit for slot in slots), f"step {step} ({action}): {slots}"
+
+    for lease in new_held:
+        with contextlib.suppress(LeaseLostError):
+            await lease.release()
+    for token in old_held:
+        await client.eval(weights_before.SEM_RELEASE.source, 5, *script_keys, token)
+    # Everything given back: one lease takes every permit.
+    whole = await semaphore.acquire(permits=limit, timeout=0)
+    assert sorted(await lease_slots(client, keys.lock, whole.token)) == list(range(limit))
+    await whole.release()
+
+
+async def test_a_waiting_lease_of_several_permits_beside_older_processes(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    """The older scripts do not know the barrier of a waiting request for several permits,
+    but they count the permits parked for it (fields of their own): they cannot take them,
+    and the request gets its permits once enough are free."""
+    limit = 3
+    keys = LockKeys.build("aiolock", name, "sem:")
+    script_keys = (*keys.scripts, permits_key(keys.lock))
+    semaphore = Semaphore(client, name, limit=limit, ttl=TTL_MS / 1000)
+
+    async def old_acquire() -> str | None:
+        token = uuid.uuid4().hex
+        args = weights_before.sem_acquire_args(token, TTL_MS, "old-host 1 old-task", limit)
+        reply = await client.eval(weights_before.SEM_ACQUIRE.source, 5, *script_keys, *args)
+        return token if int(reply[0]) == 1 else None
+
+    first, second = await old_acquire(), await old_acquire()
+    assert first and second
+    big = asyncio.create_task(semaphore.acquire(permits=2, timeout=60))
+
+    async def barrier_up() -> bool:
+        return bool(await client.hexists(keys.lock, "w"))
+
+    await eventually(barrier_up, what="the request for two permits refused", interval=0.005)
+    # The one permit free is parked for it: neither version takes it.
+    assert await semaphore.try_acquire() is None
+    assert await old_acquire() is None
+    assert len(await live_slots(client, keys.lock)) == limit
+    waiting = [h for h in (await semaphore.info()).holders if h.fencing_token == 0]
+    assert [h.permits for h in waiting] == [1]
+    await client.eval(weights_before.SEM_RELEASE.source, 5, *script_keys, first)
+    lease = await within(big, what="the request for two permits served")
+    assert lease.permits == 2 and len(await live_slots(client, keys.lock)) == limit
+    await lease.release()
+    await client.eval(weights_before.SEM_RELEASE.source, 5, *script_keys, second)
+    assert await live_slots(client, keys.lock) == []

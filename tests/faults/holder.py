@@ -2,7 +2,7 @@
 
 Run as `python -m tests.faults.holder --url URL --name NAME --ttl 1 --mode hold` from the
 repository root (with `--limit N`, it holds a permit of a `Semaphore` of that limit instead
-of the lock; with `--rw read|write`, that side of a `ReadWriteLock`) (the tests use `sys.executable`). It talks to the test's own server and
+of the lock, with `--permits K` as well K of them as one lease; with `--rw read|write`, that side of a `ReadWriteLock`) (the tests use `sys.executable`). It talks to the test's own server and
 prints one JSON object per line on stdout, each with `event` and `t` (`time.monotonic()`,
 comparable with the test's clock: same machine):
 
@@ -84,7 +84,10 @@ def primitive(
 
 
 async def hold(client: redis.asyncio.Redis, args: argparse.Namespace) -> None:
-    async with primitive(client, args) as lease:
+    made: Any = primitive(client, args)
+    if args.permits > 1:  # a lease of several permits (`--limit` too)
+        made = await made.acquire(permits=args.permits)
+    async with made as lease:
         emit("acquired", fencing_token=lease.fencing_token, pid=os.getpid(), slot=lease.slot)
         await asyncio.sleep(args.hold)
 
@@ -131,6 +134,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--mode", choices=("hold", "block"), default="hold")
     parser.add_argument("--fence-key", default="")
     parser.add_argument("--limit", type=int, default=0, help="a semaphore's (0: the lock)")
+    parser.add_argument("--permits", type=int, default=1, help="with --limit: held at once")
     parser.add_argument("--rw", choices=("read", "write"), help="a read-write lock's side")
     return parser.parse_args(argv)
 

@@ -12,6 +12,7 @@ import random
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -115,6 +116,19 @@ def test_a_semaphores_sections_may_overlap_up_to_its_limit() -> None:
     history = [section(0, 5, 10, slot=0), section(1, 5, 11, slot=1), section(2, 5, 12, slot=2)]
     assert not verify(history, limit=3).violations
     assert [v.kind for v in verify(history, limit=2).violations] == ["over the limit"]
+
+
+def test_sections_of_several_permits_count_every_permit_against_the_limit() -> None:
+    """`--weights`: sections at once may hold up to the limit in permits, not in number."""
+
+    def weighted(enter: float, token: int, slot: int, permits: int) -> Section:
+        return replace(section(enter, 5, token, slot=slot), permits=permits)
+
+    history = [weighted(0, 10, 0, 3), weighted(1, 11, 3, 2)]
+    assert not verify(history, limit=5).violations
+    assert [v.kind for v in verify(history, limit=4).violations] == ["over the limit"]
+    restored = Section.from_json(weighted(0, 10, 0, 3).to_json())
+    assert restored.permits == 3
 
 
 def test_a_semaphores_slot_is_held_once_at_a_time_in_token_order() -> None:

@@ -245,3 +245,34 @@ async def test_a_waiting_writer_whose_process_died_stops_blocking_readers(
     finally:
         await other_client.aclose()
     await reading.release()
+
+
+async def test_a_killed_holders_lease_of_several_permits_returns_whole_within_its_ttl(
+    server: RedisServer, client: redis.asyncio.Redis, name: str, processes: list[Any]
+) -> None:
+    """A process holding 3 of 4 permits as one lease is killed: its 3 permits come back
+    together when its lease expires, and a request for 3 waiting here gets them."""
+    loop = asyncio.get_running_loop()
+    ttl = 1.0
+    semaphore = Semaphore(client, name, limit=4, ttl=10)
+    holder = await Holder.start(
+        server.url, name, "--ttl", str(ttl), "--limit", "4", "--permits", "3"
+    )
+    processes.append(holder)
+    acquired = await holder.wait_for("acquired")
+    assert acquired["slot"] == 0
+    assert await semaphore.try_acquire(permits=2) is None
+    waiter = asyncio.create_task(semaphore.acquire(permits=3, timeout=30))
+
+    async def barrier_up() -> bool:
+        return bool(await client.hexists(LockKeys.build("aiolock", name, "sem:").lock, "w"))
+
+    await eventually(barrier_up, what="the request for 3 permits waiting", interval=0.001)
+    holder.kill()
+    killed_at = loop.time()
+    await holder.process.wait()
+    lease = await within(waiter, what="the killed holder's permits")
+    assert loop.time() <= killed_at + ttl + 1.0
+    assert lease.permits == 3 and lease.fencing_token > acquired["fencing_token"]
+    assert (await semaphore.info()).held == 3
+    await lease.release()
