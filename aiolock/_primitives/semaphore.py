@@ -194,7 +194,7 @@ class Semaphore(Primitive):
     ) -> Lease:
         """Wait for `permits` permits and return them as one `Lease` (`lease.permits`).
 
-        One permit is `Primitive.acquire`'s (see `Lock.acquire`). Several (Added in 0.1)
+        One permit is `Primitive.acquire`'s (see `Lock.acquire`). Several
         are taken all at once or not at all, held in as many slots (`lease.slot` is the
         first; every slot's fencing order takes `lease.fencing_token`), renewed, lost and
         released together. Fairness: the first request for several permits that is refused
