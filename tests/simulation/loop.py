@@ -158,5 +158,6 @@ def _name(handle: events.Handle) -> str:
     callback = getattr(handle, "_callback", None)
     owner = getattr(callback, "__self__", None)
     if isinstance(owner, asyncio.Task):
-        return f"step {owner.get_coro().__qualname__}"  # type: ignore[union-attr]
+        coro = owner.get_coro()
+        return f"step {getattr(coro, '__qualname__', type(coro).__name__)}"
     return getattr(callback, "__qualname__", type(callback).__name__)

@@ -29,6 +29,8 @@ import heapq
 import importlib
 import random
 import time
+import weakref
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +68,48 @@ class NetworkFaults:
     """A reply lost after its command ran: the connection is reset."""
     message_loss: float = 0.0
     """A pub/sub message lost (the subscription stays)."""
+
+
+class _OrderedWeakSet:
+    """fakeredis's set of a channel's subscribers, iterated in the order they subscribed
+    (a `WeakSet` iterates in the order of memory addresses: not the same from one run to
+    the next)."""
+
+    def __init__(self) -> None:
+        self._refs: dict[int, weakref.ref[Any]] = {}
+
+    def add(self, item: Any) -> None:
+        self._refs.setdefault(id(item), weakref.ref(item))
+
+    def discard(self, item: Any) -> None:
+        ref = self._refs.get(id(item))
+        if ref is not None and ref() is item:
+            del self._refs[id(item)]
+
+    def remove(self, item: Any) -> None:
+        if item not in self:
+            raise KeyError(item)
+        self.discard(item)
+
+    def _live(self) -> list[Any]:
+        live = [(key, ref()) for key, ref in self._refs.items()]
+        for key, item in live:
+            if item is None:
+                del self._refs[key]
+        return [item for _, item in live if item is not None]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._live())
+
+    def __len__(self) -> int:
+        return len(self._live())
+
+    def __bool__(self) -> bool:
+        return bool(self._live())
+
+    def __contains__(self, item: Any) -> bool:
+        ref = self._refs.get(id(item))
+        return ref is not None and ref() is item
 
 
 class SimSocket(AsyncFakeSocket):
@@ -171,6 +215,9 @@ class SimServer:
         self.rng = rng
         self.faults = faults
         self.fake = fakeredis.FakeServer(version=(7, 2))
+        self.fake.subscribers = defaultdict(_OrderedWeakSet)  # type: ignore[arg-type]
+        self.fake.psubscribers = defaultdict(_OrderedWeakSet)  # type: ignore[arg-type]
+        self.fake.ssubscribers = defaultdict(_OrderedWeakSet)  # type: ignore[arg-type]
         self.up = True
         self.notes: list[str] = []
         self.context = contextvars.Context()
