@@ -37,6 +37,8 @@ from typing import TextIO
 ROOT = Path(__file__).resolve().parents[1]
 MUTANTS = ROOT / "tests" / "simulation" / "mutants"
 HASH_SEED = "0"
+EXPECT = "AIOLOCK_SIMULATE_PACKAGE"
+"""Set for a mutant's runs: the copy of the package they must import."""
 
 
 def _say(*parts: object, file: TextIO = sys.stdout) -> None:
@@ -70,6 +72,12 @@ def mutant_kind(name: str) -> str | None:
 
 def _search(args: argparse.Namespace) -> int:
     """Seeds from `args.first` until one fails or the budget is spent."""
+    import aiolock
+
+    expected = os.environ.get(EXPECT)
+    if expected and Path(aiolock.__file__).parent != Path(expected):
+        _say(f"the runs would use {aiolock.__file__}, not the mutant's copy {expected}")
+        return 2
     started = time.monotonic()
     runs = sections = 0
     seeds = iter(range(args.first, args.first + args.runs))
@@ -128,14 +136,16 @@ def _mutant(args: argparse.Namespace) -> int:
         if applied.returncode != 0:
             _say(f"mutant {args.mutant}: the patch does not apply:\n{applied.stderr}")
             return 2
+        # run from the copy: its aiolock comes first on the path, this tree's tests after
         env = {**os.environ, "PYTHONPATH": os.pathsep.join((tmp, str(ROOT)))}
+        env[EXPECT] = str(Path(tmp) / "aiolock")
         command = [sys.executable, "-m", "tests.simulate", "--seconds", str(args.seconds)]
         command += ["--jobs", str(args.jobs), "--first", str(args.first)]
         command += ["--runs", str(args.runs)]
         kind = args.kind or mutant_kind(args.mutant)
         if kind:
             command += ["--kind", kind]
-        result = subprocess.run(command, cwd=ROOT, env=env, check=False)
+        result = subprocess.run(command, cwd=tmp, env=env, check=False)
         verdict = "found" if result.returncode == 1 else "not found"
         _say(f"mutant {args.mutant}: {verdict}")
         return result.returncode
