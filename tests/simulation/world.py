@@ -50,6 +50,8 @@ SERVED_WITHIN = 1.0
 """Longest a waiter may wait while its name is free (virtual seconds), when no fault
 struck: a release wakes the head of the queue at once (a lost wake-up is covered by a poll
 within the holder's pttl, longer than this in these runs)."""
+CLEAN = 0.3
+"""The share of seeds run without faults (where a waiter's service is judged too)."""
 SHOWN = 8
 """Problems a report shows (the first ones)."""
 PAST_DEADLINE = 0.005
@@ -83,6 +85,8 @@ def scenario_for(seed: int, kind: str | None = None) -> Scenario:
     kind = kind or KINDS[seed % len(KINDS)]
     allowed = [f for f in FAULTS if not (kind == "redlock" and f in ("restart", "failover"))]
     faults = tuple(f for f in allowed if rng.random() < 0.35)
+    if rng.random() < CLEAN:
+        faults = ()
     return Scenario(
         kind=kind,
         processes=rng.randint(2, 4),
