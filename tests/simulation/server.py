@@ -61,6 +61,8 @@ RESET = _Reset()
 class NetworkFaults:
     """How often each fault of the seam strikes (probabilities per reply or message)."""
 
+    latency: float = 0.0
+    """Every reply and pushed message takes up to this long (not a fault)."""
     delay: float = 0.0
     """A reply (or pushed message) delayed by up to `max_delay`."""
     max_delay: float = 0.0
@@ -138,9 +140,9 @@ class SimSocket(AsyncFakeSocket):
             sim.note("reply lost")
             self.reset()
             return
-        delay = 0.0
+        delay = rng.uniform(0, faults.latency) if faults.latency else 0.0
         if faults.delay and rng.random() < faults.delay:
-            delay = rng.uniform(0, faults.max_delay)
+            delay += rng.uniform(0, faults.max_delay)
         loop = sim.loop
         when = max(loop.time() + delay, self.free_at)
         self.free_at = when

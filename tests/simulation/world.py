@@ -27,10 +27,11 @@ from typing import Any
 
 import aiolock
 from aiolock import AcquireTimeoutError, BackendError, LeaseLostError
+from aiolock._lua.layout import LockKeys
 from tests.checker import Section, Verdict, _held_keys, verify
 
 from .loop import PROCESS, SimLoop, Stuck
-from .server import NetworkFaults, SimServer, virtual_time
+from .server import EPOCH, NetworkFaults, SimServer, virtual_time
 
 __all__ = ("KINDS", "Outcome", "Scenario", "run", "scenario_for")
 
@@ -46,10 +47,13 @@ FAULTS = (
     "restart",
     "failover",
 )
-SERVED_WITHIN = 1.0
+SERVED_WITHIN = 0.25
 """Longest a waiter may wait while its name is free (virtual seconds), when no fault
 struck: a release wakes the head of the queue at once (a lost wake-up is covered by a poll
-within the holder's pttl, longer than this in these runs)."""
+within the holder's pttl, longer than this)."""
+LATENCY = 0.002
+"""Every reply and pushed message takes up to this long (seconds): servers' announcements
+of one release reach a Redlock's waiter one after the other."""
 CLEAN = 0.3
 """The share of seeds run without faults (where a waiter's service is judged too)."""
 SHOWN = 8
@@ -141,6 +145,7 @@ class World:
         self.rng = random.Random(f"world {seed}")
         s = scenario
         faults = NetworkFaults(
+            latency=LATENCY,
             delay=0.2 if "delay" in s.faults else 0.0,
             max_delay=s.ttl * 0.3,
             loss=0.01 if "loss" in s.faults else 0.0,
@@ -208,7 +213,7 @@ class World:
                 slot = -1 if getattr(lease, "slot", None) is None else int(lease.slot)
                 proc.open[index] = (held, tokens, enter, slot)
                 try:
-                    await self._body(rng, steps)
+                    await self._body(rng, steps, lease)
                 finally:
                     exit_ = loop.time()
                     proc.open.pop(index, None)
@@ -253,15 +258,37 @@ class World:
             section = Section(name, tokens[name], enter, exit_, lost_here, worker, reason, slot)
             self.out.write(section.to_json() + "\n")
 
-    async def _body(self, rng: random.Random, steps: list[float]) -> None:
+    async def _body(self, rng: random.Random, steps: list[float], lease: Any = None) -> None:
         """A few steps, each an effect that must happen within the lease (their times in
         `steps`, for `_check_steps`)."""
         for _ in range(rng.randint(1, 3)):
             steps.append(self.loop.time())
+            self._check_validity(lease)
             if rng.random() < 0.2:
                 await asyncio.sleep(0)
             else:
                 await asyncio.sleep(rng.uniform(0, self.scenario.hold))
+
+    def _check_validity(self, lease: Any) -> None:
+        """A `Lock`'s lease never counts on more than the server gives it: while the server
+        holds the key under the lease's token, the lease's deadline is not later than the
+        key's expiry (a deadline counts from when the acquire or renewal was sent)."""
+        if lease is None or self.scenario.kind != "lock":
+            return
+        key = LockKeys.build("aiolock", lease.name).lock.encode()
+        db = self.servers[0].fake.dbs[0]
+        item = db._dict.get(key)
+        if item is None or item.expireat is None:
+            return
+        fields = item.value
+        if fields.get(b"token") != lease.token.encode():
+            return
+        expires = item.expireat - EPOCH
+        if lease.deadline > expires + PAST_DEADLINE:
+            self.problems.append(
+                f"a lease of {lease.name!r} (token {lease.fencing_token}) counts on "
+                f"{lease.deadline - expires:.6f}s more than the server's expiry of its key"
+            )
 
     def _check_steps(self, proc: _Process, lease: Any, steps: list[float]) -> None:
         """Once the block has ended: of a lease that was lost, at most one step of the body
