@@ -62,7 +62,7 @@ class NetworkFaults:
     """How often each fault of the seam strikes (probabilities per reply or message)."""
 
     latency: float = 0.0
-    """Every reply and pushed message takes up to this long (not a fault)."""
+    """Every request, reply and pushed message takes up to this long (not a fault)."""
     delay: float = 0.0
     """A reply (or pushed message) delayed by up to `max_delay`."""
     max_delay: float = 0.0
@@ -122,6 +122,7 @@ class SimSocket(AsyncFakeSocket):
     clean: bool
     """The simulator's own connection (the final sweep's): no fault strikes it."""
     free_at: float
+    sent_at: float
 
     def put_response(self, msg: Any) -> None:
         sim = self.sim
@@ -157,9 +158,27 @@ class SimSocket(AsyncFakeSocket):
             AsyncFakeSocket.put_response(self, msg)
 
     def sendall(self, data: Any) -> None:
+        """A request reaches the server after the route's latency (and a delay fault), in
+        order on its connection; there it runs at once."""
         if self.dead:
             return
-        super().sendall(data)
+        sim = self.sim
+        delay = 0.0
+        if not self.clean:
+            delay = sim.rng.uniform(0, sim.faults.latency) if sim.faults.latency else 0.0
+            if sim.faults.delay and sim.rng.random() < sim.faults.delay:
+                delay += sim.rng.uniform(0, sim.faults.max_delay)
+        loop = sim.loop
+        when = max(loop.time() + delay, self.sent_at)
+        self.sent_at = when
+        if when <= loop.time():
+            super().sendall(data)
+        else:
+            loop.call_at(when, self._arrive, data, context=sim.context)
+
+    def _arrive(self, data: Any) -> None:
+        if not self.dead:
+            AsyncFakeSocket.sendall(self, data)
 
     def reset(self) -> None:
         """The connection drops: no more replies, its reader told, its subscriptions gone."""
@@ -196,6 +215,7 @@ class SimConnection(FakeAsyncRedisConnection):
         sock.dead = False
         sock.clean = self.clean
         sock.free_at = 0.0
+        sock.sent_at = 0.0
         self._sock = sock
         self._reader = FakeReader(sock)
         self._writer = FakeWriter(sock)
