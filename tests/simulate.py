@@ -39,6 +39,8 @@ MUTANTS = ROOT / "tests" / "simulation" / "mutants"
 HASH_SEED = "0"
 EXPECT = "AIOLOCK_SIMULATE_PACKAGE"
 """Set for a mutant's runs: the copy of the package they must import."""
+MUTANT = "AIOLOCK_SIMULATE_MUTANT"
+"""Set for a mutant's runs: its name (for the replay command printed)."""
 
 
 def _say(*parts: object, file: TextIO = sys.stdout) -> None:
@@ -113,7 +115,10 @@ def _search(args: argparse.Namespace) -> int:
         seed, report = failed
         _say(f"FAILED at seed {seed} (after {runs} runs)")
         _say(report)
-        _say(f"replay: python -m tests.simulate --seed {seed} --trace")
+        kind = f" --kind {args.kind}" if args.kind else ""
+        mutant = os.environ.get(MUTANT)
+        planted = f" --mutant {mutant}" if mutant else ""
+        _say(f"replay: python -m tests.simulate --seed {seed}{kind}{planted} --trace")
         return 1
     return 0
 
@@ -139,12 +144,15 @@ def _mutant(args: argparse.Namespace) -> int:
         # run from the copy: its aiolock comes first on the path, this tree's tests after
         env = {**os.environ, "PYTHONPATH": os.pathsep.join((tmp, str(ROOT)))}
         env[EXPECT] = str(Path(tmp) / "aiolock")
+        env[MUTANT] = args.mutant
         command = [sys.executable, "-m", "tests.simulate", "--seconds", str(args.seconds)]
         command += ["--jobs", str(args.jobs), "--first", str(args.first)]
         command += ["--runs", str(args.runs)]
         kind = args.kind or mutant_kind(args.mutant)
         if kind:
             command += ["--kind", kind]
+        if args.seed is not None:
+            command += ["--seed", str(args.seed)] + (["--trace"] if args.trace else [])
         result = subprocess.run(command, cwd=tmp, env=env, check=False)
         verdict = "found" if result.returncode == 1 else "not found"
         _say(f"mutant {args.mutant}: {verdict}")
