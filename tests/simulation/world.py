@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
+
 import aiolock
 from aiolock import AcquireTimeoutError, BackendError, LeaseLostError
 from aiolock._lua.layout import LockKeys
@@ -235,7 +237,8 @@ class World:
         except AcquireTimeoutError:
             self.waiting.append((held[0], began, loop.time()))
             return
-        except BackendError:
+        except BackendError as error:
+            self._check_backend_error(proc, error)
             await asyncio.sleep(0.05)
             return
         if enter is None:
@@ -249,6 +252,13 @@ class World:
             reason=reason,
             slot=slot,
         )
+
+    def _check_backend_error(self, proc: _Process, error: BackendError) -> None:
+        """A server's error reply (a script that raised, a command refused) is a bug: the
+        faults simulated only break connections and delay or lose traffic."""
+        cause = error.__cause__
+        if isinstance(cause, redis.ResponseError):
+            self.problems.append(f"{proc.name}: the server answered an error: {cause}")
 
     def _record(
         self,
