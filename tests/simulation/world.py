@@ -368,23 +368,26 @@ class World:
                 campaign = election.campaign()
                 continue
             lost: set[str] = set()
-            enter = loop.time()
-            self.waiting.append((self.names[0], began, enter))
+            self.waiting.append((self.names[0], began, loop.time()))
             tokens = {self.names[0]: int(term.fencing_token)}
-            proc.open[index] = ([self.names[0]], tokens, enter, -1)
             steps: list[float] = []
+            span: tuple[float, float] | None = None
             try:
                 async with term:
+                    enter = loop.time()
+                    proc.open[index] = ([self.names[0]], tokens, enter, -1)
                     try:
                         await self._body(proc.rng, steps)
                     finally:
-                        exit_ = loop.time()
+                        span = (enter, loop.time())
                         proc.open.pop(index, None)
             except LeaseLostError:
                 lost = set(self.names)
                 self._check_steps(proc, term.lease, steps)
+            if span is None:
+                continue  # lost before the body began: no section
             worker = f"{proc.name}/{index}"
-            self._record(list(tokens), tokens=tokens, span=(enter, exit_), worker=worker, lost=lost)
+            self._record(list(tokens), tokens=tokens, span=span, worker=worker, lost=lost)
         await campaign.aclose()
 
     # ----------------------------------------------------------------- the nemesis
