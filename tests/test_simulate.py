@@ -1,0 +1,71 @@
+"""The deterministic simulation's entry (`python -m tests.simulate`): a bounded run of
+today's code holds, one seed replays byte for byte, and a planted bug is found.
+
+Each command runs in a process of its own (the simulation fixes string hashing and patches
+fakeredis's clock for its runs). The long runs and the whole set of planted bugs are for
+the command line (docs/simulation.md)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.simulate import MUTANTS
+
+ROOT = Path(__file__).resolve().parents[1]
+LIMIT = 120.0
+"""Longest any command here may take (seconds; each is given a budget far below it)."""
+
+
+def _simulate(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "tests.simulate", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=LIMIT,
+        check=False,
+    )
+
+
+def test_a_bounded_run_of_todays_code_holds() -> None:
+    result = _simulate("--seconds", "20", "--runs", "12")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "runs per hour" in result.stdout
+
+
+def test_one_seed_replays_byte_for_byte_and_another_differs() -> None:
+    first = _simulate("--seed", "3", "--trace")
+    again = _simulate("--seed", "3", "--trace")
+    other = _simulate("--seed", "8", "--trace", "--kind", "multilock")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert first.stdout == again.stdout
+    assert first.stdout != other.stdout
+    assert len(first.stdout.splitlines()) > 1000  # the trace: every step of the run
+
+
+def test_a_planted_bug_is_found_with_its_seed() -> None:
+    result = _simulate("--mutant", "grant-fence-not-incremented", "--seconds", "40")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAILED at seed" in result.stdout
+    assert "replay: python -m tests.simulate --seed" in result.stdout
+    assert "mutant grant-fence-not-incremented: found" in result.stdout
+
+
+@pytest.mark.parametrize("patch", sorted(MUTANTS.glob("*.patch")), ids=lambda p: p.stem)
+def test_each_planted_bug_still_applies_to_the_package(patch: Path) -> None:
+    """A mutant that no longer applies (the code it changes moved) is refreshed, not lost."""
+    result = subprocess.run(
+        ["git", "apply", "--check", str(patch)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
