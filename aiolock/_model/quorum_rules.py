@@ -27,6 +27,7 @@ which the backend raises as a `QuorumError` naming each node's reply (`Rule.said
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from collections import Counter
 from collections.abc import Sequence
@@ -96,7 +97,7 @@ class Phase:
     votes: Rule
 
 
-class Rule:
+class Rule(abc.ABC):
     """The votes of one kind of call. The base decides nothing by itself: each rule says
     when it is decided and what the replies mean; fencing and giving back are an
     acquire's."""
@@ -106,14 +107,14 @@ class Rule:
     fences: ClassVar[bool] = False
     """Whether a granting reply carries a fencing token to agree on (`granted_token`)."""
 
+    @abc.abstractmethod
     def decided(self, replies: Votes, pending: int, quorum: int, keys: int) -> bool:
         """Whether the replies decide the call (`pending`: the calls in flight that may
         still be answered in time; `keys`: how many keys the call names)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def verdict(self, replies: Votes, quorum: int, keys: int) -> Verdict:
         """What the replies of a decided call (or of every node that answered) give back."""
-        raise NotImplementedError
 
     def said(self, reply: Any) -> str:
         """What a node's reply says, in a word (for `QuorumError.nodes`)."""
@@ -127,8 +128,9 @@ class Rule:
         return None
 
     def fence_call(self, args: Sequence[str | int], fence: int) -> Phase:
-        """The call writing the agreed fencing token back, on the same keys."""
-        raise NotImplementedError(f"{type(self).__name__} has no fencing phase")
+        """The call writing the agreed fencing token back, on the same keys. Asked only of
+        a rule that `fences`; the others have no such phase."""
+        raise TypeError(f"{type(self).__name__} has no fencing phase (its `fences` is False)")
 
     def give_back(self, args: Sequence[str | int]) -> GiveBack | None:
         """How a refused call is undone on every node (None: nothing to undo)."""
