@@ -23,7 +23,7 @@ from .._lua.lease import RENEW, RESUME
 from .._lua.lock import Script, release_args, released
 from .._model import events
 from .._model.config import LockConfig
-from .._model.holder import HOST, PID, LockInfo, text
+from .._model.holder import HOST, LockInfo, pid, text
 from .._model.quorum_rules import Rule, VoteRules
 from .._transport.call_options import CallOptions
 from .._transport.clients import AsyncClient, is_cluster
@@ -274,7 +274,7 @@ class PrimitiveBase(abc.ABC):
         """The tail of this process's entry in the wait queue in Redis (see ACQUIRE)."""
         r = registration
         ttl_ms = self._config.ttl_ms
-        return f"{HOST} {PID} {r.seq} {r.grant_ms} {ttl_ms} {r.token} {task}"
+        return f"{HOST} {pid()} {r.seq} {r.grant_ms} {ttl_ms} {r.token} {task}"
 
     async def _run_waiting(
         self, runtime: Runtime, call: Call, *, timeout: float, operation: str, votes: Rule | None

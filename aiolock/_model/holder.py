@@ -10,12 +10,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, final
 
-__all__ = ("HOST", "PID", "LockInfo", "task_name", "text")
+__all__ = ("HOST", "LockInfo", "pid", "task_name", "text")
 
 HOST: Final = socket.gethostname()[:255].replace(" ", "_") or "?"
 """This machine's name, as recorded with every holder and waiter (no spaces)."""
 
-PID: Final = os.getpid()
+
+def pid() -> int:
+    """This process's id, as recorded with every holder and waiter: read at each use, so
+    that a worker forked after the import (a prefork pool, gunicorn's `--preload`) records
+    its own, not its parent's."""
+    return os.getpid()
 
 
 def text(value: object) -> str:

@@ -40,7 +40,7 @@ from .._lua.layout import RETAIN_DEFAULT, LockKeys
 from .._lua.lock import ACQUIRE, acquire_args
 from .._model import events
 from .._model.config import LockConfig, check_identity, check_name, check_value
-from .._model.holder import HOST, PID, text
+from .._model.holder import HOST, pid, text
 from .._model.leader import Change, Leader, next_id, parse_change
 from .._transport.call_options import CallOptions
 from .._transport.clients import AsyncClient, check_client
@@ -85,7 +85,7 @@ class _Seat(Primitive):
     def _acquire_call(
         self, token: str, task: str, queue: tuple[str, int, str] | None, claims: Sequence[str]
     ) -> Call:
-        holder = f"{HOST} {PID} {task}"
+        holder = f"{HOST} {pid()} {task}"
         args = acquire_args(token, self._config.ttl_ms, holder, queue=queue, claims=claims)
         if queue is None:
             return ACQUIRE, self._keys.state, args
@@ -216,7 +216,7 @@ class Election:
         replica_timeout: float | None = None,
     ) -> None:
         checked_client, checked_name = check_client(client), check_name(name)
-        self._identity = f"{HOST}:{PID}" if identity is None else check_identity(identity)
+        self._identity = f"{HOST}:{pid()}" if identity is None else check_identity(identity)
         config = LockConfig.cached(
             ttl=ttl,
             renew=True,

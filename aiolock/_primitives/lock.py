@@ -11,7 +11,7 @@ from .._engine.runtime import runtime_for
 from .._lua.layout import LockKeys
 from .._lua.lock import ACQUIRE, INSPECT, RELEASE, acquire_args
 from .._model.config import check_name
-from .._model.holder import HOST, PID, LockInfo, text
+from .._model.holder import HOST, LockInfo, pid, text
 from .._model.options import LockOptions, lock_config
 from .._ops.inspection import _queue as read_queue
 from .._transport.call_options import CallOptions
@@ -92,7 +92,7 @@ class Lock(Primitive):
     def _acquire_call(
         self, token: str, task: str, queue: tuple[str, int, str] | None, claims: Sequence[str]
     ) -> Call:
-        holder = f"{HOST} {PID} {task}"
+        holder = f"{HOST} {pid()} {task}"
         args = acquire_args(token, self._config.ttl_ms, holder, queue=queue, claims=claims)
         # An attempt that does not queue touches the state alone: one key (cheaper to pass).
         return ACQUIRE, self._keys.scripts if queue is not None else self._keys.state, args

@@ -26,7 +26,7 @@ from .._lua.lease import RENEW, RESUME
 from .._lua.lock import INSPECT, Script, release_args
 from .._lua.redlock import RL_ACQUIRE, RL_RELEASE
 from .._model.config import check_name, check_seconds
-from .._model.holder import HOST, PID, LockInfo, text
+from .._model.holder import HOST, LockInfo, pid, text
 from .._model.options import LockOptions, lock_config
 from .._model.quorum_rules import REDLOCK_VOTES
 from .._transport.call_options import CallOptions
@@ -312,7 +312,7 @@ class Redlock(Primitive):
         # a node restarted empty after the ttl (the delayed restart) issues higher tokens.
         lead_us = min(PROPOSAL_LEAD_US, config.ttl_ms * 500)
         proposal = time.time_ns() // 1000 + lead_us
-        args: list[str | int] = [token, config.ttl_ms, f"{HOST} {PID} {task}"]
+        args: list[str | int] = [token, config.ttl_ms, f"{HOST} {pid()} {task}"]
         args += (config.abort_retain_ms, proposal)
         return RL_ACQUIRE, self._release_keys, args
 

@@ -12,7 +12,7 @@ from .._engine.runtime import runtime_for
 from .._lua.lock import acquire_args
 from .._lua.rwlock import RW_ACQUIRE, RW_RELEASE, WRITER_MARK_MS
 from .._model.config import check_name
-from .._model.holder import HOST, PID, LockInfo
+from .._model.holder import HOST, LockInfo, pid
 from .._model.options import LockOptions, lock_config
 from .._ops.inspection import READER_QUEUE, read_locks
 from .._transport.clients import AsyncClient, check_client
@@ -120,7 +120,7 @@ class _Side(Primitive):
     def _acquire_call(
         self, token: str, task: str, queue: tuple[str, int, str] | None, claims: Sequence[str]
     ) -> Call:
-        holder = f"{HOST} {PID} {task}"
+        holder = f"{HOST} {pid()} {task}"
         args = acquire_args(token, self._config.ttl_ms, holder, queue=queue, claims=claims)
         return RW_ACQUIRE[self._side], self._script_keys, args
 

@@ -22,7 +22,7 @@ from .._lua.semaphore import (
 )
 from .._model import renewal_policy as renewal
 from .._model.config import check_limit, check_name, check_timeout, check_token
-from .._model.holder import HOST, PID, LockInfo, task_name
+from .._model.holder import HOST, LockInfo, pid, task_name
 from .._model.options import LockOptions, lock_config
 from .._ops.inspection import read_locks
 from .._transport.call_options import CallOptions
@@ -177,7 +177,7 @@ class Semaphore(Primitive):
     def _acquire_call(
         self, token: str, task: str, queue: tuple[str, int, str] | None, claims: Sequence[str]
     ) -> Call:
-        holder = f"{HOST} {PID} {task}"
+        holder = f"{HOST} {pid()} {task}"
         args = sem_acquire_args(
             token, self._config.ttl_ms, holder, self._limit, queue=queue, claims=claims
         )
@@ -316,7 +316,7 @@ class Semaphore(Primitive):
         bound = config.ttl - config.margin
         if left is not None:
             bound = min(bound, max(left, 0.05))
-        holder = f"{HOST} {PID} {task_name()}"
+        holder = f"{HOST} {pid()} {task_name()}"
         args: list[str | int] = [
             token,
             config.ttl_ms,

@@ -20,7 +20,7 @@ import redis.asyncio
 from aiolock import ConfigError, Election, fenced_set
 from aiolock._engine.acquisition import Call
 from aiolock._lua.lock import ACQUIRE, acquire_args
-from aiolock._model.holder import HOST, PID
+from aiolock._model.holder import HOST, pid
 from aiolock._primitives.election import _Seat
 
 from ..support.waits import within
@@ -40,7 +40,7 @@ class OlderSeat(_Seat):
     def _acquire_call(
         self, token: str, task: str, queue: tuple[str, int, str] | None, claims: Sequence[str]
     ) -> Call:
-        holder = f"{HOST} {PID} {task}"
+        holder = f"{HOST} {pid()} {task}"
         args = acquire_args(token, self._config.ttl_ms, holder, queue=queue, claims=claims)
         return ACQUIRE, self._keys.scripts if queue is not None else self._keys.state, args
 

@@ -19,7 +19,7 @@ from aiolock._engine.runtime import runtime_for
 from aiolock._lua.layout import LockKeys
 from aiolock._lua.lock import ACQUIRE, RELEASE
 from aiolock._lua.semaphore import SEM_RELEASE
-from aiolock._model.holder import PID
+from aiolock._model.holder import pid
 
 from ..support.waits import within
 from .test_network_faults import Proxied, proxied, until
@@ -135,7 +135,7 @@ async def test_a_permit_handed_over_under_a_lost_reply_reaches_the_waiting_task_
             if at >= since and SEM_RELEASE.sha.encode() in data
         ]
         # (an entry of registration 0: a hand-over's)
-        assert sent and f" {PID} 0 ".encode() in sent[0], "the release carried a hand-over"
+        assert sent and f" {pid()} 0 ".encode() in sent[0], "the release carried a hand-over"
         permit = await within(waiter, what="the permit at the waiting task", timeout=FREED_BOUND)
         info = await semaphore.info()
         assert [h.fencing_token for h in info.holders] == [permit.fencing_token]

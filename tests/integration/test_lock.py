@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
+import sys
+from typing import Any
 
 import pytest
 import redis.asyncio
@@ -197,6 +200,38 @@ async def test_release_and_extend_of_a_stolen_lease_raise_lease_lost(
         await other.release()
     assert await lock.locked(), "a stale release must not delete the new holder's key"
     await thief.release()
+
+
+def _holder_pid_seen_by_a_forked_child(url: str, name: str, out: Any) -> None:
+    async def main() -> None:
+        client = redis.asyncio.Redis.from_url(url)
+        try:
+            async with Lock(client, name, ttl=5):
+                info = await Lock(client, name).info()
+                out.put((os.getpid(), None if info is None else info.pid))
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="fork")
+def test_a_forked_worker_is_recorded_under_its_own_pid(server_url: str, name: str) -> None:
+    """A worker forked after aiolock was imported (gunicorn --preload, a prefork pool)
+    records its own process id, not its parent's."""
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    child = context.Process(target=_holder_pid_seen_by_a_forked_child, args=(server_url, name, out))
+    child.start()
+    try:
+        child_pid, recorded = out.get(timeout=30)
+    finally:
+        child.join(timeout=30)
+        if child.is_alive():
+            child.kill()
+            child.join()
+    assert child_pid != os.getpid()
+    assert recorded == child_pid
 
 
 async def test_info_describes_the_holder(client: redis.asyncio.Redis, name: str) -> None:
