@@ -166,7 +166,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--first", type=int, default=0, help="the first seed searched")
     parser.add_argument("--runs", type=int, default=10**9, help="at most this many runs")
     parser.add_argument("--jobs", type=int, default=1, help="processes running seeds")
-    parser.add_argument("--kind", choices=("lock", "semaphore", "redlock", "multilock", "election"))
+    parser.add_argument(
+        "--kind", choices=("lock", "semaphore", "redlock", "multilock", "election", "rwlock")
+    )
     parser.add_argument("--mutant", help="a planted bug of tests/simulation/mutants")
     parser.add_argument("--trace", action="store_true", help="with --seed: every step")
     parser.add_argument("--list-mutants", action="store_true")

@@ -26,7 +26,9 @@ import contextlib
 import contextvars
 import copy
 import heapq
+import hashlib
 import importlib
+import os
 import random
 import time
 import weakref
@@ -40,7 +42,7 @@ import redis.asyncio
 from fakeredis._clients._async import FakeAsyncRedisConnection, FakeReader, FakeWriter
 from fakeredis._socket import AsyncFakeSocket
 
-from .loop import SimLoop
+from .loop import PROCESS, SimLoop
 
 __all__ = ("EPOCH", "NetworkFaults", "SimServer", "virtual_time")
 
@@ -48,6 +50,58 @@ EPOCH = 1_800_000_000.0
 """The servers' wall clock at the loop's time 0 (seconds since 1970)."""
 
 _PUSHED = (b"message", b"smessage", b"pmessage")
+
+
+def _script_names() -> dict[bytes, str]:
+    """Every script aiolock sends, by its SHA1 (to name an EVALSHA in the trace)."""
+    from aiolock._lua.lock import Script
+
+    names: dict[bytes, str] = {}
+    for module in (
+        "lock",
+        "lease",
+        "hash_leases",
+        "semaphore",
+        "rwlock",
+        "redlock",
+        "election",
+        "fencing",
+        "cluster",
+    ):
+        for value in vars(importlib.import_module(f"aiolock._lua.{module}")).values():
+            if isinstance(value, Script):
+                names[value.sha.encode()] = value.name
+    return names
+
+
+_SCRIPTS: dict[bytes, str] = {}
+
+
+def _shown(value: Any, limit: int = 12) -> str:
+    """A command's argument or a reply, short (for the trace), the same from one run of a
+    seed to the next."""
+    if isinstance(value, bytes):
+        # this process's id, which a holder's description carries, as <pid>
+        text = value.decode(errors="replace").replace(f" {os.getpid()} ", " <pid> ")
+        return text if len(text) <= 48 else text[:45] + "..."
+    if isinstance(value, list):
+        inner = " ".join(_shown(v) for v in value[:limit])
+        return f"[{inner}{' ...' if len(value) > limit else ''}]"
+    return repr(value) if not isinstance(value, str) else value
+
+
+def _command(fields: list[bytes]) -> str:
+    """A command as the trace shows it: a script by its name."""
+    if not _SCRIPTS:
+        _SCRIPTS.update(_script_names())
+    if fields and fields[0].upper() in (b"EVALSHA", b"EVAL") and len(fields) > 1:
+        if fields[0].upper() == b"EVAL":
+            sha = hashlib.sha1(fields[1]).hexdigest().encode()
+        else:
+            sha = fields[1].lower()
+        name = _SCRIPTS.get(sha, sha[:8].decode())
+        return f"script {name} {_shown(fields[2:], 16)}"
+    return _shown(fields, 16)
 
 
 class _Reset:
@@ -118,6 +172,8 @@ class SimSocket(AsyncFakeSocket):
     """A fakeredis socket whose replies go through the simulated network."""
 
     sim: SimServer
+    owner: str
+    """The process whose connection this is (for the trace)."""
     dead: bool
     clean: bool
     """The simulator's own connection (the final sweep's): no fault strikes it."""
@@ -147,6 +203,9 @@ class SimSocket(AsyncFakeSocket):
         loop = sim.loop
         when = max(loop.time() + delay, self.free_at)
         self.free_at = when
+        if loop.tracing:
+            late = f" (arrives at {when:.6f})" if when > loop.time() else ""
+            sim.note(f"{self.owner} <- {_shown(msg)}{late}")
         if when <= loop.time():
             super().put_response(msg)
         else:
@@ -180,6 +239,11 @@ class SimSocket(AsyncFakeSocket):
         if not self.dead:
             AsyncFakeSocket.sendall(self, data)
 
+    def _process_command(self, fields: list[bytes]) -> None:
+        if self.sim.loop.tracing and not self.clean:
+            self.sim.note(f"{self.owner} -> {_command(fields)}")
+        super()._process_command(fields)
+
     def reset(self) -> None:
         """The connection drops: no more replies, its reader told, its subscriptions gone."""
         if self.dead:
@@ -212,6 +276,7 @@ class SimConnection(FakeAsyncRedisConnection):
             client_info=self._client_info,
         )
         sock.sim = self.sim
+        sock.owner = PROCESS.get("") or "-"
         sock.dead = False
         sock.clean = self.clean
         sock.free_at = 0.0
@@ -280,12 +345,27 @@ class SimServer:
     def restart_empty(self) -> None:
         """The server restarts with nothing: every key, script and connection gone."""
         self.reset_all()
+        self._forget()
+        self.note("restarted empty")
+
+    def stop(self) -> None:
+        """The server goes down: every connection reset, new ones refused until `start`."""
+        self.up = False
+        self.reset_all()
+        self.note("down")
+
+    def start_empty(self) -> None:
+        """The server comes back (after `stop`) with nothing: no key, no script."""
+        self._forget()
+        self.up = True
+        self.note("up again, empty")
+
+    def _forget(self) -> None:
         with self.fake.lock:
             for db in self.fake.dbs.values():
                 db._dict.clear()
                 db._expiry_heap.clear()
             self.fake.script_cache.clear()
-        self.note("restarted empty")
 
     def replicate(self) -> None:
         """The replica catches up now (what `fail_over` falls back to)."""
