@@ -121,15 +121,30 @@ class _Node:
     node does not gather a connection and a timer per call. An event loop that was held
     up delays every node alike, and marks none; and no call skips so many nodes that fewer
     than a quorum are left.
+
+    Whether a failed call came after the latest answer is read from the order the calls
+    were sent in (their numbers), not from their send times: a loop's clock may tick in
+    milliseconds (uvloop's does), so a call sent right after an answered one often has the
+    same send time, and a failure of it would otherwise go unrecorded. A call cancelled
+    from outside (not by its own bound, which fails it as a timeout) says nothing of the
+    node and is not recorded.
     """
 
-    __slots__ = ("answered", "failed", "in_flight", "sent")
+    __slots__ = ("answered", "failed", "first_failed", "in_flight", "last_answered", "sent")
 
     def __init__(self) -> None:
         self.in_flight: dict[int, float] = {}
         self.answered = -math.inf  # when the latest call it answered was sent
         self.failed = -math.inf  # when the first call that failed unanswered since was sent
         self.sent = 0
+        self.last_answered = 0  # the number of the latest call it answered (in send order)
+        self.first_failed = 0  # the number of the first call that failed unanswered since
+
+    @property
+    def failing(self) -> bool:
+        """Whether a call sent after the latest one it answered failed unanswered (timed
+        out, connection lost): the node is not answering now."""
+        return self.first_failed > self.last_answered
 
     def unanswered_since(self, now: float, patience: float) -> float | None:
         """Since when the node has not answered: the oldest call in flight, if it has
@@ -139,7 +154,7 @@ class _Node:
         if not self.in_flight:
             return None
         oldest = min(self.in_flight.values())
-        if self.failed > self.answered:
+        if self.failing:
             return min(self.failed, oldest)
         return oldest if now - oldest >= patience else None
 
@@ -151,14 +166,18 @@ class _Node:
             reply = await call
         except BackendError as exc:
             if Backend.refused(exc):  # an answer all the same
-                self.answered = max(self.answered, sent_at)
-            elif sent_at > self.answered and not self.failed > self.answered:
-                self.failed = sent_at
+                self._record_answer(number, sent_at)
+            elif number > self.last_answered and not self.failing:
+                self.failed, self.first_failed = sent_at, number
             raise
         finally:
             del self.in_flight[number]
-        self.answered = max(self.answered, sent_at)
+        self._record_answer(number, sent_at)
         return reply
+
+    def _record_answer(self, number: int, sent_at: float) -> None:
+        self.answered = max(self.answered, sent_at)
+        self.last_answered = max(self.last_answered, number)
 
 
 class QuorumBackend(Backend):
@@ -230,9 +249,7 @@ class QuorumBackend(Backend):
         (timed out, connection lost) since their last answer, unless they are among
         `answered`, or unless that would leave fewer than a quorum."""
         skipped = self.unanswering(self.loop.time())
-        doubtful = {
-            i for i, node in enumerate(self._health) if i in skipped or node.failed > node.answered
-        }
+        doubtful = {i for i, node in enumerate(self._health) if i in skipped or node.failing}
         if len(self._health) - len(doubtful) < self.size:
             return len(indexes)
         return sum(1 for i in indexes if i in answered or i not in doubtful)

@@ -10,7 +10,7 @@ import redis
 import redis.asyncio
 import redis.exceptions
 
-from ._servers import RedisServer, ServerBinary, ServerStartError, free_ports
+from ._servers import RedisServer, ServerBinary, ServerStartError, start_on_free_ports
 
 __all__ = ("ClusterServers",)
 
@@ -19,8 +19,6 @@ BUS_OFFSET: Final = 10000
 """A cluster node's bus port is its port + 10000."""
 READY_TIMEOUT: Final = 30.0
 """Longest wait for the nodes to agree that the cluster is up, seconds."""
-START_TRIES: Final = 5
-"""Sets of ports tried: another process may take one between its choice and the start."""
 
 
 class ClusterServers:
@@ -74,24 +72,8 @@ class ClusterServers:
             ServerStartError: a node did not start, or the cluster was not up within
                 30 s (every node started is stopped first).
         """
-        for attempt in range(START_TRIES):
-            ports = free_ports(len(self.servers), offset=BUS_OFFSET)
-            for server, port in zip(self.servers, ports, strict=True):
-                server.port = port
-            try:
-                for server in self.servers:
-                    server.start()
-                self._create()
-            except ServerStartError as exc:
-                self.stop()
-                if attempt == START_TRIES - 1 or not exc.port_taken:
-                    raise
-                continue
-            except BaseException:
-                self.stop()
-                raise
-            return self
-        raise AssertionError("unreachable")  # pragma: no cover
+        start_on_free_ports(self.servers, offset=BUS_OFFSET, then=self._create)
+        return self
 
     def stop(self) -> None:
         """Stop every node (those not running are skipped)."""

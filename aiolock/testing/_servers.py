@@ -15,7 +15,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -249,6 +249,54 @@ def _system_ports(count: int) -> list[int]:
 
 def _free_port() -> int:
     return free_ports(1)[0]
+
+
+START_TRIES: Final = 5
+"""Sets of ports `start_on_free_ports` tries: a process that does not choose ports as
+`free_ports` does may take one between its choice and its server's start."""
+
+
+def start_on_free_ports(
+    servers: Sequence[RedisServer],
+    *,
+    offset: int = 0,
+    then: Callable[[], object] | None = None,
+) -> None:
+    """Start `servers` on a set of ports chosen together (`free_ports`; each port plus
+    `offset` free too), then run `then`: what they need once every one of them runs (a
+    cluster's joining). A port of the set found taken as its server starts (by a process
+    that does not choose ports this way) stops them all, and a new set is chosen, up to
+    START_TRIES sets.
+
+    Raises:
+        ServerStartError: a server did not start for another reason, or a port was taken
+            at every try. Whatever `then` raises propagates. Either way every server is
+            stopped first, its port given up (0).
+    """
+    for attempt in range(START_TRIES):
+        for server, port in zip(servers, free_ports(len(servers), offset=offset), strict=True):
+            server.port = port
+        try:
+            for server in servers:
+                server.start()
+            if then is not None:
+                then()
+        except ServerStartError as exc:
+            _stop_all(servers)
+            if attempt == START_TRIES - 1 or not exc.port_taken:
+                raise
+            continue
+        except BaseException:
+            _stop_all(servers)
+            raise
+        return
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _stop_all(servers: Sequence[RedisServer]) -> None:
+    for server in servers:
+        server.stop()
+        server.port = 0
 
 
 def family(pid: int) -> list[int]:

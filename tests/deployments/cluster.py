@@ -22,8 +22,7 @@ import redis.exceptions
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 
-from aiolock.testing import ServerStartError
-from aiolock.testing._servers import free_ports
+from aiolock.testing._servers import start_on_free_ports
 
 from ..support.servers import RedisServer, ServerBinary, all_closed
 from ..support.waits import WaitTimeout, eventually
@@ -42,9 +41,6 @@ primary, or did not win the primaries' vote, on a loaded machine), saying nothin
 
 BUS_OFFSET: Final = 10000
 """A cluster node's bus port is its port + 10000 (so its port must be below 55536)."""
-START_TRIES: Final = 5
-"""How many sets of ports the group tries: another process may take a port between its
-choice and the node's start."""
 
 
 class ClusterGroup:
@@ -61,23 +57,8 @@ class ClusterGroup:
 
     # ------------------------------------------------------------------ life cycle
     def __enter__(self) -> Self:
-        for attempt in range(START_TRIES):
-            # The nodes start on ports whose bus ports are free too.
-            for server, port in zip(self.servers, free_ports(6, offset=BUS_OFFSET), strict=True):
-                server.port = port
-            try:
-                for server in self.servers:
-                    server.start()
-            except ServerStartError as exc:
-                self.stop()
-                if attempt == START_TRIES - 1 or not exc.port_taken:
-                    raise
-                continue
-            except BaseException:
-                self.stop()
-                raise
-            return self
-        raise AssertionError("unreachable")  # pragma: no cover
+        start_on_free_ports(self.servers, offset=BUS_OFFSET)
+        return self
 
     def __exit__(
         self,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import selectors
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -121,3 +122,50 @@ def test_the_oldest_claims_are_given_up_beyond_the_cap(tmp_path: Path) -> None:
         assert not book.holds(10002)
     finally:
         book.close()
+
+
+def test_servers_started_together_move_to_new_ports_when_one_is_taken(
+    binaries: list[ServerBinary], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A program that does not choose ports as the tests do listens on the second port of
+    the set before its server starts: both servers start again on a new set, and what
+    follows their start runs once, when both run (`start_on_free_ports`)."""
+    real = _servers.free_ports
+    servers = [RedisServer(binaries[0]), RedisServer(binaries[0])]
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = int(squatter.getsockname()[1])
+        sets: list[list[int]] = []
+        ran: list[list[bool]] = []
+
+        def choose(count: int, *, offset: int = 0) -> list[int]:
+            ports = real(count, offset=offset)
+            sets.append([ports[0], taken] if not sets else ports)
+            return sets[-1]
+
+        monkeypatch.setattr(_servers, "free_ports", choose)
+        try:
+            _servers.start_on_free_ports(
+                servers, then=lambda: ran.append([server.running for server in servers])
+            )
+            assert len(sets) == 2 and ran == [[True, True]]
+            assert [server.port for server in servers] == sets[1]
+            assert taken not in sets[1]
+        finally:
+            for server in servers:
+                server.stop()
+
+
+def test_what_follows_the_start_failing_stops_every_server(
+    binaries: list[ServerBinary],
+) -> None:
+    """Its error propagates (no other set of ports is tried), no server is left running."""
+    servers = [RedisServer(binaries[0]), RedisServer(binaries[0])]
+
+    def then() -> None:
+        raise ServerStartError("the cluster was not up")
+
+    with pytest.raises(ServerStartError, match="not up"):
+        _servers.start_on_free_ports(servers, then=then)
+    assert [(server.running, server.port) for server in servers] == [(False, 0), (False, 0)]
