@@ -60,6 +60,14 @@ def test_a_planted_bug_is_found_with_its_seed() -> None:
     assert "mutant grant-fence-not-incremented: found" in result.stdout
 
 
+def test_a_multilock_whose_process_paused_in_its_releases_fails_no_task() -> None:
+    """Seed 175: a process paused 8.8 s while its MultiLease's releases were in flight; on
+    resume their common bound had passed, and the block's exit raised a bare TimeoutError
+    (`test_multilock.py` has the test of the fix: a `BackendError`, logged at the exit)."""
+    result = _simulate("--seed", "175", "--kind", "multilock")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_a_holder_not_told_within_an_empty_restarts_bound_is_excused() -> None:
     """Seed 1626: the server restarted empty under a semaphore's holder whose renewals and
     release all failed to reach it (delayed replies), and whose body ended within its

@@ -30,7 +30,7 @@ from .._engine.lease import RELEASE_TIMEOUT, Lease
 from .._model.config import check_names, check_timeout
 from .._model.options import LockOptions, lock_config
 from .._transport.clients import AsyncClient, check_client
-from ..errors import AcquireTimeoutError, AiolockError, LeaseLostError, LossReason
+from ..errors import AcquireTimeoutError, AiolockError, BackendError, LeaseLostError, LossReason
 from .lock import Lock
 
 __all__ = ("MultiLease", "MultiLock")
@@ -51,15 +51,24 @@ async def _release_quietly(lease: Lease) -> BaseException | None:
 
 
 async def _release_all(leases: Sequence[Lease]) -> list[BaseException | None]:
-    """Release every lease at once (each finishes even if the caller is cancelled)."""
+    """Release every lease at once (each finishes even if the caller is cancelled); what
+    each release raised. Past GIVE_BACK_TIMEOUT altogether (a process paused in the middle
+    of them), those not done are stopped: each is a `BackendError` (the key expires by
+    itself), and such a lease can be released again."""
     if not leases:
         return []
-    return list(
-        await run_shielded(
-            _gathered(leases),
-            timeout=GIVE_BACK_TIMEOUT,
+    try:
+        return list(await run_shielded(_gathered(leases), timeout=GIVE_BACK_TIMEOUT))
+    except TimeoutError as exc:
+        failed = BackendError(
+            f"release of {len(leases)} leases did not finish within {GIVE_BACK_TIMEOUT:g}s",
+            operation="release",
         )
-    )
+        failed.__cause__ = exc
+        return [
+            lease.loss_error() if lease.lost else None if lease.released else failed
+            for lease in leases
+        ]
 
 
 async def _gathered(leases: Sequence[Lease]) -> list[BaseException | None]:

@@ -18,8 +18,10 @@ import redis.asyncio
 
 from aiolock import (
     AcquireTimeoutError,
+    BackendError,
     ConfigError,
     EventKind,
+    Lease,
     LeaseLostError,
     Lock,
     LossReason,
@@ -352,3 +354,40 @@ async def test_cancelled_at_every_await_point_nothing_is_left(
     outcomes = {entry.split(":")[1] for entry in history}
     assert outcomes == {"cancelled", "done"}, history
     await assert_client_answers(client, name)
+
+
+async def test_a_give_back_past_its_bound_is_a_backend_error_and_the_leases_stay_releasable(
+    client: redis.asyncio.Redis,
+    name: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The releases of a MultiLease outlast their common bound (a process paused in the
+    middle of them, seen in the simulation): `release()` raises the documented
+    `BackendError`, not a bare `TimeoutError`; the block's exit logs it; the leases not
+    released can still be released."""
+    from aiolock._primitives import multilock
+
+    names = [f"{name}:a", f"{name}:b", f"{name}:c"]
+    called = await MultiLock(client, names[:2], ttl=5).acquire()
+    guarded = await MultiLock(client, names[2:], ttl=5).acquire()
+    real = multilock._release_quietly
+
+    async def stalled(lease: Lease) -> BaseException | None:
+        await asyncio.sleep(0.5)  # past the bound below: the releases never start
+        return await real(lease)
+
+    monkeypatch.setattr(multilock, "GIVE_BACK_TIMEOUT", 0.05)
+    monkeypatch.setattr(multilock, "_release_quietly", stalled)
+    with pytest.raises(BackendError, match=r"did not finish within 0\.05s") as raised:
+        await called.release()
+    assert raised.value.operation == "release"
+    with caplog.at_level("WARNING", logger="aiolock"):
+        async with guarded:
+            pass
+    assert "did not finish within 0.05s" in caplog.text
+    monkeypatch.undo()
+    for held in (called, guarded):
+        assert all(lease.held for lease in held.leases.values())
+        await held.release()
+    assert not any([await Lock(client, n).locked() for n in names])

@@ -96,11 +96,12 @@ def scenario_for(seed: int, kind: str | None = None) -> Scenario:
     """The scenario of `seed` (of `kind`, or one drawn from the seed)."""
     rng = random.Random(f"scenario {seed}")
     kind = kind or KINDS[seed % len(KINDS)]
-    allowed = [f for f in FAULTS if not (kind == "redlock" and f == "failover")]
+    unlike_redlock = ("restart", "failover")
+    allowed = [f for f in FAULTS if not (kind == "redlock" and f in unlike_redlock)]
     faults = tuple(f for f in allowed if rng.random() < 0.35)
     if rng.random() < CLEAN:
         faults = ()
-    return Scenario(
+    scenario = Scenario(
         kind=kind,
         processes=rng.randint(2, 4),
         tasks=rng.randint(1, 3),
@@ -111,6 +112,11 @@ def scenario_for(seed: int, kind: str | None = None) -> Scenario:
         faults=faults,
         servers=3 if kind == "redlock" else 1,
     )
+    # A Redlock's restart (a node down past the ttl, back empty) is drawn last, so that a
+    # seed's other draws are those of the scenarios before it was added.
+    if kind == "redlock" and faults and rng.random() < 0.35:
+        scenario = dataclasses.replace(scenario, faults=(*faults, "restart"))
+    return scenario
 
 
 @dataclass(slots=True)
@@ -178,6 +184,7 @@ class World:
         self.struck = False  # a fault struck that excuses a slow service
         self.forgot: list[float] = []  # when a server forgot writes (empty restart, failover)
         self.emptied: list[float] = []  # when the server restarted empty (it forgot all)
+        self.paused: dict[str, list[tuple[float, float]]] = {}  # a process's pauses
         self.processes = [
             _Process(f"p{i}", [srv.client() for srv in self.servers], random.Random(f"{seed} {i}"))
             for i in range(s.processes)
@@ -420,6 +427,7 @@ class World:
                 self.note(f"{proc.name} paused for {pause:.6f}s")
                 self.struck = True
                 loop.pause(proc.name)
+                self.paused.setdefault(proc.name, []).append((loop.time(), loop.time() + pause))
                 await asyncio.sleep(pause)
                 loop.resume(proc.name)
                 self.note(f"{proc.name} resumed")
@@ -548,18 +556,26 @@ class World:
         return verdict
 
     def _judge_told_after_restarts(self, sections: list[Section]) -> None:
-        """A holder whose server restarted empty is told of the loss, or its body ends,
-        within its lease's deadline (docs/guarantees.md: at its next renewal, which fails;
-        no renewal sent after the restart succeeds, so the deadline is at most a ttl
-        after it)."""
+        """The body of a holder whose server restarted empty ends within its lease's
+        deadline, told or not (docs/guarantees.md: the loss is found at the next renewal,
+        which fails; no renewal sent after the restart succeeds, so the deadline is at
+        most a ttl after it, and the body is cancelled there). A pause of the process
+        after the restart excuses it: a stalled process cannot be stopped, only told when
+        it resumes (the "told in time" check judges that)."""
         bound = self.scenario.ttl + PAST_DEADLINE
         for when in self.emptied:
             for section in sections:
-                if section.enter < when and not section.lost and section.exit > when + bound:
-                    self.problems.append(
-                        f"held {section.exit - when:.6f}s after an empty restart at "
-                        f"{when:.6f} without being told (bound: the ttl): {section}"
-                    )
+                if section.enter >= when or section.exit <= when + bound:
+                    continue
+                process = section.worker.partition("/")[0]
+                pauses = self.paused.get(process, [])
+                if any(start < section.exit and end > when for start, end in pauses):
+                    continue
+                told = "told at the release" if section.lost else "never told"
+                self.problems.append(
+                    f"a body ran {section.exit - when:.6f}s after an empty restart at "
+                    f"{when:.6f} ({told}; bound: the ttl): {section}"
+                )
 
     def _judge_service(self, sections: list[Section]) -> None:
         """A waiter is served within `SERVED_WITHIN` of its name becoming free."""
