@@ -126,7 +126,8 @@ class Lease:
         token: the secret that proves ownership in Redis (never shown whole).
         fencing_token: strictly greater than that of every earlier lease of this name, the
             same sequence as asyncio code's leases of the name.
-        slot: a semaphore permit's slot, else None.
+        slot: a semaphore permit's slot (the first, for several permits), else None.
+        permits: n for `Semaphore.acquire(permits=n)`, else 1.
 
     Added in 0.1.
     """
@@ -142,6 +143,7 @@ class Lease:
         "_state",
         "fencing_token",
         "name",
+        "permits",
         "slot",
         "token",
     )
@@ -154,6 +156,7 @@ class Lease:
         self.token = lease.token
         self.fencing_token = lease.fencing_token
         self.slot = lease.slot
+        self.permits = lease.permits
         self._on_lost = on_lost
         self._state = _State.HELD
         self._error: LeaseLostError | None = None

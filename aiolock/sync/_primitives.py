@@ -11,12 +11,13 @@ one object each hold a lease of their own and release their own.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any, Generic, TypeVar, Unpack, final
 
 from .._engine.acquisition import UNSET, Busy, Primitive, Unset
-from .._model.config import check_timeout
+from .._engine.lease import Lease as AsyncLease
+from .._model.config import check_limit, check_timeout
 from .._model.holder import LockInfo
 from .._model.options import LockOptions
 from .._primitives.lock import Lock as AsyncLock
@@ -170,6 +171,13 @@ class _Face(_Base[P]):
             queued (an acquisition that had just succeeded is released) before the
             interruption propagates.
         """
+        return self._acquire(lambda inner: inner.acquire(timeout=timeout, token=token), timeout)
+
+    def _acquire(
+        self, start: Callable[[P], Awaitable[AsyncLease]], timeout: float | Unset | None
+    ) -> Lease:
+        """`acquire`: the lease `start(inner)` acquires on the background loop, held for
+        this thread (`timeout`: the caller's, for the reentry check)."""
         what = f"{type(self).__name__}.acquire()"
         _portal.check_caller(what)
         inner = self._primitive()
@@ -183,7 +191,7 @@ class _Face(_Base[P]):
         on_lost = self._on_lost
 
         async def acquire() -> Lease:
-            return Lease(await inner.acquire(timeout=timeout, token=token), on_lost=on_lost)
+            return Lease(await start(inner), on_lost=on_lost)
 
         return _portal.portal().run(acquire, undo=_give_back, label=inner.name)
 
@@ -373,6 +381,47 @@ class Semaphore(_Face[AsyncSemaphore]):
         super().__init__(
             lambda: AsyncSemaphore(twin(client), name, limit=limit, **options), on_lost
         )
+
+    def acquire(
+        self,
+        *,
+        permits: int = 1,
+        timeout: float | Unset | None = UNSET,
+        token: str | None = None,
+    ) -> Lease:
+        """Wait for `permits` permits and return them as one `Lease` (`lease.permits`),
+        taken all at once or not at all (see asyncio's `Semaphore.acquire`).
+
+        Args:
+            permits: permits to hold, from 1 to the limit in force (at most 10,000).
+            timeout, token: as for `Lock.acquire`.
+
+        Raises:
+            ConfigError: `permits` out of range (nothing sent), or above the limit in
+                force (nothing held).
+            AcquireTimeoutError, BackendError, LeaseLostError, RuntimeError: as for
+                `Lock.acquire`.
+
+        Interruption:
+            As for `Lock.acquire`.
+        """
+        permits = check_limit(permits, argument="permits")
+        return self._acquire(
+            lambda inner: inner.acquire(permits=permits, timeout=timeout, token=token), timeout
+        )
+
+    def try_acquire(self, *, permits: int = 1) -> Lease | None:
+        """Try once, without waiting: a `Lease` of `permits` permits, or None if fewer are
+        free.
+
+        Raises:
+            ConfigError: `permits` out of range (see `acquire`).
+            BackendError: Redis could not be reached or refused the command.
+        """
+        try:
+            return self.acquire(permits=permits, timeout=0)
+        except AcquireTimeoutError:
+            return None
 
     @property
     def limit(self) -> int:

@@ -18,7 +18,7 @@ import redis.asyncio
 
 import aiolock
 import aiolock.sync
-from aiolock import AcquireTimeoutError, LeaseLostError, LossReason
+from aiolock import AcquireTimeoutError, ConfigError, LeaseLostError, LossReason
 
 from ..checker import Section, verify
 from ..support.load import scaled
@@ -201,6 +201,25 @@ def test_threads_sharing_one_lock_object_release_their_own_leases(
     run_threads(2, hold)
     assert len(set(tokens.values())) == 2
     assert semaphore.info().holders == ()
+
+
+def test_a_semaphore_lease_of_several_permits(sync_client: redis.Redis, name: str) -> None:
+    """As asyncio's `Semaphore.acquire(permits=n)`: taken all at once or not at all, one
+    lease, and a count out of range refused at the call."""
+    semaphore = aiolock.sync.Semaphore(sync_client, name, limit=3, ttl=10)
+    lease = semaphore.acquire(permits=2)
+    try:
+        assert lease.permits == 2
+        assert semaphore.try_acquire(permits=2) is None
+        one = semaphore.try_acquire()
+        assert one is not None and one.permits == 1
+        one.release()
+        assert semaphore.info().held == 2
+    finally:
+        lease.release()
+    with pytest.raises(ConfigError, match="permits"):
+        semaphore.acquire(permits=0)
+    assert semaphore.info().held == 0
 
 
 def test_read_write_lock_sides(sync_client: redis.Redis, name: str) -> None:
