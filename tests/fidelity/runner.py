@@ -1,0 +1,166 @@
+"""Running sequences on the simulated server and on real ones, call by call, and searching
+for one on which they differ (Hypothesis generates the sequences, and shrinks a failing one).
+
+A sequence runs on each pair (a `FakeBackend` and a `RealBackend`), both fresh: before each
+call the real server's TIME sets the simulated clock, the call is built for each (from the
+same operation) and sent to each, then the replies and the states (every key) are
+normalised and compared (`compare`). The first difference ends the sequence: a
+`Divergence`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis.errors import Flaky
+
+from .backends import FakeBackend, RealBackend, describe
+from .compare import TOLERANCE_MS, differences, normal_reply, normal_state
+from .ops import Command, Context, Op, Primitives
+from .strategies import sequences
+
+__all__ = ("Divergence", "Pair", "Search", "run_sequence", "search")
+
+Pair = tuple[FakeBackend, RealBackend]
+
+
+@dataclass(slots=True)
+class Divergence:
+    """Where a sequence's calls differed between the simulated server and a real one."""
+
+    server: str
+    ops: Sequence[Op]
+    index: int
+    sent: str
+    replies: tuple[Any, Any]
+    found: list[tuple[str, Any, Any]]
+
+    def report(self) -> str:
+        lines = [f"divergence between fakeredis and {self.server}, at call {self.index + 1}:"]
+        for i, op in enumerate(self.ops):
+            mark = "->" if i == self.index else "  "
+            lines.append(f" {mark} {i + 1:2d}. {op!r}")
+        lines.append(f"sent: {self.sent}")
+        lines.append(f"replies: fakeredis {self.replies[0]!r}")
+        lines.append(f"         {self.server} {self.replies[1]!r}")
+        for where, fake, real in self.found:
+            lines.append(f"differs at {where}: fakeredis {fake!r} / {self.server} {real!r}")
+        return "\n".join(lines)
+
+
+@dataclass(slots=True)
+class Counts:
+    sequences: int = 0
+    calls: int = 0
+
+
+def run_sequence(ops: Sequence[Op], pairs: Sequence[Pair], prims: Primitives, counts: Counts | None = None) -> Divergence | None:
+    """Apply `ops` to each pair, comparing after every call: the first divergence, or None."""
+    for fake, real in pairs:
+        fake.reset()
+        real.reset()
+        contexts = (Context(prims), Context(prims))
+        slowest_ms = 0.0
+        for index, op in enumerate(ops):
+            real_now = real.now_us()
+            fake.set_clock(real_now)
+            fake_now = fake.now_us()
+            fake_step, fake_reply = fake.call(op, contexts[0])
+            real_step, real_reply = real.call(op, contexts[1])
+            if counts is not None:
+                counts.calls += 1
+            for ctx, step, reply in zip(contexts, (fake_step, real_step), (fake_reply, real_reply), strict=True):
+                ctx.sent.append(step)
+                op.after(ctx, reply)
+            real_state = real.state()
+            slowest_ms = max(slowest_ms, (real.now_us() - real_now) / 1000)
+            tol = TOLERANCE_MS + slowest_ms
+            script = "" if isinstance(real_step, Command) else real_step[0].name
+            found = list(
+                differences(
+                    normal_reply(script, fake_reply, fake_now),
+                    normal_reply(script, real_reply, real_now),
+                    "reply",
+                    tol,
+                )
+            )
+            if not found:
+                found = list(
+                    differences(
+                        normal_state(fake.state(), fake_now),
+                        normal_state(real_state, real_now),
+                        "key ",
+                        tol,
+                    )
+                )
+            if found:
+                return Divergence(real.name, list(ops), index, describe(real_step), (fake_reply, real_reply), found)
+    return None
+
+
+class _Found(AssertionError):
+    def __init__(self, divergence: Divergence) -> None:
+        super().__init__(divergence.report())
+        self.divergence = divergence
+
+
+@dataclass(slots=True)
+class Search:
+    """What a search did: sequences and calls run (the shrinking's included), seconds, and
+    the divergence found (the shrunk one), or None."""
+
+    sequences: int = 0
+    calls: int = 0
+    seconds: float = 0.0
+    divergence: Divergence | None = None
+    flaky: str = ""
+    generated: int = field(default=0)
+
+
+def search(
+    pairs: Sequence[Pair],
+    count: int,
+    *,
+    seed: int = 0,
+    families: tuple[str, ...] | None = None,
+) -> Search:
+    """Run `count` generated sequences on every pair; stop at the first divergence, shrunk."""
+    prims = Primitives()
+    counts = Counts()
+    result = Search()
+    strategy = sequences() if families is None else sequences(families)
+
+    @settings(
+        max_examples=count,
+        database=None,
+        deadline=None,
+        phases=(Phase.generate, Phase.shrink),
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+        print_blob=False,
+    )
+    @hypothesis_seed(seed)
+    @given(strategy)
+    def check(ops: list[Op]) -> None:
+        counts.sequences += 1
+        divergence = run_sequence(ops, pairs, prims, counts)
+        if divergence is not None:
+            raise _Found(divergence)
+
+    started = time.perf_counter()
+    try:
+        check()
+    except _Found as found:
+        result.divergence = found.divergence
+    except Flaky as flaky:
+        inner = getattr(flaky, "exceptions", ())
+        result.flaky = "\n".join([str(flaky), *(str(e) for e in inner)])
+    result.seconds = time.perf_counter() - started
+    result.sequences = counts.sequences
+    result.calls = counts.calls
+    return result
