@@ -2,8 +2,8 @@
 Valkey 8, through a synchronous redis-py client) and the simulation's server (`SimServer`:
 fakeredis 7.2 with Lua through lupa, its clock the simulated loop's, as in a simulation).
 
-The simulated server's clock is set before each call to the real server's `TIME` (read just
-before) plus a fixed shift of about 40 days (`EPOCH` and the loop's start against today): it
+Each call runs on the real server first, right after a TIME in the same round trip; the
+simulated server's clock is then set to that TIME plus a fixed shift of about 40 days (`EPOCH` and the loop's start against today): it
 runs the call at the instant the real one does, and a value that takes the wall clock where
 it should take the virtual one (a module missing from `_TIMED`) stands out.
 """
@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 
 import redis
 import redis.asyncio
-from aiolock.testing import RedisServer
 
+from aiolock.testing import RedisServer
 from tests.simulation.loop import START, SimLoop
 from tests.simulation.server import EPOCH, NetworkFaults, SimServer, virtual_time
 
@@ -111,19 +111,27 @@ class RealBackend:
         seconds, micros = self.client.time()
         return int(seconds) * 1_000_000 + int(micros)
 
-    def call(self, op: Op, ctx: Context) -> tuple[Step, Any]:
+    def call(self, op: Op, ctx: Context) -> tuple[Step, Any, int]:
+        """Build `op` and run it, between two TIMEs in one round trip: the step, its reply,
+        and the server's clock (µs) just before it ran."""
         step = op.build(ctx)
-        try:
-            reply = self.client.execute_command(*_command(step))
-        except redis.ResponseError as exc:
-            reply = ErrorReply(str(exc))
-        return step, reply
+        pipe = self.client.pipeline(transaction=False)
+        pipe.execute_command("TIME")  # type: ignore[no-untyped-call]
+        pipe.execute_command(*_command(step))  # type: ignore[no-untyped-call]
+        before, reply = pipe.execute(raise_on_error=False)
+        if isinstance(reply, Exception):
+            reply = ErrorReply(str(reply))
+        seconds, micros = before
+        return step, reply, int(seconds) * 1_000_000 + int(micros)
 
     def _batch(self, commands: list[Cmd]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
         for command in commands:
-            pipe.execute_command(*command)
-        return [ErrorReply(str(r)) if isinstance(r, Exception) else r for r in pipe.execute(raise_on_error=False)]
+            pipe.execute_command(*command)  # type: ignore[no-untyped-call]
+        return [
+            ErrorReply(str(r)) if isinstance(r, Exception) else r
+            for r in pipe.execute(raise_on_error=False)
+        ]
 
     def state(self) -> State:
         return read_state(self._batch)
@@ -174,7 +182,7 @@ class FakeBackend:
         with virtual_time(self.loop):  # a Redlock's proposal reads the client's clock
             step = op.build(ctx)
             try:
-                reply = self._run(self._client.execute_command(*_command(step)))
+                reply = self._run(self._client.execute_command(*_command(step)))  # type: ignore[no-untyped-call]
             except redis.ResponseError as exc:
                 reply = ErrorReply(str(exc))
         return step, reply
@@ -183,7 +191,7 @@ class FakeBackend:
         replies: list[Any] = []
         for command in commands:
             try:
-                replies.append(await self._client.execute_command(*command))
+                replies.append(await self._client.execute_command(*command))  # type: ignore[no-untyped-call]
             except redis.ResponseError as exc:
                 replies.append(ErrorReply(str(exc)))
         return replies
@@ -200,4 +208,3 @@ class FakeBackend:
             self._run(self.client.aclose())
             self.client = None
         self.loop.close()
-

@@ -15,6 +15,9 @@ Two servers never read the same clock at the same instant, so what the scripts d
   key's PTTL, the typical hold, when to check again); INSPECT's and EL_READ's first element
   (a PTTL); a state hash's field `h` (the typical hold); a holds list's elements. They match
   when they differ by at most `TOLERANCE_MS` (a negative PTTL, -1 or -2, must be equal).
+- **Order.** The fields of a hash (INSPECT's HGETALLs, every hash of the state) are
+  compared in the order of their names, the members of a set sorted: Redis keeps no order
+  for them once a hash is not a listpack (its table's order, seeded per process).
 - Everything else must be equal: types (an integer reply is not a text), lengths, texts,
   every other integer, error or not. An error's text is compared after its script's
   location ("user_script:12:" and the like) is cut: fakeredis words it its own way.
@@ -50,6 +53,7 @@ RESOLUTION_MS = {"s": 1000.0, "ms": 1.0, "us": 0.0}
 """A time's resolution: two readings an instant apart may round to values this far apart."""
 REFUSAL_DURATIONS = (1, 6, 7)
 FIRST_IS_PTTL = ("inspect", "el_read")
+HGETALL_IN_INSPECT = (1, 3)
 
 _DIGITS = re.compile(r"\d{9,}")
 _NUMBER = re.compile(r"-?\d+")
@@ -172,18 +176,27 @@ def normal_reply(script: str, reply: Any, now_us: int) -> Any:
         for i in positions:
             if i < len(reply):
                 reply[i] = _duration(reply[i])
-        if script == "inspect" and len(reply) > 1 and isinstance(reply[1], list):
-            fields = list(reply[1])
-            for i in range(0, len(fields) - 1, 2):
-                if fields[i] == b"h":
-                    fields[i + 1] = _duration(fields[i + 1])
-            reply[1] = fields
+        if script == "inspect":
+            for at in HGETALL_IN_INSPECT:
+                if at < len(reply) and isinstance(reply[at], list):
+                    reply[at] = _fields(reply[at])
     return _normal_keep(reply, now_us)
+
+
+def _fields(flat: list[Any]) -> list[Any]:
+    """An HGETALL's flat list of fields and values, in the order of the fields' names (a
+    hash's order is unspecified: in Redis, that of its table's buckets, seeded per process,
+    once it is not a listpack), the typical hold `h` as a duration."""
+    pairs = sorted(zip(flat[::2], flat[1::2], strict=True))
+    out: list[Any] = []
+    for name, value in pairs:
+        out += (name, _duration(value) if name == b"h" else value)
+    return out
 
 
 def _normal_keep(value: Any, now_us: int) -> Any:
     """`normal`, leaving `Dur`s and ("text", Dur) as they are."""
-    if isinstance(value, (Dur, tuple)) and not isinstance(value, Timed):
+    if isinstance(value, (Dur, tuple)):
         return value
     if isinstance(value, list):
         clock = _clock(value, now_us)

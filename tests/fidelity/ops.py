@@ -24,11 +24,10 @@ from aiolock._engine.wait_queue import Registration
 from aiolock._lua.election import EL_ANNOUNCE, EL_PROCLAIM, EL_READ, EL_SUCCESSOR
 from aiolock._lua.fencing import FENCED_DELETE, FENCED_GET, FENCED_SET, MAX_FENCING_TOKEN
 from aiolock._lua.lock import INSPECT
-
 from aiolock._lua.redlock import RL_FENCE
-from aiolock._primitives.semaphore import BARRIER_MS
 from aiolock._lua.semaphore import SEM_ACQUIRE_SEVERAL, SEM_SET_LIMIT
 from aiolock._model.holder import HOST, PID
+from aiolock._primitives.semaphore import BARRIER_MS
 
 __all__ = (
     "FAMILIES",
@@ -343,7 +342,11 @@ class Announce(Op):
 
     def build(self, ctx: Context) -> Step:
         election = ctx.prims.elections[self.seat]
-        return EL_ANNOUNCE, election._record_keys, [TOKENS[self.token], election.identity, self.value]
+        return (
+            EL_ANNOUNCE,
+            election._record_keys,
+            [TOKENS[self.token], election.identity, self.value],
+        )
 
 
 @dataclass(frozen=True, slots=True)

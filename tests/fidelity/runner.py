@@ -1,10 +1,10 @@
 """Running sequences on the simulated server and on real ones, call by call, and searching
 for one on which they differ (Hypothesis generates the sequences, and shrinks a failing one).
 
-A sequence runs on each pair (a `FakeBackend` and a `RealBackend`), both fresh: before each
-call the real server's TIME sets the simulated clock, the call is built for each (from the
-same operation) and sent to each, then the replies and the states (every key) are
-normalised and compared (`compare`). The first difference ends the sequence: a
+A sequence runs on each pair (a `FakeBackend` and a `RealBackend`), both fresh: each call
+is built for each (from the same operation) and runs on the real server, its TIME read just
+before (in the same round trip), then on the simulated one, its clock set to that TIME;
+then the replies and the states (every key) are normalised and compared (`compare`). The first difference ends the sequence: a
 `Divergence`.
 """
 
@@ -59,22 +59,25 @@ class Counts:
     calls: int = 0
 
 
-def run_sequence(ops: Sequence[Op], pairs: Sequence[Pair], prims: Primitives, counts: Counts | None = None) -> Divergence | None:
+def run_sequence(
+    ops: Sequence[Op], pairs: Sequence[Pair], prims: Primitives, counts: Counts | None = None
+) -> Divergence | None:
     """Apply `ops` to each pair, comparing after every call: the first divergence, or None."""
-    for fake, real in pairs:
+    for number, (fake, real) in enumerate(pairs):
         fake.reset()
         real.reset()
         contexts = (Context(prims), Context(prims))
         slowest_ms = 0.0
         for index, op in enumerate(ops):
-            real_now = real.now_us()
+            real_step, real_reply, real_now = real.call(op, contexts[1])
             fake.set_clock(real_now)
             fake_now = fake.now_us()
             fake_step, fake_reply = fake.call(op, contexts[0])
-            real_step, real_reply = real.call(op, contexts[1])
-            if counts is not None:
-                counts.calls += 1
-            for ctx, step, reply in zip(contexts, (fake_step, real_step), (fake_reply, real_reply), strict=True):
+            if counts is not None and number == 0:
+                counts.calls += 1  # a call of the sequence (made on every pair)
+            for ctx, step, reply in zip(
+                contexts, (fake_step, real_step), (fake_reply, real_reply), strict=True
+            ):
                 ctx.sent.append(step)
                 op.after(ctx, reply)
             real_state = real.state()
@@ -99,7 +102,14 @@ def run_sequence(ops: Sequence[Op], pairs: Sequence[Pair], prims: Primitives, co
                     )
                 )
             if found:
-                return Divergence(real.name, list(ops), index, describe(real_step), (fake_reply, real_reply), found)
+                return Divergence(
+                    real.name,
+                    list(ops),
+                    index,
+                    describe(real_step),
+                    (fake_reply, real_reply),
+                    found,
+                )
     return None
 
 
