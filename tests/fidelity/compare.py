@@ -18,6 +18,12 @@ Two servers never read the same clock at the same instant, so what the scripts d
 - **Order.** The fields of a hash (INSPECT's HGETALLs, every hash of the state) are
   compared in the order of their names, the members of a set sorted: Redis keeps no order
   for them once a hash is not a listpack (its table's order, seeded per process).
+- **Iteration order.** A semaphore's or a read-write lock's `r` (the tokens of leases
+  ended early, "<token>.<until s>" each) is compared as a set of entries, and its `xr`
+  (the first entry of `r` when the permits' index was written) as whether it is the first
+  entry of `r` on its own server: the scripts append to `r` in the order Lua's `pairs()`
+  gives, which Redis 7.0, Valkey 8 and stock Lua 5.1 (fakeredis's, through lupa) each give
+  differently (one order each, the same from run to run).
 - Everything else must be equal: types (an integer reply is not a text), lengths, texts,
   every other integer, error or not. An error's text is compared after its script's
   location ("user_script:12:" and the like) is cut: fakeredis words it its own way.
@@ -54,6 +60,7 @@ RESOLUTION_MS = {"s": 1000.0, "ms": 1.0, "us": 0.0}
 REFUSAL_DURATIONS = (1, 6, 7)
 FIRST_IS_PTTL = ("inspect", "el_read")
 HGETALL_IN_INSPECT = (1, 3)
+FIRST_OF_R = "<the first entry of r>"
 
 _DIGITS = re.compile(r"\d{9,}")
 _NUMBER = re.compile(r"-?\d+")
@@ -183,6 +190,11 @@ def normal_reply(script: str, reply: Any, now_us: int) -> Any:
     return _normal_keep(reply, now_us)
 
 
+def _natural(entry: bytes) -> list[Any]:
+    """An order of texts that two servers' readings of their clocks keep: numbers by value."""
+    return [int(part) if part.isdigit() else part for part in re.split(rb"(\d+)", entry)]
+
+
 def _fields(flat: list[Any]) -> list[Any]:
     """An HGETALL's flat list of fields and values, in the order of the fields' names (a
     hash's order is unspecified: in Redis, that of its table's buckets, seeded per process,
@@ -217,7 +229,15 @@ def normal_key(key: str, state: KeyState, now_us: int) -> Any:
         fields = {k.decode() if isinstance(k, bytes) else k: v for k, v in value.items()}
         pairs = []
         for name, field in sorted(fields.items()):
-            pairs.append((name, _duration(field) if name == "h" else normal(field, now_us)))
+            if name == "h":
+                pairs.append((name, _duration(field)))
+            elif name == "r":
+                entries = sorted(field.split(b" ") if field else [], key=_natural)
+                pairs.append((name, [normal(e, now_us) for e in entries]))
+            elif name == "xr" and field == (fields.get("r") or b"").split(b" ")[0]:
+                pairs.append((name, FIRST_OF_R))
+            else:
+                pairs.append((name, normal(field, now_us)))
         normalised: Any = pairs
     elif state.type == "list" and key.endswith(":holds"):
         normalised = [_duration(v) for v in value]

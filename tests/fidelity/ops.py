@@ -23,6 +23,8 @@ from aiolock._engine.primitive_base import Call, PrimitiveBase
 from aiolock._engine.wait_queue import Registration
 from aiolock._lua.election import EL_ANNOUNCE, EL_PROCLAIM, EL_READ, EL_SUCCESSOR
 from aiolock._lua.fencing import FENCED_DELETE, FENCED_GET, FENCED_SET, MAX_FENCING_TOKEN
+from aiolock._lua.hash_leases import EXPIRE_LEASES
+from aiolock._lua.layout import permits_key
 from aiolock._lua.lock import INSPECT
 from aiolock._lua.redlock import RL_FENCE
 from aiolock._lua.semaphore import SEM_ACQUIRE_SEVERAL, SEM_SET_LIMIT
@@ -37,6 +39,7 @@ __all__ = (
     "Command",
     "Context",
     "Expire",
+    "ExpireLeases",
     "Op",
     "Primitives",
     "Release",
@@ -442,6 +445,22 @@ class Expire(Op):
     def build(self, ctx: Context) -> Step:
         keys = ctx.prims.keys(self.family)
         return Command(("PEXPIRE", keys[self.key % len(keys)], 0))
+
+
+@dataclass(frozen=True, slots=True)
+class ExpireLeases(Op):
+    """Time passes for the leases a semaphore or a read-write lock holds in fields:
+    EXPIRE_LEASES, as `aiolock.testing.expire_now` sends it (a semaphore's slot, or every
+    permit; a read-write lock's side)."""
+
+    family: str
+    which: str
+
+    def build(self, ctx: Context) -> Step:
+        if self.family == "sem":
+            sem = ctx.prims.sem
+            return EXPIRE_LEASES, (sem.key, permits_key(sem.key)), [self.which]
+        return EXPIRE_LEASES, (ctx.prims.read._key,), [self.which]
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ then the replies and the states (every key) are normalised and compared (`compar
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,8 +138,10 @@ def search(
     *,
     seed: int = 0,
     families: tuple[str, ...] | None = None,
+    progress: Callable[[int, int, float], None] | None = None,
 ) -> Search:
-    """Run `count` generated sequences on every pair; stop at the first divergence, shrunk."""
+    """Run `count` generated sequences on every pair; stop at the first divergence, shrunk.
+    `progress(sequences, calls, seconds)` is called every 1000 sequences."""
     prims = Primitives()
     counts = Counts()
     result = Search()
@@ -158,6 +160,8 @@ def search(
     @given(strategy)
     def check(ops: list[Op]) -> None:
         counts.sequences += 1
+        if progress is not None and counts.sequences % 1000 == 0:
+            progress(counts.sequences, counts.calls, time.perf_counter() - started)
         divergence = run_sequence(ops, pairs, prims, counts)
         if divergence is not None:
             raise _Found(divergence)

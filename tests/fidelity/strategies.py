@@ -15,6 +15,7 @@ from .ops import (
     Again,
     Announce,
     Expire,
+    ExpireLeases,
     FencedDelete,
     FencedGet,
     FencedSet,
@@ -112,8 +113,13 @@ FAMILY_CALLS: dict[str, list[st.SearchStrategy[Op]]] = {
         *_leased("sem", permits=2),
         st.builds(Several, token=tokens, permits=st.sampled_from([2, 2, 3]), barrier=st.booleans()),
         st.builds(SetLimit, limit=st.integers(1, 3)),
+        st.builds(ExpireLeases, family=st.just("sem"), which=st.sampled_from(["", "0", "1"])),
     ],
-    "rw": [*_leased("read"), *_leased("write")],
+    "rw": [
+        *_leased("read"),
+        *_leased("write"),
+        st.builds(ExpireLeases, family=st.just("rw"), which=st.sampled_from(["0", "1"])),
+    ],
     "redlock": [
         st.builds(RlAcquire, token=tokens),
         st.builds(RlAcquire, token=tokens),
