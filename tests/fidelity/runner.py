@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import Flaky
 
-from .backends import FakeBackend, RealBackend, describe
+from .backends import FakeBackend, RealBackend, State, describe
 from .compare import TOLERANCE_MS, differences, normal_reply, normal_state
 from .ops import Command, Context, Op, Primitives
 from .strategies import sequences
@@ -63,54 +63,68 @@ def run_sequence(
     ops: Sequence[Op], pairs: Sequence[Pair], prims: Primitives, counts: Counts | None = None
 ) -> Divergence | None:
     """Apply `ops` to each pair, comparing after every call: the first divergence, or None."""
-    for number, (fake, real) in enumerate(pairs):
-        fake.reset()
-        real.reset()
-        contexts = (Context(prims), Context(prims))
-        slowest_ms = 0.0
-        for index, op in enumerate(ops):
-            real_step, real_reply, real_now = real.call(op, contexts[1])
-            fake.set_clock(real_now)
-            fake_now = fake.now_us()
-            fake_step, fake_reply = fake.call(op, contexts[0])
-            if counts is not None and number == 0:
-                counts.calls += 1  # a call of the sequence (made on every pair)
-            for ctx, step, reply in zip(
-                contexts, (fake_step, real_step), (fake_reply, real_reply), strict=True
-            ):
-                ctx.sent.append(step)
-                op.after(ctx, reply)
-            real_state = real.state()
-            slowest_ms = max(slowest_ms, (real.now_us() - real_now) / 1000)
-            tol = TOLERANCE_MS + slowest_ms
-            script = "" if isinstance(real_step, Command) else real_step[0].name
-            found = list(
-                differences(
-                    normal_reply(script, fake_reply, fake_now),
-                    normal_reply(script, real_reply, real_now),
-                    "reply",
-                    tol,
-                )
-            )
-            if not found:
-                found = list(
-                    differences(
-                        normal_state(fake.state(), fake_now),
-                        normal_state(real_state, real_now),
-                        "key ",
-                        tol,
-                    )
-                )
-            if found:
-                return Divergence(
-                    real.name,
-                    list(ops),
-                    index,
-                    describe(real_step),
-                    (fake_reply, real_reply),
-                    found,
-                )
+    for number, pair in enumerate(pairs):
+        divergence = _run_on(pair, ops, prims, counts if number == 0 else None)
+        if divergence is not None:
+            return divergence
     return None
+
+
+def _run_on(
+    pair: Pair, ops: Sequence[Op], prims: Primitives, counts: Counts | None
+) -> Divergence | None:
+    """`ops` on one pair, both fresh (`counts`: the calls made are counted there)."""
+    fake, real = pair
+    fake.reset()
+    real.reset()
+    contexts = (Context(prims), Context(prims))
+    slowest_ms = 0.0
+    for index, op in enumerate(ops):
+        real_step, real_reply, real_now = real.call(op, contexts[1])
+        fake.set_clock(real_now)
+        fake_now = fake.now_us()
+        fake_step, fake_reply = fake.call(op, contexts[0])
+        if counts is not None:
+            counts.calls += 1
+        for ctx, step, reply in zip(
+            contexts, (fake_step, real_step), (fake_reply, real_reply), strict=True
+        ):
+            ctx.sent.append(step)
+            op.after(ctx, reply)
+        real_state = real.state()
+        slowest_ms = max(slowest_ms, (real.now_us() - real_now) / 1000)
+        script = "" if isinstance(real_step, Command) else real_step[0].name
+        found = _compare(
+            script,
+            (fake_reply, real_reply),
+            (fake_now, real_now),
+            (fake.state, real_state),
+            TOLERANCE_MS + slowest_ms,
+        )
+        if found:
+            replies = (fake_reply, real_reply)
+            return Divergence(real.name, list(ops), index, describe(real_step), replies, found)
+    return None
+
+
+def _compare(
+    script: str,
+    replies: tuple[Any, Any],
+    nows: tuple[int, int],
+    states: tuple[Callable[[], State], State],
+    tol: float,
+) -> list[tuple[str, Any, Any]]:
+    """What differs between the simulated server's reply and the real one's, else between
+    their states (the simulated one's read only if the replies match); times and durations
+    within `tol` ms."""
+    fake_now, real_now = nows
+    fake_reply = normal_reply(script, replies[0], fake_now)
+    found = list(differences(fake_reply, normal_reply(script, replies[1], real_now), "reply", tol))
+    if found:
+        return found
+    fake_state, real_state = states[0](), states[1]
+    fake_keys, real_keys = normal_state(fake_state, fake_now), normal_state(real_state, real_now)
+    return list(differences(fake_keys, real_keys, "key ", tol))
 
 
 class _Found(AssertionError):
