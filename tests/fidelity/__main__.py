@@ -41,6 +41,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--servers", default="redis,valkey", help="real servers, among redis,valkey (both)"
     )
+    parser.add_argument(
+        "--outcomes", action="store_true", help="print how often each script answered what"
+    )
     options = parser.parse_args(argv)
     names = [name for name in options.servers.split(",") if name]
     binaries = {binary.kind: binary for binary in find_binaries()}
@@ -66,6 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{result.sequences} sequences ({result.calls} calls, on each of {', '.join(names)}) "
         f"in {result.seconds:.1f} s: {rate:.1f} sequences/s"
     )
+    if options.outcomes:
+        for (script, answer), times in sorted(result.outcomes.items()):
+            _say(f"  {script:28s} {answer:16s} {times:7d}")
     if result.flaky:
         _say("a divergence that did not happen again (timing?):\n" + result.flaky)
         return 1

@@ -11,6 +11,7 @@ then the replies and the states (every key) are normalised and compared (`compar
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,9 +20,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import Flaky
 
-from .backends import FakeBackend, RealBackend, State, describe
-from .compare import TOLERANCE_MS, differences, normal_reply, normal_state
-from .ops import Command, Context, Op, Primitives
+from .backends import ErrorReply, FakeBackend, RealBackend, State, describe
+from .compare import FIRST_IS_PTTL, TOLERANCE_MS, differences, normal_reply, normal_state
+from .ops import Command, Context, Op, Primitives, Step
 from .strategies import sequences
 
 __all__ = ("Divergence", "Pair", "Search", "run_sequence", "search")
@@ -57,6 +58,7 @@ class Divergence:
 class Counts:
     sequences: int = 0
     calls: int = 0
+    outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
 
 
 def run_sequence(
@@ -86,6 +88,7 @@ def _run_on(
         fake_step, fake_reply = fake.call(op, contexts[0])
         if counts is not None:
             counts.calls += 1
+            counts.outcomes[outcome(real_step, real_reply)] += 1
         for ctx, step, reply in zip(
             contexts, (fake_step, real_step), (fake_reply, real_reply), strict=True
         ):
@@ -127,6 +130,23 @@ def _compare(
     return list(differences(fake_keys, real_keys, "key ", tol))
 
 
+def outcome(step: Step, reply: Any) -> tuple[str, str]:
+    """A call's script (or command) and what its reply was: the status a list starts with
+    (its length after a slash), "integer", "text", "nil" or "error"."""
+    name = describe(step).split(" ")[0] if isinstance(step, Command) else step[0].name
+    if isinstance(reply, ErrorReply):
+        return name, "error"
+    if isinstance(reply, list):
+        head = reply[0] if reply else "-"
+        status = head.decode(errors="replace")[:8] if isinstance(head, bytes) else str(head)
+        if name in FIRST_IS_PTTL and status != "-2":
+            status = "pttl"
+        return name, f"{{{status or chr(39) * 2}, ...}}/{len(reply)}"
+    if reply is None:
+        return name, "nil"
+    return name, "integer" if isinstance(reply, int) else "text"
+
+
 class _Found(AssertionError):
     def __init__(self, divergence: Divergence) -> None:
         super().__init__(divergence.report())
@@ -143,7 +163,8 @@ class Search:
     seconds: float = 0.0
     divergence: Divergence | None = None
     flaky: str = ""
-    generated: int = field(default=0)
+    outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """How many calls of each script (or command) answered what, on the first server."""
 
 
 def search(
@@ -191,4 +212,5 @@ def search(
     result.seconds = time.perf_counter() - started
     result.sequences = counts.sequences
     result.calls = counts.calls
+    result.outcomes = counts.outcomes
     return result
