@@ -176,3 +176,34 @@ def test_the_simulated_server_deletes_a_key_expired_now() -> None:
         replies = loop.run_until_complete(run())
     loop.close()
     assert replies == [1, 0, 1, 5_000, 0]
+
+
+def test_the_simulated_server_sends_no_keyspace_events_unless_configured() -> None:
+    """Redis's `notify-keyspace-events` is "" by default: a pattern subscriber gets only
+    what is published; fakeredis sent every key's events to it."""
+    loop = SimLoop(0, cost=0.0, slow=0.0)
+    client = SimServer("s", loop, random.Random(0), NetworkFaults()).client(clean=True)
+
+    async def run() -> list[list[Any]]:
+        pubsub = client.pubsub()
+        await pubsub.psubscribe("*")
+        heard: list[list[Any]] = []
+        for configured in (False, True):
+            if configured:
+                await client.config_set("notify-keyspace-events", "KEA")
+            await client.hset("k", "f", "v")
+            await client.publish("c", "m")
+            messages = []
+            while (message := await pubsub.get_message(timeout=0.0)) is not None:
+                if message["type"] == "pmessage":
+                    messages.append(message["channel"])
+            heard.append(messages)
+        await pubsub.aclose()
+        await client.aclose()
+        return heard
+
+    with virtual_time(loop):
+        unconfigured, configured = loop.run_until_complete(run())
+    loop.close()
+    assert unconfigured == [b"c"]
+    assert b"__keyspace@0__:k" in configured

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import redis
 import redis.asyncio
+from redis.asyncio.client import PubSub
 
 from aiolock.testing import RedisServer
 from tests.simulation.loop import START, SimLoop
@@ -25,7 +26,7 @@ from tests.simulation.server import EPOCH, NetworkFaults, SimServer, virtual_tim
 
 from .ops import Command, Context, Op, Step
 
-__all__ = ("ErrorReply", "FakeBackend", "KeyState", "RealBackend", "State")
+__all__ = ("ErrorReply", "FakeBackend", "KeyState", "Message", "RealBackend", "State")
 
 T = TypeVar("T")
 
@@ -50,6 +51,14 @@ class KeyState:
 
 
 State = dict[str, KeyState]
+
+Message = tuple[bytes, bytes]
+"""A published message: its channel and its data."""
+
+MARKER = "fidelity:end"
+"""Published after each call: the messages read before it are the call's."""
+MESSAGE_WAIT = 10.0
+"""Longest wait for a real server's marker message (seconds)."""
 
 
 def _read(kind: str, key: str) -> Cmd:
@@ -103,9 +112,27 @@ class RealBackend:
         self.name = name
         self.server = server
         self.client = redis.Redis(port=server.port, socket_timeout=10)
+        self.pubsub = self.client.pubsub()
+        self.pubsub.psubscribe("*")
 
     def reset(self) -> None:
         self.client.flushall()
+        self.messages()  # the subscription is in place, and nothing is left to read
+
+    def messages(self) -> list[Message]:
+        """The messages published since the last call (every channel, in order): read up to
+        a marker published now."""
+        self.client.publish(MARKER, "")
+        found: list[Message] = []
+        deadline = time.monotonic() + MESSAGE_WAIT
+        while time.monotonic() < deadline:
+            message = self.pubsub.get_message(timeout=max(deadline - time.monotonic(), 0.001))
+            if message is None or message["type"] != "pmessage":
+                continue
+            if message["channel"] == MARKER.encode():
+                return found
+            found.append((message["channel"], message["data"]))
+        raise TimeoutError(f"{self.name}: no marker message within {MESSAGE_WAIT} s")
 
     def now_us(self) -> int:
         seconds, micros = self.client.time()
@@ -137,6 +164,7 @@ class RealBackend:
         return read_state(self._batch)
 
     def close(self) -> None:
+        self.pubsub.close()
         self.client.close()
 
 
@@ -151,6 +179,7 @@ class FakeBackend:
         self._base_us = time.time_ns() // 1000
         self.server: SimServer | None = None
         self.client: redis.asyncio.Redis | None = None
+        self.pubsub: PubSub | None = None
 
     @property
     def shift_us(self) -> int:
@@ -161,10 +190,38 @@ class FakeBackend:
         return self.loop.run_until_complete(coroutine)
 
     def reset(self) -> None:
-        if self.client is not None:
-            self._run(self.client.aclose())
+        self._close()
         self.server = SimServer("fake", self.loop, random.Random(0), NetworkFaults())
         self.client = self.server.client(clean=True)
+        self.pubsub = self.client.pubsub()
+        self._run(self.pubsub.psubscribe("*"))
+        self.messages()
+
+    def _close(self) -> None:
+        if self.pubsub is not None:
+            self._run(self.pubsub.aclose())
+            self.pubsub = None
+        if self.client is not None:
+            self._run(self.client.aclose())
+            self.client = None
+
+    def messages(self) -> list[Message]:
+        """The messages published since the last call, as `RealBackend.messages` reads them
+        (fakeredis delivers them at once: no wait)."""
+        with virtual_time(self.loop):
+            return self._run(self._messages())
+
+    async def _messages(self) -> list[Message]:
+        assert self.pubsub is not None, "reset() first"
+        await self._client.publish(MARKER, "")
+        found: list[Message] = []
+        while (message := await self.pubsub.get_message(timeout=0.0)) is not None:
+            if message["type"] != "pmessage":
+                continue
+            if message["channel"] == MARKER.encode():
+                return found
+            found.append((message["channel"], message["data"]))
+        raise AssertionError("fakeredis: the marker message was not delivered")
 
     def set_clock(self, real_us: int) -> None:
         """The simulated clock at `real_us` (a real server's TIME) plus the shift."""
@@ -204,7 +261,5 @@ class FakeBackend:
         return read_state(self._batch)
 
     def close(self) -> None:
-        if self.client is not None:
-            self._run(self.client.aclose())
-            self.client = None
+        self._close()
         self.loop.close()

@@ -25,8 +25,8 @@ Two servers never read the same clock at the same instant, so what the scripts d
   gives, which Redis 7.0, Valkey 8 and stock Lua 5.1 (fakeredis's, through lupa) each give
   differently (one order each, the same from run to run).
 - Everything else must be equal: types (an integer reply is not a text), lengths, texts,
-  every other integer, error or not. An error's text is compared after its script's
-  location ("user_script:12:" and the like) is cut: fakeredis words it its own way.
+  every other integer, error or not, and what a script raised (its line and text: the
+  servers word the rest of an error their own way).
 
 `TOLERANCE_MS` covers the time between the real server's TIME read before a call (the
 simulated server's clock at the call) and the call's own reading; the runner adds the
@@ -136,8 +136,21 @@ def _clock(value: list[Any] | tuple[Any, ...], now_us: int) -> Any:
     return ["TIME", timed(seconds * 1_000_000 + micros, now_us)]
 
 
+_RAISED = re.compile(
+    r"(?:user_script|\])?:(?P<line>\d+): (?P<text>.*?)"
+    r"(?: script: [0-9a-f]{40}, on @user_script:\d+\.|\nstack traceback:.*)?$",
+    re.DOTALL,
+)
+"""What a script raised (its line and text), in Redis's and Valkey's wording ("user_script:
+426: TEXT script: SHA, on @user_script:426.") and fakeredis's ("Error running script (call
+to f_SHA): @user_script:?: [string "<python>"]:426: TEXT\nstack traceback: ...")."""
+
+
 def _error(message: str) -> Error:
-    return Error(re.sub(r"(user_script|@user_script|f_[0-9a-f]+):?\d*:? ?", "", message).strip())
+    raised = _RAISED.search(message)
+    if raised is None:
+        return Error(message.strip())
+    return Error(f"line {raised.group('line')}: {raised.group('text').strip()}")
 
 
 def normal(value: Any, now_us: int) -> Any:

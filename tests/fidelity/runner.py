@@ -20,8 +20,15 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import Flaky
 
-from .backends import ErrorReply, FakeBackend, RealBackend, State, describe
-from .compare import FIRST_IS_PTTL, TOLERANCE_MS, differences, normal_reply, normal_state
+from .backends import ErrorReply, FakeBackend, Message, RealBackend, State, describe
+from .compare import (
+    FIRST_IS_PTTL,
+    TOLERANCE_MS,
+    differences,
+    normal,
+    normal_reply,
+    normal_state,
+)
 from .ops import Command, Context, Op, Primitives, Step
 from .strategies import sequences
 
@@ -94,15 +101,16 @@ def _run_on(
         ):
             ctx.sent.append(step)
             op.after(ctx, reply)
-        real_state = real.state()
+        real_state, real_messages = real.state(), real.messages()
         slowest_ms = max(slowest_ms, (real.now_us() - real_now) / 1000)
         script = "" if isinstance(real_step, Command) else real_step[0].name
         found = _compare(
             script,
-            (fake_reply, real_reply),
-            (fake_now, real_now),
-            (fake.state, real_state),
-            TOLERANCE_MS + slowest_ms,
+            replies=(fake_reply, real_reply),
+            nows=(fake_now, real_now),
+            states=(fake.state, real_state),
+            messages=(fake.messages, real_messages),
+            tol=TOLERANCE_MS + slowest_ms,
         )
         if found:
             replies = (fake_reply, real_reply)
@@ -112,14 +120,16 @@ def _run_on(
 
 def _compare(
     script: str,
+    *,
     replies: tuple[Any, Any],
     nows: tuple[int, int],
     states: tuple[Callable[[], State], State],
+    messages: tuple[Callable[[], list[Message]], list[Message]],
     tol: float,
 ) -> list[tuple[str, Any, Any]]:
     """What differs between the simulated server's reply and the real one's, else between
-    their states (the simulated one's read only if the replies match); times and durations
-    within `tol` ms."""
+    their states, else between the messages the call published (the simulated server's
+    read only if what came before matched); times and durations within `tol` ms."""
     fake_now, real_now = nows
     fake_reply = normal_reply(script, replies[0], fake_now)
     found = list(differences(fake_reply, normal_reply(script, replies[1], real_now), "reply", tol))
@@ -127,7 +137,11 @@ def _compare(
         return found
     fake_state, real_state = states[0](), states[1]
     fake_keys, real_keys = normal_state(fake_state, fake_now), normal_state(real_state, real_now)
-    return list(differences(fake_keys, real_keys, "key ", tol))
+    found = list(differences(fake_keys, real_keys, "key ", tol))
+    if found:
+        return found
+    fake_messages = normal(messages[0](), fake_now)
+    return list(differences(fake_messages, normal(messages[1], real_now), "messages", tol))
 
 
 def outcome(step: Step, reply: Any) -> tuple[str, str]:

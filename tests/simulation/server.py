@@ -164,6 +164,13 @@ class SimSocket(AsyncFakeSocket):
             delete_keys(key)
         return done
 
+    def _keyspace_notifications(self, command_items: list[CommandItem], event: bytes) -> None:
+        """None unless `notify-keyspace-events` is set, as in Redis (whose default is ""):
+        fakeredis publishes every key's events to any pattern subscriber otherwise (found
+        by `tests/fidelity`)."""
+        if self._server.config.get(b"notify-keyspace-events", b""):
+            super()._keyspace_notifications(command_items, event)
+
     def _deliver(self, msg: Any) -> None:
         if not self.dead:
             AsyncFakeSocket.put_response(self, msg)
