@@ -2,9 +2,12 @@
 Redis 7 and Valkey 8 do, on a bounded number of generated sequences; a planted difference in
 a reply or in a key is caught, and shrunk to a short sequence; the normalisation lets the
 clock's readings differ and nothing else; the simulated server deletes a key whose expiry
-is set at or before now, as Redis does (the divergence the oracle found).
+is set at or before now, and sends no keyspace events unless configured, as Redis does (the
+divergences the oracle found).
 
-The long runs are for the command line (`python -m tests.fidelity`, docs/simulation.md).
+A missing server binary skips the tests that need it, with the reason (in CI it fails them,
+as the suite's conftest does). The long runs are for the command line (`python -m
+tests.fidelity`, docs/simulation.md).
 """
 
 from __future__ import annotations
