@@ -3,9 +3,10 @@ sequences of the scripts' calls, each run on the simulated server and on every r
 named (each started for the run, on a free port, and stopped at the end), compared after
 every call.
 
-Exit status 0: no divergence; 1: one was found, printed shrunk (the shortest sequence
-Hypothesis could make of it) with the differing replies or keys; 2: a server named is not
-installed here.
+Exit status 0: no divergence (those that did not happen again when their sequence ran
+again, ties between two readings of the clock, are counted and the first printed); 1: one
+was found, printed shrunk (the shortest sequence Hypothesis could make of it) with the
+differing replies, keys or messages; 2: a server named is not installed here.
 """
 
 from __future__ import annotations
@@ -72,6 +73,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if options.outcomes:
         for (script, answer), times in sorted(result.outcomes.items()):
             _say(f"  {script:28s} {answer:16s} {times:7d}")
+    if result.unrepeated:
+        _say(
+            f"{len(result.unrepeated)} divergences did not happen again when their sequence "
+            "ran again (ties between two readings of the clock); the first:"
+        )
+        _say(result.unrepeated[0].report())
     if result.flaky:
         _say("a divergence that did not happen again (timing?):\n" + result.flaky)
         return 1

@@ -161,6 +161,10 @@ def outcome(step: Step, reply: Any) -> tuple[str, str]:
     return name, "integer" if isinstance(reply, int) else "text"
 
 
+RERUNS = 2
+"""How many times a sequence that diverged is run again before the divergence counts."""
+
+
 class _Found(AssertionError):
     def __init__(self, divergence: Divergence) -> None:
         super().__init__(divergence.report())
@@ -179,6 +183,9 @@ class Search:
     flaky: str = ""
     outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
     """How many calls of each script (or command) answered what, on the first server."""
+    unrepeated: list[Divergence] = field(default_factory=list)
+    """Divergences that did not happen again when their sequence was run again (RERUNS
+    times): a branch on a tie between two readings of the clock (see `search`)."""
 
 
 def search(
@@ -190,7 +197,14 @@ def search(
     progress: Callable[[int, int, float], None] | None = None,
 ) -> Search:
     """Run `count` generated sequences on every pair; stop at the first divergence, shrunk.
-    `progress(sequences, calls, seconds)` is called every 1000 sequences."""
+    `progress(sequences, calls, seconds)` is called every 1000 sequences.
+
+    A divergence is run again, up to RERUNS times: one that does not happen again is not
+    the simulated server's doing but a branch on a tie between two readings of the clock
+    (a script comparing a key's PTTL with a window computed from TIME, equal to the
+    millisecond on the simulated server, a millisecond apart either way on a real one): it
+    is kept in `unrepeated` (and reported), and the search goes on. A difference of the
+    simulated server happens again every time, and is shrunk."""
     prims = Primitives()
     counts = Counts()
     result = Search()
@@ -212,8 +226,12 @@ def search(
         if progress is not None and counts.sequences % 1000 == 0:
             progress(counts.sequences, counts.calls, time.perf_counter() - started)
         divergence = run_sequence(ops, pairs, prims, counts)
-        if divergence is not None:
-            raise _Found(divergence)
+        if divergence is None:
+            return
+        if any(run_sequence(ops, pairs, prims) is None for _ in range(RERUNS)):
+            result.unrepeated.append(divergence)
+            return
+        raise _Found(divergence)
 
     started = time.perf_counter()
     try:
