@@ -40,6 +40,7 @@ from typing import Any
 import fakeredis
 import redis.asyncio
 from fakeredis._clients._async import FakeAsyncRedisConnection, FakeReader, FakeWriter
+from fakeredis._core import CommandItem, delete_keys
 from fakeredis._socket import AsyncFakeSocket
 
 from .loop import PROCESS, SimLoop
@@ -211,6 +212,23 @@ class SimSocket(AsyncFakeSocket):
         else:
             # the simulator's own context: a paused process's replies still arrive
             loop.call_at(when, self._deliver, msg, context=sim.context)
+
+    def _expireat(
+        self, key: CommandItem, timestamp: float, *args: bytes, invalid_in: str | None = None
+    ) -> int:
+        """As Redis (and Valkey) do, an expiry set at or before now deletes the key at once
+        (fakeredis keeps it until its clock moves past; found by `tests/fidelity`)."""
+        done: int = super()._expireat(key, timestamp, *args, invalid_in=invalid_in)
+        if done and timestamp <= self._db.time:
+            delete_keys(key)
+        return done
+
+    def _keyspace_notifications(self, command_items: list[CommandItem], event: bytes) -> None:
+        """None unless `notify-keyspace-events` is set, as in Redis (whose default is ""):
+        fakeredis publishes every key's events to any pattern subscriber otherwise (found
+        by `tests/fidelity`)."""
+        if self._server.config.get(b"notify-keyspace-events", b""):
+            super()._keyspace_notifications(command_items, event)
 
     def _deliver(self, msg: Any) -> None:
         if not self.dead:
