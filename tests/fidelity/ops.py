@@ -28,7 +28,7 @@ from aiolock._lua.layout import permits_key
 from aiolock._lua.lock import INSPECT
 from aiolock._lua.redlock import RL_FENCE
 from aiolock._lua.semaphore import SEM_ACQUIRE_SEVERAL, SEM_SET_LIMIT
-from aiolock._model.holder import HOST, PID
+from aiolock._model.holder import HOST, pid
 from aiolock._primitives.semaphore import BARRIER_MS
 
 __all__ = (
@@ -286,7 +286,7 @@ class Several(Op):
         args: list[str | int] = [
             TOKENS[self.token],
             TTL_MS,
-            f"{HOST} {PID} {TASK}",
+            f"{HOST} {pid()} {TASK}",
             sem.limit,
             self.permits,
             BARRIER_MS,

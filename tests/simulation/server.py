@@ -25,8 +25,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import copy
-import heapq
 import hashlib
+import heapq
 import importlib
 import os
 import random

@@ -238,8 +238,8 @@ class World:
                     tokens = {str(n): int(t) for n, t in lease.fencing_tokens.items()}
                 else:
                     tokens = {held[0]: int(lease.fencing_token)}
-                slot = side if side >= 0 else getattr(lease, "slot", None)
-                slot = -1 if slot is None else int(slot)
+                leased = getattr(lease, "slot", None)
+                slot = side if side >= 0 else -1 if leased is None else int(leased)
                 proc.open[index] = (held, tokens, enter, slot)
                 try:
                     await self._body(rng, steps, lease)
