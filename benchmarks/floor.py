@@ -11,8 +11,8 @@ Two processes (this one and a peer it starts) hand a token to each other, `--rou
 each way:
 
 - pubsub-asyncio: PUBLISH on the other's channel, read by its `redis.asyncio` pub/sub;
-- pubsub-asyncio-busy: the same while both event loops are busy (a task yields in a loop,
-  so neither loop ever sleeps in `select`: no operating-system wake-up on a message);
+- pubsub-asyncio-busy: the same while both event loops are busy: a task on each works
+  0.1 ms every 1 ms (a timer always armed, and a message may come in mid-work);
 - pubsub-blocking: the same with redis-py's blocking client (a blocking socket read);
 - blpop-asyncio, blpop-blocking: LPUSH on the other's list, taken by its BLPOP;
 - aiolock, aiolock-busy: one `aiolock.Lock` taken in turn: each process acquires, holds
@@ -23,8 +23,10 @@ A hand-off is timed from the moment the giver starts giving (before its PUBLISH,
 `release()` call) to the moment the taker's code has the token (its read returned, its
 `acquire()` returned), on the machine's monotonic clock, which both processes share. For
 aiolock only the acquisitions that followed a release by the other process count (told
-apart by fencing token: each acquisition takes the next one). Reported: p50 and p99 per
-hand-off in µs, and each as a multiple of the raw asyncio pub/sub floor's p50.
+apart by fencing token: each acquisition takes a greater one). Reported: p50 and p99 per
+hand-off in µs, and each as a multiple of the raw asyncio pub/sub floor's p50; for aiolock
+also when, within the hand-off, the taker's listener dispatched the message that told it
+(before: the release's round trip and the message; after: the taker's client work).
 """
 
 from __future__ import annotations
@@ -57,11 +59,14 @@ VARIANTS = (
     "aiolock",
     "aiolock-busy",
 )
+BUSY_EVERY, BUSY_WORK = 0.001, 0.0001
+"""A busy loop: a task works (spins) 0.1 ms every 1 ms beside the hand-offs."""
 FLOOR = "pubsub-asyncio"
 """The variant every other is read against."""
 
 Records = dict[str, dict[str, float]]
-"""One side's records: "sent" and "got" (the round, as text, to the monotonic time)."""
+"""One side's records: "sent" and "got" (the round, or fencing token, as text, to the
+monotonic time); aiolock's also "heard" (its listener's messages, in order)."""
 
 
 def now() -> float:
@@ -195,11 +200,21 @@ async def aiolock_turns(
     """Acquire, release, acquire again: "got" by fencing token when acquired, "sent" by
     fencing token when its release was called."""
     from aiolock import Lock
+    from aiolock._engine.notifier import Notifier
 
     client = redis.asyncio.Redis.from_url(url)
     lock = Lock(client, key, ttl=10)
     sent: dict[str, float] = {}
     got: dict[str, float] = {}
+    heard: dict[str, float] = {}  # when the listener dispatched each message it read
+    dispatch = Notifier._dispatch
+
+    def heard_then_dispatch(self: Notifier, message: dict[str, Any]) -> None:
+        if message["type"] == "message":
+            heard[str(len(heard))] = now()
+        dispatch(self, message)
+
+    Notifier._dispatch = heard_then_dispatch  # type: ignore[method-assign]
     try:
         async with Lock(client, f"{key}:warm-up", ttl=10):
             pass  # scripts loaded, connections open
@@ -213,8 +228,9 @@ async def aiolock_turns(
             sent[token] = now()
             await lease.release()
     finally:
+        Notifier._dispatch = dispatch  # type: ignore[method-assign]
         await client.aclose()
-    return {"sent": sent, "got": got}
+    return {"sent": sent, "got": got, "heard": heard}
 
 
 async def other_waiting(lock: Any, bound: float = 1.0) -> None:
@@ -251,8 +267,11 @@ async def run_side(
         return records
 
     async def spin() -> None:
-        while True:  # noqa: ASYNC110 - a busy loop is the point
-            await asyncio.sleep(0)
+        while True:
+            await asyncio.sleep(BUSY_EVERY)
+            started = now()
+            while now() - started < BUSY_WORK:
+                pass
 
     spinner = asyncio.create_task(spin()) if busy else None
     try:
@@ -320,6 +339,23 @@ async def peer_main(url: str) -> None:
 
 
 # --------------------------------------------------------------------------- measuring
+def heard_within(a: Records, b: Records) -> list[float]:
+    """aiolock's hand-offs, in the order they were made: how long after the release was
+    called the taker's listener dispatched the message that told it (seconds). The rest of
+    each hand-off is the taker's client work and its loop's turn."""
+    made: list[tuple[float, float]] = []
+    turns = sorted(
+        (int(token), side, got, records["sent"][token])
+        for side, records in enumerate((a, b))
+        for token, got in records["got"].items()
+    )
+    for (_, giver, _, sent), (_, taker, got, _) in itertools.pairwise(turns):
+        told = [at for at in (a, b)[taker]["heard"].values() if sent <= at <= got]
+        if giver != taker and told:
+            made.append((sent, min(told) - sent))
+    return [gap for _, gap in sorted(made)]
+
+
 def gaps(a: Records, b: Records, variant: str) -> list[float]:
     """Every hand-off's time, seconds, in the order they were made: from a "sent" of one
     side to the matching "got" of the other."""
@@ -349,7 +385,9 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))]
 
 
-async def measure_variant(peer: Peer, variant: str, url: str, rounds: int) -> list[float]:
+async def measure_variant(
+    peer: Peer, variant: str, url: str, rounds: int
+) -> tuple[list[float], list[float]]:
     key = f"bench:floor:{uuid.uuid4().hex[:8]}"
     peer.send(f"{variant} {key} {rounds}")
     if peer.read() != "ready":
@@ -360,7 +398,8 @@ async def measure_variant(peer: Peer, variant: str, url: str, rounds: int) -> li
 
     mine = await run_side(variant, url, key, rounds, first=True, ready=ready)
     theirs: Records = json.loads(peer.read())
-    return gaps(mine, theirs, variant)
+    told = heard_within(mine, theirs) if SIDES[variant][0] is aiolock_turns else []
+    return gaps(mine, theirs, variant), told
 
 
 async def measure(url: str, rounds: int, warm: int = 0) -> dict[str, Any]:
@@ -372,11 +411,14 @@ async def measure(url: str, rounds: int, warm: int = 0) -> dict[str, Any]:
     out: dict[str, Any] = {}
     try:
         for variant in VARIANTS:
-            made = await measure_variant(peer, variant, url, rounds + warm)
+            made, told = await measure_variant(peer, variant, url, rounds + warm)
             timed = made[min(2 * warm, len(made) // 2) :]
             if not timed:
                 raise RuntimeError(f"{variant}: no hand-off was made")
             label = variant.replace("-", "_")
+            told = told[min(2 * warm, len(told) // 2) :]
+            if told:
+                out[f"{label}_heard_p50_us"] = percentile(told, 50) * 1e6
             out[f"{label}_p50_us"] = percentile(timed, 50) * 1e6
             out[f"{label}_p99_us"] = percentile(timed, 99) * 1e6
             out[f"{label}_handoffs"] = len(timed)
@@ -402,6 +444,13 @@ def table(results: dict[str, Any]) -> str:
             f"| {results[label + '_p50_x']:.2f} | {results[label + '_p99_x']:.2f} "
             f"| {results[label + '_handoffs']:g} |"
         )
+    for variant in VARIANTS:
+        label = variant.replace("-", "_")
+        if f"{label}_heard_p50_us" in results:
+            lines.append(
+                f"\n{variant}: the taker's listener dispatched the release's message "
+                f"{results[label + '_heard_p50_us']:.0f} µs (p50) after the release was called."
+            )
     return "\n".join(lines)
 
 
