@@ -339,11 +339,11 @@ async def peer_main(url: str) -> None:
 
 
 # --------------------------------------------------------------------------- measuring
-def heard_within(a: Records, b: Records) -> list[float]:
+def heard_within(a: Records, b: Records) -> list[tuple[float, float]]:
     """aiolock's hand-offs, in the order they were made: how long after the release was
-    called the taker's listener dispatched the message that told it (seconds). The rest of
-    each hand-off is the taker's client work and its loop's turn."""
-    made: list[tuple[float, float]] = []
+    called the taker's listener dispatched the message that told it, and how long after
+    that its `acquire()` returned (the taker's client work and its loop's turns), seconds."""
+    made: list[tuple[float, float, float]] = []
     turns = sorted(
         (int(token), side, got, records["sent"][token])
         for side, records in enumerate((a, b))
@@ -352,8 +352,8 @@ def heard_within(a: Records, b: Records) -> list[float]:
     for (_, giver, _, sent), (_, taker, got, _) in itertools.pairwise(turns):
         told = [at for at in (a, b)[taker]["heard"].values() if sent <= at <= got]
         if giver != taker and told:
-            made.append((sent, min(told) - sent))
-    return [gap for _, gap in sorted(made)]
+            made.append((sent, min(told) - sent, got - min(told)))
+    return [(heard, taken) for _, heard, taken in sorted(made)]
 
 
 def gaps(a: Records, b: Records, variant: str) -> list[float]:
@@ -387,7 +387,7 @@ def percentile(values: list[float], p: float) -> float:
 
 async def measure_variant(
     peer: Peer, variant: str, url: str, rounds: int
-) -> tuple[list[float], list[float]]:
+) -> tuple[list[float], list[tuple[float, float]]]:
     key = f"bench:floor:{uuid.uuid4().hex[:8]}"
     peer.send(f"{variant} {key} {rounds}")
     if peer.read() != "ready":
@@ -418,7 +418,8 @@ async def measure(url: str, rounds: int, warm: int = 0) -> dict[str, Any]:
             label = variant.replace("-", "_")
             told = told[min(2 * warm, len(told) // 2) :]
             if told:
-                out[f"{label}_heard_p50_us"] = percentile(told, 50) * 1e6
+                out[f"{label}_heard_p50_us"] = percentile([h for h, _ in told], 50) * 1e6
+                out[f"{label}_taken_p50_us"] = percentile([t for _, t in told], 50) * 1e6
             out[f"{label}_p50_us"] = percentile(timed, 50) * 1e6
             out[f"{label}_p99_us"] = percentile(timed, 99) * 1e6
             out[f"{label}_handoffs"] = len(timed)
@@ -449,7 +450,9 @@ def table(results: dict[str, Any]) -> str:
         if f"{label}_heard_p50_us" in results:
             lines.append(
                 f"\n{variant}: the taker's listener dispatched the release's message "
-                f"{results[label + '_heard_p50_us']:.0f} µs (p50) after the release was called."
+                f"{results[label + '_heard_p50_us']:.0f} µs (p50) after the release was "
+                f"called; its `acquire()` returned {results[label + '_taken_p50_us']:.0f} µs "
+                "(p50) after that."
             )
     return "\n".join(lines)
 
