@@ -372,11 +372,11 @@ def gaps(a: Records, b: Records, variant: str) -> list[float]:
             if giver != taker:
                 made.append((sent, got - sent))
     else:
-        for giver, taker in ((a, b), (b, a)):
-            for mark, sent in giver["sent"].items():
-                got = taker["got"].get(mark)
-                if got is not None:
-                    made.append((sent, got - sent))
+        for gave, took in ((a, b), (b, a)):
+            for mark, given_at in gave["sent"].items():
+                taken_at = took["got"].get(mark)
+                if taken_at is not None:
+                    made.append((given_at, taken_at - given_at))
     return [gap for _, gap in sorted(made)]
 
 
