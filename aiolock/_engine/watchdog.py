@@ -304,8 +304,9 @@ class RenewalScheduler:
                         continue
                     # Idle: stay a moment for the next lease, then end and close the connection.
                     # A wake with nothing to do (a lease added and released before this task
-                    # ran: a hand-off's `hasten`) does not cut the moment short, or locking in
-                    # a loop would start a task, and open a connection, every few leases.
+                    # ran: one taken from a grant, whose first renewal is due early, wakes it)
+                    # does not cut the moment short, or hand-offs between processes would
+                    # start the task, and open its connection, every other round.
                     lingered = False
                     while not (lingered or self._heap or self._abandoned or self._calls):
                         lingered = await self._sleep_until(now + IDLE_LINGER)
