@@ -34,10 +34,10 @@ async def lingering(scheduler: RenewalScheduler) -> None:
 
 
 async def test_a_wake_with_nothing_to_renew_does_not_end_the_idle_moment() -> None:
-    """A lease added and released before the scheduler's task ran (a hand-off's `hasten`
-    wakes it) leaves nothing to renew: the task sleeps on to the end of its idle moment
-    instead of ending, closing its connection, and being started again for the next
-    lease."""
+    """A lease added and released before the scheduler's task ran (one taken from a
+    grant, its first renewal due early, wakes it) leaves nothing to renew: the task sleeps
+    on to the end of its idle moment instead of ending, closing its connection, and being
+    started again for the next lease."""
     backend = IdleBackend()
     scheduler = RenewalScheduler(backend)  # type: ignore[arg-type]
     scheduler._ensure_running()
