@@ -445,6 +445,15 @@ async def floor(adapter: Adapter, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+async def handoff_floor(adapter: Adapter, args: argparse.Namespace) -> dict[str, Any]:
+    """A hand-off between two processes through the same server: raw (pub/sub and BLPOP,
+    asyncio and blocking sockets) and aiolock's own, in one run (see `floor.py`); a
+    quarter of `--iterations` rounds each way, each variant."""
+    from floor import measure
+
+    return await measure(adapter.url, rounds=max(args.iterations // 4, 10))
+
+
 SERVER_CYCLES = 2000
 """Uncontended cycles over which the server's time per cycle is measured."""
 
@@ -671,6 +680,7 @@ async def leases(adapter: Adapter, args: argparse.Namespace) -> dict[str, Any]:
 
 SCENARIOS = {
     "floor": floor,
+    "handoff-floor": handoff_floor,
     "uncontended": uncontended,
     "distinct": distinct,
     "contended": contended,

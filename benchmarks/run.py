@@ -5,6 +5,7 @@
     benchmarks/.venv/bin/python benchmarks/run.py --quick    # about 5 minutes, fewer repeats
     benchmarks/.venv/bin/python benchmarks/run.py --smoke    # under a minute: the harness
     benchmarks/.venv/bin/python benchmarks/run.py --scenarios semaphore   # about 6 minutes
+    benchmarks/.venv/bin/python benchmarks/run.py --scenarios handoff-floor   # about 2 minutes
 
 Writes `benchmarks/results/RESULTS.md` (tables, medians of the repeats, ratios to aiolock),
 `results.json` (every run) and PNG plots. Every library runs in the same session, against
@@ -42,6 +43,7 @@ RESULTS = HERE / "results"
 sys.path.insert(0, str(HERE))
 
 from bench import NLOCKS_POLL, CommandCounter, limit_of, summarize_contended
+from floor import table as floor_table
 
 LIBS = [
     "aiolock",
@@ -256,6 +258,11 @@ POLL_MS = f"{NLOCKS_POLL * 1000:g} ms"
 SCENARIOS: list[tuple[str, str, list[str]]] = [
     # (id, title, libraries)
     ("floor", "Raw round trip on the same server (redis.asyncio)", ["aiolock"]),
+    (
+        "handoff-floor",
+        "Hand-off between two processes: the raw floor and aiolock's, per hand-off",
+        ["aiolock"],
+    ),
     ("uncontended", "Uncontended acquire + release, one task", LIBS + BOUND_LIBS),
     ("distinct", "64 tasks on 64 distinct keys", LIBS + BOUND_LIBS),
     ("wakeup", "Wake-up of a blocked waiter after a release", LIBS),
@@ -580,6 +587,9 @@ def write_report(results: dict[str, Any], args: argparse.Namespace, server: str)
         rows = results.get(scenario)
         if scenario == "leases" or scenario in SEM_BASE or not rows:
             continue
+        if scenario == "handoff-floor":
+            lines += write_floor_section(title, rows["aiolock"])
+            continue
         columns = COLUMNS[scenario]
         headline = HEADLINE.get(scenario)
         lines += [f"## {title}", ""]
@@ -634,6 +644,22 @@ def write_report(results: dict[str, Any], args: argparse.Namespace, server: str)
         lines[intro_end:intro_end] = warning
     (out / "RESULTS.md").write_text("\n".join(lines))
     plot(results, out)
+
+
+FLOOR_NOTE = (
+    "Two processes hand a token to each other through the server (`benchmarks/floor.py`): "
+    "raw, and aiolock's own hand-off of one lock (acquire, release, acquire again). A "
+    "hand-off is timed from the giver's call to the taker's code having it. Busy: both "
+    "event loops never sleep (a task yields in a loop). The multiples are each run's p50 "
+    "and p99 over that run's raw asyncio pub/sub p50; medians of the runs."
+)
+
+
+def write_floor_section(title: str, row: dict[str, Any]) -> list[str]:
+    """The hand-off floor's table: a row per way of handing over."""
+    if "error" in row:
+        return [f"## {title}", "", f"error: {row['error']}", ""]
+    return [f"## {title}", "", FLOOR_NOTE, "", floor_table(row), ""]
 
 
 def write_sem_section(

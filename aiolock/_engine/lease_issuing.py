@@ -175,12 +175,14 @@ class LeaseIssuing:
         if entry is None:
             return
         backend = runtime.backend
-        written = loop.create_future()
-        answered = loop.create_future()
+        # What this waits for: the renewal written (or its answer, on a client where aiolock
+        # cannot see writes): one future, set by whichever comes first that counts.
+        waited = loop.create_future()
+        sees_writes = backend.sees_writes
 
         def on_sent() -> None:
-            if not written.done():
-                written.set_result(None)
+            if sees_writes and not waited.done():
+                waited.set_result(None)
 
         async def renew() -> None:
             sent_at = loop.time()
@@ -206,9 +208,8 @@ class LeaseIssuing:
                 return
             finally:
                 lease._renewal_answered(sent_at, config.ttl)
-                on_sent()
-                if not answered.done():
-                    answered.set_result(None)
+                if not waited.done():
+                    waited.set_result(None)
             if not entry.active:
                 # Released while the renewal was in flight (the body may start once it is
                 # written): Redis may have run the release first, on another connection.
@@ -225,7 +226,6 @@ class LeaseIssuing:
         # Started at once (an eager task): the renewal is then written before this goes
         # on, and the body starts without waiting for the loop's next turns.
         runtime.spawn(renew(), eager=True)
-        waited = written if backend.sees_writes else answered
         if waited.done():
             return
         # Bounded by a timer that ends the wait, rather than asyncio.timeout's cancellation.

@@ -215,7 +215,8 @@ class Notifier:
 
     def trying_before(self, channel: str, ticket: int) -> bool:
         """Whether an acquire() called before call `ticket` has its first try in flight."""
-        return any(other < ticket for other in self._trying.get(channel, ()))
+        trying = self._trying.get(channel)
+        return trying is not None and any(other < ticket for other in trying)
 
     async def tries_before(self, channel: str, ticket: int) -> None:
         """Wait until no acquire() called before call `ticket` has its first try in flight
@@ -449,7 +450,8 @@ class Notifier:
                 backoff.reset()
                 if message is not None:
                     self._dispatch(message)
-                await self._drop_idle_channels(self._backend.loop.time())
+                if self._subscribed:  # (channels without waiters, kept for LINGER seconds)
+                    await self._drop_idle_channels(self._backend.loop.time())
         except asyncio.CancelledError:
             cancelled = True
             raise

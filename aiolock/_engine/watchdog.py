@@ -168,7 +168,7 @@ class RenewalScheduler:
         self._abandoned: list[RenewalEntry] = []
         self._task: asyncio.Task[None] | None = None
         self._calls: set[asyncio.Task[None]] = set()
-        self._wakeup: asyncio.Future[None] | None = None
+        self._wakeup: asyncio.Future[bool] | None = None
         self._sleeping_until: float | None = None
         self.rng = random.Random()
         self.batches_sent = 0
@@ -240,18 +240,18 @@ class RenewalScheduler:
         if self._task is None and self._backend.loop.is_running():
             self._task = self._backend.loop.create_task(self._run(), name="aiolock-renewals")
 
-    def _wake(self) -> None:
+    def _wake(self, time_up: bool = False) -> None:
         if self._wakeup is not None and not self._wakeup.done():
-            self._wakeup.set_result(None)
+            self._wakeup.set_result(time_up)
 
-    async def _sleep_until(self, when: float | None) -> None:
-        """Sleep until `when` (None: until woken), or until woken."""
+    async def _sleep_until(self, when: float | None) -> bool:
+        """Sleep until `when` (None: until woken), or until woken; whether `when` came."""
         loop = self._backend.loop
         self._wakeup = loop.create_future()
         self._sleeping_until = when
-        handle = None if when is None else loop.call_at(when, self._wake)
+        handle = None if when is None else loop.call_at(when, self._wake, True)
         try:
-            await self._wakeup
+            return await self._wakeup
         finally:
             if handle is not None:
                 handle.cancel()
@@ -303,7 +303,13 @@ class RenewalScheduler:
                         await self._sleep_until(None)  # a call ending wakes the loop
                         continue
                     # Idle: stay a moment for the next lease, then end and close the connection.
-                    await self._sleep_until(now + IDLE_LINGER)
+                    # A wake with nothing to do (a lease added and released before this task
+                    # ran: one taken from a grant, whose first renewal is due early, wakes it)
+                    # does not cut the moment short, or hand-offs between processes would
+                    # start the task, and open its connection, every other round.
+                    lingered = False
+                    while not (lingered or self._heap or self._abandoned or self._calls):
+                        lingered = await self._sleep_until(now + IDLE_LINGER)
                     if self._heap or self._abandoned or self._calls:
                         continue
                     break
