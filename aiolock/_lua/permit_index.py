@@ -206,7 +206,14 @@ end
 -- The permits that expired, reaped: forgotten, their slots free (a permit renewed meanwhile
 -- is rescored instead). False if the index disagrees with the fields (rebuilt then).
 local function reap()
-  local slots = redis.call('ZRANGEBYSCORE', PERMITS, HELD, now_ms)
+  -- A slot this call already changed (its write pending in `zset`: a permit found expired
+  -- and forgotten by keep_ours, or held again) is as this call left it, not as Redis has it.
+  local slots = {}
+  for _, slot in ipairs(redis.call('ZRANGEBYSCORE', PERMITS, HELD, now_ms)) do
+    if zset[slot] == nil then
+      slots[#slots + 1] = slot
+    end
+  end
   if #slots == 0 then
     return true
   end

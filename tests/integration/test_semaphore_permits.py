@@ -310,3 +310,27 @@ async def test_a_cancelled_large_request_stops_keeping_the_others_out_at_once(
     assert single is not None
     await single.release()
     await held.release()
+
+
+@pytest.mark.parametrize("wait", [0, 0.3], ids=["try", "wait"])
+async def test_several_permits_asked_under_the_token_of_a_permit_that_expired(
+    client: redis.asyncio.Redis, name: str, wait: float
+) -> None:
+    """Slot 0's permit expired (its holder stopped renewing) under token A, slot 1 is held:
+    a request for 2 permits with token A is refused as one with a fresh token is (a
+    timeout), where the script raised "no free slot below the limit" after writing part of
+    its effect; the semaphore then serves as before."""
+    semaphore = Semaphore(client, name, limit=2, ttl=10)
+    first = await semaphore.acquire()
+    second = await semaphore.acquire()
+    assert (first.slot, second.slot) == (0, 1)
+    assert await expire_now(client, semaphore, slot=0)
+    with pytest.raises(LeaseLostError):
+        await first.release()
+    with pytest.raises(AcquireTimeoutError):
+        await semaphore.acquire(permits=2, timeout=wait, token=first.token)
+    await second.release()
+    both = await semaphore.acquire(permits=2, timeout=5)
+    assert both.permits == 2
+    await both.release()
+    assert (await semaphore.info()).held == 0
