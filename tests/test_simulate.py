@@ -60,6 +60,13 @@ def test_a_planted_bug_is_found_with_its_seed() -> None:
     assert "mutant grant-fence-not-incremented: found" in result.stdout
 
 
+def test_a_late_renewal_leaves_no_redlock_node_held_after_the_end() -> None:
+    """Seed 176: a renewal that reached a node after its lease's release held the node
+    again (`test_redlock.py` has the script-level test of the fix)."""
+    result = _simulate("--seed", "176", "--kind", "redlock")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_a_multilock_whose_process_paused_in_its_releases_fails_no_task() -> None:
     """Seed 175: a process paused 8.8 s while its MultiLease's releases were in flight; on
     resume their common bound had passed, and the block's exit raised a bare TimeoutError

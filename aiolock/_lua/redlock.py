@@ -6,7 +6,9 @@ lock's so that INSPECT, RESUME and `LockInfo.from_fields` read it: while held, `
 `m`, `a`, `t` (the holder, when it acquired, its ttl); and what outlives a hold: `n` (this
 node's fencing counter), `k` (the first KEPT digits of the last released token), `w` (set
 by a refused acquire: someone may be waiting, so the release announces itself), `a:<token>`
-(acquires aborted by their caller, see FORBID). No wait queue is kept on the nodes.
+(acquires aborted by their caller, see FORBID; an acquire granted here and then aborted
+is one of them, so that `k` still names the last lease released). No wait queue is kept
+on the nodes.
 
 Every script here is safe to apply twice and safe to arrive late (a copy of an acquire
 that arrives after its abort or release is refused). The renewal of a Redlock's lease is
@@ -99,7 +101,14 @@ local s = redis.call('HMGET', KEYS[1], 'token', 'fence', 'w', 'k')
 local mine = string.sub(ARGV[1], 1, KEPT)
 if ARGV[1] ~= '' and s[1] == ARGV[1] then
   redis.call('HDEL', KEYS[1], 'token', 'm', 'a', 't', 'w')
-  redis.call('HSET', KEYS[1], 'k', mine)
+  if ARGV[2] == 'abort' and s[4] then
+    -- An acquire given up on (a split vote's): forbidden by a field of its own, so that
+    -- `k` keeps naming the last lease released here, which a renewal sent before that
+    -- release and arriving now must not hold again.
+    forbid(ARGV[1], false)
+  else
+    redis.call('HSET', KEYS[1], 'k', mine)
+  end
   if (ARGV[3] or '') ~= '' then
     redis.call('PEXPIRE', KEYS[1], ARGV[3])
   end

@@ -889,6 +889,37 @@ async def test_a_renewal_does_not_hold_a_node_again_for_a_token_forbidden_there(
     assert await holders([node], name) == [None]
 
 
+async def test_a_late_renewal_of_a_released_lease_does_not_hold_a_node_given_back_since(
+    nodes: list[redis.asyncio.Redis], name: str
+) -> None:
+    """A lease's renewal in flight when it was released reaches a node after the release
+    (another connection; a NOSCRIPT answer's second round trip), and after a split vote's
+    acquire was granted there and given back (aborted): the renewal, which gives a node
+    that lost the key the lease back, must not hold it again for the released token (found
+    by the simulation, seed 176: the node stayed held by nobody's lease for a ttl)."""
+    node, key = nodes[0], key_of(name)
+    channel = LockKeys.build("aiolock", name, "rl:").channel
+    released_token, other = "ab" * 16, "cd" * 16
+    granted = await node.eval(
+        RL_ACQUIRE.source, 2, key, channel, released_token, 10_000, "h 1 t", 60_000, 0
+    )
+    assert granted[0] == 1
+    fence = granted[1]
+    assert (await node.eval(RL_RELEASE.source, 2, key, channel, released_token, "", ""))[0] == 1
+    assert (await node.eval(RL_ACQUIRE.source, 2, key, channel, other, 10_000, "h 1 t", 60_000, 0))[
+        0
+    ] == 1
+    aborted = await node.eval(RL_RELEASE.source, 2, key, channel, other, "abort", "")
+    assert aborted[0] == 1
+    renewed = await node.eval(RENEW.source, 1, key, released_token, 10_000, f"r{fence}")
+    assert renewed == [0]
+    assert await holders([node], name) == [None]
+    late_acquire = await node.eval(
+        RL_ACQUIRE.source, 2, key, channel, other, 10_000, "h 1 t", 60_000, 0
+    )
+    assert late_acquire == [-1, 0], "the aborted acquire stays refused"
+
+
 async def test_a_quorum_call_is_decided_by_the_rule_its_options_name(
     nodes: list[redis.asyncio.Redis], name: str
 ) -> None:
