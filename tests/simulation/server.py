@@ -258,8 +258,11 @@ class SimSocket(AsyncFakeSocket):
             AsyncFakeSocket.sendall(self, data)
 
     def _process_command(self, fields: list[bytes]) -> None:
-        if self.sim.loop.tracing and not self.clean:
-            self.sim.note(f"{self.owner} -> {_command(fields)}")
+        if not self.clean:
+            if fields and fields[0].upper() in (b"EVALSHA", b"EVAL"):
+                self.sim.last_script = self.sim.loop.time()
+            if self.sim.loop.tracing:
+                self.sim.note(f"{self.owner} -> {_command(fields)}")
         super()._process_command(fields)
 
     def reset(self) -> None:
@@ -324,6 +327,8 @@ class SimServer:
         self.fake.psubscribers = defaultdict(_OrderedWeakSet)  # type: ignore[arg-type]
         self.fake.ssubscribers = defaultdict(_OrderedWeakSet)  # type: ignore[arg-type]
         self.up = True
+        self.last_script = 0.0
+        """When a process's script last ran here (the loop's time)."""
         self.notes: list[str] = []
         self.context = contextvars.Context()
         self._replica: tuple[dict[bytes, Any], float] | None = None

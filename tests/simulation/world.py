@@ -69,6 +69,9 @@ WRITES = 0.4
 """Problems a report shows (the first ones)."""
 PAST_DEADLINE = 0.005
 """How late after its lease's deadline a body step may still run (the loop's own lag)."""
+LATE_WRITES = 30.0
+"""How long after every process ended the servers may still be running scripts (the late
+calls of a process paused in the middle of them)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -513,7 +516,8 @@ class World:
 
     async def _judge_end(self) -> None:
         """Nothing held once every process has ended: when no fault struck, once the calls
-        left in the background have ended; else once the ttl has run out."""
+        left in the background have ended; else once the ttl has run out since the last
+        script the servers ran."""
         checker = [server.client(clean=True) for server in self.servers]
         clean = not self.scenario.faults
         try:
@@ -525,12 +529,28 @@ class World:
                 if held:
                     self.problems.append(f"held after every process released: {held}")
             await asyncio.sleep(self.scenario.ttl * (3 / 4 if clean else 1) + 1.0)
+            if not clean:
+                # A call of a process paused in the middle of it may write after the end
+                # (its node's acquire, on a Redlock: a key held for the ttl, no longer):
+                # what is judged is a ttl after the last script the servers ran.
+                await self._until_scripts_stop(self.scenario.ttl + 0.05)
             held = [k for c in checker for k in await _held_keys(c, "aiolock:*")]
             if held:
                 self.problems.append(f"held after the ttl, every process ended: {held}")
         finally:
             for client in checker:
                 await client.aclose()
+
+    async def _until_scripts_stop(self, quiet: float) -> None:
+        """Wait until no server has run a script for `quiet` seconds (at most LATE_WRITES
+        seconds after now: then it is a problem)."""
+        loop = self.loop
+        give_up = loop.time() + LATE_WRITES
+        while (wait := max(s.last_script for s in self.servers) + quiet - loop.time()) > 0:
+            if loop.time() + wait > give_up:
+                self.problems.append(f"scripts still run {LATE_WRITES:g} s after the end")
+                return
+            await asyncio.sleep(wait)
 
     def judge(self) -> Verdict:
         sections = [Section.from_json(line) for line in self.out.getvalue().splitlines()]
