@@ -11,7 +11,7 @@ Exit status: 0 when no invariant is broken within the bounds; 1 with the counter
 (each step: the move, the call and its reply); 2 on bad arguments. With `--mutant NAME`
 the patch `tests/simulation/mutants/NAME.patch` is applied to a temporary copy of the
 package by `tests.simulate`'s own function, and the exploration runs on that copy (a
-mutant found is exit 1).
+mutant found is exit 1). A crash of the explorer exits 3.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import logging
 import os
 import subprocess
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -47,11 +48,16 @@ class _Redirected:
         return subprocess.run(command, **kwargs)  # noqa: PLW1510 - `check` passed by the caller
 
 
+def _say(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
 def _mutant(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from tests import simulate
 
     kind = args.kind or simulate.mutant_kind(args.mutant) or "lock"
-    rest = [a for a in argv if a != "--mutant" and a != args.mutant]
+    rest = [a for a in argv if a not in ("--mutant", args.mutant)]
     rest = [a for a in rest if not a.startswith("--mutant=")]
     if not args.kind:
         rest += ["--kind", kind]
@@ -69,7 +75,9 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--depth", type=int, help="moves from the start (default per kind)")
     parser.add_argument("--mutant", help="a planted bug of tests/simulation/mutants")
     parser.add_argument("--clients", type=int, help="clients (default 3; a Redlock's 2)")
-    parser.add_argument("--cycles", type=int, default=2, help="acquisitions per client")
+    parser.add_argument(
+        "--cycles", type=int, help="acquisitions per client (default 2; a Redlock's 1)"
+    )
     parser.add_argument("--restarts", type=int, help="node restarts (default 1; a Redlock's 0)")
     parser.add_argument("--losses", type=int, default=1, help="replies lost")
     parser.add_argument(
@@ -82,6 +90,11 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
         "--no-drift-bound",
         action="store_true",
         help="a paused client's clock stops (its deadline passes the servers' expiry)",
+    )
+    parser.add_argument(
+        "--exclusion-only",
+        action="store_true",
+        help="check mutual exclusion alone, not that a believing holder is held by the nodes",
     )
     args = parser.parse_args(argv)
     if args.depth is not None and args.depth < 1:
@@ -99,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     expected = os.environ.get("AIOLOCK_SIMULATE_PACKAGE")
     if expected and Path(aiolock.__file__).parent != Path(expected):
-        print(f"the exploration would use {aiolock.__file__}, not the mutant's copy {expected}")
+        _say(f"the exploration would use {aiolock.__file__}, not the mutant's copy {expected}")
         return 2
     from .kinds import make_kind
     from .model import Bounds
@@ -111,20 +124,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     bounds = Bounds(
         clients=args.clients or (2 if redlock else 3),
         queued=1 if kind.queues else 0,
-        cycles=args.cycles,
+        cycles=args.cycles or (1 if redlock else 2),
         restarts=args.restarts if args.restarts is not None else (0 if redlock else 1),
         losses=args.losses,
         pauses=args.pauses if args.pauses is not None else (1 if args.no_drift_bound else 0),
         drift_bound=not args.no_drift_bound,
+        agreement=not args.exclusion_only,
     )
     if bounds.clients < 1:
-        print("--clients must be >= 1")
+        _say("--clients must be >= 1")
         return 2
     bounds = dataclasses.replace(bounds, queued=min(bounds.queued, bounds.clients))
     outcome = explore(kind, bounds, args.depth or DEFAULT_DEPTH[name])
-    print(outcome.report())
+    _say(outcome.report())
     return 0 if outcome.held else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        status = main()
+    except Exception:  # noqa: BLE001 - any crash: not a counterexample (exit 1), told apart
+        traceback.print_exc()
+        status = 3
+    sys.exit(status)

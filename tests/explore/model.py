@@ -61,6 +61,9 @@ class Bounds:
     """A client's local clock keeps time during a pause (the clock-drift assumption: its
     deadline is then before the server's expiry). False: a paused client's clock stops
     (its deadline moves on by the pause), as a process frozen by a GC or a VM pause sees it."""
+    agreement: bool = True
+    """Check that a client that believes it holds is held by (a quorum of) the nodes;
+    False: mutual exclusion alone (two believing holders)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -149,6 +152,28 @@ class Step:
         return _digest(seen)
 
 
+def _set(c: Client, conn: str, ops: tuple[Op, ...]) -> Client:
+    """`c` with the calls of connection `conn` ("main" or "renewals") replaced."""
+    if conn == "main":
+        return dataclasses.replace(c, main=ops)
+    return dataclasses.replace(c, renewals=ops)
+
+
+def _heads(ops: tuple[Op, ...], *, ran: bool) -> list[int]:
+    """The calls first in line on their connection to their node: the first request not
+    run yet (`ran` False), or the first reply not read yet (`ran` True)."""
+    heads, seen = [], set()
+    for k, op in enumerate(ops):
+        if op.node in seen:
+            continue
+        if op.ran is ran:
+            heads.append(k)
+            seen.add(op.node)
+        elif ran:  # a reply is read in order: an earlier call on the node still runs
+            seen.add(op.node)
+    return heads
+
+
 def _digest(value: Any) -> bytes:
     return hashlib.blake2b(repr(value).encode(), digest_size=16).digest()
 
@@ -178,9 +203,12 @@ class Explorer:
 
     # ------------------------------------------------------------------ moves
     def moves(self, state: State) -> Iterator[Step]:
-        """Every move from `state` (the nodes' data is restored before each)."""
+        """The moves from `state`, reduced: when a client that is not paused has a reply to
+        read, only its own moves, time and restarts are taken (see `_reading`)."""
+        reader = self._reading(state)
         for i, client in enumerate(state.clients):
-            yield from self._client_moves(state, i, client)
+            if reader is None or reader == i:
+                yield from self._client_moves(state, i, client, reading=reader == i)
         yield from self._advance(state)
         if state.restarts < self.bounds.restarts:
             for node in range(self.kind.nodes):
@@ -223,29 +251,48 @@ class Explorer:
 
     @staticmethod
     def _with(state: State, i: int, client: Client) -> tuple[Client, ...]:
-        return state.clients[:i] + (client,) + state.clients[i + 1 :]
+        return (*state.clients[:i], client, *state.clients[i + 1 :])
 
-    def _client_moves(self, state: State, i: int, c: Client) -> Iterator[Step]:
+    def _reading(self, state: State) -> int | None:
+        """The first client that is not paused and has a reply to read, if any.
+
+        Reading a reply touches no node and no other client: it commutes with every other
+        client's move and with every delivery, and the invariants cannot tell the orders
+        apart (a client that reads sooner believes sooner: the states of the other order
+        break nothing more). So the reply is read before any of those moves (a partial-order
+        reduction); the client may still lose the reply, pause, or let time advance or a
+        node restart first, which do not commute with the read.
+        """
+        for i, c in enumerate(state.clients):
+            if c.paused_at < 0 and (_heads(c.main, ran=True) or _heads(c.renewals, ran=True)):
+                return i
+        return None
+
+    def _client_moves(self, state: State, i: int, c: Client, *, reading: bool) -> Iterator[Step]:
         now = state.now
         # the network: requests delivered (a paused client's too), replies lost
         for conn in ("main", "renewals"):
-            for k, op in enumerate(getattr(c, conn)):
-                if not op.ran:
+            if not reading:
+                for k in _heads(getattr(c, conn), ran=False):
                     yield self.deliver(state, i, conn, k)
-                elif state.losses < self.bounds.losses:
+            if state.losses < self.bounds.losses:
+                for k in _heads(getattr(c, conn), ran=True):
                     yield self._lose(state, i, conn, k)
         if c.paused_at >= 0:
             yield self._resume(state, i)
             return
         for conn in ("main", "renewals"):
-            for k, op in enumerate(getattr(c, conn)):
-                if op.ran:
-                    yield self._receive(state, i, conn, k)
+            for k in _heads(getattr(c, conn), ran=True):
+                yield self._receive(state, i, conn, k)
         if state.pauses < self.bounds.pauses and c.phase in ("acquiring", "holding"):
-                yield self._step(
-                state, f"c{c.cid} pauses", self._with(state, i, dataclasses.replace(c, paused_at=now)),
+            yield self._step(
+                state,
+                f"c{c.cid} pauses",
+                self._with(state, i, dataclasses.replace(c, paused_at=now)),
                 pauses=state.pauses + 1,
             )
+        if reading:
+            return
         if c.phase == "idle" and not c.main and c.cycles < self.bounds.cycles:
             yield self._send_acquire(state, i, dataclasses.replace(c, cycles=c.cycles + 1))
         elif c.phase == "queued" and not c.main:
@@ -263,7 +310,9 @@ class Explorer:
         if c.queues:
             c, reg_token = c.new_token()
             seq = len(c.registrations) + 1
-            registration = Registration(seq, reg_token, state.now / 1000, self.kind.primitive._grant_ms)
+            registration = Registration(
+                seq, reg_token, state.now / 1000, self.kind.primitive._grant_ms
+            )
             c = dataclasses.replace(c, registrations=(*c.registrations, reg_token))
         script, keys, args = self.kind.acquire(
             token=token, task=c.task, registration=registration, claims=claims
@@ -314,7 +363,7 @@ class Explorer:
         reply, data, canon, held_before = cached
         ops = list(getattr(c, conn))
         ops[k] = dataclasses.replace(op, ran=True, reply=reply)
-        c = dataclasses.replace(c, **{conn: tuple(ops)})
+        c = _set(c, conn, tuple(ops))
         text = f"c{c.cid} {op.what} delivered: {op.describe()} -> {reply!r}"
         step = self._step(state, text, self._with(state, i, c), (data, canon))
         violation = step.violation
@@ -348,7 +397,7 @@ class Explorer:
             del ops[k]
         else:
             ops[k] = dataclasses.replace(op, ran=False, reply=None)
-        c = dataclasses.replace(c, **{conn: tuple(ops)})
+        c = _set(c, conn, tuple(ops))
         text = f"c{c.cid} {op.what} reply lost ({op.reply!r}); " + (
             "dropped" if conn == "renewals" else "sent again"
         )
@@ -368,7 +417,7 @@ class Explorer:
         ops = list(getattr(c, conn))
         op = ops.pop(k)
         text = f"c{c.cid} reads the {op.what} reply {op.reply!r}"
-        c = dataclasses.replace(c, **{conn: tuple(ops)})
+        c = _set(c, conn, tuple(ops))
         now = state.now
         if op.what == "renew":
             if c.phase == "holding" and op.args[0] == c.token and not isinstance(op.reply, str):
@@ -397,9 +446,8 @@ class Explorer:
         status, value = (int(x) for x in acquired(reply)[:2])
         if status == 1:
             if now >= op.sent_at + self.validity:
-                c = dataclasses.replace(
-                    c, phase="releasing", main=self._release_ops(c, now, abort=True)
-                )
+                aborts = self._release_ops(c, now, abort=True)
+                c = dataclasses.replace(c, phase="releasing", main=(*c.main, *aborts))
                 return c, ": too late, given back (an abort sent)"
             c = dataclasses.replace(
                 c, phase="holding", fence=value, deadline=op.sent_at + self.validity,
@@ -411,15 +459,21 @@ class Explorer:
         return dataclasses.replace(c, phase="idle", token="", registrations=()), ": refused"
 
     def _quorum_reply(self, c: Client, op: Op, now: int) -> tuple[Client, str]:
-        """A Redlock node's acquire reply read; once every node answered (or its reply
-        was lost), the quorum's rule decides."""
-        assert self.kind.acquire_votes is not None
+        """A Redlock node's acquire reply read; once the quorum's rule (`_model.quorum_rules`,
+        with the primitive's quorum) decides, the client holds or gives the acquire back on
+        every node. The replies of the nodes still to answer are read and ignored (the
+        write-back of an agreed fencing token to them is not modelled)."""
+        rule = self.kind.acquire_votes
+        assert rule is not None
+        if c.phase != "acquiring":
+            return c, ": read after the decision, ignored"
         replies = (*c.replies, (op.node, op.reply))
         c = dataclasses.replace(c, replies=replies)
-        if c.main:
-            return c, ""
         votes = {node: list(r) for node, r in replies if not isinstance(r, str)}
-        verdict = self.kind.acquire_votes.verdict(votes, self.kind.quorum, 1)
+        pending = sum(1 for other in c.main if other.what == "acquire")
+        if not rule.decided(votes, pending, self.kind.quorum, 1):
+            return c, ""
+        verdict = rule.verdict(votes, self.kind.quorum, 1)
         granted = verdict.reply is not None and int(verdict.reply[0]) == 1
         if granted and now < op.sent_at + self.validity:
             fence = int(verdict.reply[1])
@@ -427,13 +481,14 @@ class Explorer:
                 c, phase="holding", fence=fence, deadline=op.sent_at + self.validity, replies=()
             )
             return c, f": a quorum granted it, fencing token {fence}, until t={c.deadline}ms"
-        c = dataclasses.replace(c, phase="releasing", main=self._release_ops(c, now, abort=True), replies=())
+        aborts = self._release_ops(c, now, abort=True)
+        c = dataclasses.replace(c, phase="releasing", main=(*c.main, *aborts), replies=())
         return c, ": no quorum (or too late): given back on every node"
 
     def _advance(self, state: State) -> Iterator[Step]:
         """Time moves on to a later point where something changes (see the module
         docstring): one move per point, the nearest first."""
-        points = []
+        points: list[int] = []
         for c in state.clients:
             if c.phase == "holding":
                 points += (c.deadline - 1, c.deadline)
@@ -481,7 +536,7 @@ class Explorer:
         if len(believers) > self.kind.limit:
             said = ", ".join(f"c{c.cid} (until t={c.deadline}ms)" for c in believers)
             return f"{len(believers)} clients believe they hold {self.kind.name} (limit {self.kind.limit}): {said}"
-        for c in believers:
+        for c in believers if self.bounds.agreement else ():
             held = sum(self.held(state, node, c.token) for node in range(self.kind.nodes))
             if held < self.kind.quorum:
                 return f"c{c.cid} believes it holds (until t={c.deadline}ms) but only {held} node(s) hold its lease"

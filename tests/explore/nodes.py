@@ -21,6 +21,7 @@ from typing import Any
 
 import fakeredis
 from fakeredis.model import Hash, ZSet
+from redis.exceptions import ResponseError
 
 from tests.simulation.server import EPOCH
 
@@ -72,7 +73,9 @@ class Nodes:
         """The node's keys not expired at the model's time (the expired ones deleted)."""
         db = self._db(node)
         now = EPOCH + self.now_ms / 1000
-        for key in [k for k, item in db._dict.items() if item.expireat is not None and item.expireat < now]:
+        for key in [
+            k for k, item in db._dict.items() if item.expireat is not None and item.expireat < now
+        ]:
             del db._dict[key]
         return db._dict  # type: ignore[no-any-return]
 
@@ -103,11 +106,13 @@ class Nodes:
 
     def expiries(self) -> list[int]:
         """The model times (ms) at which a key expires: it is gone just after them."""
-        times = []
+        times: list[int] = []
         for node in range(len(self.servers)):
-            for item in self._live(node).values():
-                if item.expireat is not None:
-                    times.append(round((item.expireat - EPOCH) * 1000))
+            times.extend(
+                round((item.expireat - EPOCH) * 1000)
+                for item in self._live(node).values()
+                if item.expireat is not None
+            )
         return times
 
     def run(self, node: int, source: str, keys: Sequence[str], args: Sequence[str | int]) -> Any:
@@ -116,7 +121,7 @@ class Nodes:
         self.runs += 1
         try:
             reply = self.clients[node].eval(source, len(keys), *keys, *args)
-        except fakeredis.ResponseError as exc:  # type: ignore[attr-defined]
+        except ResponseError as exc:
             return f"error: {exc}"
         return plain(reply)
 

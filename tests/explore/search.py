@@ -42,12 +42,17 @@ class Outcome:
     def report(self) -> str:
         b = self.bounds
         lines = [
-            f"{self.kind}: depth {self.depth}, {b.clients} clients ({b.queued} queued), "
-            f"{b.cycles} acquisitions each, restarts <= {b.restarts}, lost replies <= "
-            f"{b.losses}, pauses <= {b.pauses}, "
-            f"{'clock-drift bound' if b.drift_bound else 'no clock-drift bound'}",
-            f"{self.expanded} states explored, {self.distinct} distinct, depth reached "
-            f"{self.reached}, {self.scripts} scripts run, {self.seconds:.1f} s",
+            (
+                f"{self.kind}: depth {self.depth}, {b.clients} clients ({b.queued} queued), "
+                f"{b.cycles} acquisitions each, restarts <= {b.restarts}, lost replies <= "
+                f"{b.losses}, pauses <= {b.pauses}, "
+                f"{'clock-drift bound' if b.drift_bound else 'no clock-drift bound'}"
+                f"{'' if b.agreement else ', mutual exclusion alone'}"
+            ),
+            (
+                f"{self.expanded} states explored, {self.distinct} distinct, depth reached "
+                f"{self.reached}, {self.scripts} scripts run, {self.seconds:.1f} s"
+            ),
         ]
         if self.trace is None:
             lines.append("held: no invariant broken within the bounds")
