@@ -1,9 +1,9 @@
 """Explore aiolock's protocol exhaustively within bounds (`tests.explore`).
 
 ```
-python -m tests.explore                         # the lock, depth 10
-python -m tests.explore --kind semaphore --depth 9
-python -m tests.explore --kind redlock --no-drift-bound --depth 16   # Kleppmann's trace
+python -m tests.explore                         # the lock, depth 8
+python -m tests.explore --kind semaphore --depth 7
+python -m tests.explore --kind redlock --no-drift-bound   # Kleppmann's trace
 python -m tests.explore --mutant release-any-token
 ```
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-DEFAULT_DEPTH = {"lock": 10, "semaphore": 9, "redlock": 16}
+DEFAULT_DEPTH = {"lock": 8, "semaphore": 8, "redlock": 8}
 
 
 class _Redirected:

@@ -274,7 +274,12 @@ class Explorer:
         for conn in ("main", "renewals"):
             if not reading:
                 for k in _heads(getattr(c, conn), ran=False):
-                    yield self.deliver(state, i, conn, k)
+                    delivered = self.deliver(state, i, conn, k)
+                    yield delivered
+                    if c.paused_at < 0 and delivered.violation is None:
+                        read = self._read_now(delivered, i, conn, k)
+                        if read is not None:
+                            yield read
             if state.losses < self.bounds.losses:
                 for k in _heads(getattr(c, conn), ran=True):
                     yield self._lose(state, i, conn, k)
@@ -410,6 +415,16 @@ class Explorer:
             deadline += state.now - c.paused_at  # its clock stood still
         c = dataclasses.replace(c, paused_at=-1, deadline=deadline)
         return self._step(state, f"c{c.cid} resumes", self._with(state, i, c))
+
+    def _read_now(self, delivered: Step, i: int, conn: str, k: int) -> Step | None:
+        """The request delivered and its reply read at once, as one move (the same state as
+        the two moves, reached in fewer: what the reduction of `_reading` forces costs no
+        depth); None if an earlier reply on the connection waits to be read first."""
+        if k not in _heads(getattr(delivered.state.clients[i], conn), ran=True):
+            return None
+        read = self._receive(delivered.state, i, conn, k)
+        said = read.text.split(" ", 2)[2]  # without "t=... cN"
+        return Step(f"{delivered.text}; {said}", read.state, read.violation)
 
     def _receive(self, state: State, i: int, conn: str, k: int) -> Step:
         """The client reads a reply."""
