@@ -105,7 +105,8 @@ class Client:
     cycles: int = 0
     paused_at: int = -1
     stale: bool = False
-    """Its lease was taken before a restart of a node."""
+    """Its lease was taken before a restart of the (single) node: left out of the mutual
+    exclusion until its next acquire."""
     replies: tuple[tuple[int, Any], ...] = ()
     """A quorum's call: the replies read so far, by node."""
 
@@ -326,7 +327,9 @@ class Explorer:
             Op("acquire", node, script.name, tuple(keys), tuple(args), state.now)
             for node in range(self.kind.nodes)
         )
-        c = dataclasses.replace(c, phase="acquiring", token=token, main=ops, replies=())
+        c = dataclasses.replace(
+            c, phase="acquiring", token=token, main=ops, replies=(), stale=False
+        )
         return self._step(state, f"c{c.cid} sends an acquire", self._with(state, i, c))
 
     def _send_renewal(self, state: State, i: int, c: Client) -> Step:
@@ -534,8 +537,9 @@ class Explorer:
                 for op in c.main
             )
             renewals = tuple(op for op in c.renewals if op.node != node)
-            lost = c.phase == "holding" or any(op.what == "acquire" for op in c.main)
-            stale = c.stale or (lost and self.kind.nodes == 1)
+            # the lease held now is lost with the node; a call in flight is sent again to
+            # the restarted node, so what it acquires is a lease of after the restart
+            stale = c.stale or (c.phase == "holding" and self.kind.nodes == 1)
             clients.append(dataclasses.replace(c, main=main, renewals=renewals, stale=stale))
         new = dataclasses.replace(state, now=now)
         return self._step(
