@@ -56,6 +56,9 @@ def _say(text: str) -> None:
 def _mutant(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from tests import simulate
 
+    if not (simulate.MUTANTS / f"{args.mutant}.patch").is_file():
+        _say(f"no mutant {args.mutant!r} (see python -m tests.simulate --list-mutants)")
+        return 2
     kind = args.kind or simulate.mutant_kind(args.mutant) or "lock"
     rest = [a for a in argv if a not in ("--mutant", args.mutant)]
     rest = [a for a in rest if not a.startswith("--mutant=")]
@@ -70,7 +73,11 @@ def _mutant(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tests.explore", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.explore",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--kind", choices=("lock", "semaphore", "redlock"))
     parser.add_argument("--depth", type=int, help="moves from the start (default per kind)")
     parser.add_argument("--mutant", help="a planted bug of tests/simulation/mutants")
