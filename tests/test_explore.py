@@ -1,0 +1,68 @@
+"""The protocol explored (`python -m tests.explore`): a bounded exploration of today's lock
+holds, a planted bug is found with its counterexample, and a Redlock whose clients' clocks
+may stop during a pause breaks (Kleppmann's trace) where one within the clock-drift bound
+does not.
+
+The deeper explorations and the whole set of planted bugs are for the command line, their
+figures in docs/exploration.md.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.explore.kinds import make_kind
+from tests.explore.model import Bounds
+from tests.explore.search import explore
+
+ROOT = Path(__file__).resolve().parents[1]
+LIMIT = 120.0
+"""Longest the command here may take (seconds; it is given a budget far below it)."""
+
+
+def test_a_bounded_exploration_of_the_lock_holds() -> None:
+    outcome = explore(make_kind("lock"), Bounds(clients=3, queued=1, pauses=0), depth=7)
+    assert outcome.held, outcome.report()
+    assert outcome.reached == 7
+    assert outcome.distinct > 10_000  # every interleaving within 7 moves, not a sample
+
+
+def test_a_planted_bug_is_found_with_its_counterexample() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.explore", "--mutant", "acquire-token-inverted"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=LIMIT,
+        check=False,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "COUNTEREXAMPLE in 4 steps" in result.stdout
+    assert "violated: fencing token" in result.stdout
+    assert "mutant acquire-token-inverted: found" in result.stdout
+
+
+def _redlock(*, drift_bound: bool) -> Bounds:
+    # Within the bound a pause is only a client taking no step (the interleavings have it).
+    pauses = 0 if drift_bound else 1
+    return Bounds(2, 0, 1, restarts=0, losses=0, pauses=pauses, drift_bound=drift_bound)
+
+
+def test_a_redlock_within_the_clock_drift_bound_holds() -> None:
+    outcome = explore(make_kind("redlock"), _redlock(drift_bound=True), depth=6)
+    assert outcome.held, outcome.report()
+
+
+def test_kleppmanns_trace_is_found_when_a_paused_clock_stops() -> None:
+    outcome = explore(make_kind("redlock"), _redlock(drift_bound=False), depth=8)
+    assert outcome.trace is not None, outcome.report()
+    moves = [step.text.split(" ", 1)[1] for step in outcome.trace]
+    assert len(moves) == 6
+    assert moves[3:] == ["c0 pauses", "time advances to t=1001ms", "c0 resumes"]
+    assert outcome.trace[-1].violation == (
+        "c0 believes it holds (until t=1989ms) but only 0 node(s) hold its lease"
+    )
