@@ -22,6 +22,7 @@ drawn from the seed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shutil
@@ -29,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import TextIO
@@ -63,8 +64,12 @@ def _one(seed: int, kind: str | None, trace: bool = False) -> tuple[int, bool, s
 
 
 def mutant_kind(name: str) -> str | None:
-    """The primitive a mutant's patch names in its header (`Simulate: kind=K`), if any."""
-    for line in (MUTANTS / f"{name}.patch").read_text().splitlines():
+    """The primitive a mutant's patch names in its header (`Simulate: kind=K`), if any (none
+    for a mutant that does not exist: `mutated` says so)."""
+    patch = MUTANTS / f"{name}.patch"
+    if not patch.is_file():
+        return None
+    for line in patch.read_text().splitlines():
         if line.startswith("Simulate: kind="):
             return line.partition("=")[2].strip()
         if line.startswith("diff "):
@@ -123,12 +128,19 @@ def _search(args: argparse.Namespace) -> int:
     return 0
 
 
-def _mutant(args: argparse.Namespace) -> int:
-    """Apply the mutant to a copy of the package and search with that copy."""
-    patch = MUTANTS / f"{args.mutant}.patch"
+class MutantError(Exception):
+    """A planted bug that does not exist or whose patch does not apply."""
+
+
+@contextlib.contextmanager
+def mutated(name: str) -> Iterator[tuple[Path, dict[str, str]]]:
+    """A temporary copy of the package with the planted bug `name` applied (never this
+    tree): the copy's directory, and the environment a program run from it needs (the
+    copy's aiolock first on the path, this tree's tests after). `tests.explore` runs its
+    planted bugs through it too."""
+    patch = MUTANTS / f"{name}.patch"
     if not patch.is_file():
-        _say(f"no mutant {args.mutant!r} (see --list-mutants)", file=sys.stderr)
-        return 2
+        raise MutantError(f"no mutant {name!r} (see python -m tests.simulate --list-mutants)")
     with tempfile.TemporaryDirectory(prefix="aiolock-mutant-") as tmp:
         shutil.copytree(ROOT / "aiolock", Path(tmp) / "aiolock")
         applied = subprocess.run(
@@ -139,24 +151,32 @@ def _mutant(args: argparse.Namespace) -> int:
             check=False,
         )
         if applied.returncode != 0:
-            _say(f"mutant {args.mutant}: the patch does not apply:\n{applied.stderr}")
-            return 2
-        # run from the copy: its aiolock comes first on the path, this tree's tests after
+            raise MutantError(f"mutant {name}: the patch does not apply:\n{applied.stderr}")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join((tmp, str(ROOT)))}
         env[EXPECT] = str(Path(tmp) / "aiolock")
-        env[MUTANT] = args.mutant
-        command = [sys.executable, "-m", "tests.simulate", "--seconds", str(args.seconds)]
-        command += ["--jobs", str(args.jobs), "--first", str(args.first)]
-        command += ["--runs", str(args.runs)]
-        kind = args.kind or mutant_kind(args.mutant)
-        if kind:
-            command += ["--kind", kind]
-        if args.seed is not None:
-            command += ["--seed", str(args.seed)] + (["--trace"] if args.trace else [])
-        result = subprocess.run(command, cwd=tmp, env=env, check=False)
-        verdict = "found" if result.returncode == 1 else "not found"
-        _say(f"mutant {args.mutant}: {verdict}")
-        return result.returncode
+        env[MUTANT] = name
+        yield Path(tmp), env
+
+
+def _mutant(args: argparse.Namespace) -> int:
+    """Apply the mutant to a copy of the package and search with that copy."""
+    command = [sys.executable, "-m", "tests.simulate", "--seconds", str(args.seconds)]
+    command += ["--jobs", str(args.jobs), "--first", str(args.first)]
+    command += ["--runs", str(args.runs)]
+    kind = args.kind or mutant_kind(args.mutant)
+    if kind:
+        command += ["--kind", kind]
+    if args.seed is not None:
+        command += ["--seed", str(args.seed)] + (["--trace"] if args.trace else [])
+    try:
+        with mutated(args.mutant) as (copy, env):
+            result = subprocess.run(command, cwd=copy, env=env, check=False)
+    except MutantError as error:
+        _say(str(error), file=sys.stderr)
+        return 2
+    verdict = "found" if result.returncode == 1 else "not found"
+    _say(f"mutant {args.mutant}: {verdict}")
+    return result.returncode
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:

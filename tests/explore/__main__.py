@@ -25,27 +25,8 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-from unittest import mock
 
 DEFAULT_DEPTH = {"lock": 8, "semaphore": 8, "redlock": 8}
-
-
-class _Redirected:
-    """`tests.simulate`'s `subprocess`, for its `_mutant`: the copy of the package made and
-    patched there, the command it then runs in the copy (`-m tests.simulate ...`) is this
-    exploration's instead."""
-
-    def __init__(self, argv: Sequence[str]) -> None:
-        self._argv = list(argv)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(subprocess, name)
-
-    def run(self, command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[Any]:
-        if command[1:3] == ["-m", "tests.simulate"]:
-            command = [command[0], "-m", "tests.explore", *self._argv]
-        return subprocess.run(command, **kwargs)  # noqa: PLW1510 - `check` passed by the caller
 
 
 def _say(text: str) -> None:
@@ -54,22 +35,25 @@ def _say(text: str) -> None:
 
 
 def _mutant(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """The exploration again, on a copy of the package with the planted bug applied
+    (`tests.simulate.mutated`)."""
     from tests import simulate
 
-    if not (simulate.MUTANTS / f"{args.mutant}.patch").is_file():
-        _say(f"no mutant {args.mutant!r} (see python -m tests.simulate --list-mutants)")
-        return 2
     kind = args.kind or simulate.mutant_kind(args.mutant) or "lock"
     rest = [a for a in argv if a not in ("--mutant", args.mutant)]
     rest = [a for a in rest if not a.startswith("--mutant=")]
     if not args.kind:
         rest += ["--kind", kind]
-    namespace = argparse.Namespace(
-        mutant=args.mutant, seconds=1.0, jobs=1, first=0, runs=1, kind=kind, seed=None,
-        trace=False,
-    )  # fmt: skip
-    with mock.patch.object(simulate, "subprocess", _Redirected(rest)):
-        return simulate._mutant(namespace)
+    command = [sys.executable, "-m", "tests.explore", *rest]
+    try:
+        with simulate.mutated(args.mutant) as (copy, env):
+            result = subprocess.run(command, cwd=copy, env=env, check=False)
+    except simulate.MutantError as error:
+        _say(str(error))
+        return 2
+    verdict = "found" if result.returncode == 1 else "not found"
+    _say(f"mutant {args.mutant}: {verdict}")
+    return result.returncode
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
