@@ -394,7 +394,8 @@ class Semaphore(_Face[AsyncSemaphore]):
 
         Args:
             permits: permits to hold, from 1 to the limit in force (at most 10,000).
-            timeout, token: as for `Lock.acquire`.
+            timeout: as for `Lock.acquire`.
+            token: as for `Lock.acquire`.
 
         Raises:
             ConfigError: `permits` out of range (nothing sent), or above the limit in
