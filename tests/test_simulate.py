@@ -16,6 +16,7 @@ import pytest
 
 from tests.checker import Section, Violation
 from tests.simulate import MUTANTS
+from tests.simulation.server import EPOCH
 from tests.simulation.world import within_forgetting_bound
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,6 +71,9 @@ SEEDS_ONCE_FAILED = {
     "again for a ttl (a run without faults): test_redlock.py",
     (242, "redlock"): "a node's acquire written after the end by a process paused in the "
     "call, its key judged before its ttl had run: the judge waits a ttl after the last script",
+    (779, "rwlock"): "a writer granted before an empty restart entered after a reader granted "
+    "since (tokens out of order, the writer's writes rejected by a fenced store), within "
+    "the restart's bound: the judge, excused with a note",
 }
 
 
@@ -83,6 +87,11 @@ def test_a_seed_that_once_failed_holds(seed: int, kind: str) -> None:
     assert result.returncode == 0, SEEDS_ONCE_FAILED[seed, kind] + "\n" + result.stdout
     if seed == 1626:
         assert "within an empty restart's or failover's bound: overlap" in result.stdout
+
+
+def _token(at: float) -> int:
+    """A fencing token issued at virtual time `at` (floored by the server's clock, in µs)."""
+    return round((EPOCH + at) * 1e6)
 
 
 def _section(enter: float, exit_: float, token: int, *, lost: bool = False) -> Section:
@@ -125,3 +134,22 @@ def test_each_planted_bug_still_applies_to_the_package(patch: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("earlier", "later", "excused"),
+    [
+        # the later-entered lease was granted (token) before F = 10.2, the earlier after it
+        (_section(10.3, 10.4, _token(10.3)), _section(10.5, 10.9, _token(10.1)), True),
+        (_section(10.3, 10.4, _token(10.3)), _section(10.5, 11.4, _token(10.1)), False),
+        (_section(10.3, 10.4, _token(10.3)), _section(10.5, 11.4, _token(10.1), lost=True), True),
+        (_section(10.3, 10.4, _token(10.3)), _section(10.5, 10.9, _token(10.25)), False),
+        (_section(10.1, 10.4, _token(10.3)), _section(10.5, 10.9, _token(10.05)), False),
+    ],
+    ids=["within", "past-the-bound", "told", "granted-after-F", "earlier-entered-before-F"],
+)
+def test_tokens_out_of_order_are_excused_only_within_the_forgetting_bound(
+    earlier: Section, later: Section, excused: bool
+) -> None:
+    violation = Violation("token order", earlier, later)
+    assert within_forgetting_bound(violation, [10.2], 1.0) is excused

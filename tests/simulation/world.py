@@ -632,8 +632,21 @@ def within_forgetting_bound(violation: Violation, forgot: list[float], ttl: floa
     told of the loss, or its body ended by F + ttl: no renewal sent after F can succeed, so
     its lease ended by then, and a body that ends within its lease is not told (its
     renewals and its release may all have failed to reach the server: then the release
-    failure is logged, the work having run within the lease's deadline)."""
+    failure is logged, the work having run within the lease's deadline). Likewise a lease
+    granted before F whose holder entered after one granted since: tokens out of order,
+    the lower one's writes rejected by a fenced store, within the same bound."""
     earlier, later = violation.earlier, violation.later
+    if violation.kind == "token order":
+        # A lease granted before F (its token below the server's clock at F: tokens are
+        # floored by it) whose holder entered after a holder granted since, untold: its
+        # writes come with the lower token, which a fenced store rejects, until its lease
+        # ends, by F + ttl.
+        return any(
+            later.token < (EPOCH + when) * 1e6
+            and earlier.enter >= when
+            and (later.lost or later.exit <= when + ttl + PAST_DEADLINE)
+            for when in forgot
+        )
     if violation.kind != "overlap" or later.token <= earlier.token:
         return False
     return any(
