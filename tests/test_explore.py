@@ -66,3 +66,27 @@ def test_kleppmanns_trace_is_found_when_a_paused_clock_stops() -> None:
     assert outcome.trace[-1].violation == (
         "c0 believes it holds (until t=1989ms) but only 0 node(s) hold its lease"
     )
+
+
+def test_a_bounded_exploration_of_the_read_write_lock_holds() -> None:
+    # c0 writes (and waits in the queue in Redis when refused), c1 and c2 read.
+    outcome = explore(make_kind("rwlock"), Bounds(clients=3, queued=1, pauses=0), depth=6)
+    assert outcome.held, outcome.report()
+    assert outcome.reached == 6
+    assert outcome.distinct > 10_000
+
+
+def test_a_reader_let_in_beside_the_writer_is_found() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.explore", "--mutant", "rwlock-reader-beside-writer"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=LIMIT,
+        check=False,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "COUNTEREXAMPLE in 4 steps" in result.stdout
+    assert "violated: c0 believes it writes while others believe they hold" in result.stdout
+    assert "mutant rwlock-reader-beside-writer: found" in result.stdout

@@ -4,6 +4,7 @@
 python -m tests.explore                         # the lock, depth 8
 python -m tests.explore --kind semaphore --depth 7
 python -m tests.explore --kind redlock --no-drift-bound   # Kleppmann's trace
+python -m tests.explore --kind rwlock           # c0 writes, c1 and c2 read
 python -m tests.explore --mutant release-any-token
 ```
 
@@ -26,7 +27,7 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-DEFAULT_DEPTH = {"lock": 8, "semaphore": 8, "redlock": 8}
+DEFAULT_DEPTH = {"lock": 8, "semaphore": 8, "redlock": 8, "rwlock": 8}
 
 
 def _say(text: str) -> None:
@@ -62,7 +63,13 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--kind", choices=("lock", "semaphore", "redlock"))
+    parser.add_argument("--kind", choices=("lock", "semaphore", "redlock", "rwlock"))
+    parser.add_argument(
+        "--names",
+        type=int,
+        default=1,
+        help="a lock's names (1 or 2): each client picks its name at each acquisition",
+    )
     parser.add_argument("--depth", type=int, help="moves from the start (default per kind)")
     parser.add_argument("--mutant", help="a planted bug of tests/simulation/mutants")
     parser.add_argument("--clients", type=int, help="clients (default 3; a Redlock's 2)")
@@ -110,7 +117,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .search import explore
 
     name = args.kind or "lock"
-    kind = make_kind(name)
+    try:
+        kind = make_kind(name, names=args.names)
+    except ValueError as error:
+        _say(str(error))
+        return 2
     redlock = name == "redlock"
     bounds = Bounds(
         clients=args.clients or (2 if redlock else 3),
