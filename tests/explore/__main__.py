@@ -5,6 +5,7 @@ python -m tests.explore                         # the lock, depth 8
 python -m tests.explore --kind semaphore --depth 7
 python -m tests.explore --kind redlock --no-drift-bound   # Kleppmann's trace
 python -m tests.explore --kind rwlock           # c0 writes, c1 and c2 read
+python -m tests.explore --names 2               # a lock, each acquisition on one of 2 names
 python -m tests.explore --mutant release-any-token
 ```
 
@@ -28,6 +29,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 DEFAULT_DEPTH = {"lock": 8, "semaphore": 8, "redlock": 8, "rwlock": 8}
+NAMES_DEPTH = 7
+"""The default depth of a lock on two names (each client picks a name per acquisition)."""
 
 
 def _say(text: str) -> None:
@@ -137,7 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say("--clients must be >= 1")
         return 2
     bounds = dataclasses.replace(bounds, queued=min(bounds.queued, bounds.clients))
-    outcome = explore(kind, bounds, args.depth or DEFAULT_DEPTH[name])
+    depth = args.depth or (NAMES_DEPTH if kind.names > 1 else DEFAULT_DEPTH[name])
+    outcome = explore(kind, bounds, depth)
     _say(outcome.report())
     return 0 if outcome.held else 1
 

@@ -10,7 +10,8 @@ on different connections, or of different clients, are delivered in any order.
 
 Moves (`Explorer.moves`), each one step of a trace:
 
-- a client sends an acquire (a fresh token; a queued client sends it again with a fresh
+- a client sends an acquire (a fresh token, on the name it picks for the acquisition when
+  there are several: one move per name; a queued client sends it again with a fresh
   registration and claims its earlier ones), a renewal, or a release;
 - a request is delivered: its script runs on its node at the model's time (atomically);
 - a reply is delivered: the client reads it with the engine's parser (`acquired`,
