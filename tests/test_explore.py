@@ -131,3 +131,29 @@ def test_two_holders_on_two_names_are_no_overlap_but_on_one_name_are() -> None:
         same = (clients[0], dataclasses.replace(clients[1], name=0), clients[2])
         said = explorer.violation(dataclasses.replace(both.state, clients=same))
     assert said is not None and said.startswith("2 clients believe they hold lock 'n'")
+
+
+def test_a_bounded_exploration_of_an_election_holds() -> None:
+    # Three candidates, each waiting in the queue in Redis; a term won is announced.
+    outcome = explore(make_kind("election"), Bounds(clients=3, queued=3, pauses=0), depth=5)
+    assert outcome.held, outcome.report()
+    assert outcome.reached == 5
+
+
+def test_a_term_won_is_announced_under_its_fencing_token() -> None:
+    nodes = Nodes(1)
+    with virtual_time(nodes):  # type: ignore[arg-type]  # a clock with .time(), as a loop
+        explorer = Explorer(make_kind("election"), Bounds(queued=3, pauses=0), nodes)
+        led = _follow(
+            explorer,
+            "c0 sends an acquire",
+            "c0 acquire delivered",
+            "c0 reads the acquire reply",
+            "c0 announces its term",
+            "c0 announce delivered",
+            "c0 reads the announce reply",
+        )
+    assert led.violation is None, led.text
+    leader = led.state.clients[0]
+    assert leader.announced
+    assert led.text.endswith(f": leads term {leader.fence}")

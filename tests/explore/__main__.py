@@ -28,7 +28,7 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-DEFAULT_DEPTH = {"lock": 8, "semaphore": 8, "redlock": 8, "rwlock": 8}
+DEFAULT_DEPTH = {"lock": 8, "semaphore": 8, "redlock": 8, "rwlock": 8, "election": 8}
 NAMES_DEPTH = 7
 """The default depth of a lock on two names (each client picks a name per acquisition)."""
 
@@ -66,7 +66,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--kind", choices=("lock", "semaphore", "redlock", "rwlock"))
+    parser.add_argument("--kind", choices=("lock", "semaphore", "redlock", "rwlock", "election"))
     parser.add_argument(
         "--names",
         type=int,
@@ -128,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     redlock = name == "redlock"
     bounds = Bounds(
         clients=args.clients or (2 if redlock else 3),
-        queued=1 if kind.queues else 0,
+        queued=(3 if name == "election" else 1) if kind.queues else 0,
         cycles=args.cycles or (1 if redlock else 2),
         restarts=args.restarts if args.restarts is not None else (0 if redlock else 1),
         losses=args.losses,

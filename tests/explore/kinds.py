@@ -18,9 +18,11 @@ import fakeredis
 
 from aiolock._engine.acquisition import Call, Primitive
 from aiolock._engine.wait_queue import Registration
+from aiolock._lua.election import EL_ACQUIRE, EL_ANNOUNCE
 from aiolock._lua.lease import RENEW
 from aiolock._lua.lock import Script
 from aiolock._model.quorum_rules import Rule
+from aiolock._primitives.election import Election
 from aiolock._primitives.lock import Lock
 from aiolock._primitives.redlock import Redlock
 from aiolock._primitives.rwlock import ReadWriteLock
@@ -59,6 +61,9 @@ class Kind:
     `[name][1]` the write side of a read-write lock. Empty: `primitive` alone."""
     writers: int = 0
     """A read-write lock's: how many clients (the first ones) write; the others read."""
+    record: tuple[str, ...] = ()
+    """An election's: the KEYS of EL_ANNOUNCE (the leader's record and the change log);
+    a candidate that wins a term announces it there. Empty: nothing is announced."""
 
     @property
     def names(self) -> int:
@@ -90,6 +95,8 @@ class Kind:
     def scripts(self) -> dict[str, Script]:
         """Every script its calls name, by name."""
         found: dict[str, Script] = {RENEW.name: RENEW}
+        if self.record:
+            found.update({EL_ACQUIRE.name: EL_ACQUIRE, EL_ANNOUNCE.name: EL_ANNOUNCE})
         every = [p for sides in self.table for p in sides] or [self.primitive]
         for primitive in every:
             for call in (
@@ -152,6 +159,11 @@ def make_kind(name: str, *, names: int = 1, writers: int = 1) -> Kind:
     if name == "lock":
         locks = tuple((Lock(clients[0], n, ttl=TTL),) for n in NAMES[:names])
         return Kind("lock", locks[0][0], 1, 1, True, True, 1, None, locks if names > 1 else ())
+    if name == "election":
+        election = Election(clients[0], NAME, ttl=TTL, identity="candidate")
+        seat = election._seat
+        record = election._record_keys
+        return Kind("election", seat, 1, 1, True, True, 1, None, record=record)
     if name == "rwlock":
         rw = ReadWriteLock(clients[0], NAME, ttl=TTL)
         sides = ((rw.read(), rw.write()),)
@@ -167,4 +179,4 @@ def make_kind(name: str, *, names: int = 1, writers: int = 1) -> Kind:
     raise ValueError(f"no kind {name!r}")
 
 
-KINDS = ("lock", "semaphore", "redlock", "rwlock")
+KINDS = ("lock", "semaphore", "redlock", "rwlock", "election")

@@ -38,6 +38,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from aiolock._engine.wait_queue import Registration
+from aiolock._lua.election import EL_ANNOUNCE
 from aiolock._lua.lock import acquired, released
 
 from .kinds import Kind
@@ -72,7 +73,7 @@ class Op:
     """One call on one connection of a client, to one node."""
 
     what: str
-    """"acquire", "release", "abort" or "renew"."""
+    """"acquire", "release", "abort", "renew" or "announce" (an election's)."""
     node: int
     script: str
     keys: tuple[str, ...]
@@ -112,6 +113,8 @@ class Client:
     """A quorum's call: the replies read so far, by node."""
     name: int = 0
     """The name its current (or last) acquisition is on, picked at each cycle's start."""
+    announced: bool = False
+    """An election's: the term it holds is announced (EL_ANNOUNCE answered 1)."""
 
     @property
     def task(self) -> str:
@@ -323,7 +326,9 @@ class Explorer:
         elif c.phase == "holding":
             if not c.renewals and now < c.deadline and self.kind.acquire_votes is None:
                 yield self._send_renewal(state, i, c)
-            if not c.main:
+            if self.kind.record and not c.announced and not c.main:
+                yield self._send_announce(state, i, c)  # a term won is announced first
+            elif not c.main:
                 yield self._send_release(state, i, c, abort=False)
 
     def _send_acquire(self, state: State, i: int, c: Client) -> Step:
@@ -344,7 +349,7 @@ class Explorer:
             for node in range(self.kind.nodes)
         )
         c = dataclasses.replace(
-            c, phase="acquiring", token=token, main=ops, replies=(), stale=False
+            c, phase="acquiring", token=token, main=ops, replies=(), stale=False, announced=False
         )
         return self._step(state, f"c{c.cid} sends an acquire{self._on(c)}", self._with(state, i, c))
 
@@ -365,6 +370,14 @@ class Explorer:
         )
         c = dataclasses.replace(c, renewals=ops)
         return self._step(state, f"c{c.cid} sends a renewal", self._with(state, i, c))
+
+    def _send_announce(self, state: State, i: int, c: Client) -> Step:
+        """An election's winner writes the leader's record (EL_ANNOUNCE, as `Election`
+        does: the term's token, its identity, no value)."""
+        record = self.kind.record
+        op = Op("announce", 0, EL_ANNOUNCE.name, record, (c.token, f"c{c.cid}", ""), state.now)
+        c = dataclasses.replace(c, main=(op,))
+        return self._step(state, f"c{c.cid} announces its term", self._with(state, i, c))
 
     def _release_ops(self, c: Client, now: int, *, abort: bool) -> tuple[Op, ...]:
         primitive = self.kind.of(c.cid, c.name)
@@ -414,6 +427,10 @@ class Explorer:
                         f"{top[0]}, issued before to {top[1]}"
                     )
                 top = (int(fence), str(op.args[0]))
+        elif op.what == "announce" and int(reply[0]) == 1 and int(reply[1]) != c.fence:
+            violation = violation or (
+                f"c{c.cid} announced term {reply[1]}, not its fencing token {c.fence}"
+            )
         elif op.what == "renew" and held_before is not None:
             renewed = int(reply[0]) == 1
             if renewed != held_before:
@@ -472,6 +489,13 @@ class Explorer:
                 else:
                     c = dataclasses.replace(c, phase="idle", token="", deadline=-1, renewals=())
                     text += ": the lease is lost"
+        elif op.what == "announce":
+            if not isinstance(op.reply, str) and int(op.reply[0]) == 1:
+                c = dataclasses.replace(c, announced=True)
+                text += f": leads term {int(op.reply[1])}"
+            else:  # the term ended before it was announced: given up, campaign again
+                c = dataclasses.replace(c, phase="idle", token="", deadline=-1, renewals=())
+                text += ": the term ended before it was announced"
         elif op.what in ("release", "abort"):
             if not c.main:
                 c = dataclasses.replace(c, phase="idle", token="", deadline=-1, replies=())
