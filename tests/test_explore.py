@@ -1,5 +1,5 @@
 """The protocol explored (`python -m tests.explore`): a bounded exploration of today's lock
-(on one name and on two) and read-write lock holds, a planted bug is found with its
+(on one name and on two), read-write lock and election holds, a planted bug is found with its
 counterexample, and a Redlock whose clients' clocks may stop during a pause breaks
 (Kleppmann's trace) where one within the clock-drift bound does not.
 

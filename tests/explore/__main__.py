@@ -6,6 +6,7 @@ python -m tests.explore --kind semaphore --depth 7
 python -m tests.explore --kind redlock --no-drift-bound   # Kleppmann's trace
 python -m tests.explore --kind rwlock           # c0 writes, c1 and c2 read
 python -m tests.explore --names 2               # a lock, each acquisition on one of 2 names
+python -m tests.explore --kind election         # three candidates, terms announced
 python -m tests.explore --mutant release-any-token
 ```
 

@@ -4,7 +4,9 @@ that apply to it, and how many nodes it runs on.
 
 A primitive object is built on fakeredis asynchronous clients that are never used: only
 its call builders (`_acquire_call`, `_release_call`, `_renew_call`, `_entry`) and its
-configuration (ttl, margin, quorum) are read. The calls are then run by `nodes.Nodes` on
+configuration (ttl, margin, quorum) are read. A read-write lock's clients each call one
+side (`Kind.of`); a lock on two names has one primitive per name; an election's winner
+also announces its term with EL_ANNOUNCE on `Kind.record`. The calls are then run by `nodes.Nodes` on
 synchronous fakeredis servers.
 """
 
