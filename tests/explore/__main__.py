@@ -4,6 +4,9 @@
 python -m tests.explore                         # the lock, depth 8
 python -m tests.explore --kind semaphore --depth 7
 python -m tests.explore --kind redlock --no-drift-bound   # Kleppmann's trace
+python -m tests.explore --kind rwlock           # c0 writes, c1 and c2 read
+python -m tests.explore --names 2               # a lock, each acquisition on one of 2 names
+python -m tests.explore --kind election         # three candidates, terms announced
 python -m tests.explore --mutant release-any-token
 ```
 
@@ -26,7 +29,9 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-DEFAULT_DEPTH = {"lock": 8, "semaphore": 8, "redlock": 8}
+DEFAULT_DEPTH = {"lock": 8, "semaphore": 8, "redlock": 8, "rwlock": 8, "election": 8}
+NAMES_DEPTH = 7
+"""The default depth of a lock on two names (each client picks a name per acquisition)."""
 
 
 def _say(text: str) -> None:
@@ -62,7 +67,13 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--kind", choices=("lock", "semaphore", "redlock"))
+    parser.add_argument("--kind", choices=("lock", "semaphore", "redlock", "rwlock", "election"))
+    parser.add_argument(
+        "--names",
+        type=int,
+        default=1,
+        help="a lock's names (1 or 2): each client picks its name at each acquisition",
+    )
     parser.add_argument("--depth", type=int, help="moves from the start (default per kind)")
     parser.add_argument("--mutant", help="a planted bug of tests/simulation/mutants")
     parser.add_argument("--clients", type=int, help="clients (default 3; a Redlock's 2)")
@@ -110,11 +121,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .search import explore
 
     name = args.kind or "lock"
-    kind = make_kind(name)
+    try:
+        kind = make_kind(name, names=args.names)
+    except ValueError as error:
+        _say(str(error))
+        return 2
     redlock = name == "redlock"
     bounds = Bounds(
         clients=args.clients or (2 if redlock else 3),
-        queued=1 if kind.queues else 0,
+        queued=(3 if name == "election" else 1) if kind.queues else 0,
         cycles=args.cycles or (1 if redlock else 2),
         restarts=args.restarts if args.restarts is not None else (0 if redlock else 1),
         losses=args.losses,
@@ -126,7 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say("--clients must be >= 1")
         return 2
     bounds = dataclasses.replace(bounds, queued=min(bounds.queued, bounds.clients))
-    outcome = explore(kind, bounds, args.depth or DEFAULT_DEPTH[name])
+    depth = args.depth or (NAMES_DEPTH if kind.names > 1 else DEFAULT_DEPTH[name])
+    outcome = explore(kind, bounds, depth)
     _say(outcome.report())
     return 0 if outcome.held else 1
 

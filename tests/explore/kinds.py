@@ -4,7 +4,9 @@ that apply to it, and how many nodes it runs on.
 
 A primitive object is built on fakeredis asynchronous clients that are never used: only
 its call builders (`_acquire_call`, `_release_call`, `_renew_call`, `_entry`) and its
-configuration (ttl, margin, quorum) are read. The calls are then run by `nodes.Nodes` on
+configuration (ttl, margin, quorum) are read. A read-write lock's clients each call one
+side (`Kind.of`); a lock on two names has one primitive per name; an election's winner
+also announces its term with EL_ANNOUNCE on `Kind.record`. The calls are then run by `nodes.Nodes` on
 synchronous fakeredis servers.
 """
 
@@ -18,11 +20,14 @@ import fakeredis
 
 from aiolock._engine.acquisition import Call, Primitive
 from aiolock._engine.wait_queue import Registration
+from aiolock._lua.election import EL_ACQUIRE, EL_ANNOUNCE
 from aiolock._lua.lease import RENEW
 from aiolock._lua.lock import Script
 from aiolock._model.quorum_rules import Rule
+from aiolock._primitives.election import Election
 from aiolock._primitives.lock import Lock
 from aiolock._primitives.redlock import Redlock
+from aiolock._primitives.rwlock import ReadWriteLock
 from aiolock._primitives.semaphore import Semaphore
 
 from .nodes import Nodes
@@ -30,7 +35,9 @@ from .nodes import Nodes
 __all__ = ("KINDS", "Kind", "make_kind")
 
 NAME = "n"
-"""The name every client contends for."""
+"""The name every client contends for (the first name, with several)."""
+NAMES = ("n", "m")
+"""The names clients may pick from (`--names`)."""
 TTL = 1.0
 """The leases' ttl (s): 1000 ms of model time."""
 
@@ -51,6 +58,30 @@ class Kind:
     quorum: int
     acquire_votes: Rule | None
     """A Redlock's acquire rule (`_model.quorum_rules`), else None."""
+    table: tuple[tuple[Primitive, ...], ...] = ()
+    """The primitives by name, then by side: `[name][0]` the read side (or the only one),
+    `[name][1]` the write side of a read-write lock. Empty: `primitive` alone."""
+    writers: int = 0
+    """A read-write lock's: how many clients (the first ones) write; the others read."""
+    record: tuple[str, ...] = ()
+    """An election's: the KEYS of EL_ANNOUNCE (the leader's record and the change log);
+    a candidate that wins a term announces it there. Empty: nothing is announced."""
+
+    @property
+    def names(self) -> int:
+        """How many names the clients pick from."""
+        return max(1, len(self.table))
+
+    def writes(self, cid: int) -> bool:
+        """Whether client `cid` takes the write side (of a read-write lock)."""
+        return cid < self.writers
+
+    def of(self, cid: int, name: int = 0) -> Primitive:
+        """The primitive client `cid` calls on name `name` (its side of a read-write lock)."""
+        if not self.table:
+            return self.primitive
+        sides = self.table[name]
+        return sides[1] if len(sides) > 1 and self.writes(cid) else sides[0]
 
     @property
     def validity_ms(self) -> int:
@@ -66,32 +97,44 @@ class Kind:
     def scripts(self) -> dict[str, Script]:
         """Every script its calls name, by name."""
         found: dict[str, Script] = {RENEW.name: RENEW}
-        for call in (
-            self.acquire(token="0" * 32, task="t", registration=None, claims=()),
-            self.primitive._release_call(token="0" * 32),
-            self.primitive._release_call(token="0" * 32, abort=True),
-        ):
-            found[call[0].name] = call[0]
+        if self.record:
+            found.update({EL_ACQUIRE.name: EL_ACQUIRE, EL_ANNOUNCE.name: EL_ANNOUNCE})
+        every = [p for sides in self.table for p in sides] or [self.primitive]
+        for primitive in every:
+            for call in (
+                primitive._acquire_call("0" * 32, "t", None, ()),
+                primitive._release_call(token="0" * 32),
+                primitive._release_call(token="0" * 32, abort=True),
+            ):
+                found[call[0].name] = call[0]
         return found
 
     def acquire(
-        self, *, token: str, task: str, registration: Registration | None, claims: Sequence[str]
+        self,
+        *,
+        primitive: Primitive,
+        token: str,
+        task: str,
+        registration: Registration | None,
+        claims: Sequence[str],
     ) -> Call:
-        """The primitive's acquire call; `registration`: the caller queues with it."""
+        """`primitive`'s acquire call; `registration`: the caller queues with it."""
         queue = None
         if registration is not None:
-            queue = (_wid(task), 0, self.primitive._entry(registration, task))
-        return self.primitive._acquire_call(token, task, queue, claims)
+            queue = (_wid(task), 0, primitive._entry(registration, task))
+        return primitive._acquire_call(token, task, queue, claims)
 
-    def holds(self, nodes: Nodes, node: int, token: str) -> bool:
-        """Whether `node` holds a lease under `token` at the model's time."""
+    def holds(self, nodes: Nodes, node: int, token: str, key: str, side: int | None = None) -> bool:
+        """Whether `node` holds a lease under `token` in the primitive's `key` at the
+        model's time; a read-write lock's, on `side` (0 read, 1 write) unless None."""
         client = nodes.clients[node]
-        key = self.primitive._key
-        if self.name == "semaphore":
+        if self.name in ("semaphore", "rwlock"):
             value = client.hget(key, f"p:{token}")
             if value is None:
                 return False
-            expires = int(value.split()[1])
+            slot, expires = (int(x) for x in value.split()[:2])
+            if side is not None and slot != side:
+                return False
             return expires > nodes.now_ms + _epoch_ms()
         return bool(client.hget(key, "token") == token.encode())
 
@@ -107,13 +150,26 @@ def _wid(task: str) -> str:
     return f"{0xA0 + int(task[1:]):016x}"
 
 
-def make_kind(name: str) -> Kind:
-    """The primitive `name` ("lock", "semaphore", "redlock") on fresh, unused clients."""
+def make_kind(name: str, *, names: int = 1, writers: int = 1) -> Kind:
+    """The primitive `name` ("lock", "semaphore", "redlock", "rwlock") on fresh, unused
+    clients; a lock on `names` names (1 or 2); a read-write lock whose first `writers`
+    clients write."""
     servers = [fakeredis.FakeServer(version=(7, 2)) for _ in range(3)]
     clients: list[Any] = [fakeredis.FakeAsyncRedis(server=s, version=(7, 2)) for s in servers]
+    if names != 1 and (name != "lock" or not 1 <= names <= len(NAMES)):
+        raise ValueError(f"several names are explored for a lock only, at most {len(NAMES)}")
     if name == "lock":
-        lock = Lock(clients[0], NAME, ttl=TTL)
-        return Kind("lock", lock, 1, 1, True, True, 1, None)
+        locks = tuple((Lock(clients[0], n, ttl=TTL),) for n in NAMES[:names])
+        return Kind("lock", locks[0][0], 1, 1, True, True, 1, None, locks if names > 1 else ())
+    if name == "election":
+        election = Election(clients[0], NAME, ttl=TTL, identity="candidate")
+        seat = election._seat
+        record = election._record_keys
+        return Kind("election", seat, 1, 1, True, True, 1, None, record=record)
+    if name == "rwlock":
+        rw = ReadWriteLock(clients[0], NAME, ttl=TTL)
+        sides = ((rw.read(), rw.write()),)
+        return Kind("rwlock", rw.write(), 1, 1, False, True, 1, None, sides, writers)
     if name == "semaphore":
         semaphore = Semaphore(clients[0], NAME, limit=2, ttl=TTL)
         return Kind("semaphore", semaphore, 1, 2, False, False, 1, None)
@@ -125,4 +181,4 @@ def make_kind(name: str) -> Kind:
     raise ValueError(f"no kind {name!r}")
 
 
-KINDS = ("lock", "semaphore", "redlock")
+KINDS = ("lock", "semaphore", "redlock", "rwlock", "election")

@@ -10,7 +10,8 @@ on different connections, or of different clients, are delivered in any order.
 
 Moves (`Explorer.moves`), each one step of a trace:
 
-- a client sends an acquire (a fresh token; a queued client sends it again with a fresh
+- a client sends an acquire (a fresh token, on the name it picks for the acquisition when
+  there are several: one move per name; a queued client sends it again with a fresh
   registration and claims its earlier ones), a renewal, or a release;
 - a request is delivered: its script runs on its node at the model's time (atomically);
 - a reply is delivered: the client reads it with the engine's parser (`acquired`,
@@ -37,6 +38,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from aiolock._engine.wait_queue import Registration
+from aiolock._lua.election import EL_ANNOUNCE
 from aiolock._lua.lock import acquired, released
 
 from .kinds import Kind
@@ -71,7 +73,7 @@ class Op:
     """One call on one connection of a client, to one node."""
 
     what: str
-    """"acquire", "release", "abort" or "renew"."""
+    """"acquire", "release", "abort", "renew" or "announce" (an election's)."""
     node: int
     script: str
     keys: tuple[str, ...]
@@ -109,6 +111,10 @@ class Client:
     exclusion until its next acquire."""
     replies: tuple[tuple[int, Any], ...] = ()
     """A quorum's call: the replies read so far, by node."""
+    name: int = 0
+    """The name its current (or last) acquisition is on, picked at each cycle's start."""
+    announced: bool = False
+    """An election's: the term it holds is announced (EL_ANNOUNCE answered 1)."""
 
     @property
     def task(self) -> str:
@@ -130,8 +136,8 @@ class State:
     restarts: int = 0
     losses: int = 0
     pauses: int = 0
-    top: tuple[int, str] = (0, "")
-    """The highest fencing token issued so far, and the token it was issued to."""
+    top: tuple[tuple[int, str], ...] = ()
+    """By name: the highest fencing token issued so far, and the token it was issued to."""
     canon: bytes = b""
     """A digest of the nodes' data in canonical form (`Nodes.canonical`): what stands for
     `data` in the state's key."""
@@ -190,17 +196,25 @@ class Explorer:
         self.validity = kind.validity_ms
         self._loaded: tuple[Snapshot, int] | None = None
         self._runs: dict[tuple[Any, ...], tuple[Any, Snapshot, bytes, bool | None]] = {}
-        self._held: dict[tuple[Snapshot, int, int, str], bool] = {}
+        self._held: dict[tuple[Snapshot, int, int, str, int, int | None], bool] = {}
         self._timed: dict[tuple[Snapshot, int], tuple[Snapshot, bytes]] = {}
 
     def initial(self) -> State:
         first_queued = self.bounds.clients - self.bounds.queued
         clients = tuple(
-            Client(cid, queues=self.kind.queues and cid >= first_queued)
+            Client(cid, queues=self.kind.queues and self._queues(cid, first_queued))
             for cid in range(self.bounds.clients)
         )
         data, canon = self._settle()
-        return State(0, data, clients, canon=canon)
+        top = ((0, ""),) * self.kind.names
+        return State(0, data, clients, top=top, canon=canon)
+
+    def _queues(self, cid: int, first_queued: int) -> bool:
+        """Whether client `cid` waits in the queue in Redis when refused: the last
+        `bounds.queued` clients; a read-write lock's writers (the first clients) instead."""
+        if self.kind.writers:
+            return cid < min(self.bounds.queued, self.kind.writers)
+        return cid >= first_queued
 
     # ------------------------------------------------------------------ moves
     def moves(self, state: State) -> Iterator[Step]:
@@ -228,13 +242,16 @@ class Explorer:
         self._loaded = (data, self.nodes.now_ms)
         return data, _digest(self.nodes.canonical())
 
-    def held(self, state: State, node: int, token: str) -> bool:
-        """Whether `node` holds a lease under `token` in `state` (cached)."""
-        key = (state.data, state.now, node, token)
+    def held(self, state: State, node: int, c: Client) -> bool:
+        """Whether `node` holds `c`'s lease in `state`, on its side (cached)."""
+        side = (1 if self.kind.writes(c.cid) else 0) if self.kind.writers else None
+        key = (state.data, state.now, node, c.token, c.name, side)
         found = self._held.get(key)
         if found is None:
             self._load(state.data, state.now)
-            found = self._held[key] = self.kind.holds(self.nodes, node, token)
+            primitive_key = self.kind.of(c.cid, c.name)._key
+            found = self.kind.holds(self.nodes, node, c.token, primitive_key, side)
+            self._held[key] = found
         return found
 
     def _step(
@@ -300,40 +317,53 @@ class Explorer:
         if reading:
             return
         if c.phase == "idle" and not c.main and c.cycles < self.bounds.cycles:
-            yield self._send_acquire(state, i, dataclasses.replace(c, cycles=c.cycles + 1))
+            for name in range(self.kind.names):  # its name picked for the cycle
+                regs = c.registrations if name == c.name else ()  # a queue is per name
+                picked = dataclasses.replace(c, cycles=c.cycles + 1, name=name, registrations=regs)
+                yield self._send_acquire(state, i, picked)
         elif c.phase == "queued" and not c.main:
             yield self._send_acquire(state, i, c)
         elif c.phase == "holding":
             if not c.renewals and now < c.deadline and self.kind.acquire_votes is None:
                 yield self._send_renewal(state, i, c)
-            if not c.main:
+            if self.kind.record and not c.announced and not c.main:
+                yield self._send_announce(state, i, c)  # a term won is announced first
+            elif not c.main:
                 yield self._send_release(state, i, c, abort=False)
 
     def _send_acquire(self, state: State, i: int, c: Client) -> Step:
         c, token = c.new_token()
+        primitive = self.kind.of(c.cid, c.name)
         registration = None
         claims = c.registrations
         if c.queues:
             c, reg_token = c.new_token()
             seq = len(c.registrations) + 1
-            registration = Registration(
-                seq, reg_token, state.now / 1000, self.kind.primitive._grant_ms
-            )
+            registration = Registration(seq, reg_token, state.now / 1000, primitive._grant_ms)
             c = dataclasses.replace(c, registrations=(*c.registrations, reg_token))
         script, keys, args = self.kind.acquire(
-            token=token, task=c.task, registration=registration, claims=claims
+            primitive=primitive, token=token, task=c.task, registration=registration, claims=claims
         )
         ops = tuple(
             Op("acquire", node, script.name, tuple(keys), tuple(args), state.now)
             for node in range(self.kind.nodes)
         )
         c = dataclasses.replace(
-            c, phase="acquiring", token=token, main=ops, replies=(), stale=False
+            c, phase="acquiring", token=token, main=ops, replies=(), stale=False, announced=False
         )
-        return self._step(state, f"c{c.cid} sends an acquire", self._with(state, i, c))
+        return self._step(state, f"c{c.cid} sends an acquire{self._on(c)}", self._with(state, i, c))
+
+    def _on(self, c: Client) -> str:
+        """What a move of `c` is on, when it could be on something else: its name, its side."""
+        said = []
+        if self.kind.names > 1:
+            said.append(f"name {self.kind.of(c.cid, c.name)._name!r}")
+        if self.kind.writers:
+            said.append("the write side" if self.kind.writes(c.cid) else "the read side")
+        return f" ({', '.join(said)})" if said else ""
 
     def _send_renewal(self, state: State, i: int, c: Client) -> Step:
-        script, keys, args = self.kind.primitive._renew_call(c.token, self.kind.ttl_ms)
+        script, keys, args = self.kind.of(c.cid, c.name)._renew_call(c.token, self.kind.ttl_ms)
         ops = tuple(
             Op("renew", node, script.name, tuple(keys), tuple(args), state.now)
             for node in range(self.kind.nodes)
@@ -341,8 +371,17 @@ class Explorer:
         c = dataclasses.replace(c, renewals=ops)
         return self._step(state, f"c{c.cid} sends a renewal", self._with(state, i, c))
 
+    def _send_announce(self, state: State, i: int, c: Client) -> Step:
+        """An election's winner writes the leader's record (EL_ANNOUNCE, as `Election`
+        does: the term's token, its identity, no value)."""
+        record = self.kind.record
+        op = Op("announce", 0, EL_ANNOUNCE.name, record, (c.token, f"c{c.cid}", ""), state.now)
+        c = dataclasses.replace(c, main=(op,))
+        return self._step(state, f"c{c.cid} announces its term", self._with(state, i, c))
+
     def _release_ops(self, c: Client, now: int, *, abort: bool) -> tuple[Op, ...]:
-        script, keys, args = self.kind.primitive._release_call(token=c.token, abort=abort)
+        primitive = self.kind.of(c.cid, c.name)
+        script, keys, args = primitive._release_call(token=c.token, abort=abort)
         what = "abort" if abort else "release"
         return tuple(
             Op(what, node, script.name, tuple(keys), tuple(args), now)
@@ -365,7 +404,8 @@ class Explorer:
             self._load(state.data, state.now)
             held_before = None
             if op.what == "renew":
-                held_before = self.kind.holds(self.nodes, op.node, str(op.args[0]))
+                key = self.kind.of(c.cid, c.name)._key
+                held_before = self.kind.holds(self.nodes, op.node, str(op.args[0]), key)
             reply = self.nodes.run(op.node, self.scripts[op.script].source, op.keys, op.args)
             cached = self._runs[run] = (reply, *self._settle(), held_before)
         reply, data, canon, held_before = cached
@@ -375,7 +415,7 @@ class Explorer:
         text = f"c{c.cid} {op.what} delivered: {op.describe()} -> {reply!r}"
         step = self._step(state, text, self._with(state, i, c), (data, canon))
         violation = step.violation
-        top = state.top
+        top = state.top[c.name]
         if isinstance(reply, str):
             violation = violation or f"the script failed: {reply}"
         elif op.what == "acquire" and self.kind.fenced:
@@ -387,6 +427,10 @@ class Explorer:
                         f"{top[0]}, issued before to {top[1]}"
                     )
                 top = (int(fence), str(op.args[0]))
+        elif op.what == "announce" and int(reply[0]) == 1 and int(reply[1]) != c.fence:
+            violation = violation or (
+                f"c{c.cid} announced term {reply[1]}, not its fencing token {c.fence}"
+            )
         elif op.what == "renew" and held_before is not None:
             renewed = int(reply[0]) == 1
             if renewed != held_before:
@@ -394,7 +438,8 @@ class Explorer:
                     f"the renewal answered {reply!r} while the node "
                     f"{'held' if held_before else 'did not hold'} the lease"
                 )
-        return Step(step.text, dataclasses.replace(step.state, top=top), violation)
+        tops = (*state.top[: c.name], top, *state.top[c.name + 1 :])
+        return Step(step.text, dataclasses.replace(step.state, top=tops), violation)
 
     def _lose(self, state: State, i: int, conn: str, k: int) -> Step:
         """A reply lost after its command ran: the call is sent again (a renewal dropped)."""
@@ -444,6 +489,13 @@ class Explorer:
                 else:
                     c = dataclasses.replace(c, phase="idle", token="", deadline=-1, renewals=())
                     text += ": the lease is lost"
+        elif op.what == "announce":
+            if not isinstance(op.reply, str) and int(op.reply[0]) == 1:
+                c = dataclasses.replace(c, announced=True)
+                text += f": leads term {int(op.reply[1])}"
+            else:  # the term ended before it was announced: given up, campaign again
+                c = dataclasses.replace(c, phase="idle", token="", deadline=-1, renewals=())
+                text += ": the term ended before it was announced"
         elif op.what in ("release", "abort"):
             if not c.main:
                 c = dataclasses.replace(c, phase="idle", token="", deadline=-1, replies=())
@@ -551,12 +603,20 @@ class Explorer:
     def violation(self, state: State) -> str | None:
         """What is wrong in `state` (the nodes hold its data), or None."""
         now = state.now
-        believers = [c for c in state.clients if c.believes(now)]
-        if len(believers) > self.kind.limit:
+        for name in range(self.kind.names):  # each name on its own
+            believers = [c for c in state.clients if c.believes(now) and c.name == name]
             said = ", ".join(f"c{c.cid} (until t={c.deadline}ms)" for c in believers)
-            return f"{len(believers)} clients believe they hold {self.kind.name} (limit {self.kind.limit}): {said}"
+            writing = [c for c in believers if self.kind.writes(c.cid)]
+            if self.kind.writers and writing and len(believers) > 1:
+                return (
+                    f"c{writing[0].cid} believes it writes while others believe they hold: {said}"
+                )
+            if not self.kind.writers and len(believers) > self.kind.limit:
+                on = f" {self.kind.of(0, name)._name!r}" if self.kind.names > 1 else ""
+                return f"{len(believers)} clients believe they hold {self.kind.name}{on} (limit {self.kind.limit}): {said}"
+        believers = [c for c in state.clients if c.believes(now)]
         for c in believers if self.bounds.agreement else ():
-            held = sum(self.held(state, node, c.token) for node in range(self.kind.nodes))
+            held = sum(self.held(state, node, c) for node in range(self.kind.nodes))
             if held < self.kind.quorum:
                 return f"c{c.cid} believes it holds (until t={c.deadline}ms) but only {held} node(s) hold its lease"
         return None

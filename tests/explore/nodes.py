@@ -20,7 +20,7 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 import fakeredis
-from fakeredis.model import Hash, ZSet
+from fakeredis.model import Hash, XStream, ZSet
 from redis.exceptions import ResponseError
 
 from tests.simulation.server import EPOCH
@@ -49,6 +49,8 @@ def _canonical(value: Any) -> Hashable:
         return ("set", tuple(sorted(value)))
     if isinstance(value, bytes):
         return value
+    if isinstance(value, XStream):  # an election's change log
+        return ("stream", tuple((str(k), tuple(v)) for k, v in value._values_dict.items()))
     raise TypeError(f"a value of type {type(value).__name__} is not modelled")
 
 

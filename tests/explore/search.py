@@ -34,6 +34,8 @@ class Outcome:
     seconds: float = 0.0
     trace: list[Step] | None = None
     """The counterexample, its last step's `violation` saying what is wrong."""
+    names: int = 1
+    """The names the clients pick from."""
 
     @property
     def held(self) -> bool:
@@ -43,7 +45,8 @@ class Outcome:
         b = self.bounds
         lines = [
             (
-                f"{self.kind}: depth {self.depth}, {b.clients} clients ({b.queued} queued), "
+                f"{self.kind}{f' on {self.names} names' if self.names > 1 else ''}: "
+                f"depth {self.depth}, {b.clients} clients ({b.queued} queued), "
                 f"{b.cycles} acquisitions each, restarts <= {b.restarts}, lost replies <= "
                 f"{b.losses}, pauses <= {b.pauses}, "
                 f"{'clock-drift bound' if b.drift_bound else 'no clock-drift bound'}"
@@ -77,7 +80,7 @@ def explore(kind: Kind, bounds: Bounds, depth: int) -> Outcome:
     """Search every state within `depth` moves; stop at the first state (or script run)
     that breaks an invariant."""
     nodes = Nodes(kind.nodes)
-    outcome = Outcome(kind.name, depth, bounds)
+    outcome = Outcome(kind.name, depth, bounds, names=kind.names)
     started = time.monotonic()
     with virtual_time(nodes):  # type: ignore[arg-type]  # a clock with .time(), as a loop
         explorer = Explorer(kind, bounds, nodes)
