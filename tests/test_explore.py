@@ -33,6 +33,24 @@ def test_a_bounded_exploration_of_the_lock_holds() -> None:
     assert outcome.distinct > 10_000  # every interleaving within 7 moves, not a sample
 
 
+def test_random_walks_beyond_the_depth_find_a_bug_the_search_does_not_reach() -> None:
+    """A fencing token not raised on a grant takes 8 moves to show; at depth 5 the walks
+    beyond it find it (seeded: the same walks each time)."""
+    command = ["--mutant", "grant-fence-not-incremented", "--depth", "5", "--walks", "3000"]
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.explore", *command],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=LIMIT,
+        check=False,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "random walks of up to 20 moves" in result.stdout
+    assert "violated: fencing token" in result.stdout
+
+
 def test_a_planted_bug_is_found_with_its_counterexample() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "tests.explore", "--mutant", "acquire-token-inverted"],

@@ -98,7 +98,17 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
         action="store_true",
         help="check mutual exclusion alone, not that a believing holder is held by the nodes",
     )
+    parser.add_argument(
+        "--walks",
+        type=int,
+        default=0,
+        help="after the exhaustive search, this many random walks from the start",
+    )
+    parser.add_argument("--walk-depth", type=int, help="moves per walk (default 4 x depth)")
+    parser.add_argument("--seed", type=int, default=0, help="the walks' seed")
     args = parser.parse_args(argv)
+    if args.walks < 0 or (args.walk_depth is not None and args.walk_depth < 1):
+        parser.error("--walks must be >= 0 and --walk-depth >= 1")
     if args.depth is not None and args.depth < 1:
         parser.error("--depth must be >= 1")
     return args
@@ -118,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from .kinds import make_kind
     from .model import Bounds
-    from .search import explore
+    from .search import explore, walk
 
     name = args.kind or "lock"
     try:
@@ -143,6 +153,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     bounds = dataclasses.replace(bounds, queued=min(bounds.queued, bounds.clients))
     depth = args.depth or (NAMES_DEPTH if kind.names > 1 else DEFAULT_DEPTH[name])
     outcome = explore(kind, bounds, depth)
+    if outcome.held and args.walks:
+        walk(
+            kind,
+            bounds,
+            outcome,
+            walks=args.walks,
+            depth=args.walk_depth or 4 * depth,
+            seed=args.seed,
+        )
     _say(outcome.report())
     return 0 if outcome.held else 1
 

@@ -6,6 +6,7 @@ reached once, by a shortest path, so a counterexample found is a shortest one.
 from __future__ import annotations
 
 import dataclasses
+import random
 import time
 
 from tests.simulation.server import virtual_time
@@ -14,7 +15,7 @@ from .kinds import Kind
 from .model import Bounds, Explorer, State, Step
 from .nodes import Nodes
 
-__all__ = ("Outcome", "explore")
+__all__ = ("Outcome", "explore", "walk")
 
 
 @dataclasses.dataclass(slots=True)
@@ -36,6 +37,9 @@ class Outcome:
     """The counterexample, its last step's `violation` saying what is wrong."""
     names: int = 1
     """The names the clients pick from."""
+    walks: int = 0
+    """Random walks taken beyond the depth (`walk`), and how deep each went at most."""
+    walk_depth: int = 0
 
     @property
     def held(self) -> bool:
@@ -57,6 +61,10 @@ class Outcome:
                 f"{self.reached}, {self.scripts} scripts run, {self.seconds:.1f} s"
             ),
         ]
+        if self.walks:
+            lines.append(
+                f"{self.walks} random walks of up to {self.walk_depth} moves from the start"
+            )
         if self.trace is None:
             lines.append("held: no invariant broken within the bounds")
         else:
@@ -111,3 +119,34 @@ def explore(kind: Kind, bounds: Bounds, depth: int) -> Outcome:
     outcome.scripts = nodes.runs
     outcome.seconds = time.monotonic() - started
     return outcome
+
+
+def walk(
+    kind: Kind, bounds: Bounds, outcome: Outcome, *, walks: int, depth: int, seed: int
+) -> None:
+    """Beyond the exhaustive depth: `walks` random walks from the start, each of up to
+    `depth` moves chosen by a generator seeded with `seed` (the same walks each time),
+    stopping at the first that breaks an invariant (its steps: `outcome.trace`)."""
+    nodes = Nodes(kind.nodes)
+    rng = random.Random(seed)
+    started = time.monotonic()
+    with virtual_time(nodes):  # type: ignore[arg-type]  # a clock with .time(), as a loop
+        explorer = Explorer(kind, bounds, nodes)
+        for _ in range(walks):
+            outcome.walks += 1
+            state, steps = explorer.initial(), []
+            for _ in range(depth):
+                moves = list(explorer.moves(state))
+                if not moves:
+                    break
+                step = rng.choice(moves)
+                steps.append(step)
+                outcome.walk_depth = max(outcome.walk_depth, len(steps))
+                if step.violation is not None:
+                    outcome.trace = steps
+                    break
+                state = step.state
+            if outcome.trace is not None:
+                break
+    outcome.scripts = nodes.runs
+    outcome.seconds += time.monotonic() - started
