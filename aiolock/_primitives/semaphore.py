@@ -315,7 +315,9 @@ class Semaphore(Primitive):
         config = self._config
         bound = config.ttl - config.margin
         if left is not None:
-            bound = min(bound, max(left, 0.05))
+            # At least the reply window every attempt gets (`reply_timeout`), past the
+            # timeout too, as a single permit's attempt.
+            bound = min(bound, max(left, config.reply_timeout))
         holder = f"{HOST} {pid()} {task_name()}"
         args: list[str | int] = [
             token,

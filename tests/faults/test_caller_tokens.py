@@ -1,5 +1,6 @@
 """An acquire under the caller's own token whose reply is lost stays held under it: the
-caller's retry gets the same lease back, never a second one."""
+caller's retry gets the same lease back, never a second one. And a slow reply past the
+caller's timeout: a request for several permits waits the reply window, as one does."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import secrets
 
 import pytest
 
-from aiolock import BackendError, Lock
+from aiolock import BackendError, Lock, Semaphore
 from aiolock._lua.layout import LockKeys
 from aiolock._lua.lock import ACQUIRE
 
@@ -40,4 +41,20 @@ async def test_a_lost_reply_leaves_the_lock_held_for_the_callers_retry(
     lease = await Lock(proxied.client, name, ttl=10).acquire(token=token, timeout=0)
     assert lease.token == token
     assert str(lease.fencing_token).encode() == await proxied.direct.hget(key, "fence")
+    await lease.release()
+
+
+async def test_a_request_for_several_permits_gives_redis_the_reply_window_past_its_timeout(
+    proxied: Proxied, name: str
+) -> None:
+    """Each reply 0.2 s late, a request for 2 of 2 free permits with a timeout of 0.1 s:
+    its attempt is given the reply window every attempt gets (`reply_timeout`, 1 s), as a
+    single permit's is, and takes them. It was given what was left of the timeout (at
+    least 0.05 s): "no reply from Redis within 0.1s" (seen on a loaded machine)."""
+    semaphore = Semaphore(proxied.client, name, limit=2, ttl=10)
+    await (await semaphore.acquire()).release()  # the connections made, the scripts loaded
+    proxied.proxy.delay_replies(0.2)
+    lease = await asyncio.wait_for(semaphore.acquire(permits=2, timeout=0.1), 15)
+    await proxied.proxy.restore()
+    assert lease.permits == 2
     await lease.release()
