@@ -26,6 +26,19 @@ LIMIT = 120.0
 """Longest the command here may take (seconds; it is given a budget far below it)."""
 
 
+def _explore(*args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m tests.explore` with `args`, in a process of its own, within LIMIT."""
+    return subprocess.run(
+        [sys.executable, "-m", "tests.explore", *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=LIMIT,
+        check=False,
+    )
+
+
 def test_a_bounded_exploration_of_the_lock_holds() -> None:
     outcome = explore(make_kind("lock"), Bounds(clients=3, queued=1, pauses=0), depth=7)
     assert outcome.held, outcome.report()
@@ -37,30 +50,14 @@ def test_random_walks_beyond_the_depth_find_a_bug_the_search_does_not_reach() ->
     """A fencing token not raised on a grant takes 8 moves to show; at depth 5 the walks
     beyond it find it (seeded: the same walks each time)."""
     command = ["--mutant", "grant-fence-not-incremented", "--depth", "5", "--walks", "3000"]
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.explore", *command],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=LIMIT,
-        check=False,
-    )
+    result = _explore(*command)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "random walks of up to 20 moves" in result.stdout
     assert "violated: fencing token" in result.stdout
 
 
 def test_a_planted_bug_is_found_with_its_counterexample() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.explore", "--mutant", "acquire-token-inverted"],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=LIMIT,
-        check=False,
-    )
+    result = _explore("--mutant", "acquire-token-inverted")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "COUNTEREXAMPLE in 4 steps" in result.stdout
     assert "violated: fencing token" in result.stdout
@@ -98,15 +95,7 @@ def test_a_bounded_exploration_of_the_read_write_lock_holds() -> None:
 
 
 def test_a_reader_let_in_beside_the_writer_is_found() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.explore", "--mutant", "rwlock-reader-beside-writer"],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=LIMIT,
-        check=False,
-    )
+    result = _explore("--mutant", "rwlock-reader-beside-writer")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "COUNTEREXAMPLE in 4 steps" in result.stdout
     assert "violated: c0 believes it writes while others believe they hold" in result.stdout
