@@ -256,7 +256,8 @@ async def test_an_aborted_acquire_keeps_the_state_for_its_ttl_not_ten_minutes(
     # 0.1 s minimum, which a loaded machine can outlast: then no record to look at).
     with pytest.raises(BackendError):
         await within(lock.acquire(timeout=3), what="the acquire to give up")
-    (token,) = await aborted_tokens(proxied.direct, key)
+    # One aborted attempt; two if a loaded machine tried again within the timeout.
+    token, *_ = await aborted_tokens(proxied.direct, key)
     pttl = await proxied.direct.pttl(key)
     assert 0 < pttl <= 5000, f"the state lives {pttl} ms after an abort (ttl 1 s, retain 5 s)"
     if landed:
