@@ -62,6 +62,10 @@ class Adapter:
     def hold(self, name: str) -> contextlib.AbstractAsyncContextManager[Any]:
         raise NotImplementedError
 
+    def messages_read(self) -> int | None:
+        """Pub/sub messages this process's lock client has read so far (None: not known)."""
+        return None
+
     async def take(self, name: str) -> tuple[Callable[[], bool], Callable[[], Any]]:
         """Acquire outside any block: (is it lost?, release)."""
         cm = self.hold(name)
@@ -90,6 +94,11 @@ class AiolockAdapter(Adapter):
             self.client, name, ttl=self.ttl, renew_on_handoff=self.renew_on_handoff
         )
 
+    def messages_read(self) -> int | None:
+        from aiolock._engine.runtime import runtime_for
+
+        return runtime_for(self.client).notifier.messages_received
+
 
 class AiolockHandoffAdapter(AiolockAdapter):
     """aiolock with `renew_on_handoff=False`: a lease handed over by another process's
@@ -116,8 +125,8 @@ class AiolockNoopRenewalAdapter(AiolockAdapter):
             "noop-renewal", "local out = {}\nfor i = 1, #KEYS do out[i] = 1 end\nreturn out"
         )
 
-        def renew_call(lock: Any, token: str, ttl_ms: int) -> Any:
-            return noop, (lock._key,), [token, ttl_ms, lock._renew_kind]
+        def renew_call(lock: Any, token: str, ttl_ms: int, permits: int = 1) -> Any:
+            return noop, (lock._key,), [token, ttl_ms, lock._renewal_kind(0, permits)]
 
         # (a worker process runs one row: the class is changed for this process only)
         Lock._renew_call = renew_call  # type: ignore[method-assign,assignment]
@@ -548,9 +557,11 @@ async def contended(adapter: Adapter, args: argparse.Namespace) -> dict[str, Any
             records.append((acquired, released, i))
             await asyncio.sleep(0.005)
 
-    cpu = cpu_seconds()
+    cpu, messages = cpu_seconds(), adapter.messages_read()
     await asyncio.gather(*(task(i) for i in range(args.tasks)))
     out = {"records": records, "cpu_s": cpu_seconds() - cpu, "pid": os.getpid()}
+    if messages is not None:  # the release messages this process read while its tasks ran
+        out["messages"] = (adapter.messages_read() or 0) - messages
     out |= {"limit": adapter.limit, "max_holders_here": most}
     if most > adapter.limit:
         out["LIMIT_EXCEEDED"] = f"{most} holders at once in this process, limit {adapter.limit}"

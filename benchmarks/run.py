@@ -81,9 +81,10 @@ def bench(lib: str, scenario: str, url: str, **options: Any) -> dict[str, Any]:
     return dict(json.loads(done.stdout))
 
 
-Outcome = tuple[list[tuple[float, float, str]], int, float]
-"""The workers' merged records, the most holders any one of them saw at once, and the CPU
-seconds they used together while their tasks ran."""
+Outcome = tuple[list[tuple[float, float, str]], int, float, int | None]
+"""The workers' merged records, the most holders any one of them saw at once, the CPU
+seconds they used together while their tasks ran, and the pub/sub messages they read
+meanwhile (None: not known for this library)."""
 
 
 def contended_workers(
@@ -111,6 +112,7 @@ def contended_workers(
     records: list[tuple[float, float, str]] = []
     most = 0
     cpu = 0.0
+    messages: int | None = None
     for worker, (ready, early) in zip(workers, before_ready, strict=True):
         out, err = worker.communicate(timeout=900)
         if worker.returncode != 0 or not ready:
@@ -122,7 +124,8 @@ def contended_workers(
         records += [(a, r, f"{result['pid']}:{t}") for a, r, t in result["records"]]
         most = max(most, result.get("max_holders_here", 0))
         cpu += result["cpu_s"]
-    return records, most, cpu
+        messages = None if "messages" not in result else (messages or 0) + result["messages"]
+    return records, most, cpu, messages
 
 
 def until_ready(worker: subprocess.Popen[str]) -> tuple[bool, str]:
@@ -141,10 +144,12 @@ def summarize_workers(lib: str, outcome: Outcome, seconds: float) -> dict[str, A
     """The contended summary, with the most holders seen at once: across the processes
     (from the records' times) or within one (counted as they enter), whichever is more;
     and the workers' CPU per critical section."""
-    records, most_in_one, cpu = outcome
+    records, most_in_one, cpu, messages = outcome
     summary = summarize_contended(records, seconds, limit_of(lib))
     summary["max_holders"] = max(summary["max_holders"], most_in_one)
     summary["client_cpu_us_per_cs"] = cpu * 1e6 / max(1, summary["critical_sections"])
+    if messages is not None:  # pub/sub messages every worker read, per critical section
+        summary["messages_per_cs"] = messages / max(1, summary["critical_sections"])
     limit = summary["limit"]
     if limit > 1:  # holders overlap by design: the gaps between them mean nothing
         for key in ("overlaps", "handoff_gap_p50_ms", "handoff_gap_p99_ms"):
@@ -428,7 +433,11 @@ COLUMNS = {
         ("overlaps", "overlaps"),
     ],
 }
-COLUMNS["contended-4p"] = COLUMNS["contended"]
+COLUMNS["contended-4p"] = [
+    *COLUMNS["contended"][:-1],
+    ("messages_per_cs", "release messages read / CS (all processes)"),
+    ("overlaps", "overlaps"),
+]
 COLUMNS["sem1"] = [
     *COLUMNS["contended"][:-1],
     ("max_holders", "most holders at once"),

@@ -23,6 +23,12 @@ The variants, each a real acquire and release on its own name:
   and nothing else: without the refusal of a late copy of an acquire (after its own
   release, or after its caller aborted it), which the layout's `k`, `r` and `a:<token>`
   fields make possible.
+- `clock token only`: the least a script-based fenced lock can do: the fencing token is
+  the server clock (TIME) and the holder a string set with SET NX PX; released by GET and
+  DEL. Nothing keeps the tokens increasing if that clock steps back, and nothing refuses a
+  late copy of an acquire.
+- `two empty scripts`: EVALSHA of `return 1`, twice: what a cycle of two script calls costs
+  the server before its scripts do anything.
 - `redis-py`: `redis.asyncio.lock.Lock`'s commands: SET NX PX, and its release script.
 
 Writes `benchmarks/results/server-time.md` (or `--out`).
@@ -87,13 +93,27 @@ return 1
 REDIS_PY_RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end
 """
+CLOCK_TOKEN_ONLY = (
+    """
+local t = redis.call('TIME')
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+return 0
+""",
+    REDIS_PY_RELEASE,
+)
+EMPTY = ("return 1", "return 1")
 VARIANTS = {
     "aiolock": (ACQUIRE.source, RELEASE.source),
     "same commands": SAME_COMMANDS,
     "no holder record": NO_HOLDER_RECORD,
     "fencing only": FENCING_ONLY,
+    "clock token only": CLOCK_TOKEN_ONLY,
+    "two empty scripts": EMPTY,
 }
 PEER = "redis-py"
+BARE = ("clock token only", "two empty scripts")  # on a string key of their own
 
 
 async def cycles(
@@ -108,6 +128,10 @@ async def cycles(
         if variant == PEER:
             ok = await client.set(name, token, nx=True, px=10_000)
             released = await client.evalsha(shas[PEER][1], 1, name, token)
+        elif variant in BARE:
+            acquire, release = shas[variant]
+            ok = await client.evalsha(acquire, 1, name, token, 10_000)
+            released = await client.evalsha(release, 1, name, token)
         else:
             acquire, release = shas[variant]
             ok = await client.evalsha(

@@ -316,6 +316,9 @@ class AcquireCall:
             raise self.timed_out()
         delay = remaining
         if waiter.is_head:
+            hint = waiter.take_poll_hint()
+            if hint is not None:  # told while it tried: the sooner check counts
+                progress.pttl_ms = min(progress.pttl_ms, hint) if progress.pttl_ms > 0 else hint
             # The backoff only paces checks of a key whose expiry is unknown.
             pttl_ms = progress.pttl_ms
             fallback = unknown_pttl.next() if pttl_ms <= 0 else 0.0

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .._aio.backoff import Backoff
 from .._transport.pubsub import Inbox
+from .._transport.quorum import QuorumBackend
 from ..errors import BackendError
 from .wait_queue import Waiter, WaitQueue
 
@@ -150,6 +151,11 @@ class Notifier:
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
+        # On a quorum's backend (a Redlock's), how many nodes' announcements of a release
+        # free the lock, and how long its calls to the others may take (see `announced`).
+        self._needed, self._recheck_ms = 1, 0
+        if isinstance(backend, QuorumBackend):
+            self._needed, self._recheck_ms = backend.size, round(backend.node_timeout * 1000)
         self._queues: dict[str, WaitQueue] = {}
         # This process's channel id (see DIRECT_PREFIX), and the queues by their channel of
         # it: `<name's channel>:<direct id>`.
@@ -592,7 +598,7 @@ class Notifier:
             fence, reserved_for, granted, seq, slot, *_ = (*text.split(" ", 5), "", "", "", "")
             node = message.get("node")  # a quorum's node (`QuorumPubSub`): each announces it
             if node is not None:
-                queue.announced(fence, node)
+                queue.announced(fence, node, needed=self._needed, recheck_ms=self._recheck_ms)
             else:
                 queue.released(fence, reserved_for, granted=granted, seq=seq, slot=slot)
 

@@ -454,24 +454,31 @@ class WaitQueue:
             and not (self.attempting or self.joining)
         )
 
-    def announced(self, fence: str, node: int) -> None:
+    def announced(self, fence: str, node: int, *, needed: int, recheck_ms: int) -> None:
         """Node `node` of a quorum (a Redlock's) announced the release of the lease whose
         fencing token is `fence`: the release is effective on that node.
 
         Every node the release lands on announces it, with the same fencing token, each
-        when it gets there: the first may come before a majority is free (the head's try
-        is then refused). So each node's announcement wakes the head, whatever their order
-        and timing; one heard while the head's try is in flight leaves a wake-up for after
-        its answer. Not woken: by a node heard twice; by the echoes of a release of this
-        process (its reply, once a majority released, woke the head: `released`); by a
-        release older than a lease this process took since (`lease_taken`), which holds
-        the lock, or did."""
+        when it gets there, whatever their order and timing. The head is woken once, by
+        the announcement that makes `needed` nodes (a majority) heard: a try before it
+        would be refused by the nodes still held, or split the vote. One heard while the
+        head's try is in flight leaves a wake-up for after its answer. Fewer announcements
+        than that (a node's release failed, or its message was lost; a node that refused
+        no one announces nothing) leave the head told to check within `recheck_ms`, the
+        time the release's other nodes had to answer, and it sleeps on. Not counted: a
+        node heard twice; the echoes of a release of this process (its reply, once a
+        majority released, woke the head: `released`); a release older than a lease this
+        process took since (`lease_taken`), which holds the lock, or did."""
         if not self.waiters or fence in self._recent or (fence, node) in self._heard:
             return
         if fence.isdigit() and int(fence) <= self._newest:
             return
         self._heard.append((fence, node))
-        self.wake_head()
+        heard = sum(1 for told, _ in self._heard if told == fence)
+        if heard == needed:
+            self.wake_head()
+        elif heard < needed:
+            self.check_within(recheck_ms)
 
     def lease_taken(self, fencing_token: int) -> None:
         """A lease with `fencing_token` was taken in this process (a quorum's, whose tokens
@@ -533,10 +540,15 @@ class WaitQueue:
         elif reserved_for in ("", self.wid):
             self.wake_head()
         else:
-            head = self.waiters[0]
-            if head.checks_within(RESERVATION_MS / 1000 + POLL_SPREAD):
-                # It checks by the time the grant would lapse anyway: left asleep, rather
-                # than woken in every waiting process at every release to change nothing.
-                return
-            head.poll_hint_ms = RESERVATION_MS
-            head.nudge()
+            self.check_within(RESERVATION_MS)
+
+    def check_within(self, ms: int) -> None:
+        """Tell the head to check the lock within `ms` (the lock was handed to another
+        process, which may have died; a release heard from a minority of a quorum's
+        nodes); a head whose own timer ends its sleep by then is left asleep, rather than
+        woken in every waiting process at every release to change nothing."""
+        head = self.waiters[0]
+        if head.checks_within(ms / 1000 + POLL_SPREAD):
+            return
+        head.poll_hint_ms = ms
+        head.nudge()

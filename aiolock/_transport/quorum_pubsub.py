@@ -1,8 +1,8 @@
 """One pub/sub session per node of a quorum, seen by the notifier as one session.
 
 A `Redlock`'s release is announced by every node it is released on, each message tagged
-with its node's index (`"node"`): the waiter tries again at each node's announcement, so
-that the one that frees a majority is not missed. `QuorumPubSub` keeps a session of its own on each node, in a task per node:
+with its node's index (`"node"`): each waiting process counts the nodes it heard, and the
+announcement that makes a majority heard wakes its waiter (`WaitQueue.announced`). `QuorumPubSub` keeps a session of its own on each node, in a task per node:
 it subscribes to the channels wanted, hands the node's messages to the notifier (an
 `Inbox`: dispatched in the node's task, or read as from a redis-py `PubSub`), pings the
 node when it has been silent for the health interval and opens a new session when the ping

@@ -600,23 +600,26 @@ async def test_a_waiter_is_woken_by_the_announcements_that_free_a_majority(
     binaries: list[ServerBinary], name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The holder's release reaches one node at once and the four others late (its
-    requests to them held in their fault proxies). The first node's announcement wakes the
-    waiter (of another process: other clients), whose try is refused by the four still
-    held. Their announcements, once they release, carry the same fencing token as the
-    first: the waiter must try again then, and take the lock, not sleep until the key's
-    expiry (ttl 30 s).
+    requests to them held in their fault proxies). The first node's announcement, heard by
+    the waiter (of another process: other clients), does not make it try: two of five
+    nodes would still refuse it. Their announcements, once they release, carry the same
+    fencing token as the first: the one that makes a majority heard wakes the waiter,
+    which takes the lock with one try, not at the key's expiry (ttl 30 s) nor at its
+    check after a minority's announcement (its node timeout, 10 s).
 
-    Break seen failing: the queue dropping a fencing token it has heard (the four late
-    announcements ignored: the waiter sleeps for the refusal's pttl)."""
+    Breaks seen failing: the queue dropping a fencing token it has heard (the late
+    announcements ignored: the waiter sleeps for the refusal's pttl); each announcement
+    waking the head (a try refused while four nodes held the lock)."""
     async with ServerGroup(binaries[0], 5, proxied=(1, 2, 3, 4)) as group:
         # The holder's calls may wait 10 s for a node: its release is held meanwhile.
         holder = Redlock(group.clients(), name, ttl=30, node_timeout=10)
-        waiting = Redlock(group.clients(direct=True), name, ttl=30)
-        answered = 0
+        waiting = Redlock(group.clients(direct=True), name, ttl=30, node_timeout=10)
+        answered = started = 0
         attempt = Redlock._attempt
 
         async def counted(self: Redlock, *args: Any, **kwargs: Any) -> Any:
-            nonlocal answered
+            nonlocal answered, started
+            started += self is waiting
             try:
                 return await attempt(self, *args, **kwargs)
             finally:
@@ -633,24 +636,76 @@ async def test_a_waiter_is_woken_by_the_announcements_that_free_a_majority(
                 lambda: answered >= 2 and notifier.is_subscribed(waiting._channel),
                 what="the waiter subscribed, and its attempt after subscribing answered",
             )
+            queue = notifier.queue_for(waiting._channel)
+            assert queue is not None
+            await eventually(
+                lambda: answered == started and queue.waiters[0].checks_within(60),
+                what="the waiter asleep, no try in flight",
+            )
             key = key_of(name).encode()
             held = [group.proxies[index].hold_requests(key) for index in (1, 2, 3, 4)]
-            before = answered
+            before, heard = started, notifier.messages_received
             release = asyncio.create_task(lease.release())
             stack.push_async_callback(cancelled, release)
             for event in held:
                 await within(event.wait(), what="the release held on its way to four nodes")
             await eventually(
-                lambda: answered > before,
-                what="the waiter's try, woken by the first node's announcement, answered",
+                lambda: notifier.messages_received > heard,
+                what="the first node's announcement heard by the waiter",
             )
-            assert not waiter.done(), "taken while four nodes still held the lock"
+            await asyncio.sleep(0)  # (a wake-up it caused would start the try here)
+            assert started == before, "the waiter tried on one node's announcement of five"
             for index in (1, 2, 3, 4):
                 await group.proxies[index].restore()
             await within(release, what="the release, decided once the four answer")
             taken = await within(
                 asyncio.shield(waiter),
-                what="the waiter, woken by the four late announcements (not the key's expiry)",
+                what="the waiter, woken by the majority's announcements (not the key's expiry)",
+                timeout=scaled(5.0),
+            )
+            stack.push_async_callback(released, taken)
+            assert taken.fencing_token > lease.fencing_token
+            assert started == before + 1, f"{started - before} tries for one release"
+
+
+async def test_a_release_announced_by_a_minority_is_checked_within_the_node_timeout(
+    binaries: list[ServerBinary], name: str
+) -> None:
+    """A release frees all three nodes, but only one announces it: the two others were
+    not marked by a refusal (their mark is removed here; a node that refused no one, or
+    whose message was lost, is as silent). The waiter, told by one node of three, checks
+    within its node timeout (0.3 s) and takes the lock, rather than sleeping for the
+    refusal's pttl (ttl 30 s).
+
+    Break seen failing: an announcement short of a majority ignored."""
+    async with ServerGroup(binaries[0], 3) as group:
+        holder = Redlock(group.clients(), name, ttl=30)
+        waiting = Redlock(group.clients(direct=True), name, ttl=30, node_timeout=0.3)
+        lease = await within(holder.acquire(), what="the holder's acquire")
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(released, lease)
+            waiter = asyncio.create_task(waiting.acquire(timeout=scaled(30)))
+            stack.push_async_callback(cancelled, waiter)
+            notifier = runtime_for(waiting._quorum).notifier
+            nodes = group.clients(direct=True)
+            key = key_of(name)
+
+            async def marked() -> bool:
+                return all([await node.hexists(key, "w") for node in nodes])
+
+            await eventually(
+                lambda: notifier.is_subscribed(waiting._channel) and notifier.queue_length(
+                    waiting._channel
+                ),
+                what="the waiter queued and subscribed",
+            )
+            await eventually(marked, what="every node marked by the waiter's refused try")
+            for node in nodes[1:]:
+                await node.hdel(key, "w")
+            await within(lease.release(), what="the release")
+            taken = await within(
+                asyncio.shield(waiter),
+                what="the waiter, checking after one node's announcement (not the key's expiry)",
                 timeout=scaled(5.0),
             )
             stack.push_async_callback(released, taken)

@@ -8,6 +8,7 @@ claimed, and never forgets one it may still hold.
 from __future__ import annotations
 
 import asyncio
+import functools
 
 import pytest
 
@@ -117,30 +118,42 @@ async def test_each_release_counts_once() -> None:
     assert not waiter.take_wakeup()
 
 
-async def test_each_node_announcing_a_quorums_release_wakes_the_head() -> None:
+async def test_the_announcement_that_makes_a_majority_heard_wakes_the_head() -> None:
     """A Redlock's release is announced by each node it lands on, all with one fencing
-    token. The first may come before a majority is free (the head's try is then refused):
-    each other node's announcement wakes the head again, in whatever order and however late
-    it comes. A node's announcement heard twice, the echoes of a release of this process
-    (told by its reply, once a majority released), and the announcements of a release
-    older than a lease this process took, wake nobody."""
+    token, in any order and however late. The head is woken once, by the announcement that
+    makes a majority of nodes heard (3 of 5): before it, a try would be refused by the
+    nodes still held; after it, one more try would change nothing. An announcement short
+    of a majority tells the head to check within the node timeout instead. A node's
+    announcement heard twice, the echoes of a release of this process (told by its reply,
+    once a majority released), and the announcements of a release older than a lease this
+    process took, count for nothing."""
     queue, waiter = queue_with_waiter()
-    queue.announced("100", 0)
-    assert waiter.take_wakeup()
-    queue.announced("100", 0)
-    assert not waiter.take_wakeup(), "the same node's announcement, heard again"
-    for node in (3, 1, 4, 2):
-        queue.announced("100", node)
-        assert waiter.take_wakeup(), f"node {node}'s announcement"
+    announced = functools.partial(queue.announced, needed=3, recheck_ms=250)
+    announced("100", 4)
+    assert not waiter.take_wakeup(), "one node's announcement of five"
+    assert waiter.take_poll_hint() == 250, "checked within the node timeout"
+    announced("100", 4)
+    assert not waiter.take_wakeup() and waiter.take_poll_hint() is None, "the same node, again"
+    announced("100", 1)
+    assert not waiter.take_wakeup(), "two nodes' announcements of five"
+    waiter.take_poll_hint()
+    announced("100", 0)
+    assert waiter.take_wakeup(), "the third node's: a majority released"
+    for node in (2, 3):
+        announced("100", node)
+        assert not waiter.take_wakeup(), f"node {node}'s announcement, past the majority"
+        assert waiter.take_poll_hint() is None
     queue.released("200", "")  # this process's own release, from its reply
     assert waiter.take_wakeup()
     for node in range(5):
-        queue.announced("200", node)
+        announced("200", node)
         assert not waiter.take_wakeup(), f"node {node}'s echo of this process's release"
     queue.lease_taken(300)
-    queue.announced("250", 1)
+    for node in range(5):
+        announced("250", node)
     assert not waiter.take_wakeup(), "a release older than the lease this process holds"
-    queue.announced("301", 1)
+    for node in (1, 4, 0):
+        announced("301", node)
     assert waiter.take_wakeup()
 
 
