@@ -13,6 +13,10 @@ each way:
 - pubsub-asyncio: PUBLISH on the other's channel, read by its `redis.asyncio` pub/sub;
 - pubsub-asyncio-busy: the same while both event loops are busy: a task on each works
   0.1 ms every 1 ms (a timer always armed, and a message may come in mid-work);
+- pubsub-asyncio-confirmed: the same, the taker writing one command (a PEXPIRE, as a
+  lease's renewal) before it has the token: the floor of a hand-off whose taker proves
+  itself alive to the server before its work starts, as aiolock's grantee does (its
+  first renewal, written before `acquire()` returns);
 - pubsub-blocking: the same with redis-py's blocking client (a blocking socket read);
 - blpop-asyncio, blpop-blocking: LPUSH on the other's list, taken by its BLPOP;
 - aiolock, aiolock-busy: one `aiolock.Lock` taken in turn: each process acquires, holds
@@ -53,6 +57,7 @@ import redis.asyncio
 VARIANTS = (
     "pubsub-asyncio",
     "pubsub-asyncio-busy",
+    "pubsub-asyncio-confirmed",
     "pubsub-blocking",
     "blpop-asyncio",
     "blpop-blocking",
@@ -77,11 +82,35 @@ def now() -> float:
 async def pubsub_asyncio(
     url: str, key: str, rounds: int, first: bool, ready: Callable[[], None]
 ) -> Records:
+    return await _pubsub_asyncio(url, key, rounds, first, ready, confirmed=False)
+
+
+async def pubsub_asyncio_confirmed(
+    url: str, key: str, rounds: int, first: bool, ready: Callable[[], None]
+) -> Records:
+    return await _pubsub_asyncio(url, key, rounds, first, ready, confirmed=True)
+
+
+async def _pubsub_asyncio(
+    url: str,
+    key: str,
+    rounds: int,
+    first: bool,
+    ready: Callable[[], None],
+    *,
+    confirmed: bool,
+) -> Records:
+    """With `confirmed`, the taker writes one command (a PEXPIRE of a key of its own, as a
+    lease's renewal) on a connection of its own before it has the token, and reads its
+    reply only once it gives the token back: what a hand-off costs that must prove the
+    taker alive to the server before its work starts."""
     client = redis.asyncio.Redis.from_url(url)
     pubsub = client.pubsub()
     mine, theirs = (f"{key}:a", f"{key}:b") if first else (f"{key}:b", f"{key}:a")
     sent: dict[str, float] = {}
     got: dict[str, float] = {}
+    connection = await client.connection_pool.get_connection() if confirmed else None
+    unread = 0
     try:
         await pubsub.subscribe(mine)
         while (await pubsub.get_message(timeout=1.0)) is None:
@@ -89,21 +118,30 @@ async def pubsub_asyncio(
         ready()
 
         async def take() -> str:
+            nonlocal unread
             while True:
                 message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
                 if message is not None:
                     text = message["data"].decode()
+                    if connection is not None:
+                        await connection.send_command("PEXPIRE", mine, 10_000)
+                        unread += 1
                     got[text] = now()
                     return text
 
         for round_ in range(rounds):
             if not first:
                 await take()
+            while connection is not None and unread:
+                await connection.read_response()
+                unread -= 1
             sent[str(round_)] = now()
             await client.publish(theirs, str(round_))
             if first:
                 await take()
     finally:
+        if connection is not None:
+            await connection.disconnect()
         await pubsub.aclose()
         await client.aclose()
     return {"sent": sent, "got": got}
@@ -249,6 +287,7 @@ Side = Callable[[str, str, int, bool, Callable[[], None]], Any]
 SIDES: dict[str, tuple[Side, bool]] = {  # the side's function, busy or not
     "pubsub-asyncio": (pubsub_asyncio, False),
     "pubsub-asyncio-busy": (pubsub_asyncio, True),
+    "pubsub-asyncio-confirmed": (pubsub_asyncio_confirmed, False),
     "pubsub-blocking": (pubsub_blocking, False),
     "blpop-asyncio": (blpop_asyncio, False),
     "blpop-blocking": (blpop_blocking, False),

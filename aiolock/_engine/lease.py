@@ -476,8 +476,10 @@ class Lease:
         scope, self._scope = self._scope, None
         assert scope is not None, "__aexit__ without __aenter__"
         task, self._guarded = self._guarded, None
-        if self._guard is not None:
-            self._guard.close()  # before the scope's exit: it takes back its own cancels
+        # (dropped: the guard refers to this lease, and a cycle is left to the collector)
+        guard, self._guard = self._guard, None
+        if guard is not None:
+            guard.close()  # before the scope's exit: it takes back its own cancels
         if task is not None:
             self._issuer._guarding(self, task, entered=False)
         swallowed = bool(scope.__exit__(exc_type, exc, tb))

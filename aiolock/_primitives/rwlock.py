@@ -3,6 +3,7 @@ engine does the rest, for each side."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Unpack, final
@@ -91,7 +92,7 @@ class ReadWriteInfo:
 class _Side(Primitive):
     """One side of a `ReadWriteLock`: a primitive whose leases are readers' or the writer's."""
 
-    __slots__ = ("_keys", "_rw", "_script_keys")
+    __slots__ = ("__weakref__", "_keys", "_rw", "_script_keys")
 
     _side: ClassVar[int]
     _renew_kind = "p"
@@ -208,8 +209,11 @@ class ReadWriteLock:
         self._name = check_name(name)
         self._config = lock_config("ReadWriteLock()", options)
         self._keys = _RWKeys.build(self._config.prefix, self._name)
-        self._read = ReadLock(self)
-        self._write = WriteLock(self)
+        # Each side refers to this lock; this lock refers to its sides weakly (a cycle would
+        # be left to the garbage collector): a side is made again when none is alive, and
+        # one in use (held, waited for, or kept by the caller) is the one given.
+        self._read: weakref.ref[ReadLock] | None = None
+        self._write: weakref.ref[WriteLock] | None = None
 
     @property
     def name(self) -> str:
@@ -221,12 +225,21 @@ class ReadWriteLock:
         return self._keys.state
 
     def read(self) -> ReadLock:
-        """The read side: shared leases (the same object each time)."""
-        return self._read
+        """The read side: shared leases (the same object each time, while it is in use)."""
+        side = None if self._read is None else self._read()
+        if side is None:
+            side = ReadLock(self)
+            self._read = weakref.ref(side)
+        return side
 
     def write(self) -> WriteLock:
-        """The write side: the exclusive lease (the same object each time)."""
-        return self._write
+        """The write side: the exclusive lease (the same object each time, while it is in
+        use)."""
+        side = None if self._write is None else self._write()
+        if side is None:
+            side = WriteLock(self)
+            self._write = weakref.ref(side)
+        return side
 
     def __repr__(self) -> str:
         return f"<ReadWriteLock {self._name!r} ttl={self._config.ttl:g}s>"

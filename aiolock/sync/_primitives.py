@@ -11,6 +11,7 @@ one object each hold a lease of their own and release their own.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any, Generic, TypeVar, Unpack, final
@@ -486,6 +487,14 @@ class WriteLock(_Side):
     __slots__ = ()
 
 
+def _read_side(rw: AsyncReadWriteLock) -> Primitive:
+    return rw.read()
+
+
+def _write_side(rw: AsyncReadWriteLock) -> Primitive:
+    return rw.write()
+
+
 @final
 class ReadWriteLock(_Base[AsyncReadWriteLock]):
     """Many readers or one writer, writers first, across processes (and asyncio code using
@@ -519,16 +528,26 @@ class ReadWriteLock(_Base[AsyncReadWriteLock]):
         **options: Unpack[LockOptions],
     ) -> None:
         super().__init__(lambda: AsyncReadWriteLock(twin(client), name, **options), on_lost)
-        self._read = ReadLock(self, lambda rw: rw.read())
-        self._write = WriteLock(self, lambda rw: rw.write())
+        # Referred to weakly, as `aiolock.ReadWriteLock` does its sides: each refers to
+        # this lock, and a cycle would be left to the garbage collector.
+        self._read: weakref.ref[ReadLock] | None = None
+        self._write: weakref.ref[WriteLock] | None = None
 
     def read(self) -> ReadLock:
-        """The read side (the same object each time)."""
-        return self._read
+        """The read side (the same object each time, while it is in use)."""
+        side = None if self._read is None else self._read()
+        if side is None:
+            side = ReadLock(self, _read_side)
+            self._read = weakref.ref(side)
+        return side
 
     def write(self) -> WriteLock:
-        """The write side (the same object each time)."""
-        return self._write
+        """The write side (the same object each time, while it is in use)."""
+        side = None if self._write is None else self._write()
+        if side is None:
+            side = WriteLock(self, _write_side)
+            self._write = weakref.ref(side)
+        return side
 
     @property
     def key(self) -> str:

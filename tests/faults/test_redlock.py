@@ -694,8 +694,9 @@ async def test_a_release_announced_by_a_minority_is_checked_within_the_node_time
                 return all([await node.hexists(key, "w") for node in nodes])
 
             await eventually(
-                lambda: notifier.is_subscribed(waiting._channel) and notifier.queue_length(
-                    waiting._channel
+                lambda: (
+                    notifier.is_subscribed(waiting._channel)
+                    and notifier.queue_length(waiting._channel) > 0
                 ),
                 what="the waiter queued and subscribed",
             )

@@ -1,27 +1,34 @@
 """What the client makes per operation, counted exactly: a grant from another process's
 release is taken with one future of the grantee's own (what it waits for: the renewal to
 the full ttl written, or its answer where writes cannot be seen), not one for each; the
-listener reads it without a pass over lingering channels when none lingers."""
+listener reads it without a pass over lingering channels when none lingers; and no cycle
+of a lock, semaphore or read-write lock leaves an object to the garbage collector."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 import redis.asyncio
 
-from aiolock import Lock
+import aiolock.sync
+from aiolock import Lock, ReadWriteLock, Semaphore
 from aiolock._engine.lease_issuing import LeaseIssuing
 from aiolock._engine.notifier import Notifier
 from aiolock._engine.runtime import runtime_for
 
 from .test_stalls import pair, queued
+from .test_sync import sync_client
 
 pytestmark = pytest.mark.real_only
 
-__all__ = ("pair",)  # the fixture, used by name
+__all__ = ("pair", "sync_client")  # the fixtures, used by name
 
 
 async def test_taking_another_processs_grant_makes_one_future_of_its_own(
@@ -93,3 +100,88 @@ async def test_the_listener_reads_a_grant_without_an_idle_channel_pass(
     await lease.release()
     assert runtime_for(b).notifier.messages_received > heard, "the grant came as a message"
     assert passes == 0
+
+
+@contextlib.contextmanager
+def left_to_the_collector() -> Iterator[list[str]]:
+    """The aiolock objects that the block leaves in reference cycles: freed only by the
+    garbage collector, whose collections (the oldest generation's included, which walks
+    every object of the process) then come more often. Filled when the block ends."""
+    found: list[str] = []
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        yield found
+        gc.collect()
+        found += sorted(
+            {type(o).__qualname__ for o in gc.garbage if type(o).__module__.startswith("aiolock")}
+        )
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        if enabled:
+            gc.enable()
+
+
+async def test_a_lock_cycle_leaves_nothing_to_the_garbage_collector(
+    pair: tuple[redis.asyncio.Redis, redis.asyncio.Redis, Any], name: str
+) -> None:
+    """`async with Lock(...)` in a loop, as a request handler makes one per request, and a
+    lock handed between two tasks and between two processes' clients: every object is
+    freed as its last reference goes. A primitive once kept its release path and lease
+    issuing, which refer to it, and a lease its body guard, which refers to it: 23 objects
+    per cycle left to the collector, whose collections took a tenth of the time of 64 tasks
+    cycling on names of their own."""
+    a, b, _ = pair
+    for client in (a, b):  # warm: the runtime, the connections, the subscription
+        async with Lock(client, name):
+            pass
+
+    async def cycles(client: redis.asyncio.Redis, count: int, step: float) -> None:
+        for _ in range(count):
+            async with Lock(client, name, ttl=10):
+                await asyncio.sleep(step)
+
+    with left_to_the_collector() as found:
+        await cycles(a, 20, 0)
+        await asyncio.wait_for(asyncio.gather(cycles(a, 10, 0), cycles(a, 10, 0)), 30)
+        await asyncio.wait_for(asyncio.gather(cycles(a, 10, 0.001), cycles(b, 10, 0.001)), 30)
+    assert found == []
+
+
+async def test_semaphore_and_read_write_lock_cycles_leave_nothing_to_the_collector(
+    client: redis.asyncio.Redis, name: str
+) -> None:
+    """As for the lock: a read-write lock's sides once referred to it while it kept
+    them (both faces, asyncio and sync, now keep them weakly)."""
+    async with Semaphore(client, name, limit=2):
+        pass
+    with left_to_the_collector() as found:
+        for _ in range(10):
+            async with Semaphore(client, name, limit=2):
+                pass
+            rw = ReadWriteLock(client, f"{name}:rw")
+            async with rw.read():
+                pass
+            async with rw.write():
+                pass
+    assert found == []
+
+
+def test_a_sync_read_write_lock_cycle_leaves_nothing_to_the_collector(
+    sync_client: redis.Redis, name: str
+) -> None:
+    def cycles(count: int) -> None:
+        for _ in range(count):
+            rw = aiolock.sync.ReadWriteLock(sync_client, name)
+            with rw.read():
+                pass
+            with rw.write():
+                pass
+
+    cycles(1)  # warm: the portal, the client's twin
+    with left_to_the_collector() as found:
+        cycles(10)
+    assert found == []
