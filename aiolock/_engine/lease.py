@@ -476,8 +476,7 @@ class Lease:
         scope, self._scope = self._scope, None
         assert scope is not None, "__aexit__ without __aenter__"
         task, self._guarded = self._guarded, None
-        # (dropped: the guard refers to this lease, and a cycle is left to the collector)
-        guard, self._guard = self._guard, None
+        guard, self._guard = self._guard, None  # (it refers to this lease: no cycle left)
         if guard is not None:
             guard.close()  # before the scope's exit: it takes back its own cancels
         if task is not None:

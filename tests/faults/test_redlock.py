@@ -36,6 +36,7 @@ from aiolock import (
     run_once,
 )
 from aiolock._engine.acquisition import Primitive
+from aiolock._engine.notifier import Notifier
 from aiolock._engine.runtime import runtime_for
 from aiolock._engine.wait_queue import WaitQueue
 from aiolock._lua.redlock import RL_ACQUIRE, RL_FENCE, RL_RELEASE
@@ -626,12 +627,8 @@ async def test_a_waiter_is_woken_by_the_announcements_that_free_a_majority(
                 answered += self is waiting
 
         monkeypatch.setattr(Redlock, "_attempt", counted)
-        lease = await within(holder.acquire(), what="the holder's acquire")
         async with contextlib.AsyncExitStack() as stack:
-            stack.push_async_callback(released, lease)
-            waiter = asyncio.create_task(waiting.acquire(timeout=scaled(30)))
-            stack.push_async_callback(cancelled, waiter)
-            notifier = runtime_for(waiting._quorum).notifier
+            lease, waiter, notifier = await held_and_awaited(stack, holder, waiting)
             await eventually(
                 lambda: answered >= 2 and notifier.is_subscribed(waiting._channel),
                 what="the waiter subscribed, and its attempt after subscribing answered",
@@ -658,13 +655,9 @@ async def test_a_waiter_is_woken_by_the_announcements_that_free_a_majority(
             for index in (1, 2, 3, 4):
                 await group.proxies[index].restore()
             await within(release, what="the release, decided once the four answer")
-            taken = await within(
-                asyncio.shield(waiter),
-                what="the waiter, woken by the majority's announcements (not the key's expiry)",
-                timeout=scaled(5.0),
+            await taken_after(
+                stack, lease, waiter, "woken by the majority's announcements (not the key's expiry)"
             )
-            stack.push_async_callback(released, taken)
-            assert taken.fencing_token > lease.fencing_token
             assert started == before + 1, f"{started - before} tries for one release"
 
 
@@ -681,12 +674,8 @@ async def test_a_release_announced_by_a_minority_is_checked_within_the_node_time
     async with ServerGroup(binaries[0], 3) as group:
         holder = Redlock(group.clients(), name, ttl=30)
         waiting = Redlock(group.clients(direct=True), name, ttl=30, node_timeout=0.3)
-        lease = await within(holder.acquire(), what="the holder's acquire")
         async with contextlib.AsyncExitStack() as stack:
-            stack.push_async_callback(released, lease)
-            waiter = asyncio.create_task(waiting.acquire(timeout=scaled(30)))
-            stack.push_async_callback(cancelled, waiter)
-            notifier = runtime_for(waiting._quorum).notifier
+            lease, waiter, notifier = await held_and_awaited(stack, holder, waiting)
             nodes = group.clients(direct=True)
             key = key_of(name)
 
@@ -704,13 +693,34 @@ async def test_a_release_announced_by_a_minority_is_checked_within_the_node_time
             for node in nodes[1:]:
                 await node.hdel(key, "w")
             await within(lease.release(), what="the release")
-            taken = await within(
-                asyncio.shield(waiter),
-                what="the waiter, checking after one node's announcement (not the key's expiry)",
-                timeout=scaled(5.0),
+            await taken_after(
+                stack,
+                lease,
+                waiter,
+                "checking after one node's announcement (not the key's expiry)",
             )
-            stack.push_async_callback(released, taken)
-            assert taken.fencing_token > lease.fencing_token
+
+
+async def held_and_awaited(
+    stack: contextlib.AsyncExitStack, holder: Redlock, waiting: Redlock
+) -> tuple[Lease, asyncio.Task[Lease], Notifier]:
+    """`holder` takes the name and `waiting` waits for it in a task (with the notifier
+    that tells it); both ended with `stack`."""
+    lease = await within(holder.acquire(), what="the holder's acquire")
+    stack.push_async_callback(released, lease)
+    waiter = asyncio.create_task(waiting.acquire(timeout=scaled(30)))
+    stack.push_async_callback(cancelled, waiter)
+    return lease, waiter, runtime_for(waiting._quorum).notifier
+
+
+async def taken_after(
+    stack: contextlib.AsyncExitStack, lease: Lease, waiter: asyncio.Task[Lease], how: str
+) -> None:
+    """The waiter takes the name released by `lease`, within 5 s (scaled), with a greater
+    fencing token; its lease released with `stack`."""
+    taken = await within(asyncio.shield(waiter), what=f"the waiter, {how}", timeout=scaled(5.0))
+    stack.push_async_callback(released, taken)
+    assert taken.fencing_token > lease.fencing_token
 
 
 async def released(lease: Lease) -> None:
