@@ -102,11 +102,22 @@ async def test_the_listener_reads_a_grant_without_an_idle_channel_pass(
     assert passes == 0
 
 
+PER_CYCLE = frozenset(
+    {
+        "Lock", "Semaphore", "ReadWriteLock", "ReadLock", "WriteLock", "Lease", "Blocks",
+        "ReleasePath", "LeaseIssuing", "BodyGuard", "AcquireCall", "RenewalEntry", "Validity",
+    }
+)  # fmt: skip
+"""What a cycle of a primitive makes: the objects looked for (a client's runtime, its
+notifier or its watchdog, which outlive the cycles, are not)."""
+
+
 @contextlib.contextmanager
 def left_to_the_collector() -> Iterator[list[str]]:
-    """The aiolock objects that the block leaves in reference cycles: freed only by the
-    garbage collector, whose collections (the oldest generation's included, which walks
-    every object of the process) then come more often. Filled when the block ends."""
+    """The objects of a primitive's cycles that the block leaves in reference cycles: freed
+    only by the garbage collector, whose collections (the oldest generation's included,
+    which walks every object of the process) then come more often. Filled when the block
+    ends."""
     found: list[str] = []
     gc.collect()
     enabled = gc.isenabled()
@@ -116,7 +127,11 @@ def left_to_the_collector() -> Iterator[list[str]]:
         yield found
         gc.collect()
         found += sorted(
-            {type(o).__qualname__ for o in gc.garbage if type(o).__module__.startswith("aiolock")}
+            {
+                type(o).__qualname__
+                for o in gc.garbage
+                if type(o).__module__.startswith("aiolock") and type(o).__qualname__ in PER_CYCLE
+            }
         )
     finally:
         gc.set_debug(0)
