@@ -1,5 +1,5 @@
 """The engine every leased primitive shares: what a primitive is made of (`primitive_base`),
-the primitive and its attempt (`acquisition`), and the objects it holds: one `acquire()`
+the primitive and its attempt (`acquisition`), and the objects it works with: one `acquire()`
 call (`acquire_call`), the release and the compensations of a failed acquire (`release`),
 leases made from a reply or a grant (`lease_issuing`); the `Lease` itself
 (`lease`) and the guard of its body (`guard`), the wait queue of one name in this process
