@@ -46,7 +46,10 @@ def create_app() -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.redis = redis.asyncio.Redis.from_url(os.environ["REDIS_URL"])
+        # No read bound of redis-py's own (5 s by default since redis-py 8): a handler waits
+        # on BLPOP for the payment's confirmation for as long as it takes; the lock's calls
+        # are bounded by aiolock.
+        app.state.redis = redis.asyncio.Redis.from_url(os.environ["REDIS_URL"], socket_timeout=None)
         release_on_signals(drain=GRACE)  # uvicorn's signal handler is in place now
         try:
             yield

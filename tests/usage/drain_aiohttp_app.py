@@ -30,7 +30,8 @@ async def place(request: web.Request, lease: Lease) -> web.Response:
 
 
 async def on_startup(app: web.Application) -> None:
-    app[REDIS] = redis.asyncio.Redis.from_url(os.environ["REDIS_URL"])
+    # As the example's: BLPOP waits for the payment without redis-py's 5 s read bound.
+    app[REDIS] = redis.asyncio.Redis.from_url(os.environ["REDIS_URL"], socket_timeout=None)
     release_on_signals(drain=GRACE)
 
 

@@ -75,7 +75,10 @@ async def test_the_server_drains_and_the_rest_gets_503(
     server: str, binaries: list[ServerBinary]
 ) -> None:
     with RedisServer(binaries[0]) as redis_server:  # the apps' names are fixed: a server of its own
-        client = redis.asyncio.Redis.from_url(redis_server.url)
+        # No socket timeout: BLPOP below waits up to 30 s for the app's handlers (a worker
+        # still booting on a loaded machine); redis-py's default read bound, 5 s, would end
+        # it first (seen in CI, with both lanes' servers booting at once).
+        client = redis.asyncio.Redis.from_url(redis_server.url, socket_timeout=None)
         try:
             await drained(server, redis_server.url, client)
         finally:
