@@ -3,7 +3,6 @@ engine does the rest, for each side."""
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Unpack, final
@@ -15,6 +14,7 @@ from .._lua.rwlock import RW_ACQUIRE, RW_RELEASE, WRITER_MARK_MS
 from .._model.config import check_name
 from .._model.holder import HOST, LockInfo, pid
 from .._model.options import LockOptions, lock_config
+from .._model.weak_slot import WeakSlot
 from .._ops.inspection import READER_QUEUE, read_locks
 from .._transport.clients import AsyncClient, check_client
 
@@ -209,11 +209,10 @@ class ReadWriteLock:
         self._name = check_name(name)
         self._config = lock_config("ReadWriteLock()", options)
         self._keys = _RWKeys.build(self._config.prefix, self._name)
-        # Each side refers to this lock; this lock refers to its sides weakly (a cycle would
-        # be left to the garbage collector): a side is made again when none is alive, and
-        # one in use (held, waited for, or kept by the caller) is the one given.
-        self._read: weakref.ref[ReadLock] | None = None
-        self._write: weakref.ref[WriteLock] | None = None
+        # Each side refers to this lock, which refers to its sides weakly: a side is made
+        # again when none is alive, and one in use (held, waited for, kept) is given.
+        self._read: WeakSlot[ReadLock] = WeakSlot()
+        self._write: WeakSlot[WriteLock] = WeakSlot()
 
     @property
     def name(self) -> str:
@@ -226,20 +225,12 @@ class ReadWriteLock:
 
     def read(self) -> ReadLock:
         """The read side: shared leases (the same object each time, while it is in use)."""
-        side = None if self._read is None else self._read()
-        if side is None:
-            side = ReadLock(self)
-            self._read = weakref.ref(side)
-        return side
+        return self._read.get(ReadLock, self)
 
     def write(self) -> WriteLock:
         """The write side: the exclusive lease (the same object each time, while it is in
         use)."""
-        side = None if self._write is None else self._write()
-        if side is None:
-            side = WriteLock(self)
-            self._write = weakref.ref(side)
-        return side
+        return self._write.get(WriteLock, self)
 
     def __repr__(self) -> str:
         return f"<ReadWriteLock {self._name!r} ttl={self._config.ttl:g}s>"

@@ -11,7 +11,6 @@ one object each hold a lease of their own and release their own.
 from __future__ import annotations
 
 import threading
-import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any, Generic, TypeVar, Unpack, final
@@ -21,6 +20,7 @@ from .._engine.lease import Lease as AsyncLease
 from .._model.config import check_limit, check_timeout
 from .._model.holder import LockInfo
 from .._model.options import LockOptions
+from .._model.weak_slot import WeakSlot
 from .._primitives.lock import Lock as AsyncLock
 from .._primitives.redlock import Redlock as AsyncRedlock
 from .._primitives.redlock import RedlockInfo
@@ -529,25 +529,17 @@ class ReadWriteLock(_Base[AsyncReadWriteLock]):
     ) -> None:
         super().__init__(lambda: AsyncReadWriteLock(twin(client), name, **options), on_lost)
         # Referred to weakly, as `aiolock.ReadWriteLock` does its sides: each refers to
-        # this lock, and a cycle would be left to the garbage collector.
-        self._read: weakref.ref[ReadLock] | None = None
-        self._write: weakref.ref[WriteLock] | None = None
+        # this lock.
+        self._read: WeakSlot[ReadLock] = WeakSlot()
+        self._write: WeakSlot[WriteLock] = WeakSlot()
 
     def read(self) -> ReadLock:
         """The read side (the same object each time, while it is in use)."""
-        side = None if self._read is None else self._read()
-        if side is None:
-            side = ReadLock(self, _read_side)
-            self._read = weakref.ref(side)
-        return side
+        return self._read.get(lambda rw: ReadLock(rw, _read_side), self)
 
     def write(self) -> WriteLock:
         """The write side (the same object each time, while it is in use)."""
-        side = None if self._write is None else self._write()
-        if side is None:
-            side = WriteLock(self, _write_side)
-            self._write = weakref.ref(side)
-        return side
+        return self._write.get(lambda rw: WriteLock(rw, _write_side), self)
 
     @property
     def key(self) -> str:
