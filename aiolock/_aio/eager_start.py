@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import Coroutine, Generator
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
-__all__ = ("start_eagerly",)
+__all__ = ("start_eagerly", "start_task")
+
+T = TypeVar("T")
 
 _FACTORY: Final[Any] = getattr(asyncio, "eager_task_factory", None)
 """asyncio's eager task start (Python 3.12 on), or None."""
@@ -23,10 +25,10 @@ _FACTORY: Final[Any] = getattr(asyncio, "eager_task_factory", None)
 
 def start_eagerly(
     loop: asyncio.AbstractEventLoop,
-    coro: Coroutine[Any, Any, None],
+    coro: Coroutine[Any, Any, T],
     *,
     context: contextvars.Context | None = None,
-) -> asyncio.Task[None]:
+) -> asyncio.Task[T]:
     """A task running `coro` (in `context`, else a copy of the current one), which has run
     up to its first suspension when this returns.
 
@@ -35,18 +37,33 @@ def start_eagerly(
         `coro` where it is suspended, as for any task.
     """
     if _FACTORY is not None:
-        task: asyncio.Task[None] = _FACTORY(loop, coro, context=context)
+        task: asyncio.Task[T] = _FACTORY(loop, coro, context=context)
         return task
     return _start_by_hand(loop, coro, context)  # pragma: no cover - Python 3.11
 
 
-class _Started(Coroutine[Any, Any, None]):
+def start_task(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    """A task running `coro` in a copy of the current context: started eagerly where asyncio
+    does it (Python 3.12 on), else at the loop's next turn, for a caller to whom an early
+    start is worth only what it costs (on 3.11, starting by hand costs more than the turn of
+    the loop it saves).
+
+    Cancellation:
+        As `start_eagerly`'s, or as any task's.
+    """
+    if _FACTORY is not None:
+        task: asyncio.Task[T] = _FACTORY(loop, coro)
+        return task
+    return loop.create_task(coro)  # pragma: no cover - Python 3.11
+
+
+class _Started(Coroutine[Any, Any, T]):
     """`coro` after its first step was run by hand: that step's outcome is what the task
     sees at its own first step; every later one goes to `coro` itself."""
 
     __slots__ = ("_coro", "_first", "_outcome")
 
-    def __init__(self, coro: Coroutine[Any, Any, None]) -> None:
+    def __init__(self, coro: Coroutine[Any, Any, T]) -> None:
         self._coro = coro
         self._first = True
         # What the first step did: ("yield", value), ("return", None) or ("raise", error).
@@ -78,15 +95,15 @@ class _Started(Coroutine[Any, Any, None]):
     def close(self) -> None:
         self._coro.close()
 
-    def __await__(self) -> Generator[Any, None, None]:  # pragma: no cover - run by a task
+    def __await__(self) -> Generator[Any, None, T]:  # pragma: no cover - run by a task
         raise TypeError("a started coroutine is run by its task, never awaited")
 
 
 def _start_by_hand(
     loop: asyncio.AbstractEventLoop,
-    coro: Coroutine[Any, Any, None],
+    coro: Coroutine[Any, Any, T],
     context: contextvars.Context | None,
-) -> asyncio.Task[None]:  # pragma: no cover - Python 3.11
+) -> asyncio.Task[T]:  # pragma: no cover - Python 3.11
     if context is None:
         context = contextvars.copy_context()
     started = _Started(coro)

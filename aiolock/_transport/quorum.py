@@ -31,6 +31,7 @@ from typing import Any, Final, cast
 import redis.asyncio
 from redis.asyncio.client import PubSub
 
+from .._aio.eager_start import start_task
 from .._aio.shielding import run_shielded
 from .._lua.lock import Script
 from .._model.quorum_rules import Rule, Verdict, Votes
@@ -46,6 +47,9 @@ __all__ = ("Quorum", "QuorumBackend", "Votes", "curable", "node_name")
 GIVE_BACK_MIN: Final = 0.1
 """Shortest time a refused acquire's give-back waits for a quorum of nodes to answer (it
 goes on in the background after that)."""
+Ended = Callable[[Any, "BaseException | None"], None]
+"""Told how a node's call ended: its reply, or the error it raised (`_Node.run`)."""
+
 UNANSWERED_AFTER: Final = 0.2
 """Seconds a node may leave its oldest call in flight unanswered, while other nodes answer
 calls sent after it, before new calls skip it (see `_Node`); at most half the node
@@ -146,6 +150,13 @@ class _Node:
         out, connection lost): the node is not answering now."""
         return self.first_failed > self.last_answered
 
+    def in_doubt(self, now: float, patience: float) -> bool:
+        """Whether `unanswered_since` may name a time (a quick test: the calls are in flight
+        in the order they were sent, so the first is the oldest)."""
+        if self.first_failed > self.last_answered:
+            return True
+        return bool(self.in_flight) and now - next(iter(self.in_flight.values())) >= patience
+
     def unanswered_since(self, now: float, patience: float) -> float | None:
         """Since when the node has not answered: the oldest call in flight, if it has
         waited `patience`; or, while a call is in flight, the earliest call that failed
@@ -158,21 +169,30 @@ class _Node:
             return min(self.failed, oldest)
         return oldest if now - oldest >= patience else None
 
-    async def run(self, call: Awaitable[Any], sent_at: float) -> Any:
+    async def run(self, call: Awaitable[Any], sent_at: float, ended: Ended | None = None) -> Any:
+        """`call`'s reply, its outcome counted for the node's health, then told to `ended`
+        (its reply, or the error it raises) in the same step: whoever waits for a quorum
+        hears it without a further turn of the loop."""
         self.sent += 1
         number = self.sent
         self.in_flight[number] = sent_at
         try:
             reply = await call
-        except BackendError as exc:
-            if Backend.refused(exc):  # an answer all the same
+        except BaseException as exc:
+            if not isinstance(exc, BackendError):
+                pass
+            elif Backend.refused(exc):  # an answer all the same
                 self._record_answer(number, sent_at)
             elif number > self.last_answered and not self.failing:
                 self.failed, self.first_failed = sent_at, number
-            raise
-        finally:
             del self.in_flight[number]
+            if ended is not None:
+                ended(None, exc)
+            raise
+        del self.in_flight[number]
         self._record_answer(number, sent_at)
+        if ended is not None:
+            ended(reply, None)
         return reply
 
     def _record_answer(self, number: int, sent_at: float) -> None:
@@ -254,6 +274,13 @@ class QuorumBackend(Backend):
             return len(indexes)
         return sum(1 for i in indexes if i in answered or i not in doubtful)
 
+    def in_doubt(self) -> bool:
+        """Whether a node may be in doubt (`hopeful` counts fewer than every call in flight):
+        one whose call failed unanswered since its last answer, or whose oldest call in
+        flight has waited `patience`. A quick test, true whenever `hopeful` would doubt."""
+        now, patience = self.loop.time(), self.patience
+        return any(node.in_doubt(now, patience) for node in self._health)
+
     def unanswering(self, now: float) -> dict[int, float]:
         """The nodes to skip, and for how long each has left a call unanswered while another
         node answered a later one; none if fewer than a quorum would be left (see
@@ -270,9 +297,12 @@ class QuorumBackend(Backend):
             return {}
         return silent
 
-    def send(self, index: int, call: Awaitable[Any], sent_at: float) -> asyncio.Task[Any]:
-        """A task running `call` on node `index`, its answer counted for its health."""
-        return self.loop.create_task(self._health[index].run(call, sent_at))
+    def send(
+        self, index: int, call: Awaitable[Any], sent_at: float, ended: Ended | None = None
+    ) -> asyncio.Task[Any]:
+        """A task running `call` on node `index`, its answer counted for its health and told
+        to `ended`; started eagerly where asyncio does it (`start_task`)."""
+        return start_task(self.loop, self._health[index].run(call, sent_at, ended))
 
     def keep(self, task: asyncio.Task[Any]) -> None:
         """Let a node's call go on after the quorum decided (bounded by its own timeout)."""
@@ -304,8 +334,40 @@ class QuorumBackend(Backend):
         one of `answered` (it answered an earlier phase of the same call)."""
         now = self.loop.time()
         timeout = max(min(bound, self.node_timeout), 0.001)
-        tasks: dict[asyncio.Task[Any], int] = {}
+        tasks: dict[int, asyncio.Task[Any]] = {}
         errors: dict[int, BaseException] = {}
+        replies: Votes = {}
+        pending: set[int] = set()  # the nodes whose calls are in flight
+        waiter: asyncio.Future[None] | None = None
+        unexpected: list[BaseException] = []
+
+        def settled() -> bool:
+            # Decided, counting every call in flight; or counting only those that may still
+            # be answered in time (fewer: decided sooner), which takes longer to find out
+            # (and is the same count while no node is in doubt).
+            if decided(replies, len(pending)):
+                return True
+            return self.in_doubt() and decided(replies, self.hopeful(pending, answered))
+
+        def ended(index: int, reply: Any, error: BaseException | None) -> None:
+            # Each node's call, as it ends (until the spread returns): its reply or error
+            # counted, and the spread woken once the replies decide it.
+            if index not in pending:
+                return  # (ended after the spread returned: left to the background)
+            pending.discard(index)
+            if error is None:
+                replies[index] = reply
+            elif isinstance(error, BackendError):
+                errors[index] = error
+            else:
+                unexpected.append(error)
+            if (
+                waiter is not None
+                and not waiter.done()
+                and (unexpected or not pending or settled())
+            ):
+                waiter.set_result(None)
+
         unanswering = self.unanswering(now)
         for index, node in enumerate(self.nodes):
             silent = None if index in answered else unanswering.get(index)
@@ -317,41 +379,31 @@ class QuorumBackend(Backend):
                     name=name,
                 )
                 continue
-            tasks[self.send(index, send(index, node, timeout), now)] = index
-        replies: Votes = {}
-        pending = set(tasks)
-
-        def settled() -> bool:
-            # Decided, counting every call in flight; or counting only those that may still
-            # be answered in time (fewer: decided sooner), which takes longer to find out.
-            return decided(replies, len(pending)) or decided(
-                replies, self.hopeful([tasks[task] for task in pending], answered)
+            pending.add(index)
+            tasks[index] = self.send(
+                index, send(index, node, timeout), now, functools.partial(ended, index)
             )
-
         try:
-            while pending and not settled():
+            while pending and not unexpected and not settled():
                 # A quorum answered without a decision (a split vote): the rest are waited
                 # for, but a node that stops answering meanwhile no longer counts, so the
                 # wait is looked at again after `patience`.
+                waiter = self.loop.create_future()
                 split = len(replies) >= self.size
-                done, pending = await asyncio.wait(
-                    pending,
-                    timeout=self.patience if split else None,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                for task in done:
-                    error = task.exception()
-                    if error is None:
-                        replies[tasks[task]] = task.result()
-                    elif isinstance(error, BackendError):
-                        errors[tasks[task]] = error
-                    else:
-                        raise error
+                timer = self.loop.call_later(self.patience, _wake, waiter) if split else None
+                try:
+                    await waiter
+                finally:
+                    if timer is not None:
+                        timer.cancel()
+            if unexpected:
+                raise unexpected[0]
         finally:
-            for task in pending:
-                self.keep(task)
+            for index in pending:
+                self.keep(tasks[index])
             if late is not None:
-                late.update((tasks[task], task) for task in pending)
+                late.update((index, tasks[index]) for index in pending)
+            pending = set()  # (a call ending now is the background's)
         return replies, errors
 
     def no_quorum(
@@ -388,6 +440,11 @@ class QuorumBackend(Backend):
 
 
 backend_kind(Quorum, QuorumBackend)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def curable(error: QuorumError) -> bool:
@@ -505,16 +562,14 @@ class _Call:
         rule, q = self.rule, self.quorum
         late: dict[int, asyncio.Task[Any]] | None = {} if rule.fences else None
         replies, errors = await self.gather(self.decided_by(rule), late=late)
-        agreed: asyncio.Future[int | None] = self.backend.loop.create_future()
-        for index, call in (late or {}).items():
-            self.backend.keep(self.backend.loop.create_task(self.fence_late(index, call, agreed)))
         fence = None
         try:
             reply = await self.settle(rule.verdict(replies, q, len(self.names)), replies, errors)
             fence = rule.granted_token(reply) if rule.fences else None
             return reply
         finally:
-            agreed.set_result(fence)
+            for index, call in (late or {}).items():
+                call.add_done_callback(functools.partial(self.granted_late, index, fence))
 
     def decided_by(self, rule: Rule) -> Callable[[Votes, int], bool]:
         """`rule`'s test of whether the replies so far decide the call."""
@@ -545,23 +600,23 @@ class _Call:
             raise self.failed(verdict.failure, replies, errors, self.rule.said)
         return verdict.reply
 
-    async def fence_late(
-        self, index: int, call: asyncio.Task[Any], agreed: asyncio.Future[int | None]
-    ) -> None:
-        """A node whose grant came after the quorum decided issued a fencing token of its
-        own (higher, when its clock had passed the proposal): once the lease exists, it
-        gets the agreed one, as the nodes that decided, rather than at the first renewal.
-        In the background, within the node timeout; token-guarded (a late copy changes
-        nothing once the lease is gone). On a connection of its own, closed when the call
-        ends: the call starts after its caller returned, maybe after the user closed the
-        client (a call on it would connect its pool again, and nobody would close that)."""
-        await asyncio.wait([call])
-        fence = await agreed
+    def granted_late(self, index: int, fence: int | None, call: asyncio.Task[Any]) -> None:
+        """A node's call that ended after the quorum decided: if it granted the lease under a
+        fencing token of its own (higher, when its clock had passed the proposal), the agreed
+        one `fence` is written to it (`write_fence`), rather than at the first renewal."""
         if fence is None or call.cancelled() or call.exception() is not None:
             return
         token = self.rule.granted_token(call.result())
-        if token is None or token == fence:
-            return
+        if token is not None and token != fence:
+            backend = self.backend
+            backend.keep(backend.loop.create_task(self.write_fence(index, fence)))
+
+    async def write_fence(self, index: int, fence: int) -> None:
+        """The agreed fencing token written to a node that granted late. In the background,
+        within the node timeout; token-guarded (a late copy changes nothing once the lease
+        is gone). On a connection of its own, closed when the call ends: the call starts
+        after its caller returned, maybe after the user closed the client (a call on it
+        would connect its pool again, and nobody would close that)."""
         node = self.backend.nodes[index]
         phase = self.rule.fence_call(self.args, fence)
         options = CallOptions(

@@ -720,6 +720,36 @@ async def test_a_node_granting_after_the_quorum_decided_gets_the_agreed_token(
     )
 
 
+async def test_a_node_still_answering_after_the_quorum_decided_costs_no_task_of_its_own(
+    servers: list[RedisServer], name: str
+) -> None:
+    """What an acquire leaves running once a quorum decided is the calls of the nodes that
+    have not answered (the slow one's, maybe another's), a task each, bounded by the node
+    timeout; what its reply may need (the agreed fencing token
+    written back) is started when the reply comes, not waited for by a task of its own
+    beside it (one more per late node and acquire, which a Redlock over five servers
+    made on most acquires)."""
+    async with one_slow_node(servers) as clients:
+        lock = Redlock(clients, name, ttl=20)
+        async with lock:  # the runtime's own tasks started (its watchdog, its sessions)
+            pass
+        await quorum_calls_ended(clients)
+        await clients[-1].connection_pool.disconnect()  # (slow to connect again)
+        before = asyncio.all_tasks()
+        lease = await lock.acquire()
+        try:
+            left = [t for t in asyncio.all_tasks() - before if not t.done()]
+            backend = runtime_for(lock._quorum).backend
+            assert isinstance(backend, QuorumBackend)
+            calls = [t for t in left if t.get_coro().__qualname__ == "_Node.run"]  # type: ignore[union-attr]
+            assert calls, left  # the slow node's (and a node answering late's)
+            assert all(t in backend._background for t in calls), calls
+            others = [t for t in left if t not in calls and t.get_name() != "aiolock-renewals"]
+            assert others == [], others
+        finally:
+            await lease.release()
+
+
 async def test_another_process_resumes_the_lease_with_a_token_the_quorum_agrees_on(
     servers: list[RedisServer], name: str
 ) -> None:
