@@ -728,6 +728,7 @@ class Report:
                 f"held at the end: {len(self.held_at_end)} (still held after the ttl: "
                 f"{len(self.leaked)})"
             ),
+            *(f"  {held}" for held in self.held_at_end[:5]),
             f"faults injected: {len(self.faults_injected)}",
             *(f"  {line}" for line in fault_summary(self.faults_injected)),
             "worker outcomes: "
@@ -1034,7 +1035,8 @@ def _sync_worker(args: argparse.Namespace) -> None:
 # =========================================================================== the orchestrator
 async def _held_keys(client: redis.asyncio.Redis, pattern: str) -> list[str]:
     """Keys matching `pattern` that have a holder: a lock's state with a token, or a
-    semaphore's with a permit that has not expired."""
+    semaphore's with a permit that has not expired; each named with who holds it (the
+    holder recorded, "<host> <pid> <task>", where there is one) and the ms it has left."""
     seconds, micros = await client.time()
     now_ms = int(seconds) * 1000 + int(micros) // 1000
     held = []
@@ -1047,7 +1049,9 @@ async def _held_keys(client: redis.asyncio.Redis, pattern: str) -> list[str]:
         }
         permits = [v for k, v in fields.items() if k.startswith("p:")]
         if "token" in fields or any(int(v.split(" ")[1]) > now_ms for v in permits):
-            held.append(key.decode() if isinstance(key, bytes) else str(key))
+            name = key.decode() if isinstance(key, bytes) else str(key)
+            holder = fields.get("m", f"{len(permits)} permits")
+            held.append(f"{name} (held by {holder}, {await client.pttl(key)} ms left)")
     return held
 
 

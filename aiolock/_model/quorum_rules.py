@@ -158,7 +158,7 @@ class _Acquire(Rule):
         nodes = frozenset(granted)
         if len(granted) >= quorum:
             agreed = max(granted.values())
-            if Counter(granted.values())[agreed] >= quorum:
+            if sum(1 for token in granted.values() if token == agreed) >= quorum:
                 return Verdict(reply=[1, agreed], granted=nodes)
             return Verdict(reply=[1, agreed], fence=agreed, granted=nodes)
         refused = [r for r in replies.values() if int(r[0]) != 1]

@@ -289,7 +289,7 @@ class Redlock(Primitive):
         loop = runtime.loop
         wait = self._config.ttl if time_left is None else time_left
         until = loop.time() + wait
-        backoff = Backoff(base=RETRY_BACKOFF[0], cap=RETRY_BACKOFF[1], rng=runtime.notifier.rng)
+        backoff: Backoff | None = None  # (made at the first failure)
         while True:
             left = None if time_left is None else max(until - loop.time(), 0.0)
             try:
@@ -297,6 +297,10 @@ class Redlock(Primitive):
                     runtime, left, queue=queue, behind=behind, token=token, floor=floor
                 )
             except QuorumError as failed:
+                if backoff is None:
+                    backoff = Backoff(
+                        base=RETRY_BACKOFF[0], cap=RETRY_BACKOFF[1], rng=runtime.notifier.rng
+                    )
                 pause = backoff.next()
                 if not curable(failed) or loop.time() + pause >= until:
                     raise

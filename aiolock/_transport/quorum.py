@@ -368,7 +368,7 @@ class QuorumBackend(Backend):
             ):
                 waiter.set_result(None)
 
-        unanswering = self.unanswering(now)
+        unanswering = self.unanswering(now) if self.in_doubt() else {}
         for index, node in enumerate(self.nodes):
             silent = None if index in answered else unanswering.get(index)
             if silent is not None:  # frozen or cut off: not sent (see `_Node`)
