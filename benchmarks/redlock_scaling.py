@@ -39,8 +39,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from secrets import token_hex
 from pathlib import Path
+from secrets import token_hex
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
@@ -215,7 +215,7 @@ def instructions(deployment: str, args: Any) -> float:
     found = re.search(r"Collected : (\d+)", done.stderr)
     if found is None:
         raise RuntimeError(f"no instruction count from callgrind:\n{done.stderr[-2000:]}")
-    made = json.loads(done.stdout.strip().splitlines()[-1])["cycles"]
+    made = int(json.loads(done.stdout.strip().splitlines()[-1])["cycles"])
     return int(found.group(1)) / made
 
 
@@ -240,8 +240,10 @@ def report(data: dict[str, Any]) -> str:
             " each round's)."
         ),
         "",
-        "| deployment | N | cycles/s | client CPU µs/cycle (user / system) |"
-        " CPU ÷ Lock's | ÷ N | instructions/cycle | instructions ÷ Lock's | ÷ N |",
+        (
+            "| deployment | N | cycles/s | client CPU µs/cycle (user / system) |"
+            " CPU ÷ Lock's | ÷ N | instructions/cycle | instructions ÷ Lock's | ÷ N |"
+        ),
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for deployment, nodes in DEPLOYMENTS.items():
@@ -270,7 +272,7 @@ def report(data: dict[str, Any]) -> str:
                 f"{statistics.median(ratios) / n:.2f}",
             ]
         else:
-            cells += ["–", "–", "–"]
+            cells += ["-", "-", "-"]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     return "\n".join(lines)
