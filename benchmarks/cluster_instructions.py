@@ -26,13 +26,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import re
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -41,6 +36,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 import redis.asyncio
+from callgrind import available, counted, toggle
 from cluster import spread_names, write_results
 
 from aiolock import Lock
@@ -73,20 +69,14 @@ async def counted_cycles(clients: list[Any], names: list[str], cycles: int) -> i
     warm_until = time.monotonic() + 5.0  # every client's queues subscribed
     await asyncio.gather(*(worker(c, n, warm_until) for c in clients for n in names))
     made, target = 0, cycles
-    callgrind("on")
+    toggle("on")
     try:
         await asyncio.gather(
             *(worker(c, n, time.monotonic() + 3600) for c in clients for n in names)
         )
     finally:
-        callgrind("off")
+        toggle("off")
     return made
-
-
-def callgrind(state: str) -> None:
-    subprocess.run(
-        ["callgrind_control", "-i", state, str(os.getpid())], check=True, capture_output=True
-    )
 
 
 async def child(deployment: str, args: Any) -> None:
@@ -111,25 +101,16 @@ async def child(deployment: str, args: Any) -> None:
 
 def measure(deployment: str, args: Any) -> dict[str, Any]:
     """One child under callgrind: its cycles and instructions."""
-    with tempfile.TemporaryDirectory() as tmp:
-        command = [
-            "valgrind",
-            "--tool=callgrind",
-            "--instr-atstart=no",
-            f"--callgrind-out-file={tmp}/callgrind.out",
-            sys.executable,
-            __file__,
-            "--child",
-            deployment,
-            *(f"--{k}={v}" for k, v in vars(args).items() if k in ("names", "clients", "cycles")),
-            *([f"--server={args.server}"] if args.server else []),
-        ]
-        done = subprocess.run(command, capture_output=True, text=True, check=True)
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if found is None:
-        raise RuntimeError(f"no instruction count from callgrind:\n{done.stderr[-2000:]}")
-    told: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    instructions = int(found.group(1))
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        deployment,
+        *(f"--{k}={v}" for k, v in vars(args).items() if k in ("names", "clients", "cycles")),
+        *([f"--server={args.server}"] if args.server else []),
+    ]
+    instructions, out = counted(command)
+    told: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return told | {"instructions": instructions, "per_cycle": instructions / told["cycles"]}
 
 
@@ -181,7 +162,7 @@ def main() -> None:
     if args.child:
         asyncio.run(child(args.child, args))
         return
-    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+    if not available():
         parser.error("valgrind and callgrind_control are needed on the PATH")
     runs: dict[str, list[dict[str, Any]]] = {d: [] for d in DEPLOYMENTS}
     for _ in range(args.repeats):

@@ -32,12 +32,9 @@ import asyncio
 import contextlib
 import json
 import os
-import re
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from secrets import token_hex
@@ -47,6 +44,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 import redis.asyncio
+from callgrind import available, counted, toggle
 
 from aiolock import Lock, Redlock
 from aiolock._lua.redlock import RL_ACQUIRE, RL_RELEASE
@@ -68,12 +66,6 @@ DEPLOYMENTS = {
 """Each deployment and its N (0: a `Lock`, the baseline; -N: the Redlock's scripts sent
 alone over N servers by redis-py, -100 - N: by aiolock's own calls; the floors)."""
 TTL = 30.0
-
-
-def callgrind(state: str) -> None:
-    subprocess.run(
-        ["callgrind_control", "-i", state, str(os.getpid())], check=True, capture_output=True
-    )
 
 
 async def cycles(locks: list[Any], *, until: float, enough: int | None = None) -> int:
@@ -160,11 +152,11 @@ async def child(deployment: str, args: Any) -> dict[str, Any]:
                         await client.script_load(script.source)
             await cycles(locks, until=time.monotonic() + args.warm_up)
             if args.under_valgrind:
-                callgrind("on")
+                toggle("on")
                 try:
                     made = await cycles(locks, until=time.monotonic() + 3600, enough=args.cycles)
                 finally:
-                    callgrind("off")
+                    toggle("off")
                 return {"cycles": made}
             before, started = os.times(), time.perf_counter()
             made = await cycles(locks, until=time.monotonic() + args.seconds)
@@ -198,25 +190,16 @@ def native(deployment: str, args: Any) -> dict[str, Any]:
 
 def instructions(deployment: str, args: Any) -> float:
     """Instructions per cycle of one child under callgrind."""
-    with tempfile.TemporaryDirectory() as tmp:
-        command = [
-            "valgrind",
-            "--tool=callgrind",
-            "--instr-atstart=no",
-            f"--callgrind-out-file={tmp}/callgrind.out",
-            sys.executable,
-            __file__,
-            "--child",
-            deployment,
-            "--under-valgrind",
-            *child_arguments(args),
-        ]
-        done = subprocess.run(command, capture_output=True, text=True, check=True, timeout=1800)
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if found is None:
-        raise RuntimeError(f"no instruction count from callgrind:\n{done.stderr[-2000:]}")
-    made = int(json.loads(done.stdout.strip().splitlines()[-1])["cycles"])
-    return int(found.group(1)) / made
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        deployment,
+        "--under-valgrind",
+        *child_arguments(args),
+    ]
+    instructions, out = counted(command)
+    return instructions / int(json.loads(out.strip().splitlines()[-1])["cycles"])
 
 
 def ratio_line(name: str, values: list[float], baseline: list[float]) -> str:
@@ -295,7 +278,7 @@ def main() -> None:
         print(json.dumps(asyncio.run(child(args.child, args))))
         return
     count = not args.no_instructions
-    if count and (shutil.which("valgrind") is None or shutil.which("callgrind_control") is None):
+    if count and not available():
         parser.error("valgrind and callgrind_control are needed on the PATH (or --no-instructions)")
     runs: dict[str, list[dict[str, Any]]] = {d: [] for d in DEPLOYMENTS}
     for _ in range(args.repeats):
