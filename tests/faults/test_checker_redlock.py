@@ -72,16 +72,18 @@ def test_redlock_faults_need_a_redlock_run_and_the_reverse() -> None:
 
 # --------------------------------------------------------------------------- the sweep
 async def test_the_sweep_finds_a_key_left_held_on_any_node(binaries: list[ServerBinary]) -> None:
-    """A Redlock key still held on the last node alone is reported, with its node (its 2 s
-    ttl outlasts the reads before, on a loaded machine too)."""
+    """A Redlock key still held on the last node alone is reported, with its node and its
+    holder (its 2 s ttl outlasts the reads before, on a loaded machine too)."""
     async with ServerGroup(binaries[0], 3) as group:
         names = ["checker-sweep:0", "checker-sweep:1"]
         last = group.client(2)
         key = "aiolock:rl:{checker-sweep:1}"
-        await last.hset(key, mapping={"token": "t" * 32, "fence": "7"})
+        await last.hset(key, mapping={"token": "t" * 32, "fence": "7", "m": "host 1 task"})
         await last.pexpire(key, 2000)
         held, leaked = await _sweep(group.urls[0], names, 2.0, nodes=group.direct_urls)
-        assert held == [f"node 2: {key}"]
+        assert [h.split(" ms left")[0].rsplit(", ", 1)[0] for h in held] == [
+            f"node 2: {key} (held by host 1 task"
+        ], held
         assert leaked == [], "expired after its ttl"
 
 
