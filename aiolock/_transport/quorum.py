@@ -311,8 +311,7 @@ class QuorumBackend(Backend):
 
     def _finished(self, task: asyncio.Task[Any]) -> None:
         self._background.discard(task)
-        if not task.cancelled():
-            task.exception()  # retrieved: a late node's failure is of no consequence
+        _retrieve(task)  # a late node's failure is of no consequence
 
     async def spread(
         self,
@@ -399,8 +398,13 @@ class QuorumBackend(Backend):
             if unexpected:
                 raise unexpected[0]
         finally:
-            for index in pending:
-                self.keep(tasks[index])
+            for index, task in tasks.items():
+                if index in pending:
+                    self.keep(task)
+                elif not task.done():  # (told `ended`, finishing in this step)
+                    task.add_done_callback(_retrieve)
+                else:
+                    _retrieve(task)  # counted through `ended`; taken, or asyncio logs it
             if late is not None:
                 late.update((index, tasks[index]) for index in pending)
             pending = set()  # (a call ending now is the background's)
@@ -440,6 +444,11 @@ class QuorumBackend(Backend):
 
 
 backend_kind(Quorum, QuorumBackend)
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:

@@ -431,6 +431,35 @@ async def test_too_many_failing_nodes_is_a_quorum_error(
             server.stop()
 
 
+async def test_a_failed_node_call_counted_before_the_decision_leaves_no_unretrieved_error(
+    binaries: list[ServerBinary], name: str
+) -> None:
+    """A node whose call fails (here: its server is gone) while the quorum is still being
+    decided has its error counted, as the quorum's; its task's exception is taken too, so
+    asyncio does not log "Task exception was never retrieved" when the task is collected."""
+    servers = [RedisServer(binaries[0]).start() for _ in range(3)]
+    clients = [redis.asyncio.Redis.from_url(server.url) for server in servers]
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    handler = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    try:
+        servers[2].kill()
+        for _ in range(3):
+            async with Redlock(clients, name, ttl=5):
+                pass
+        await quorum_calls_ended(clients)
+        gc.collect()
+        assert reported == [], [context.get("message") for context in reported]
+    finally:
+        loop.set_exception_handler(handler)
+        await quorum_calls_ended(clients)
+        for client in clients:
+            await client.aclose()
+        for server in servers:
+            server.stop()
+
+
 async def test_force_release_evicts_the_quorum_holder(
     nodes: list[redis.asyncio.Redis], name: str
 ) -> None:
