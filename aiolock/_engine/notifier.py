@@ -156,6 +156,8 @@ class Notifier:
         self._needed, self._recheck_ms = 1, 0
         if isinstance(backend, QuorumBackend):
             self._needed, self._recheck_ms = backend.size, round(backend.node_timeout * 1000)
+        # A channel's name comes back as bytes in the client's encoding (as it was sent).
+        self._encoding = backend.encoding
         self._queues: dict[str, WaitQueue] = {}
         # This process's channel id (see DIRECT_PREFIX), and the queues by their channel of
         # it: `<name's channel>:<direct id>`.
@@ -574,7 +576,7 @@ class Notifier:
         kind = message["type"]
         channel = message["channel"]
         if isinstance(channel, bytes):
-            channel = channel.decode()
+            channel = channel.decode(*self._encoding)
         if channel in self._watches:
             self._watched(kind, channel)
             return

@@ -291,6 +291,13 @@ class Backend:
         return self._library
 
     @property
+    def encoding(self) -> tuple[str, str]:
+        """The client's encoding and its errors handler: how its keys and channels are
+        written as bytes (so how a channel's name read back is decoded)."""
+        encoder = self.client.get_encoder()
+        return encoder.encoding, encoder.encoding_errors
+
+    @property
     def client(self) -> redis.asyncio.Redis | RedisCluster:
         client = self._client_ref()
         if client is None:  # pragma: no cover - locks keep their client alive

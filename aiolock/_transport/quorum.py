@@ -230,6 +230,10 @@ class QuorumBackend(Backend):
         return False
 
     @property
+    def encoding(self) -> tuple[str, str]:
+        return self.nodes[0].encoding
+
+    @property
     def health_interval(self) -> float:
         return min(node.health_interval or HEALTH_INTERVAL for node in self.nodes)
 

@@ -27,6 +27,7 @@ from aiolock._transport.direct import DirectTransport
 from ..conftest import make_client
 from ..support.servers import RedisServer
 from ..support.waits import eventually, within
+from .test_stalls import queued
 
 pytestmark = pytest.mark.real_only
 
@@ -60,7 +61,7 @@ async def kind_and_client(
 
 
 async def test_every_kind_of_client_locks_waits_and_hands_over(
-    kind_and_client: tuple[str, redis.asyncio.Redis], name: str
+    kind_and_client: tuple[str, redis.asyncio.Redis], name: str, server_url: str
 ) -> None:
     kind, client = kind_and_client
     lock_name = f"{name}:é"  # not ASCII: both paths must encode it as the client does
@@ -69,15 +70,24 @@ async def test_every_kind_of_client_locks_waits_and_hands_over(
     assert type(backend.transport) is (DirectTransport if kind in DIRECT else CommandTransport)
 
     first = await lock.acquire()
-    waiter = asyncio.create_task(lock.acquire(timeout=5))
-    await asyncio.sleep(0)
-    info = await lock.info()
-    assert info is not None and info.fencing_token == first.fencing_token
-    await first.release()
-    second = await within(waiter, what="the waiter to get the lock")
-    assert second.fencing_token > first.fencing_token
-    await second.extend()
-    await second.release()
+    # The waiter is another process's (a client of its own): the release's message, on
+    # the client's encoding, wakes it.
+    other = make_client(server_url, **CLIENTS[kind])
+    try:
+        waiter = asyncio.create_task(Lock(other, lock_name, ttl=5).acquire(timeout=5))
+        info = await lock.info()
+        assert info is not None and info.fencing_token == first.fencing_token
+        notifier = runtime_for(other).notifier
+        await queued(client, lock_name, waiter=other)
+        await first.release()
+        second = await within(waiter, what="the waiter to get the lock")
+        # Woken by the release's message (the listener still running), not by a check.
+        assert notifier.messages_received == 1 and notifier.running
+        assert second.fencing_token > first.fencing_token
+        await second.extend()
+        await second.release()
+    finally:
+        await other.aclose()
     assert not await lock.locked()
     # The key is where the client's own commands find it.
     encoding = CLIENTS[kind].get("encoding", "utf-8")
