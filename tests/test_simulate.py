@@ -85,7 +85,9 @@ SEEDS_ONCE_FAILED = {
 def test_a_seed_that_once_failed_holds(seed: int, kind: str) -> None:
     result = _simulate("--seed", str(seed), "--kind", kind)
     assert result.returncode == 0, SEEDS_ONCE_FAILED[seed, kind] + "\n" + result.stdout
-    if seed == 1626:
+    if seed == 1626 and sys.version_info[:2] == (3, 11):
+        # The run a seed makes follows the interpreter's asyncio (the order of its
+        # callbacks): this one showed the overlap on Python 3.11, where it was found.
         assert "within an empty restart's or failover's bound: overlap" in result.stdout
 
 

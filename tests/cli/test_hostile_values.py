@@ -291,8 +291,8 @@ def test_release_asks_with_a_hostile_holder(server_url: str, tag: str) -> None:
             Lock(client, name, ttl=30).acquire(), name="[bold]task[/]"
         )
 
-    loop = asyncio.new_event_loop()
-    client, lease = loop.run_until_complete(acquire())
+    runner = asyncio.Runner()  # (its close ends what the lock's client still runs)
+    client, lease = runner.run(acquire())
     main_fd, terminal_fd = pty.openpty()
     try:
         os.write(main_fd, b"y\n")
@@ -309,6 +309,6 @@ def test_release_asks_with_a_hostile_holder(server_url: str, tag: str) -> None:
         os.close(main_fd)
         os.close(terminal_fd)
         with contextlib.suppress(LeaseLostError):
-            loop.run_until_complete(lease.release())
-        loop.run_until_complete(client.aclose())
-        loop.close()
+            runner.run(lease.release())
+        runner.run(client.aclose())
+        runner.close()

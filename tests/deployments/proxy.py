@@ -227,6 +227,16 @@ class FaultProxy:
 
     # ----------------------------------------------------------------- forwarding
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await self._link(reader, writer)
+        except asyncio.CancelledError:
+            if not self._closed:
+                raise
+            # Ended by `aclose`: ends as a handler does, not cancelled (on Python 3.11 the
+            # stream server logs a cancelled handler as an exception in a callback).
+
+    async def _link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Forward one accepted connection to a new one to the upstream server."""
         task = asyncio.current_task()
         assert task is not None
         self._handlers.add(task)

@@ -76,12 +76,17 @@ def completed_future() -> Callable[[], Awaitable[None]]:
     (a reply that arrived meanwhile): done when the loss lands."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[None] = loop.create_future()
-    loop.call_soon(future.set_result, None)
+    loop.call_soon(_complete, future)
 
     async def wait() -> None:
         await future
 
     return wait
+
+
+def _complete(future: asyncio.Future[None]) -> None:
+    if not future.done():  # (cancelled meanwhile: the wait was given up)
+        future.set_result(None)
 
 
 def ready_step() -> Callable[[], Awaitable[None]]:

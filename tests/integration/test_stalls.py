@@ -41,7 +41,7 @@ from ..conftest import CommandLog, make_client
 from ..deployments.proxy import ThreadedProxy
 from ..support.recorded import recorded
 from ..support.servers import RedisServer, ServerBinary, independent_servers, quorum_calls_ended
-from ..support.waits import eventually
+from ..support.waits import closed, eventually
 from .test_commands import warm_up
 
 pytestmark = pytest.mark.real_only
@@ -407,11 +407,7 @@ async def test_max_hold_bounds_how_long_a_hung_holder_keeps_the_lock(
 def _shut(loop: asyncio.AbstractEventLoop, client: redis.asyncio.Redis) -> None:
     """Close `client` and end every task of `loop` (not running), then close the loop."""
     loop.run_until_complete(client.aclose())
-    tasks = asyncio.all_tasks(loop)
-    for task in tasks:
-        task.cancel()
-    loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-    loop.close()
+    closed(loop)
 
 
 def _acquire_in_another_loop(

@@ -38,6 +38,8 @@ from hypothesis.stateful import (
 
 from aiolock import AcquireTimeoutError, Lease, LeaseLostError, Lock, LossReason
 
+from ..support.waits import closed
+
 T = TypeVar("T")
 
 NAMES = 2
@@ -185,7 +187,7 @@ class LockMachine(RuleBasedStateMachine):
             for client in self.clients:
                 self.run(client.aclose())
         finally:
-            self.loop.close()
+            closed(self.loop)
 
 
 SETTINGS = settings(

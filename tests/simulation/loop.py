@@ -18,7 +18,8 @@ Simulated processes: a handle belongs to the process named by `PROCESS` in its c
 (tasks copy their context, so everything a process's tasks schedule is its own). A paused
 process's handles are held, not run, until it resumes (a SIGSTOP: time goes on; on resume
 the held handles run first, in order, then the timers that fell due meanwhile, as after a
-real stall); a killed process's handles are dropped for good (no `finally` runs).
+real stall); a killed process's handles are dropped for good (no `finally` runs), and its
+tasks, pending for ever, go unreported when collected (a dead process tells nobody).
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ import asyncio
 import contextvars
 import heapq
 import random
+import weakref
 from asyncio import base_events, events
 from collections import deque
+from collections.abc import Coroutine
 from typing import Any
 
 __all__ = ("PROCESS", "SimLoop", "Stuck")
@@ -65,6 +68,7 @@ class SimLoop(base_events.BaseEventLoop):
         self._held: dict[str, list[events.Handle]] = {}
         self._paused: set[str] = set()
         self._killed: set[str] = set()
+        self._tasks: dict[str, weakref.WeakSet[asyncio.Task[Any]]] = {}  # by process
         self.steps = 0
         self.trace: list[str] = []
         self.tracing = False
@@ -87,6 +91,20 @@ class SimLoop(base_events.BaseEventLoop):
         self._killed.add(process)
         self._paused.discard(process)
         self._held.pop(process, None)
+        for task in self._tasks.pop(process, ()):
+            task._log_destroy_pending = False  # type: ignore[attr-defined]
+
+    def create_task(  # type: ignore[override]  # (a Task of any result: typed loosely)
+        self,
+        coro: Coroutine[Any, Any, Any],
+        *,
+        name: object = None,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Task[Any]:
+        task = super().create_task(coro, name=name, context=context)
+        process = context.get(PROCESS, "") if context is not None else PROCESS.get()
+        self._tasks.setdefault(process, weakref.WeakSet()).add(task)
+        return task
 
     def paused(self, process: str) -> bool:
         return process in self._paused

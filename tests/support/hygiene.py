@@ -15,10 +15,11 @@
   the test task is cancelled, and the failure shows where it and every other task of the
   loop were waiting. pytest-timeout stays as the outer bound (for a loop that never yields).
 
-- **No task's error goes untold.** A task or future whose exception nobody took is logged
-  by asyncio ("Task exception was never retrieved") when it is collected: an error the
-  library dropped. Such a log during a test fails that test's teardown, naming the
-  exception; one logged between tests, or after the last, fails the run.
+- **No error goes untold.** asyncio logs, as errors, what nobody else was told of: a task
+  or future whose exception nobody took ("Task exception was never retrieved", when it is
+  collected), a task destroyed while still pending, a callback that raised. Such a log
+  during a test fails that test's teardown, naming it; one logged between tests, or after
+  the last, fails the run.
 
 Linux only for the process and descriptor checks (they read /proc); elsewhere they are off.
 """
@@ -235,17 +236,18 @@ def _become_subreaper() -> bool:
     return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
 
 
-class _Unretrieved(logging.Handler):
-    """Keeps what asyncio logs of a task's (or future's) exception that nobody took."""
+class _AsyncioErrors(logging.Handler):
+    """Keeps the errors asyncio logs: a task's (or future's) exception that nobody took, a
+    task destroyed while pending, a callback that raised."""
 
     def __init__(self) -> None:
         super().__init__(logging.ERROR)
         self.seen: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        message = record.getMessage()
-        if "exception was never retrieved" in message:
-            self.seen.append("asyncio: " + " ".join(message.split()))
+        error = record.exc_info[1] if record.exc_info else None
+        told = f" ({type(error).__name__}: {error})" if error is not None else ""
+        self.seen.append(f"asyncio logged: {' '.join(record.getMessage().split())}{told}")
 
     def drained(self) -> list[str]:
         seen, self.seen = self.seen, []
@@ -278,7 +280,7 @@ class Hygiene:
         self.leaks: list[str] = []
         self.started_at: dict[str, float] = {}
         self.failed: set[str] = set()
-        self.unretrieved = _Unretrieved()
+        self.asyncio_errors = _AsyncioErrors()
 
     # ------------------------------------------------------------------ bookkeeping
     def _owned_procs(self) -> set[Proc]:
@@ -314,7 +316,7 @@ class Hygiene:
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, None, None]:
         self.current = item.nodeid
         self.started_at[item.nodeid] = time.monotonic()
-        self.leaks += [f"before {item.nodeid}: {seen}" for seen in self.unretrieved.drained()]
+        self.leaks += [f"before {item.nodeid}: {seen}" for seen in self.asyncio_errors.drained()]
         if self.enabled:
             self.before_procs = descendants()
             self.before_fds = open_fds()
@@ -385,7 +387,7 @@ class Hygiene:
         problems += _described(open_left)
         problems += self.pending_fixture_leaks
         problems += garbage
-        problems += self.unretrieved.drained()
+        problems += self.asyncio_errors.drained()
         self.pending_fixture_leaks = []
         if not problems:
             return problems
@@ -446,13 +448,13 @@ class Hygiene:
         self.enabled = PROC.joinpath("self", "fd").is_dir() and not controller
         if self.enabled:
             _become_subreaper()
-        logging.getLogger("asyncio").addHandler(self.unretrieved)
+        logging.getLogger("asyncio").addHandler(self.asyncio_errors)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         gc.collect()
-        logging.getLogger("asyncio").removeHandler(self.unretrieved)
-        self.leaks += [f"after the last test: {seen}" for seen in self.unretrieved.drained()]
+        logging.getLogger("asyncio").removeHandler(self.asyncio_errors)
+        self.leaks += [f"after the last test: {seen}" for seen in self.asyncio_errors.drained()]
         if self.enabled:
             left = self._left_running(descendants())
             _kill(left)

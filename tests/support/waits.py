@@ -4,7 +4,9 @@
 - `within(awaitable, what=...)`: the awaitable's result (a task, an event's wait...);
 - `until_cancelled(what=...)`: the body of a block that only a cancellation may end (a
   lease's loss); if none comes, it fails;
-- `cancelled(*tasks)`: tasks a test started, cancelled and awaited (its cleanup).
+- `cancelled(*tasks)`: tasks a test started, cancelled and awaited (its cleanup);
+- `closed(loop)`: an event loop a test made itself (not running) closed, every task still
+  on it cancelled and ended first (a lock client's watchdog outlives its last lease).
 
 The bounds are generous (the suite must pass on a loaded 2-core machine); they only turn
 a hang into a failure with a message, before pytest-timeout would.
@@ -93,3 +95,15 @@ async def cancelled(*tasks: asyncio.Future[Any] | None) -> None:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+def closed(loop: asyncio.AbstractEventLoop) -> None:
+    """End every task of `loop` (made by the test, not running), then close it."""
+    try:
+        tasks = asyncio.all_tasks(loop)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+    finally:
+        loop.close()
