@@ -247,6 +247,7 @@ class Backend:
         "__weakref__",
         "_client_ref",
         "_deadlines",
+        "_encoding",
         "_library",
         "_send",
         "loop",
@@ -261,6 +262,8 @@ class Backend:
         # Typed as redis-py's: valkey-py's clients have the same API.
         client = cast(redis.asyncio.Redis | RedisCluster, client)
         self._client_ref: weakref.ref[redis.asyncio.Redis | RedisCluster] = weakref.ref(client)
+        encoder = client.get_encoder()
+        self._encoding = (str(encoder.encoding), str(encoder.encoding_errors))
         self.loop = asyncio.get_running_loop()
         self.transport = transport_for(client, library, self.loop)
         self._send = self.transport.send
@@ -280,10 +283,9 @@ class Backend:
         one slot (renewals are sent one call per slot)."""
         return self.transport.cluster
 
-    @staticmethod
-    def slot(key: str) -> int:
-        """The cluster hash slot of `key`."""
-        return int(key_slot(key.encode("utf-8", "surrogateescape")))
+    def slot(self, key: str) -> int:
+        """The cluster hash slot of `key`, written in the client's encoding."""
+        return int(key_slot(key.encode(*self._encoding)))
 
     @property
     def library(self) -> ClientLibrary:
@@ -294,8 +296,7 @@ class Backend:
     def encoding(self) -> tuple[str, str]:
         """The client's encoding and its errors handler: how its keys and channels are
         written as bytes (so how a channel's name read back is decoded)."""
-        encoder = self.client.get_encoder()
-        return encoder.encoding, encoder.encoding_errors
+        return self._encoding
 
     @property
     def client(self) -> redis.asyncio.Redis | RedisCluster:

@@ -44,7 +44,7 @@ from ..integration.test_stalls import turns_taking_grant
 from ..support.load import scaled
 from ..support.recorded import of_lease as count
 from ..support.recorded import recorded
-from ..support.servers import ServerBinary
+from ..support.servers import ServerBinary, key_slot_of
 from ..support.waits import eventually, within
 
 pytestmark = pytest.mark.real_only
@@ -61,7 +61,7 @@ async def cluster(binaries: list[ServerBinary]) -> AsyncIterator[ClusterGroup]:
 
 
 def slot_of(name: str, kind: str = "") -> int:
-    return Backend.slot(LockKeys.build("aiolock", name, kind).lock)
+    return key_slot_of(LockKeys.build("aiolock", name, kind).lock)
 
 
 def names_in_thirds(base: str, per_third: int = 1, kind: str = "") -> list[str]:

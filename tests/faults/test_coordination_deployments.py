@@ -15,11 +15,10 @@ from redis.asyncio.cluster import RedisCluster
 
 from aiolock import Election, Leader, Lock, MultiLock, cli
 from aiolock._lua.layout import LockKeys
-from aiolock._transport.backend import Backend
 
 from ..deployments.cluster import SLOTS, ClusterGroup
 from ..deployments.sentinel import SentinelGroup, closing
-from ..support.servers import ServerBinary
+from ..support.servers import ServerBinary, key_slot_of
 from ..support.waits import eventually, within
 
 pytestmark = pytest.mark.real_only
@@ -38,7 +37,7 @@ def in_each_third(base: str) -> list[str]:
             next(
                 f"{base}:{third}:{i}"
                 for i in range(100_000)
-                if low <= Backend.slot(LockKeys.build("aiolock", f"{base}:{third}:{i}").lock) < high
+                if low <= key_slot_of(LockKeys.build("aiolock", f"{base}:{third}:{i}").lock) < high
             )
         )
     return names

@@ -14,11 +14,10 @@ import pytest
 import redis.asyncio
 
 from aiolock import FencedValue, fenced_delete, fenced_get, fenced_set
-from aiolock._transport.backend import Backend
 
 from ..deployments.cluster import SLOTS, ClusterGroup, _is_primary
 from ..deployments.sentinel import SentinelGroup, _ask, closing
-from ..support.servers import ServerBinary
+from ..support.servers import ServerBinary, key_slot_of
 
 pytestmark = pytest.mark.real_only
 
@@ -39,7 +38,7 @@ def keys_in_thirds(base: str) -> list[str]:
             next(
                 f"{base}:{third}:{i}"
                 for i in range(100_000)
-                if low <= Backend.slot(f"{base}:{third}:{i}") < high
+                if low <= key_slot_of(f"{base}:{third}:{i}") < high
             )
         )
     return found
@@ -59,22 +58,22 @@ async def test_fenced_keys_on_every_primary_through_a_resharding_and_a_failover(
             assert await fenced_set(client, key, "w", 11, ttl=60)
             assert not await fenced_set(client, key, "late", 10)
             assert await fenced_get(client, key) == FencedValue(value=b"w", fencing_token=11)
-        owners = {await cluster.owner(Backend.slot(key)) for key in keys}
+        owners = {await cluster.owner(key_slot_of(key)) for key in keys}
         assert len(owners) == 3
 
         moved, failed_over, deleted = keys
-        source = await cluster.owner(Backend.slot(moved))
+        source = await cluster.owner(key_slot_of(moved))
         target = next(s for s in owners if s is not source)
-        await cluster.move_slot(Backend.slot(moved), target)
-        assert await cluster.owner(Backend.slot(moved)) is target
+        await cluster.move_slot(key_slot_of(moved), target)
+        assert await cluster.owner(key_slot_of(moved)) is target
         assert not await fenced_set(client, moved, "late", 10)
         assert await fenced_set(client, moved, "after the move", 12)
         assert await fenced_get(client, moved) == FencedValue(
             value=b"after the move", fencing_token=12
         )
 
-        old = await cluster.owner(Backend.slot(failed_over))
-        new = await cluster.fail_over(Backend.slot(failed_over))
+        old = await cluster.owner(key_slot_of(failed_over))
+        new = await cluster.fail_over(key_slot_of(failed_over))
         assert new is not old and await _is_primary(new)
         assert not await fenced_set(client, failed_over, "late", 10)
         assert await fenced_get(client, failed_over) == FencedValue(value=b"w", fencing_token=11)

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Protocol, TypeVar
 
 import redis.asyncio
+from redis.crc import key_slot
 
 from aiolock._engine.runtime import _runtimes
 from aiolock._transport.quorum import Quorum, QuorumBackend
@@ -101,3 +102,8 @@ async def connections_named(server: RedisServer, name: str) -> int:
         return sum(1 for client in await admin.client_list() if client.get("name") == name)
     finally:
         await admin.aclose()
+
+
+def key_slot_of(key: str) -> int:
+    """The cluster hash slot of `key`, as a client of the default encoding writes it."""
+    return int(key_slot(key.encode()))

@@ -22,6 +22,7 @@ from aiolock._model.config import (
     replica_wait_ms,
     safety_margin,
 )
+from aiolock._transport.backend import Backend
 
 
 def build(
@@ -242,6 +243,20 @@ def test_the_slot_depends_on_the_name_not_the_prefix() -> None:
     for lock_name in SLOT_NAMES:
         slots = {key_slot(LockKeys.build(p, lock_name).lock.encode()) for p in ("a", "b:c")}
         assert len(slots) == 1
+
+
+async def test_the_slot_of_a_key_is_that_of_the_bytes_the_client_writes() -> None:
+    """A client with another encoding writes a name outside ASCII as other bytes, in
+    another slot: what aiolock groups by slot (a cluster's renewals, one call per slot) is
+    grouped by the slot the server finds."""
+    key = LockKeys.build("aiolock", "café").lock
+    assert key_slot(key.encode("latin-1")) != key_slot(key.encode())
+    for encoding in ("utf-8", "latin-1"):
+        client = redis.asyncio.Redis(encoding=encoding)
+        try:
+            assert Backend(client).slot(key) == key_slot(key.encode(encoding)), encoding
+        finally:
+            await client.aclose()
 
 
 def test_a_leading_closing_brace_would_split_the_slots() -> None:
