@@ -405,10 +405,8 @@ class QuorumBackend(Backend):
             for index, task in tasks.items():
                 if index in pending:
                     self.keep(task)
-                elif not task.done():  # (told `ended`, finishing in this step)
-                    task.add_done_callback(_retrieve)
-                else:
-                    _retrieve(task)  # counted through `ended`; taken, or asyncio logs it
+                else:  # done: `ended` is told in its call's last step
+                    _retrieve(task)  # (counted through `ended`; taken, or asyncio logs it)
             if late is not None:
                 late.update((index, tasks[index]) for index in pending)
             pending = set()  # (a call ending now is the background's)
