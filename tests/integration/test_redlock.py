@@ -773,7 +773,15 @@ async def test_a_node_still_answering_after_the_quorum_decided_costs_no_task_of_
             calls = [t for t in left if t.get_coro().__qualname__ == "_Node.run"]  # type: ignore[union-attr]
             assert calls, left  # the slow node's (and a node answering late's)
             assert all(t in backend._background for t in calls), calls
-            others = [t for t in left if t not in calls and t.get_name() != "aiolock-renewals"]
+            # (Not the watchdog's, nor its closing of its connections once it had nothing to
+            # renew for a while: on a loaded machine that may fall between the two acquires.)
+            others = [
+                t
+                for t in left
+                if t not in calls
+                and t.get_name() != "aiolock-renewals"
+                and t.get_coro().__qualname__ != "Backend.close_background_client"  # type: ignore[union-attr]
+            ]
             assert others == [], others
         finally:
             await lease.release()
