@@ -32,7 +32,7 @@ from aiolock._lua.election import (
 )
 from aiolock._lua.fencing import FENCING_SCRIPTS
 from aiolock._lua.hash_leases import EXPIRE_LEASES
-from aiolock._lua.lease import RENEW, RESUME
+from aiolock._lua.lease import RENEW, RENEW_HOLDER, RESUME
 from aiolock._lua.lock import ACQUIRE, INSPECT, RELEASE
 from aiolock._lua.rwlock import RW_ACQUIRE, RW_RELEASE
 from aiolock._lua.semaphore import SEM_ACQUIRE, SEM_RELEASE, SEM_SET_LIMIT
@@ -43,7 +43,7 @@ from .support.servers import RedisServer, ServerBinary, find_binaries
 pytest_plugins = ["pytester", "tests.support.hygiene"]
 
 SCRIPTS = (
-    *(ACQUIRE, RELEASE, RENEW, RESUME, INSPECT),
+    *(ACQUIRE, RELEASE, RENEW, RENEW_HOLDER, RESUME, INSPECT),
     *(SEM_ACQUIRE, SEM_RELEASE, SEM_SET_LIMIT, *RW_ACQUIRE, *RW_RELEASE, EXPIRE_LEASES),
     *(EL_ACQUIRE, EL_ANNOUNCE, EL_PROCLAIM, EL_READ, EL_RELEASE, EL_SUCCESSOR),
     *FENCING_SCRIPTS,
@@ -57,8 +57,9 @@ class CommandLog:
 
     def __init__(self) -> None:
         self.commands: list[str] = []
+        self.sizes: list[int] = []  # each command's bytes, as written (RESP)
 
-    def record(self, args: tuple[Any, ...]) -> None:
+    def record(self, args: tuple[Any, ...], size: int = 0) -> None:
         name = args[0].decode() if isinstance(args[0], bytes) else str(args[0])
         name = name.upper()
         if name in HANDSHAKE:
@@ -71,6 +72,7 @@ class CommandLog:
                     if sha == script.source:
                         name = f"EVAL {script.name}"
         self.commands.append(name)
+        self.sizes.append(size)
 
     def mark(self) -> int:
         return len(self.commands)
@@ -78,14 +80,20 @@ class CommandLog:
     def since(self, mark: int) -> Counter[str]:
         return Counter(self.commands[mark:])
 
+    def bytes_since(self, mark: int) -> int:
+        return sum(self.sizes[mark:])
+
     def clear(self) -> None:
         self.commands.clear()
+        self.sizes.clear()
 
 
-def _commands_in(packed: bytes) -> Iterator[tuple[bytes, ...]]:
-    """The commands in a packed (RESP) request: arrays of bulk strings."""
+def _commands_in(packed: bytes) -> Iterator[tuple[tuple[bytes, ...], int]]:
+    """The commands in a packed (RESP) request, arrays of bulk strings, each with its size
+    in bytes."""
     at = 0
     while at < len(packed):
+        start = at
         end = packed.index(b"\r\n", at)
         count, at = int(packed[at + 1 : end]), end + 2
         args = []
@@ -94,7 +102,7 @@ def _commands_in(packed: bytes) -> Iterator[tuple[bytes, ...]]:
             length = int(packed[at + 1 : end])
             args.append(packed[end + 2 : end + 2 + length])
             at = end + 2 + length + 2
-        yield tuple(args)
+        yield tuple(args), at - start
 
 
 class _RecordingWriter:
@@ -116,8 +124,8 @@ class _RecordingWriter:
     def _record(self, packed: bytes) -> None:
         # Recorded once handed to the transport, so that a test that sees a command in
         # the log knows it has left.
-        for args in _commands_in(bytes(packed)):
-            self._log.record(args)
+        for args, size in _commands_in(bytes(packed)):
+            self._log.record(args, size)
 
     def __getattr__(self, attribute: str) -> Any:
         return getattr(self._writer, attribute)

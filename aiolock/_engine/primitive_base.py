@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Final, final
 
 from .._aio.task_blocks import Blocks
 from .._lua.layout import GRANT_MS
-from .._lua.lease import RENEW, RESUME
+from .._lua.lease import RENEW, RENEW_HOLDER, RESUME
 from .._lua.lock import Script, release_args, released
 from .._model import events
 from .._model.config import LockConfig
@@ -237,8 +237,12 @@ class PrimitiveBase(abc.ABC):
 
     def _renew_call(self, token: str, ttl_ms: int, permits: int = 1) -> Call:
         """The call that resets the expiry of the lease under `token` (of `permits`
-        permits) to `ttl_ms`."""
-        return RENEW, (self._key,), [token, ttl_ms, self._renewal_kind(0, permits)]
+        permits) to `ttl_ms`: RENEW_HOLDER where the state's `token` holds it (the same
+        reply from a text a twelfth as long: a grant's first renewal is sent with it)."""
+        kind = self._renewal_kind(0, permits)
+        if kind == "":
+            return RENEW_HOLDER, (self._key,), [token, ttl_ms]
+        return RENEW, (self._key,), [token, ttl_ms, kind]
 
     def _renewal_kind(self, fencing_token: int, permits: int = 1) -> str:
         """The kind of a lease's renewals (RENEW's ARGV[3]) once its fencing token is

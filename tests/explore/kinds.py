@@ -105,6 +105,7 @@ class Kind:
                 primitive._acquire_call("0" * 32, "t", None, ()),
                 primitive._release_call(token="0" * 32),
                 primitive._release_call(token="0" * 32, abort=True),
+                primitive._renew_call("0" * 32, 1000),
             ):
                 found[call[0].name] = call[0]
         return found

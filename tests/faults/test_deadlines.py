@@ -20,7 +20,7 @@ import pytest
 from aiolock import AcquireTimeoutError, EventKind, Lease, Lock, add_listener
 from aiolock._engine.runtime import runtime_for
 from aiolock._lua.layout import LockKeys
-from aiolock._lua.lease import RENEW
+from aiolock._lua.lease import RENEW, RENEW_HOLDER
 from aiolock._lua.lock import ACQUIRE
 from aiolock._model.config import safety_margin
 
@@ -66,7 +66,7 @@ async def test_extend_counts_from_the_send(proxied: Proxied, name: str) -> None:
     proxied.proxy.delay_replies(SLOW)
     before = asyncio.get_running_loop().time()
     await lease.extend()
-    (sent_by,) = proxied.proxy.arrived(RENEW.sha.encode(), since=before)
+    (sent_by,) = proxied.proxy.arrived(RENEW_HOLDER.sha.encode(), since=before)
     assert_counted_from_the_send(lease, sent_by, before=before)
     await lease.release()
 

@@ -11,7 +11,7 @@ import pytest
 from aiolock import Lease, LeaseLostError, Lock, LossReason
 from aiolock._engine.runtime import runtime_for
 from aiolock._lua.layout import RESERVATION_MS, LockKeys
-from aiolock._lua.lease import RENEW
+from aiolock._lua.lease import RENEW_HOLDER
 from aiolock._lua.lock import ACQUIRE
 from aiolock._model.holder import text
 
@@ -39,7 +39,7 @@ async def test_the_grantee_writes_its_first_renewal_and_does_not_wait_for_it(
 
     await until(queued, "the waiter queued in Redis", timeout=10)
     # Written (by the script's text), never answered.
-    renewal = proxied.proxy.hold_requests(RENEW.source.encode()[:120])
+    renewal = proxied.proxy.hold_requests(RENEW_HOLDER.source.encode()[:120])
     try:
         await holder.release()
         lease = await asyncio.wait_for(waiting, 5)

@@ -12,6 +12,7 @@ import redis.asyncio
 
 from aiolock import Lock, ReadLock, ReadWriteLock, Semaphore, WriteLock
 from aiolock._engine.runtime import runtime_for
+from aiolock._lua.layout import LockKeys
 from aiolock._ops.inspection import read_locks
 
 from ..conftest import CommandLog, make_client
@@ -42,7 +43,7 @@ async def test_acquire_release_extend_are_one_round_trip_each(
 
     mark = commands.mark()
     await lease.extend()
-    assert commands.since(mark) == Counter({"EVALSHA renew": 1})
+    assert commands.since(mark) == Counter({"EVALSHA renew_holder": 1})
 
     mark = commands.mark()
     await lease.release()
@@ -223,6 +224,43 @@ async def test_a_waiter_is_silent_while_the_holder_holds(
     assert commands.since(mark) == Counter({"EVALSHA release": 1})
     assert lease.held and lease.fencing_token > holder.fencing_token
     await lease.release()
+
+
+async def test_a_grant_from_another_client_costs_its_grantee_one_short_renewal(
+    server_url: str, commands: CommandLog, name: str
+) -> None:
+    """The grantee of another process's release writes one command before its body runs:
+    its lease's renewal to the full ttl, sent with the script's text (so that it runs even
+    on a server that lost its scripts). That text is what the hand-off costs the grantee's
+    client to pack and write, and the server to read and hash: a short one, not the
+    watchdog's batch script of about 4 KB."""
+    other = make_client(server_url)
+    client = make_client(server_url, commands)
+    try:
+        await warm_up(client, name)
+        holder = await Lock(other, name, ttl=10).acquire()
+        waiter = asyncio.create_task(Lock(client, name, ttl=10).acquire())
+        notifier = runtime_for(client).notifier
+        keys = LockKeys.build("aiolock", name)
+        await eventually(lambda: notifier.queue_length(keys.channel) > 0, what="the waiter queued")
+        queue = notifier.queue_for(keys.channel)
+        assert queue is not None
+
+        async def in_line() -> bool:
+            return not queue.attempting and int(await other.zcard(keys.queue)) == 1
+
+        await eventually(in_line, what="the waiter in line in Redis")
+        mark = commands.mark()
+        await holder.release()
+        lease = await within(waiter, what="the waiter to get the lock")
+        await eventually(lambda: lease.remaining() > 9, what="the grant renewed to the ttl")
+        sent = commands.since(mark)
+        assert sum(sent.values()) == 1 and next(iter(sent)).startswith("EVAL "), sent
+        assert commands.bytes_since(mark) < 1024, f"{sent}: {commands.bytes_since(mark)} bytes"
+        await lease.release()
+    finally:
+        await client.aclose()
+        await other.aclose()
 
 
 async def test_one_release_wakes_one_of_many_local_waiters(

@@ -237,7 +237,7 @@ async def test_a_resign_hands_the_term_over_with_one_notification(
         await first.resign()
         taken = await within(waiting, what="b to take over")
         # The grant's renewal goes by the script's text (a server without it runs it too).
-        assert log.since(mark) == Counter({"EVAL renew": 1, "EVALSHA el_announce": 1})
+        assert log.since(mark) == Counter({"EVAL renew_holder": 1, "EVALSHA el_announce": 1})
         assert taken.fencing_token > first.fencing_token
         await second_terms.aclose()
         await taken.resign()

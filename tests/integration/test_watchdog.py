@@ -113,7 +113,7 @@ async def test_the_eval_fallback_is_not_sent_under_the_noscript_error(
             self._writer = writer
 
         def _note(self, packed: bytes) -> None:
-            if any(args[0].upper() == b"EVAL" for args in _commands_in(packed)):
+            if any(args[0].upper() == b"EVAL" for args, _ in _commands_in(packed)):
                 handled.append(sys.exception())
 
         def write(self, data: bytes) -> None:
