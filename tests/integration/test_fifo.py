@@ -241,7 +241,7 @@ async def test_a_hand_off_between_processes_costs_one_release(
     # channel: the waiter holds it without an acquire. Its only command is the renewal of
     # the grant's short expiry to its ttl (by its text: EVAL), sent before its body runs,
     # not waited for.
-    assert logs[1].since(marks[1]) == Counter({"EVAL renew": 1})
+    assert logs[1].since(marks[1]) == Counter({"EVAL renew_holder": 1})
     assert lease.held and lease.fencing_token > holder.fencing_token
     info = await Lock(a, name).info()
     assert info is not None and info.fencing_token == lease.fencing_token
