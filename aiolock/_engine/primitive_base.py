@@ -15,7 +15,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, final
+from typing import Any, ClassVar, Final, NamedTuple, final
 
 from .._aio.task_blocks import Blocks
 from .._lua.layout import GRANT_MS
@@ -32,6 +32,9 @@ from ..errors import AcquireTimeoutError, ConfigError, ReplicationError
 from .lease import Lease
 from .runtime import Runtime, runtime_for
 from .wait_queue import Registration, Released
+
+RELEASED_ALONE: Final = Released(1, "", "", "", 0)
+"""A release that handed the lock to nobody: what the uncontended path's reply (1) means."""
 
 __all__ = (
     "UNSET",
@@ -75,9 +78,9 @@ class Busy:
     renewed. A hint, not a promise."""
 
 
-@dataclass(frozen=True, slots=True)
-class Attempt:
-    """What one acquire attempt got: a lease, or what Redis said when it refused."""
+class Attempt(NamedTuple):
+    """What one acquire attempt got: a lease, or what Redis said when it refused (a tuple:
+    one is made per attempt, and a frozen dataclass's fields cost a call each to set)."""
 
     lease: Lease | None
     pttl_ms: int
@@ -336,6 +339,8 @@ class PrimitiveBase(abc.ABC):
                 votes=None if self._votes is None else self._votes.release,
             ),
         )
+        if reply == 1 and isinstance(reply, int):
+            return RELEASED_ALONE  # the uncontended path's plain integer
         reply = released(reply)
         slot = text(reply[5]) if len(reply) > 5 else ""
         after = int(reply[6]) if len(reply) > 6 else -1
