@@ -23,6 +23,11 @@ The variants, each a real acquire and release on its own name:
   and nothing else: without the refusal of a late copy of an acquire (after its own
   release, or after its caller aborted it), which the layout's `k`, `r` and `a:<token>`
   fields make possible.
+- `one string`: the state as one string value instead of a hash, keeping the last fencing
+  token as aiolock does: GET, TIME and SET PX to acquire (the holder written in the value),
+  GET and SET KEEPTTL to release (the last token kept): five commands where the hash needs
+  six, each value read and written with Lua's string functions. What a data layout of
+  one string would save; no refusal of a late copy, no wait queue.
 - `clock token only`: the least a script-based fenced lock can do: the fencing token is
   the server clock (TIME) and the holder a string set with SET NX PX; released by GET and
   DEL. Nothing keeps the tokens increasing if that clock steps back, and nothing refuses a
@@ -103,17 +108,42 @@ return 0
 """,
     REDIS_PY_RELEASE,
 )
+ONE_STRING = (
+    """
+local s = redis.call('GET', KEYS[1])
+local last = 0
+if s then
+  local holder, fence = string.match(s, '^(%S*) (%d+)')
+  if holder ~= '' then return 0 end
+  last = tonumber(fence)
+end
+local t = redis.call('TIME')
+local fence = math.max(last + 1, tonumber(t[1]) * 1000000 + tonumber(t[2]))
+redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. string.format('%.0f', fence) .. ' ' .. t[1]
+  .. ' ' .. ARGV[2] .. ' host 1234 task', 'PX', ARGV[2])
+return fence
+""",
+    """
+local s = redis.call('GET', KEYS[1])
+if not s then return 0 end
+local holder, fence = string.match(s, '^(%S*) (%d+)')
+if holder ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ' ' .. fence .. ' ' .. string.sub(holder, 1, 16), 'KEEPTTL')
+return 1
+""",
+)
 EMPTY = ("return 1", "return 1")
 VARIANTS = {
     "aiolock": (ACQUIRE.source, RELEASE.source),
     "same commands": SAME_COMMANDS,
     "no holder record": NO_HOLDER_RECORD,
     "fencing only": FENCING_ONLY,
+    "one string": ONE_STRING,
     "clock token only": CLOCK_TOKEN_ONLY,
     "two empty scripts": EMPTY,
 }
 PEER = "redis-py"
-BARE = ("clock token only", "two empty scripts")  # on a string key of their own
+BARE = ("one string", "clock token only", "two empty scripts")  # on a string key of their own
 
 
 async def cycles(
