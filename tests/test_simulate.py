@@ -85,10 +85,21 @@ SEEDS_ONCE_FAILED = {
 def test_a_seed_that_once_failed_holds(seed: int, kind: str) -> None:
     result = _simulate("--seed", str(seed), "--kind", kind)
     assert result.returncode == 0, SEEDS_ONCE_FAILED[seed, kind] + "\n" + result.stdout
-    if seed == 1626 and sys.version_info[:2] == (3, 11):
-        # The run a seed makes follows the interpreter's asyncio (the order of its
-        # callbacks): this one showed the overlap on Python 3.11, where it was found.
-        assert "within an empty restart's or failover's bound: overlap" in result.stdout
+
+
+@pytest.mark.skipif(
+    sys.version_info[:2] != (3, 11),
+    reason="the run a seed makes follows the interpreter's asyncio (the order of its "
+    "callbacks): this seed shows the overlap on Python 3.11",
+)
+def test_an_overlap_within_an_empty_restarts_bound_is_excused_with_a_note() -> None:
+    """Seed 38 (a semaphore, its server restarted empty twice) shows what seed 1626 showed
+    until the client's writes were held to the end of the loop's pass (which changed that
+    seed's run): an overlap within an empty restart's bound, which the judge excuses with
+    a note."""
+    result = _simulate("--seed", "38", "--kind", "semaphore")
+    assert result.returncode == 0, result.stdout
+    assert "within an empty restart's or failover's bound: overlap" in result.stdout
 
 
 def _token(at: float) -> int:

@@ -66,7 +66,7 @@ def _shielded_between(task: asyncio.Task[Any], scope: anyio.CancelScope) -> bool
 class BodyGuard:
     """Watches one `async with` block's task for its lease's loss (see the module)."""
 
-    __slots__ = ("_cancels", "_check", "_loop", "_scope", "_task", "_waiting_on")
+    __slots__ = ("_cancels", "_check", "_loop", "_scope", "_soon", "_task", "_waiting_on")
 
     def __init__(
         self, task: asyncio.Task[Any], scope: anyio.CancelScope, check: Callable[[], None]
@@ -79,7 +79,7 @@ class BodyGuard:
         self._loop = task.get_loop()
         self._cancels = 0
         self._waiting_on: asyncio.Future[Any] | None = None
-        self._loop.call_soon(self._after_step)
+        self._soon = self._loop.call_soon(self._after_step)
 
     def _after_step(self, _future: object = None) -> None:
         """The body has taken a step (or the future it awaits is done)."""
@@ -95,7 +95,7 @@ class BodyGuard:
             waiter.add_done_callback(self._after_step)  # runs after the task's own wake-up
             self._waiting_on = waiter
         else:  # the task's next step is queued: look again right after it
-            self._loop.call_soon(self._after_step)
+            self._soon = self._loop.call_soon(self._after_step)
 
     def lost(self) -> None:
         """The lease was lost: cancel the block's scope, and the task natively where anyio
@@ -122,6 +122,7 @@ class BodyGuard:
         """The block ends (call before its scope's exit): stop watching, and take back the
         cancellation requests made here."""
         task, self._task = self._task, None
+        self._soon.cancel()  # (a look still queued: the loop skips it, and a write need not wait)
         if self._waiting_on is not None:
             self._waiting_on.remove_done_callback(self._after_step)
             self._waiting_on = None

@@ -38,6 +38,7 @@ from redis.asyncio.client import PubSub
 
 from .._lua.lock import Script
 from .clients import REDIS, Client, ClientLibrary, Errors, closed_transport, valkey_libraries
+from .write_batch import WriteBatch, batch_for
 
 __all__ = (
     "Call",
@@ -183,18 +184,33 @@ _DRAIN_ABOVE: Final = 65536
 """Bytes buffered in a connection's transport above which a write waits for them to drain."""
 
 
-async def write(connection: redis.asyncio.connection.AbstractConnection, packed: bytes) -> None:
+async def write(
+    connection: redis.asyncio.connection.AbstractConnection,
+    packed: bytes,
+    on_sent: Sent,
+    batch: WriteBatch,
+) -> None:
     """Write `packed` on `connection` as its `send_packed_command` would, without the task
     redis-py's socket timeout wraps around every write on Python 3.11 (`asyncio.wait_for`):
     aiolock bounds the whole call itself. A connection that checks its health before
     writes (`health_check_interval`), or without a stream writer, goes redis-py's way.
+    `on_sent` is called once it is written.
+
+    A command whose caller waits only for its reply may be held to the end of the event
+    loop's pass and written there with the others of the pass (`batch`); one whose
+    caller goes on once it is written (`on_sent`: a body that starts once its hand-over's
+    renewal is written), or one large enough to need a drain, is written at once.
 
     On any error the connection is closed, as redis-py closes it."""
     writer: asyncio.StreamWriter | None = getattr(connection, "_writer", None)
     if writer is None or getattr(connection, "health_check_interval", None):
         await connection.send_packed_command(packed)
+        if on_sent is not None:
+            on_sent()
         return
     try:
+        if on_sent is None and len(packed) < _DRAIN_ABOVE and batch.hold(writer, packed):
+            return
         writer.write(packed)
         if writer.transport.get_write_buffer_size() > _DRAIN_ABOVE:
             await writer.drain()
@@ -204,6 +220,8 @@ async def write(connection: redis.asyncio.connection.AbstractConnection, packed:
     except BaseException:
         await connection.disconnect(nowait=True)
         raise
+    if on_sent is not None:
+        on_sent()
 
 
 _NO_READ_TIMEOUT: Final = 1e9
@@ -269,20 +287,22 @@ async def exchange_packed(
     on_sent: Sent,
     *,
     pair: bool,
-    send: Callable[[redis.asyncio.connection.AbstractConnection, bytes], Awaitable[None]],
+    send: Callable[
+        [redis.asyncio.connection.AbstractConnection, bytes, Sent, WriteBatch], Awaitable[None]
+    ],
+    batch: WriteBatch,
 ) -> Any:
     """Write `packed` (a command, and a `WAIT` after it if `pair`) on `connection` with
-    `send`, call `on_sent`, and read its reply (both, if `pair`: `read_pair`) without the
+    `send` (which may hold it in `batch`, the running loop's), call `on_sent`, and read its reply (both, if `pair`: `read_pair`) without the
     client's socket timeout (`reader`). A write the event loop refused on a connection the
     server had reset is raised as a `ConnectionError` (see `closed_transport`).
 
     On any error or cancellation while sending or reading, redis-py's connection closes
     itself, so a half-read reply never goes back to its pool.
     """
+    batch.awaiting += 1  # (what a loop that hides its ready callbacks batches by)
     try:
-        await send(connection, packed)
-        if on_sent is not None:
-            on_sent()
+        await send(connection, packed, on_sent, batch)
         read = reader(connection)
         if pair:
             return await read_pair(connection, read)
@@ -291,6 +311,8 @@ async def exchange_packed(
         if not closed_transport(exc):
             raise
         raise redis.exceptions.ConnectionError(f"the connection was closed: {exc!r}") from exc
+    finally:
+        batch.awaiting -= 1
 
 
 class Transport(abc.ABC):
@@ -315,6 +337,7 @@ class Transport(abc.ABC):
     __slots__ = (
         "_client_ref",
         "_renew_client",
+        "batch",
         "connection_class",
         "connection_kwargs",
         "library",
@@ -335,6 +358,8 @@ class Transport(abc.ABC):
         self.connection_class = connection_class
         self.connection_kwargs = connection_kwargs
         self.loop = loop
+        self.batch = batch_for(loop)
+        """The commands `loop` holds to the end of its pass (`_transport.write_batch`)."""
         self._renew_client: redis.asyncio.Redis | None = None
 
     @classmethod

@@ -200,7 +200,7 @@ class ClusterTransport(CommandTransport):
         try:
             if getattr(connection, "_should_reconnect", False):  # marked by the client
                 await connection.disconnect()
-            return await exchange(connection, command, on_sent, then)
+            return await exchange(connection, command, on_sent, then, self.batch)
         except Errors.redirected:
             pass
         except (*Errors.connection, *Errors.timeout):

@@ -11,6 +11,7 @@ import redis.exceptions
 
 from .base import Command, Sent, Transport, checkin, checkout, exchange_packed, write
 from .clients import ClientLibrary
+from .write_batch import WriteBatch
 
 try:
     import hiredis
@@ -53,14 +54,18 @@ async def exchange(
     connection: redis.asyncio.connection.AbstractConnection,
     command: Command,
     on_sent: Sent,
-    then: Command | None = None,
+    then: Command | None,
+    batch: WriteBatch,
 ) -> Any:
-    """One command on `connection`, packed by hiredis, written, its reply read (with `then`,
-    a `WAIT`: both written at once and both replies returned); see `exchange_packed`."""
+    """One command on `connection`, packed by hiredis, written (or held in `batch`, the
+    running loop's), its reply read (with `then`, a `WAIT`: both written at once and both
+    replies returned); see `exchange_packed`."""
     packed: bytes = hiredis.pack_command(command)  # type: ignore[arg-type]
     if then is not None:
         packed += hiredis.pack_command(then)  # type: ignore[arg-type]
-    return await exchange_packed(connection, packed, on_sent, pair=then is not None, send=write)
+    return await exchange_packed(
+        connection, packed, on_sent, pair=then is not None, send=write, batch=batch
+    )
 
 
 class DirectTransport(Transport):
@@ -87,6 +92,6 @@ class DirectTransport(Transport):
         try:
             if not quick and not connection.is_connected:
                 raise redis.exceptions.ConnectionError("the connection was closed under the call")
-            return await exchange(connection, command, on_sent, then)
+            return await exchange(connection, command, on_sent, then, self.batch)
         finally:
             await checkin(pool, connection, quick)

@@ -138,7 +138,12 @@ class SentinelTransport(Transport):
             if then is not None:
                 packed += connection.pack_command(*then)
             return await exchange_packed(
-                connection, packed, on_sent, pair=then is not None, send=_send_packed
+                connection,
+                packed,
+                on_sent,
+                pair=then is not None,
+                send=_send_packed,
+                batch=self.batch,
             )
         finally:
             await pool.release(connection)
@@ -153,5 +158,9 @@ class SentinelReplicaTransport(SentinelTransport):
     send = CommandTransport.send
 
 
-async def _send_packed(connection: Any, packed: bytes) -> None:
+async def _send_packed(connection: Any, packed: bytes, on_sent: Sent, batch: object) -> None:
+    """redis-py's write (on a Sentinel-managed connection, whose pool may reconnect it),
+    never held in `batch`."""
     await connection.send_packed_command(packed)
+    if on_sent is not None:
+        on_sent()
