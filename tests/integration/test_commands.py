@@ -13,6 +13,7 @@ import redis.asyncio
 from aiolock import Lock, ReadLock, ReadWriteLock, Semaphore, WriteLock
 from aiolock._engine.runtime import runtime_for
 from aiolock._lua.layout import LockKeys
+from aiolock._lua.lease import RENEW
 from aiolock._ops.inspection import read_locks
 
 from ..conftest import CommandLog, make_client
@@ -24,11 +25,13 @@ pytestmark = pytest.mark.real_only
 
 
 async def warm_up(client: redis.asyncio.Redis, name: str) -> None:
-    """Load the scripts and open a connection, so what follows is the steady state."""
+    """Load the scripts and open a connection, so what follows is the steady state (the
+    watchdog's renewal script too: `extend` sends another)."""
     lease = await Lock(client, f"{name}:warm-up").acquire()
     await lease.extend()
     await lease.release()
     await Lock(client, f"{name}:warm-up").info()
+    await client.script_load(RENEW.source)
 
 
 async def test_acquire_release_extend_are_one_round_trip_each(
