@@ -362,6 +362,12 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+async def server_cpu_seconds(client: redis.asyncio.Redis) -> float:
+    """The server's CPU seconds so far (user and system, all its threads)."""
+    info = await client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
 class CommandCounter:
     """Counts the commands clients send, through MONITOR, which sees every client of the
     server, in any process. The commands a script runs inside the server (MONITOR tags them
@@ -511,7 +517,10 @@ async def uncontended(adapter: Adapter, args: argparse.Namespace) -> dict[str, A
 
 
 async def distinct(adapter: Adapter, args: argparse.Namespace) -> dict[str, Any]:
-    """64 tasks, each cycling on a key of its own, for the run's duration."""
+    """64 tasks, each cycling on a key of its own, for the run's duration: cycles per second,
+    and the CPU time per cycle of this process and of the server. The server's is its whole
+    process's (INFO cpu): its loop's sleeps, wake-ups and passes included, which the
+    commands' own times (commandstats) leave out."""
     stop = time.perf_counter() + args.seconds
     counts = [0] * 64
 
@@ -522,8 +531,20 @@ async def distinct(adapter: Adapter, args: argparse.Namespace) -> dict[str, Any]
                 pass
             counts[i] += 1
 
-    await asyncio.gather(*(task(i) for i in range(64)))
-    return {"cycles_per_s": sum(counts) / args.seconds}
+    info = redis.asyncio.Redis.from_url(adapter.url)
+    try:
+        server_before, client_before = await server_cpu_seconds(info), cpu_seconds()
+        await asyncio.gather(*(task(i) for i in range(64)))
+        client, server = cpu_seconds() - client_before, await server_cpu_seconds(info)
+        server -= server_before
+    finally:
+        await info.aclose()
+    cycles = max(sum(counts), 1)
+    return {
+        "cycles_per_s": sum(counts) / args.seconds,
+        "client_cpu_us_per_cycle": client * 1e6 / cycles,
+        "server_cpu_us_per_cycle": server * 1e6 / cycles,
+    }
 
 
 async def contended(adapter: Adapter, args: argparse.Namespace) -> dict[str, Any]:

@@ -413,7 +413,11 @@ COLUMNS = {
         ("commands_per_cycle", "client commands / cycle"),
         ("server_us_per_cycle", "server µs / cycle"),
     ],
-    "distinct": [("cycles_per_s", "cycles/s")],
+    "distinct": [
+        ("cycles_per_s", "cycles/s"),
+        ("client_cpu_us_per_cycle", "client CPU µs / cycle"),
+        ("server_cpu_us_per_cycle", "server CPU µs / cycle (INFO cpu)"),
+    ],
     "wakeup": [
         ("p50_ms", "p50 ms"),
         ("p99_ms", "p99 ms"),
