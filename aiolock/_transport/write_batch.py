@@ -38,7 +38,7 @@ class WriteBatch:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         # (the loop itself is not kept: it is the key this batch is found by, held weakly)
-        self._held: list[tuple[asyncio.StreamWriter, bytes]] = []
+        self._held: list[tuple[weakref.ref[asyncio.StreamWriter], bytes]] = []
         ready = getattr(loop, "_ready", None)
         self._ready: Any = ready if hasattr(ready, "__len__") else None
         self.awaiting = 0
@@ -53,7 +53,9 @@ class WriteBatch:
             if not self._others_ready():
                 return False
             asyncio.get_running_loop().call_soon(self._flush)
-        held.append((writer, packed))
+        # (held weakly: a connection dropped meanwhile is collected, and its transport
+        # closed, when it would have been without the batch)
+        held.append((weakref.ref(writer), packed))
         return True
 
     def _others_ready(self) -> bool:
@@ -71,7 +73,10 @@ class WriteBatch:
     def _flush(self) -> None:
         """Write every held command, in the order they came."""
         held, self._held = self._held, []
-        for writer, packed in held:
+        for writer_ref, packed in held:
+            writer = writer_ref()
+            if writer is None:
+                continue
             transport = writer.transport
             if transport.is_closing():  # its caller was cancelled or failed, and closed it
                 continue

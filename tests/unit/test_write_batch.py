@@ -92,6 +92,26 @@ async def test_with_nothing_else_ready_the_caller_writes_at_once() -> None:
 
 
 @on_asyncio
+async def test_a_writer_collected_before_the_end_of_the_pass_is_not_kept_alive() -> None:
+    """A held command does not keep its writer alive: a connection dropped before the end
+    of the pass is collected (and its transport closed) as it would be without the batch,
+    and its command dropped."""
+    loop = asyncio.get_running_loop()
+    log: list[str] = []
+    dropped, kept = Recording(log, "dropped"), Recording(log, "kept")
+    batch = WriteBatch(loop)
+    loop.call_soon(lambda: None)
+    assert batch.hold(dropped.writer(), b"x")
+    assert batch.hold(kept.writer(), b"y")
+    gone = weakref.ref(dropped)
+    del dropped
+    gc.collect()
+    assert gone() is None
+    await _next_pass()
+    assert log == ["kept:y"]
+
+
+@on_asyncio
 async def test_a_closed_connections_command_is_dropped_and_a_refused_one_aborts() -> None:
     """A command whose connection was closed before the end of the pass (its caller was
     cancelled, and redis-py closed it) is not written; a transport that refuses a write is
@@ -123,10 +143,11 @@ async def _holds_while_calls_await() -> None:
     log: list[str] = []
     batch = WriteBatch(loop)
     loop.call_soon(lambda: None)
+    first, second = Recording(log, "a"), Recording(log, "b")
     batch.awaiting = 1
-    assert not batch.hold(Recording(log, "a").writer(), b"1")
+    assert not batch.hold(first.writer(), b"1")
     batch.awaiting = 2
-    assert batch.hold(Recording(log, "b").writer(), b"2")
+    assert batch.hold(second.writer(), b"2")
     await _next_pass()
     assert log == ["b:2"]
 
