@@ -205,21 +205,19 @@ async def write(
     writer: asyncio.StreamWriter | None = getattr(connection, "_writer", None)
     if writer is None or getattr(connection, "health_check_interval", None):
         await connection.send_packed_command(packed)
-        if on_sent is not None:
-            on_sent()
-        return
-    try:
-        if on_sent is None and len(packed) < _DRAIN_ABOVE and batch.hold(writer, packed):
-            return
-        writer.write(packed)
-        if writer.transport.get_write_buffer_size() > _DRAIN_ABOVE:
-            await writer.drain()
-    except OSError as exc:
-        await connection.disconnect(nowait=True)
-        raise redis.exceptions.ConnectionError(f"error while writing to the socket: {exc}") from exc
-    except BaseException:
-        await connection.disconnect(nowait=True)
-        raise
+    elif on_sent is not None or len(packed) >= _DRAIN_ABOVE or not batch.hold(writer, packed):
+        try:
+            writer.write(packed)
+            if writer.transport.get_write_buffer_size() > _DRAIN_ABOVE:
+                await writer.drain()
+        except OSError as exc:
+            await connection.disconnect(nowait=True)
+            raise redis.exceptions.ConnectionError(
+                f"error while writing to the socket: {exc}"
+            ) from exc
+        except BaseException:
+            await connection.disconnect(nowait=True)
+            raise
     if on_sent is not None:
         on_sent()
 
@@ -293,8 +291,9 @@ async def exchange_packed(
     batch: WriteBatch,
 ) -> Any:
     """Write `packed` (a command, and a `WAIT` after it if `pair`) on `connection` with
-    `send` (which may hold it in `batch`, the running loop's), call `on_sent`, and read its reply (both, if `pair`: `read_pair`) without the
-    client's socket timeout (`reader`). A write the event loop refused on a connection the
+    `send` (which calls `on_sent` once it is written, and may hold it to the end of the
+    loop's pass in `batch`, the running loop's), and read its reply (both, if `pair`:
+    `read_pair`) without the client's socket timeout (`reader`). A write the event loop refused on a connection the
     server had reset is raised as a `ConnectionError` (see `closed_transport`).
 
     On any error or cancellation while sending or reading, redis-py's connection closes
