@@ -662,6 +662,74 @@ async def test_a_waiter_is_woken_by_the_announcements_that_free_a_majority(
             assert started == before + 1, f"{started - before} tries for one release"
 
 
+async def test_a_late_nodes_subscription_does_not_make_the_waiter_try(
+    binaries: list[ServerBinary], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The waiter's SUBSCRIBE reaches three nodes of five at once and the two others late
+    (held in their fault proxies). It counts as subscribed once a majority confirmed (a
+    release is then announced by at least one node it hears) and tries once more then, as
+    on one server. The two late confirmations change nothing: no try for each, which a
+    busy machine made a test see as a try on one announcement of five. A node that
+    confirms again (its session was made again) still makes it try: a release may have
+    come while that node was unheard.
+
+    Break seen failing: every node's first confirmation after the first taken as a
+    duplicate (a try for each of the late ones)."""
+    async with ServerGroup(binaries[0], 5, proxied=(3, 4)) as group:
+        holder = Redlock(group.clients(direct=True), name, ttl=30)
+        waiting = Redlock(group.clients(), name, ttl=30)
+        answered = started = 0
+        attempt = Redlock._attempt
+
+        async def counted(self: Redlock, *args: Any, **kwargs: Any) -> Any:
+            nonlocal answered, started
+            started += self is waiting
+            try:
+                return await attempt(self, *args, **kwargs)
+            finally:
+                answered += self is waiting
+
+        confirmed: list[int] = []
+        dispatch = Notifier._dispatch
+
+        def seen(self: Notifier, message: dict[str, Any]) -> None:
+            if message["type"] == "subscribe" and message.get("node") is not None:
+                confirmed.append(message["node"])
+            dispatch(self, message)
+
+        monkeypatch.setattr(Redlock, "_attempt", counted)
+        monkeypatch.setattr(Notifier, "_dispatch", seen)
+        held = [group.proxies[index].hold_requests(b"SUBSCRIBE") for index in (3, 4)]
+        async with contextlib.AsyncExitStack() as stack:
+            lease, waiter, notifier = await held_and_awaited(stack, holder, waiting)
+            for event in held:
+                await within(event.wait(), what="the SUBSCRIBE held on its way to two nodes")
+            await eventually(
+                lambda: sorted(confirmed) == [0, 1, 2],
+                what="three nodes' confirmations",
+            )
+            queue = notifier.queue_for(waiting._channel)
+            assert queue is not None
+            await eventually(
+                lambda: answered == started == 2 and queue.waiters[0].checks_within(60),
+                what="the waiter asleep after its try once subscribed",
+            )
+            assert notifier.is_subscribed(waiting._channel)
+            for index in (3, 4):
+                await group.proxies[index].restore()
+            await eventually(
+                lambda: sorted(confirmed) == [0, 1, 2, 3, 4], what="the late confirmations"
+            )
+            await asyncio.sleep(0)  # (a wake-up they caused would start the try here)
+            assert started == 2, f"{started - 2} tries for late nodes' subscriptions"
+            # A node's session made again: its confirmation is heard as a duplicate.
+            assert group.proxies[3].reset_all() > 0
+            await eventually(lambda: confirmed.count(3) == 2, what="node 3 subscribed again")
+            await eventually(lambda: started == 3, what="a try for the node subscribed again")
+            await within(lease.release(), what="the release")
+            await taken_after(stack, lease, waiter, "woken by the release's announcements")
+
+
 async def test_a_release_announced_by_a_minority_is_checked_within_the_node_timeout(
     binaries: list[ServerBinary], name: str
 ) -> None:
