@@ -91,11 +91,15 @@ def _deadline_passed(ref: weakref.ref[Lease]) -> None:
         lease._deadline_timer()
 
 
-def _settled(ref: weakref.ref[Lease]) -> None:
+def _settled(ref: weakref.ref[Lease], reached: float) -> None:
+    """The loop read what had arrived by the time `reached` (when the deadline was found
+    reached, by its timer perhaps a clock tick early): the check is made again from then,
+    not from the clock alone, which may still read before the deadline (no timer is left
+    to look again). A renewal confirmed meanwhile moved the deadline and armed the timer."""
     lease = ref()
     if lease is not None:
         lease._settling = False
-        lease._check_deadline(settle=False)
+        lease._check_deadline(settle=False, now=max(lease._loop.time(), reached))
 
 
 @final
@@ -599,7 +603,7 @@ class Lease:
         if self._validity.rescues(now):
             if settle and not self._settling:
                 self._settling = True
-                after_arrivals(self._loop, functools.partial(_settled, weakref.ref(self)))
+                after_arrivals(self._loop, functools.partial(_settled, weakref.ref(self), now))
                 return
             if in_doubt_ok or self._settling:
                 return

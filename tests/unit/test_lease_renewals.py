@@ -63,3 +63,33 @@ async def test_an_extension_sent_with_a_renewal_at_one_reading_of_the_clock_coun
         await lease.extend(ttl=10)
         assert lease.deadline <= now + 1.0, "counted past what the renewal in flight allows"
         await lease.release()
+
+
+async def test_a_deadline_timer_run_a_clock_tick_early_loses_the_lease_after_settling() -> None:
+    """The deadline timer runs before the deadline by the clock (uvloop rounds its timers
+    to whole milliseconds), while a renewal sent in time is unanswered: the lease lets the
+    loop read what has arrived, then, nothing confirmed, is lost. It counts the deadline
+    as reached when the timer ran, not by the clock's reading after settling (still
+    before the deadline): that timer had run, no other was armed, and the lease stayed
+    held past its deadline, the body running, until something else looked.
+
+    Break seen failing: the check after settling reading the clock alone."""
+    loop = asyncio.get_running_loop()
+    lease = Lease(
+        issuer=AnswersAtOnce(),
+        token="ab" * 16,
+        fencing_token=1,
+        ttl=30.0,
+        margin=safety_margin(30.0),
+        sent_at=loop.time(),
+        scheduler=None,
+        make_entry=None,
+    )
+    deadline = lease.deadline
+    lease._renewal_sent(deadline - 0.2, 30.0)  # in time, unanswered
+    with clock_held_at(deadline - 0.0005):
+        lease._deadline_timer()
+    assert lease.held, "lost before what had arrived was read"
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert lease.lost, "held past its deadline, its timer spent"
