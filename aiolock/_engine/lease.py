@@ -92,10 +92,6 @@ def _deadline_passed(ref: weakref.ref[Lease]) -> None:
 
 
 def _settled(ref: weakref.ref[Lease], reached: float) -> None:
-    """The loop read what had arrived by the time `reached` (when the deadline was found
-    reached, by its timer perhaps a clock tick early): the check is made again from then,
-    not from the clock alone, which may still read before the deadline (no timer is left
-    to look again). A renewal confirmed meanwhile moved the deadline and armed the timer."""
     lease = ref()
     if lease is not None:
         lease._settling = False
@@ -561,7 +557,7 @@ class Lease:
         self._lose(LossReason.NOT_OWNER, None)
 
     def _deadline_timer(self) -> None:
-        # The loop may run a timer a clock tick early: the deadline counts as reached.
+        # A timer may run a clock tick early: the deadline counts as reached, once settled too.
         self._check_deadline(settle=True, now=max(self._loop.time(), self._validity.deadline))
 
     def _deadline_reached(self, now: float) -> None:

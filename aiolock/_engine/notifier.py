@@ -169,8 +169,6 @@ class Notifier:
         self._trying: dict[str, set[int]] = {}
         self._tried: dict[str, list[asyncio.Future[None]]] = {}
         self._subscribed: dict[str, float] = {}  # channel -> time it last had no waiters
-        # On a quorum's backend, the nodes whose session confirmed a channel's subscription.
-        self._confirmed_by: dict[str, set[int]] = {}
         self._watches: dict[str, list[Watch]] = {}  # see watch()
         self._watch_requested: set[str] = set()  # watched channels SUBSCRIBEd on this connection
         self._pubsub: PubSub | None = None
@@ -568,7 +566,6 @@ class Notifier:
         pubsub = self._pubsub
         self._pubsub = self._new_pubsub() if replace else None
         self._subscribed = {}
-        self._confirmed_by = {}
         for queue in self._queues.values():
             queue.subscription_lost()
         self._unsubscribe_watches()
@@ -580,8 +577,6 @@ class Notifier:
         channel = message["channel"]
         if isinstance(channel, bytes):
             channel = channel.decode(*self._encoding)
-        if kind == "subscribe" and not self._confirmation_counts(channel, message.get("node")):
-            return
         if channel in self._watches:
             self._watched(kind, channel)
             return
@@ -609,28 +604,11 @@ class Notifier:
             else:
                 queue.released(fence, reserved_for, granted=granted, seq=seq, slot=slot)
 
-    def _confirmation_counts(self, channel: str, node: int | None) -> bool:
-        """Whether a confirmation of `channel`'s subscription (by a quorum's `node`: each
-        node's session confirms its own) is heard as one: on one server, always. On a
-        quorum, the one that makes a majority of nodes subscribed, and any node's second
-        (its session was made again: a release may have come while it was unheard). Not
-        the first of the others: a release is announced by a majority of nodes, of which
-        a majority subscribed hears at least one, and a wake-up for each late node would
-        be a try that changes nothing."""
-        if node is None:
-            return True
-        nodes = self._confirmed_by.setdefault(channel, set())
-        if node in nodes:
-            return True
-        nodes.add(node)
-        return len(nodes) == self._needed
-
     async def _drop_idle_channels(self, now: float) -> None:
         idle = [ch for ch, since in self._subscribed.items() if now - since >= LINGER]
         if idle and self._pubsub is not None:
             for channel in idle:
                 del self._subscribed[channel]
-                self._confirmed_by.pop(channel, None)
             try:
                 await self._pubsub.unsubscribe(*idle)
             except Exception as exc:

@@ -241,7 +241,7 @@ class QuorumBackend(Backend):
         return False
 
     def new_pubsub(self) -> PubSub:
-        pubsub = QuorumPubSub(self.nodes, self.health_interval, random.Random())
+        pubsub = QuorumPubSub(self.nodes, self.health_interval, random.Random(), quorum=self.size)
         return cast(PubSub, pubsub)
 
     async def close_background_client(self) -> None:

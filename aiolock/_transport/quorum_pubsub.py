@@ -9,6 +9,12 @@ node when it has been silent for the health interval and opens a new session whe
 goes unanswered as long (a dead socket is not always reset), and reconnects a node that
 failed, with a backoff. A frozen or dead minority of nodes costs nothing: the others are heard.
 
+A channel counts as subscribed once a majority of nodes confirmed it: a release frees a
+majority of nodes, of which the waiter then hears at least one. That confirmation is the
+one handed on; a later node's first is not (a wake-up for it would be a try that changes
+nothing), and a node's second is (its session was made again: a release may have come
+while it was unheard, and the notifier has its waiters check).
+
 The notifier's own health check (a PING when nothing was heard, an answer expected) sees
 the whole: it is answered while any node answers.
 """
@@ -38,8 +44,8 @@ CONNECT_TIMEOUT: Final = 2.0
 """Longest a node's session may take to connect and subscribe before it is tried again."""
 SEND_TIMEOUT: Final = 1.0
 """Longest a subscription change or a PING may take to be written to a node's session."""
-FORWARDED: Final = frozenset({"message", "subscribe", "pong"})
-"""The kinds of messages the notifier reads."""
+FORWARDED: Final = frozenset({"message", "pong"})
+"""The kinds of messages the notifier reads (and "subscribe", as the module says)."""
 
 
 class _Node:
@@ -78,9 +84,15 @@ class _Node:
 class QuorumPubSub:
     """The sessions of a quorum's nodes, read as one `PubSub` by the notifier."""
 
-    def __init__(self, backends: Sequence[Backend], every: float, rng: random.Random) -> None:
+    def __init__(
+        self, backends: Sequence[Backend], every: float, rng: random.Random, *, quorum: int
+    ) -> None:
         self._nodes = [_Node(index, backend, every) for index, backend in enumerate(backends)]
+        self._quorum = quorum
         self._channels: set[str] = set()
+        # The nodes that confirmed each channel (as the server names it) and have not
+        # confirmed its unsubscription since.
+        self._confirmed: dict[object, set[int]] = {}
         self.inbox = Inbox()  # what the sessions read, for the notifier
         self._wanted = asyncio.Event()
         self._rng = rng
@@ -130,6 +142,21 @@ class QuorumPubSub:
                 logger.debug("aiolock: pub/sub session to a quorum's node failed: %r", exc)
             await asyncio.sleep(backoff.next())
 
+    def _forwarded(self, node: _Node, message: dict[str, Any]) -> bool:
+        """Whether `message`, read from `node`, goes to the notifier (see the module)."""
+        kind = message.get("type")
+        if kind in FORWARDED:
+            return True
+        if kind == "unsubscribe":
+            self._confirmed.get(message.get("channel"), set()).discard(node.index)
+        elif kind == "subscribe":
+            nodes = self._confirmed.setdefault(message.get("channel"), set())
+            if node.index in nodes:
+                return True
+            nodes.add(node.index)
+            return len(nodes) == self._quorum
+        return False
+
     async def _session(self, node: _Node, backoff: Backoff) -> None:
         """Connect, subscribe, and read the node's messages until its session fails."""
         loop = asyncio.get_running_loop()
@@ -154,7 +181,7 @@ class QuorumPubSub:
                 message = await pubsub.get_message(timeout=node.every / 2)
                 if message is not None:
                     heard, pinged = loop.time(), None
-                    if message.get("type") in FORWARDED:
+                    if self._forwarded(node, message):
                         message["node"] = node.index  # each node announces a release
                         self.inbox.put(message)
         finally:

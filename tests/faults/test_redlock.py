@@ -41,6 +41,7 @@ from aiolock._engine.runtime import runtime_for
 from aiolock._engine.wait_queue import WaitQueue
 from aiolock._lua.redlock import RL_ACQUIRE, RL_FENCE, RL_RELEASE
 from aiolock._transport import quorum as _quorum
+from aiolock._transport.quorum_pubsub import QuorumPubSub
 
 from ..deployments.quorum import ServerGroup
 from ..support.load import scaled
@@ -689,16 +690,16 @@ async def test_a_late_nodes_subscription_does_not_make_the_waiter_try(
             finally:
                 answered += self is waiting
 
-        confirmed: list[int] = []
-        dispatch = Notifier._dispatch
+        confirmed: list[int] = []  # the nodes whose confirmation was read, in order
+        forwarded = QuorumPubSub._forwarded
 
-        def seen(self: Notifier, message: dict[str, Any]) -> None:
-            if message["type"] == "subscribe" and message.get("node") is not None:
-                confirmed.append(message["node"])
-            dispatch(self, message)
+        def seen(self: QuorumPubSub, node: Any, message: dict[str, Any]) -> bool:
+            if message.get("type") == "subscribe":
+                confirmed.append(node.index)
+            return forwarded(self, node, message)
 
         monkeypatch.setattr(Redlock, "_attempt", counted)
-        monkeypatch.setattr(Notifier, "_dispatch", seen)
+        monkeypatch.setattr(QuorumPubSub, "_forwarded", seen)
         held = [group.proxies[index].hold_requests(b"SUBSCRIBE") for index in (3, 4)]
         async with contextlib.AsyncExitStack() as stack:
             lease, waiter, notifier = await held_and_awaited(stack, holder, waiting)
