@@ -38,6 +38,7 @@ from redis.asyncio.client import PubSub
 
 from .._lua.lock import Script
 from .clients import REDIS, Client, ClientLibrary, Errors, closed_transport, valkey_libraries
+from .replies import direct_reader
 from .write_batch import WriteBatch, batch_for
 
 __all__ = (
@@ -248,7 +249,11 @@ _UNBOUNDED_READ: Final = math.inf if _reads_unbounded_at_inf(redis.__version__) 
 def reader(
     connection: redis.asyncio.connection.AbstractConnection,
 ) -> Callable[[], Awaitable[Any]]:
-    """How to read a reply on `connection`: without its client's socket timeout."""
+    """How to read a reply on `connection`: without its client's socket timeout, and
+    straight from its hiredis reader where that reads as redis-py would (`replies`)."""
+    direct = direct_reader(connection)
+    if direct is not None:
+        return direct
     if getattr(connection, "socket_timeout", None) is None:
         return connection.read_response
     if _UNBOUNDED_READ is not None and isinstance(

@@ -278,6 +278,8 @@ class FaultProxy:
             if self._discard:
                 return
             await self._flowing.wait()
+        if dst.transport.is_closing():
+            return  # its end went away meanwhile (uvloop raises on a write to it; asyncio drops it)
         dst.write(data)
         await dst.drain()
 

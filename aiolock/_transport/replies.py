@@ -1,0 +1,100 @@
+"""Reading one reply on a redis-py connection straight from its hiredis reader.
+
+`Connection.read_response` reaches the bytes through three more coroutines (the
+connection's, which also computes an error message before every read, the parser's, and the
+parser's socket read), each a frame that every reply resumes through: in a lock cycle of
+two calls those layers cost the client more than the write. `direct_reader` reads the same
+way in one: the hiredis reader's next reply, else what the connection's stream has, fed to
+it; a reply whose bytes are all there is not awaited at all.
+
+Taken only where it reads as redis-py would: redis-py's own hiredis parser (a RESP3 push
+notification before a reply goes to its handler, as there), no health check (which a read
+postpones), and a
+connection aiolock bounds as a whole (no read timeout: see `base.reader`). Errors are
+redis-py's: the connection is closed on a broken or refused read, a cancellation, a reply
+that cannot be parsed or a connection-level error reply (LOADING, say), and left open on
+an error reply (`ResponseError`), which is raised.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import redis._parsers.hiredis
+import redis.asyncio
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+__all__ = ("direct_reader",)
+
+
+_PARSER: Final[type[Any] | None] = getattr(redis._parsers.hiredis, "_AsyncHiredisParser", None)
+"""redis-py's asyncio hiredis parser class."""
+_MORE: Final = getattr(redis._parsers.hiredis, "NOT_ENOUGH_DATA", False)
+"""What its reader answers while a reply is incomplete: redis-py 6 and later name an object
+of their own; before, False (which no RESP2 reply is)."""
+_PROTOCOLS: Final = (None, 2, "2") if _MORE is False else (None, 2, "2", 3, "3")
+"""The protocols read here: RESP3 only where the reader cannot mistake a reply (RESP3 has
+`false`) for an incomplete one."""
+_CLOSED: Final = "Connection closed by server."
+"""redis-py's message for a connection the server closed."""
+
+
+def direct_reader(connection: Any) -> Callable[[], Awaitable[Any]] | None:
+    """How to read a reply on `connection` straight from its hiredis reader, or None if
+    it must be read by its `read_response` (see the module)."""
+    parser = getattr(connection, "_parser", None)
+    if (
+        _PARSER is None
+        or type(parser) is not _PARSER
+        or not isinstance(connection, redis.asyncio.connection.AbstractConnection)
+        or getattr(connection, "health_check_interval", None)
+        or getattr(connection, "protocol", None) not in _PROTOCOLS
+        or getattr(parser, "_reader", None) is None
+        or getattr(parser, "_stream", None) is None
+    ):
+        return None
+    return functools.partial(_read, connection, parser)
+
+
+async def _read(connection: Any, parser: Any) -> Any:
+    """The next reply on `connection`, read as `Connection.read_response` reads it with no
+    timeout (the parser's reader and stream are looked up each time: a connection makes
+    new ones each time it connects)."""
+    try:
+        if not parser._connected:
+            raise RedisConnectionError(_CLOSED)
+        hiredis_reader = parser._reader
+        while True:
+            reply = hiredis_reader.gets()
+            while reply is _MORE:
+                data = await parser._stream.read(parser._read_size)
+                if not data:
+                    raise RedisConnectionError(_CLOSED)
+                hiredis_reader.feed(data)
+                reply = hiredis_reader.gets()
+            # A RESP3 push notification before the reply goes to the parser's handler.
+            push = getattr(parser, "_hiredis_PushNotificationType", None)
+            if push is None or not isinstance(reply, push):
+                break
+            await parser.handle_push_response(reply)
+        if isinstance(reply, RedisConnectionError):
+            raise reply
+        if isinstance(reply, list) and reply and isinstance(reply[0], RedisConnectionError):
+            raise reply[0]
+    except OSError as exc:
+        await connection.disconnect(nowait=True)
+        raise RedisConnectionError(
+            f"Error while reading from {connection._host_error()} : {exc.args}"
+        ) from exc
+    except BaseException:
+        await connection.disconnect(nowait=True)
+        raise
+    if isinstance(reply, ResponseError):
+        try:
+            raise reply from None
+        finally:
+            del reply  # (no reference cycle through the frame)
+    return reply
