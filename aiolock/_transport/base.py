@@ -131,20 +131,30 @@ def _quick(pool: Any) -> bool:
     its methods not replaced on the object, no credential provider (whose re-authentication
     runs when a connection is given back), RESP2 (no push notifications between commands),
     and connections that can tell whether anything is buffered without reading (redis-py 8).
+    What the pool was made with is looked at once (`_QUICK_POOLS`); its methods every time.
     """
     if type(pool) is not redis.asyncio.ConnectionPool:
         return False
     own = vars(pool)
-    kwargs = pool.connection_kwargs
+    if "get_connection" in own or "release" in own:
+        return False
+    made = _QUICK_POOLS.get(pool)
+    if made is None:
+        kwargs = pool.connection_kwargs
+        made = _QUICK_POOLS[pool] = (
+            kwargs.get("credential_provider") is None
+            and kwargs.get("protocol") in (None, 2, "2")
+            and hasattr(pool.connection_class, "can_read")
+        )
     return (
-        "get_connection" not in own
-        and "release" not in own
-        and isinstance(own.get("_available_connections"), list)
-        and isinstance(own.get("_in_use_connections"), set)
-        and kwargs.get("credential_provider") is None
-        and kwargs.get("protocol") in (None, 2, "2")
-        and hasattr(pool.connection_class, "can_read")
+        made
+        and type(own.get("_available_connections")) is list
+        and type(own.get("_in_use_connections")) is set
     )
+
+
+_QUICK_POOLS: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+"""Whether each pool was made so that `checkout` may lend its connections (see `_quick`)."""
 
 
 _CHECKOUTS: dict[type[Any], Callable[[Any, str], Awaitable[Any]]] = {}

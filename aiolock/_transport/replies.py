@@ -23,7 +23,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import redis._parsers.hiredis
-import redis.asyncio
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
@@ -47,13 +46,10 @@ def direct_reader(connection: Any) -> Callable[[], Awaitable[Any]] | None:
     it must be read by its `read_response` (see the module)."""
     parser = getattr(connection, "_parser", None)
     if (
-        _PARSER is None
-        or type(parser) is not _PARSER
-        or not isinstance(connection, redis.asyncio.connection.AbstractConnection)
-        or getattr(connection, "health_check_interval", None)
-        or getattr(connection, "protocol", None) not in _PROTOCOLS
-        or getattr(parser, "_reader", None) is None
-        or getattr(parser, "_stream", None) is None
+        type(parser) is not _PARSER
+        or _PARSER is None
+        or connection.health_check_interval
+        or connection.protocol not in _PROTOCOLS
     ):
         return None
     return functools.partial(_read, connection, parser)
