@@ -7,13 +7,14 @@ two calls those layers cost the client more than the write. `direct_reader` read
 way in one: the hiredis reader's next reply, else what the connection's stream has, fed to
 it; a reply whose bytes are all there is not awaited at all.
 
-Taken only where it reads as redis-py would: redis-py's own hiredis parser (a RESP3 push
-notification before a reply goes to its handler, as there), no health check (which a read
-postpones), and a
-connection aiolock bounds as a whole (no read timeout: see `base.reader`). Errors are
-redis-py's: the connection is closed on a broken or refused read, a cancellation, a reply
-that cannot be parsed or a connection-level error reply (LOADING, say), and left open on
-an error reply (`ResponseError`), which is raised.
+Taken only where it reads as redis-py would: a connection class that reads with redis-py's
+own `read_response` (not a Sentinel-managed one, which turns READONLY into a connection
+error, nor one a user overrode, to instrument it say), redis-py's own hiredis parser (a
+RESP3 push notification before a reply goes to its handler, as there), no health check
+(which a read postpones), and a connection aiolock bounds as a whole (no read timeout: see
+`base.reader`). Errors are redis-py's: the connection is closed on a broken or refused
+read, a cancellation, a reply that cannot be parsed or a connection-level error reply
+(LOADING, say), and left open on an error reply (`ResponseError`), which is raised.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import redis._parsers.hiredis
+from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
@@ -48,11 +50,29 @@ def direct_reader(connection: Any) -> Callable[[], Awaitable[Any]] | None:
     if (
         type(parser) is not _PARSER
         or _PARSER is None
+        or not _reads_as_redis_py(type(connection))
         or connection.health_check_interval
         or connection.protocol not in _PROTOCOLS
     ):
         return None
     return functools.partial(_read, connection, parser)
+
+
+def _reads_as_redis_py(kind: type[Any]) -> bool:
+    """Whether connections of class `kind` read replies with redis-py's own
+    `read_response`: not a class that reads its own way (a Sentinel-managed connection,
+    which turns a READONLY reply into a connection error; a user's, instrumented)."""
+    own = _OWN_READS.get(kind)
+    if own is None:
+        own = _OWN_READS[kind] = (
+            issubclass(kind, AbstractConnection) and kind.read_response is _READ_RESPONSE
+        )
+    return own
+
+
+_READ_RESPONSE: Final = AbstractConnection.read_response
+_OWN_READS: dict[type[Any], bool] = {}
+"""Whether each connection class reads as redis-py does (`_reads_as_redis_py`)."""
 
 
 async def _read(connection: Any, parser: Any) -> Any:

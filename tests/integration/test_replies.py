@@ -17,12 +17,13 @@ from typing import Any
 import hiredis
 import pytest
 import redis.asyncio
+import redis.asyncio.sentinel
 import redis.exceptions
 from redis._parsers import _AsyncRESP2Parser
 
 from aiolock import Lock
 from aiolock._transport.base import exchange_packed, pooled, write
-from aiolock._transport.replies import direct_reader
+from aiolock._transport.replies import _reads_as_redis_py, direct_reader
 from aiolock._transport.write_batch import batch_for
 
 from ..conftest import make_client
@@ -99,6 +100,40 @@ async def test_read_directly_only_where_it_reads_as_redis_py(
     async with connection_of(make_client(server_url, **kwargs)) as connection:
         assert (direct_reader(connection) is not None) is direct
         assert await exchange(connection, "ECHO", "hello") == b"hello"
+
+
+class Instrumented(redis.asyncio.connection.Connection):
+    """A user's connection class that counts the replies it reads."""
+
+    replies = 0
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        Instrumented.replies += 1
+        return await super().read_response(*args, **kwargs)
+
+
+async def test_a_connection_class_that_reads_its_own_way_is_read_by_it(
+    server_url: str, name: str
+) -> None:
+    """A connection class whose `read_response` is its own (a user's instrumentation, a
+    Sentinel-managed connection's, which turns READONLY into a connection error) is read
+    through it: a lock cycle's two replies are counted.
+
+    Break seen failing: `direct_reader` asking only for redis-py's parser (a renewal
+    refused by a demoted Sentinel master failed, where it goes again to the new master)."""
+    client = make_client(server_url, connection_class=Instrumented)
+    try:
+        async with connection_of(make_client(server_url, connection_class=Instrumented)) as c:
+            assert direct_reader(c) is None
+        await (await Lock(client, name, ttl=5).acquire()).release()  # (scripts loaded)
+        before = Instrumented.replies
+        async with Lock(client, name, ttl=5):
+            pass
+        assert Instrumented.replies - before == 2
+    finally:
+        await client.aclose()
+    managed = redis.asyncio.sentinel.SentinelManagedConnection
+    assert not _reads_as_redis_py(managed)
 
 
 async def test_a_reply_longer_than_one_read_is_read_whole(server_url: str, name: str) -> None:
