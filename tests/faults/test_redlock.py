@@ -617,33 +617,22 @@ async def test_a_waiter_is_woken_by_the_announcements_that_free_a_majority(
         # The holder's calls may wait 10 s for a node: its release is held meanwhile.
         holder = Redlock(group.clients(), name, ttl=30, node_timeout=10)
         waiting = Redlock(group.clients(direct=True), name, ttl=30, node_timeout=10)
-        answered = started = 0
-        attempt = Redlock._attempt
-
-        async def counted(self: Redlock, *args: Any, **kwargs: Any) -> Any:
-            nonlocal answered, started
-            started += self is waiting
-            try:
-                return await attempt(self, *args, **kwargs)
-            finally:
-                answered += self is waiting
-
-        monkeypatch.setattr(Redlock, "_attempt", counted)
+        tries = tries_of(waiting, monkeypatch)
         async with contextlib.AsyncExitStack() as stack:
             lease, waiter, notifier = await held_and_awaited(stack, holder, waiting)
             await eventually(
-                lambda: answered >= 2 and notifier.is_subscribed(waiting._channel),
+                lambda: tries.answered >= 2 and notifier.is_subscribed(waiting._channel),
                 what="the waiter subscribed, and its attempt after subscribing answered",
             )
             queue = notifier.queue_for(waiting._channel)
             assert queue is not None
             await eventually(
-                lambda: answered == started and queue.waiters[0].checks_within(60),
+                lambda: tries.answered == tries.started and queue.waiters[0].checks_within(60),
                 what="the waiter asleep, no try in flight",
             )
             key = key_of(name).encode()
             held = [group.proxies[index].hold_requests(key) for index in (1, 2, 3, 4)]
-            before, heard = started, notifier.messages_received
+            before, heard = tries.started, notifier.messages_received
             release = asyncio.create_task(lease.release())
             stack.push_async_callback(cancelled, release)
             for event in held:
@@ -653,14 +642,14 @@ async def test_a_waiter_is_woken_by_the_announcements_that_free_a_majority(
                 what="the first node's announcement heard by the waiter",
             )
             await asyncio.sleep(0)  # (a wake-up it caused would start the try here)
-            assert started == before, "the waiter tried on one node's announcement of five"
+            assert tries.started == before, "the waiter tried on one node's announcement of five"
             for index in (1, 2, 3, 4):
                 await group.proxies[index].restore()
             await within(release, what="the release, decided once the four answer")
             await taken_after(
                 stack, lease, waiter, "woken by the majority's announcements (not the key's expiry)"
             )
-            assert started == before + 1, f"{started - before} tries for one release"
+            assert tries.started == before + 1, f"{tries.started - before} tries for one release"
 
 
 async def test_a_late_nodes_subscription_does_not_make_the_waiter_try(
@@ -679,17 +668,7 @@ async def test_a_late_nodes_subscription_does_not_make_the_waiter_try(
     async with ServerGroup(binaries[0], 5, proxied=(3, 4)) as group:
         holder = Redlock(group.clients(direct=True), name, ttl=30)
         waiting = Redlock(group.clients(), name, ttl=30)
-        answered = started = 0
-        attempt = Redlock._attempt
-
-        async def counted(self: Redlock, *args: Any, **kwargs: Any) -> Any:
-            nonlocal answered, started
-            started += self is waiting
-            try:
-                return await attempt(self, *args, **kwargs)
-            finally:
-                answered += self is waiting
-
+        tries = tries_of(waiting, monkeypatch)
         confirmed: list[int] = []  # the nodes whose confirmation was read, in order
         forwarded = QuorumPubSub._forwarded
 
@@ -698,7 +677,6 @@ async def test_a_late_nodes_subscription_does_not_make_the_waiter_try(
                 confirmed.append(node.index)
             return forwarded(self, node, message)
 
-        monkeypatch.setattr(Redlock, "_attempt", counted)
         monkeypatch.setattr(QuorumPubSub, "_forwarded", seen)
         held = [group.proxies[index].hold_requests(b"SUBSCRIBE") for index in (3, 4)]
         async with contextlib.AsyncExitStack() as stack:
@@ -712,7 +690,7 @@ async def test_a_late_nodes_subscription_does_not_make_the_waiter_try(
             queue = notifier.queue_for(waiting._channel)
             assert queue is not None
             await eventually(
-                lambda: answered == started == 2 and queue.waiters[0].checks_within(60),
+                lambda: tries.answered == tries.started == 2 and queue.waiters[0].checks_within(60),
                 what="the waiter asleep after its try once subscribed",
             )
             assert notifier.is_subscribed(waiting._channel)
@@ -722,11 +700,11 @@ async def test_a_late_nodes_subscription_does_not_make_the_waiter_try(
                 lambda: sorted(confirmed) == [0, 1, 2, 3, 4], what="the late confirmations"
             )
             await asyncio.sleep(0)  # (a wake-up they caused would start the try here)
-            assert started == 2, f"{started - 2} tries for late nodes' subscriptions"
+            assert tries.started == 2, f"{tries.started - 2} tries for late nodes' subscriptions"
             # A node's session made again: its confirmation is heard as a duplicate.
             assert group.proxies[3].reset_all() > 0
             await eventually(lambda: confirmed.count(3) == 2, what="node 3 subscribed again")
-            await eventually(lambda: started == 3, what="a try for the node subscribed again")
+            await eventually(lambda: tries.started == 3, what="a try for the node subscribed again")
             await within(lease.release(), what="the release")
             await taken_after(stack, lease, waiter, "woken by the release's announcements")
 
@@ -769,6 +747,29 @@ async def test_a_release_announced_by_a_minority_is_checked_within_the_node_time
                 waiter,
                 "checking after one node's announcement (not the key's expiry)",
             )
+
+
+class Tries:
+    """The attempts of one Redlock, counted: started, and answered (or failed)."""
+
+    def __init__(self) -> None:
+        self.started = self.answered = 0
+
+
+def tries_of(waiting: Redlock, monkeypatch: pytest.MonkeyPatch) -> Tries:
+    """Count `waiting`'s attempts (`Redlock._attempt`) until the test ends."""
+    tries = Tries()
+    attempt = Redlock._attempt
+
+    async def counted(self: Redlock, *args: Any, **kwargs: Any) -> Any:
+        tries.started += self is waiting
+        try:
+            return await attempt(self, *args, **kwargs)
+        finally:
+            tries.answered += self is waiting
+
+    monkeypatch.setattr(Redlock, "_attempt", counted)
+    return tries
 
 
 async def held_and_awaited(

@@ -42,6 +42,20 @@ def clock_held_at(now: float) -> Iterator[None]:
         delattr(loop, "time")
 
 
+def lease_of(ttl: float, *, sent_at: float) -> Lease:
+    """A lease of `ttl` seconds acquired by a request sent at `sent_at`, not renewed."""
+    return Lease(
+        issuer=AnswersAtOnce(),
+        token="ab" * 16,
+        fencing_token=1,
+        ttl=ttl,
+        margin=safety_margin(ttl),
+        sent_at=sent_at,
+        scheduler=None,
+        make_entry=None,
+    )
+
+
 async def test_an_extension_sent_with_a_renewal_at_one_reading_of_the_clock_counts_both() -> None:
     """A watchdog renewal to the old ttl (1 s) and `extend(ttl=10)` are sent at one reading
     of the clock; the extension is answered first. Redis may apply the renewal last,
@@ -49,16 +63,7 @@ async def test_an_extension_sent_with_a_renewal_at_one_reading_of_the_clock_coun
     more than that."""
     now = 1000.0
     with clock_held_at(now):
-        lease = Lease(
-            issuer=AnswersAtOnce(),
-            token="ab" * 16,
-            fencing_token=1,
-            ttl=1.0,
-            margin=safety_margin(1.0),
-            sent_at=now,
-            scheduler=None,
-            make_entry=None,
-        )
+        lease = lease_of(1.0, sent_at=now)
         lease._renewal_sent(now, 1.0)  # the watchdog's, on its way
         await lease.extend(ttl=10)
         assert lease.deadline <= now + 1.0, "counted past what the renewal in flight allows"
@@ -75,16 +80,7 @@ async def test_a_deadline_timer_run_a_clock_tick_early_loses_the_lease_after_set
 
     Break seen failing: the check after settling reading the clock alone."""
     loop = asyncio.get_running_loop()
-    lease = Lease(
-        issuer=AnswersAtOnce(),
-        token="ab" * 16,
-        fencing_token=1,
-        ttl=30.0,
-        margin=safety_margin(30.0),
-        sent_at=loop.time(),
-        scheduler=None,
-        make_entry=None,
-    )
+    lease = lease_of(30.0, sent_at=loop.time())
     deadline = lease.deadline
     lease._renewal_sent(deadline - 0.2, 30.0)  # in time, unanswered
     with clock_held_at(deadline - 0.0005):
