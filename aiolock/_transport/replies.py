@@ -48,8 +48,7 @@ def direct_reader(connection: Any) -> Callable[[], Awaitable[Any]] | None:
     it must be read by its `read_response` (see the module)."""
     parser = getattr(connection, "_parser", None)
     if (
-        type(parser) is not _PARSER
-        or _PARSER is None
+        type(parser) is not _PARSER  # (never None: without the class, nothing is)
         or not _reads_as_redis_py(type(connection))
         or connection.health_check_interval
         or connection.protocol not in _PROTOCOLS
@@ -82,8 +81,8 @@ async def _read(connection: Any, parser: Any) -> Any:
     try:
         if not parser._connected:
             raise RedisConnectionError(_CLOSED)
-        hiredis_reader = parser._reader
         while True:
+            hiredis_reader = parser._reader  # (a push's handler may have made a new one)
             reply = hiredis_reader.gets()
             while reply is _MORE:
                 data = await parser._stream.read(parser._read_size)
