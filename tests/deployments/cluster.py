@@ -31,6 +31,8 @@ from .sentinel import _ask, _quietly
 SLOTS: Final = 16384
 
 READY_BOUND: Final = 30.0
+REMEET_AFTER: Final = 3.0
+"""How long the nodes may take to know each other before they are told to meet again."""
 """Longest wait for the cluster to agree on its slots and for the replicas to sync."""
 
 MANUAL_FAILOVER_TRY: Final = 6.0
@@ -88,12 +90,23 @@ class ClusterGroup:
                 primary.port, "CLUSTER", "ADDSLOTS", *range(bounds[index], bounds[index + 1])
             )
 
+        loop = asyncio.get_running_loop()
+        met = loop.time()
+
         async def everyone_known() -> bool:
+            nonlocal met
+            known = True
             for server in self.servers:
                 nodes = str(await _ask(server.port, "CLUSTER", "NODES"))
-                if len(nodes.strip().splitlines()) != 6:
-                    return False
-            return True
+                known = known and len(nodes.strip().splitlines()) == 6
+            if not known and loop.time() - met >= REMEET_AFTER:
+                # A handshake not done within the node timeout (a loaded machine) is
+                # forgotten, never tried again: meet again (a handshake in progress, or
+                # a node known, makes it a no-op).
+                met = loop.time()
+                for server in self.servers[1:]:
+                    await _ask(server.port, "CLUSTER", "MEET", "127.0.0.1", first.port)
+            return known
 
         await eventually(
             lambda: _quietly(everyone_known), what="every node knowing the other five",
