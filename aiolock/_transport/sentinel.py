@@ -137,16 +137,32 @@ class SentinelTransport(Transport):
             packed = connection.pack_command(*command)
             if then is not None:
                 packed += connection.pack_command(*then)
-            return await exchange_packed(
-                connection,
-                packed,
-                on_sent,
-                pair=then is not None,
-                send=_send_packed,
-                batch=self.batch,
-            )
+            try:
+                return await exchange_packed(
+                    connection,
+                    packed,
+                    on_sent,
+                    pair=then is not None,
+                    send=_send_packed,
+                    batch=self.batch,
+                )
+            except Errors.response as exc:
+                if not (_refused_as_replica(exc) and getattr(pool, "is_master", False)):
+                    raise
+                # What redis-py's connection does with READONLY, for the one a script met:
+                # Redis 6.2 wraps it in the script's error, which redis-py does not see.
+                await connection.disconnect()
+                raise redis.exceptions.ConnectionError(
+                    "the master the Sentinels named is now a replica (READONLY)"
+                ) from exc
         finally:
             await pool.release(connection)
+
+
+def _refused_as_replica(error: BaseException) -> bool:
+    """Whether a script's error is a write refused by a replica (READONLY), as Redis 6.2
+    reports it: inside the script's error ("Error running script ...: -READONLY ...")."""
+    return "-READONLY " in str(error)
 
 
 class SentinelReplicaTransport(SentinelTransport):
