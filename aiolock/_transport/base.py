@@ -308,8 +308,9 @@ async def exchange_packed(
     """Write `packed` (a command, and a `WAIT` after it if `pair`) on `connection` with
     `send` (which calls `on_sent` once it is written, and may hold it to the end of the
     loop's pass in `batch`, the running loop's), and read its reply (both, if `pair`:
-    `read_pair`) without the client's socket timeout (`reader`). A write the event loop refused on a connection the
-    server had reset is raised as a `ConnectionError` (see `closed_transport`).
+    `read_pair`) without the client's socket timeout (`reader`). A write the event loop
+    refused on a connection the server had reset is raised as a `ConnectionError` (see
+    `closed_transport`).
 
     On any error or cancellation while sending or reading, redis-py's connection closes
     itself, so a half-read reply never goes back to its pool.
