@@ -27,6 +27,7 @@ from aiolock._lua.layout import LockKeys
 
 from ..conftest import CommandLog, make_client
 from ..deployments.proxy import FaultProxy
+from ..support.load import scaled
 from ..support.servers import RedisServer
 from ..support.waits import eventually, until_cancelled, within
 
@@ -109,7 +110,7 @@ async def test_replies_slower_than_the_renewal_bound_lose_the_lease_by_its_deadl
     assert lease.deadline <= slowed_at + ttl
     assert lease.deadline - TIMER_RESOLUTION <= lost_at <= lease.deadline + SCHEDULING_BOUND
     # The release after the loss waits for its own timeout at most, not for the slow reply.
-    assert raised_at <= lost_at + RELEASE_TIMEOUT_OF_1S_TTL + 0.5
+    assert raised_at <= lost_at + RELEASE_TIMEOUT_OF_1S_TTL + scaled(0.5)
     # The release itself reached Redis (only replies are slow): the lock is free again.
     await until(lambda: _free(proxied.direct, lock), "the release was applied", timeout=5)
 
@@ -121,7 +122,9 @@ async def _free(client: redis.asyncio.Redis, lock: Lock) -> bool:
 # --------------------------------------------------------------------------- blackhole
 ACQUIRE_TIMEOUT = 2.0
 ABORT_TIMEOUT = 1.0
-"""aiolock/_primitives/lock.py `_ABORT_TIMEOUT`: how long a failed acquire waits for its cleanup."""
+"""aiolock/_engine/release.py `ABORT_TIMEOUT`: how long a failed acquire waits for its cleanup."""
+MIN_CLEANUP = 0.1
+"""aiolock/_engine/release.py `MIN_CLEANUP`: the cleanup an acquire whose time is up waits for."""
 
 
 async def test_blackholed_acquire_raises_backend_error(proxied: Proxied, name: str) -> None:
@@ -139,7 +142,7 @@ async def test_blackholed_acquire_raises_backend_error(proxied: Proxied, name: s
     elapsed = loop.time() - started
     assert info.type is BackendError  # not AcquireTimeoutError
     assert info.value.operation == "acquire"
-    assert ACQUIRE_TIMEOUT <= elapsed <= ACQUIRE_TIMEOUT + ABORT_TIMEOUT + 0.5
+    assert ACQUIRE_TIMEOUT <= elapsed <= ACQUIRE_TIMEOUT + ABORT_TIMEOUT + scaled(0.5)
     await proxied.proxy.restore()
     assert not await proxied.direct.exists(Lock(proxied.direct, name).key)
 
@@ -152,7 +155,9 @@ async def test_blackholed_acquire_raises_within_its_timeout(proxied: Proxied, na
     with pytest.raises(BackendError):
         async with asyncio.timeout(10):  # a hang guard
             await Lock(proxied.client, name, ttl=30).acquire(timeout=timeout)
-    assert loop.time() - started <= timeout + 0.5
+    # The promise: the timeout and the moment its cleanup is given, plus what a busy
+    # machine delays the loop by (it has taken 0.4 s with two CI lanes side by side).
+    assert loop.time() - started <= timeout + MIN_CLEANUP + scaled(0.3)
 
 
 async def test_a_blackhole_shorter_than_the_validity_is_survived(
