@@ -97,8 +97,11 @@ class ClusterGroup:
             nonlocal met
             known = True
             for server in self.servers:
+                # Known by its own ID: a node still in its handshake is listed under a
+                # random one (a CLUSTER REPLICATE naming it would be refused).
                 nodes = str(await _ask(server.port, "CLUSTER", "NODES"))
-                known = known and len(nodes.strip().splitlines()) == 6
+                listed = {line.split()[0] for line in nodes.strip().splitlines()}
+                known = known and "handshake" not in nodes and listed == set(self.ids.values())
             if not known and loop.time() - met >= REMEET_AFTER:
                 # A handshake not done within the node timeout (a loaded machine) is
                 # forgotten, never tried again: meet again (a handshake in progress, or
