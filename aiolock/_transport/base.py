@@ -42,6 +42,7 @@ from .replies import direct_reader
 from .write_batch import WriteBatch, batch_for
 
 __all__ = (
+    "DRAIN_ABOVE",
     "Call",
     "Command",
     "CommandTransport",
@@ -51,6 +52,7 @@ __all__ = (
     "checkout",
     "exchange_packed",
     "pooled",
+    "quick_pool",
     "read_pair",
     "reader",
     "write",
@@ -85,11 +87,11 @@ async def checkout(pool: Any, command: str) -> tuple[Any, bool]:
     redis-py's `ConnectionPool.get_connection` and `release` take a lock, record metrics,
     dispatch events and ask the connection to connect, around a list pop and a set add:
     in a lock cycle those layers cost about as much as aiolock's own work on the call. A
-    plain pool of redis-py's own class (`_quick`) lends an idle connection directly: one
+    plain pool of redis-py's own class (`quick_pool`) lends an idle connection directly: one
     that is connected and has nothing unread (what redis-py checks); any other case takes
     redis-py's way.
     """
-    available = pool._available_connections if _quick(pool) else None
+    available = pool._available_connections if quick_pool(pool) else None
     if available:
         connection = available.pop()
         in_use = pool._in_use_connections
@@ -112,21 +114,28 @@ async def checkout(pool: Any, command: str) -> tuple[Any, bool]:
 
 
 async def checkin(pool: Any, connection: Any, quick: bool) -> None:
-    """Give back a connection from `checkout`."""
+    """Give back a connection from `checkout`. One that was closed goes behind the idle
+    ones of a pool `checkout` lends from (`quick_pool`), so that the next calls take a
+    connected one before any is connected again (a server that refuses new connections
+    still answers on those)."""
     if not quick:
         await pool.release(connection)
-        return
-    if getattr(connection, "_should_reconnect", False):
-        await connection.disconnect()
-    in_use = pool._in_use_connections
-    if connection in in_use:
+    else:
+        if getattr(connection, "_should_reconnect", False):
+            await connection.disconnect()
+        in_use = pool._in_use_connections
+        if connection not in in_use:  # the pool was reset meanwhile: no longer its own
+            await connection.disconnect()
+            return
         in_use.remove(connection)
         pool._available_connections.append(connection)
-    else:  # the pool was reset meanwhile: the connection is no longer its own
-        await connection.disconnect()
+    if not connection.is_connected and quick_pool(pool):
+        available = pool._available_connections
+        if len(available) > 1 and available[-1] is connection:
+            available.insert(0, available.pop())
 
 
-def _quick(pool: Any) -> bool:
+def quick_pool(pool: Any) -> bool:
     """Whether `checkout` may lend `pool`'s connections itself: redis-py's own pool class,
     its methods not replaced on the object, no credential provider (whose re-authentication
     runs when a connection is given back), RESP2 (no push notifications between commands),
@@ -154,7 +163,7 @@ def _quick(pool: Any) -> bool:
 
 
 _QUICK_POOLS: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
-"""Whether each pool was made so that `checkout` may lend its connections (see `_quick`)."""
+"""Whether each pool was made so that `checkout` may lend its connections (see `quick_pool`)."""
 
 
 _CHECKOUTS: dict[type[Any], Callable[[Any, str], Awaitable[Any]]] = {}
@@ -191,7 +200,7 @@ def _names_connections(pool: Any) -> bool:
     )
 
 
-_DRAIN_ABOVE: Final = 65536
+DRAIN_ABOVE: Final = 65536
 """Bytes buffered in a connection's transport above which a write waits for them to drain."""
 
 
@@ -216,10 +225,10 @@ async def write(
     writer: asyncio.StreamWriter | None = getattr(connection, "_writer", None)
     if writer is None or getattr(connection, "health_check_interval", None):
         await connection.send_packed_command(packed)
-    elif on_sent is not None or len(packed) >= _DRAIN_ABOVE or not batch.hold(writer, packed):
+    elif on_sent is not None or len(packed) >= DRAIN_ABOVE or not batch.hold(writer, packed):
         try:
             writer.write(packed)
-            if writer.transport.get_write_buffer_size() > _DRAIN_ABOVE:
+            if writer.transport.get_write_buffer_size() > DRAIN_ABOVE:
                 await writer.drain()
         except OSError as exc:
             await connection.disconnect(nowait=True)

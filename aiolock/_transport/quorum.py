@@ -40,6 +40,7 @@ from .backend import Backend, backend_kind
 from .base import Sent
 from .call_options import CallOptions
 from .clients import AsyncClient, lasting, mark_stalled
+from .direct import DirectTransport
 from .quorum_pubsub import QuorumPubSub
 
 __all__ = ("Quorum", "QuorumBackend", "Votes", "curable", "node_name")
@@ -212,6 +213,9 @@ class QuorumBackend(Backend):
         # for as long as the process lives. What the calls need of it is copied.
         self.size, self.node_timeout, self.names = quorum.quorum, quorum.node_timeout, quorum.names
         self.nodes = [Backend(client) for client in quorum.clients]
+        for node in self.nodes:
+            if isinstance(node.transport, DirectTransport):
+                node.transport.shares = False  # (see `DirectTransport.shares`)
         self._health = [_Node() for _ in self.nodes]
         self._library = self.nodes[0].library
         self._background: set[asyncio.Task[Any]] = set()

@@ -28,18 +28,18 @@ from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-__all__ = ("direct_reader",)
+__all__ = ("CLOSED", "MORE", "direct_reader")
 
 
 _PARSER: Final[type[Any] | None] = getattr(redis._parsers.hiredis, "_AsyncHiredisParser", None)
 """redis-py's asyncio hiredis parser class."""
-_MORE: Final = getattr(redis._parsers.hiredis, "NOT_ENOUGH_DATA", False)
+MORE: Final = getattr(redis._parsers.hiredis, "NOT_ENOUGH_DATA", False)
 """What its reader answers while a reply is incomplete: redis-py 6 and later name an object
 of their own; before, False (which no RESP2 reply is)."""
-_PROTOCOLS: Final = (None, 2, "2") if _MORE is False else (None, 2, "2", 3, "3")
+_PROTOCOLS: Final = (None, 2, "2") if MORE is False else (None, 2, "2", 3, "3")
 """The protocols read here: RESP3 only where the reader cannot mistake a reply (RESP3 has
 `false`) for an incomplete one."""
-_CLOSED: Final = "Connection closed by server."
+CLOSED: Final = "Connection closed by server."
 """redis-py's message for a connection the server closed."""
 
 
@@ -80,14 +80,14 @@ async def _read(connection: Any, parser: Any) -> Any:
     new ones each time it connects)."""
     try:
         if not parser._connected:
-            raise RedisConnectionError(_CLOSED)
+            raise RedisConnectionError(CLOSED)
         while True:
             hiredis_reader = parser._reader  # (a push's handler may have made a new one)
             reply = hiredis_reader.gets()
-            while reply is _MORE:
+            while reply is MORE:
                 data = await parser._stream.read(parser._read_size)
                 if not data:
-                    raise RedisConnectionError(_CLOSED)
+                    raise RedisConnectionError(CLOSED)
                 hiredis_reader.feed(data)
                 reply = hiredis_reader.gets()
             # A RESP3 push notification before the reply goes to the parser's handler.

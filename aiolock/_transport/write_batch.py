@@ -30,6 +30,9 @@ from typing import Any
 
 __all__ = ("WriteBatch", "batch_for")
 
+Held = list[tuple[weakref.ref[asyncio.StreamWriter], bytes]]
+"""Commands held for writers, in the order they came."""
+
 
 class WriteBatch:
     """The commands held in the current pass of one event loop (see the module)."""
@@ -38,7 +41,7 @@ class WriteBatch:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         # (the loop itself is not kept: it is the key this batch is found by, held weakly)
-        self._held: list[tuple[weakref.ref[asyncio.StreamWriter], bytes]] = []
+        self._held: Held = []
         ready = getattr(loop, "_ready", None)
         self._ready: Any = ready if hasattr(ready, "__len__") else None
         self.awaiting = 0
@@ -71,8 +74,10 @@ class WriteBatch:
         return False
 
     def _flush(self) -> None:
-        """Write every held command, in the order they came."""
+        """Write every held command, in the order they came: a writer's in one write."""
         held, self._held = self._held, []
+        if len(held) > 1:
+            held = _joined(held)
         for writer_ref, packed in held:
             writer = writer_ref()
             if writer is None:
@@ -86,6 +91,22 @@ class WriteBatch:
                 # (what an event loop raises for a write on a transport it closed): the
                 # transport is aborted, and its reader told
                 transport.abort()
+
+
+def _joined(held: Held) -> Held:
+    """`held` with each writer's commands joined, in their order (a shared connection's),
+    the writers in the order of their first (a writer's weak reference is the same object
+    for all its commands, and stays hashable by identity once the writer is gone)."""
+    joined: dict[int, tuple[weakref.ref[asyncio.StreamWriter], list[bytes]]] = {}
+    for writer_ref, packed in held:
+        entry = joined.get(id(writer_ref))
+        if entry is None:
+            joined[id(writer_ref)] = (writer_ref, [packed])
+        else:
+            entry[1].append(packed)
+    if len(joined) == len(held):
+        return held
+    return [(ref, b"".join(parts)) for ref, parts in joined.values()]
 
 
 _BATCHES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, WriteBatch] = (
