@@ -45,8 +45,7 @@ import aiolock
 
 ACQUIRE = "return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])"
 RELEASE = (
-    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end "
-    "return 0"
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 )
 
 
@@ -127,7 +126,10 @@ async def measure(url: str, tasks: int, seconds: float, rounds: int) -> dict[str
     release_sha = await client.script_load(RELEASE)
     prefix = f"mux:{secrets.token_hex(4)}:"
     names = [f"{prefix}{i}" for i in range(tasks)]
-    host, port = client.connection_pool.connection_kwargs["host"], client.connection_pool.connection_kwargs["port"]
+    host, port = (
+        client.connection_pool.connection_kwargs["host"],
+        client.connection_pool.connection_kwargs["port"],
+    )
     loop = asyncio.get_running_loop()
     _, mux = await loop.create_connection(Multiplexed, host, port)
 
@@ -172,7 +174,7 @@ def table(results: dict[str, Any], tasks: int) -> str:
     lines = [
         f"{tasks} tasks on names of their own",
         "",
-        "| variant | cycles/s | × pool | client CPU µs/cycle | × pool |",
+        "| variant | cycles/s | ÷ pool | client CPU µs/cycle | ÷ pool |",
         "|---|---|---|---|---|",
     ]
     for name, row in results.items():

@@ -21,7 +21,6 @@ from .base import (
     checkin,
     checkout,
     exchange_packed,
-    quick_pool,
     write,
 )
 from .clients import ClientLibrary
@@ -154,7 +153,7 @@ class DirectTransport(Transport):
 
     async def _share(self, pool: Any) -> SharedConnection | None:
         """A new shared connection taken from `pool`, or None if its connections cannot be
-        shared (not redis-py's own pool, or connections not read straight from hiredis),
+        shared (connections not read straight from hiredis, `replies`),
         or, for a call that came while another took one, if that one could not. Calls that
         come while one is taken wait for it (a pool with no idle connection makes one)."""
         key = id(pool)
@@ -163,9 +162,6 @@ class DirectTransport(Transport):
             await asyncio.wait((making,))
             return self._shared.get(key)
         if pool in self._apart:
-            return None
-        if not quick_pool(pool):
-            self._apart.add(pool)
             return None
         making = self._making[key] = asyncio.get_running_loop().create_future()
         try:

@@ -26,6 +26,8 @@ from aiolock._transport.shared_connection import SharedConnection
 from aiolock._transport.write_batch import batch_for
 
 from ..conftest import make_client
+from ..deployments.proxy import FaultProxy
+from ..support.servers import RedisServer
 from ..support.waits import eventually, within
 
 pytestmark = pytest.mark.real_only
@@ -212,3 +214,34 @@ async def test_a_drained_connection_goes_back_to_the_pool(server_url: str) -> No
         assert_given_back_open(client, shared)
         with pytest.raises(redis.exceptions.ConnectionError):
             await call(shared, "ECHO", "two")
+
+
+async def test_a_call_given_up_with_nothing_answered_retires_the_connection(
+    server: RedisServer,
+) -> None:
+    """The server stops answering (a blackhole) while two calls wait on a shared
+    connection; one gives up: nothing was answered since it was queued, so the connection
+    may be dead, and it is retired at once: the other call fails with a
+    `ConnectionError` (to be sent again on another connection) rather than waiting out its
+    own bound on it.
+
+    Break seen failing: no retirement (the other call waits on the dead connection)."""
+    proxy = await FaultProxy(server.port).start()
+    client = make_client(proxy.url)
+    try:
+        pool = client.connection_pool
+        connection, quick = await checkout(pool, "ECHO")
+        shared = SharedConnection(pool, connection, quick)
+        proxy.blackhole()
+        given_up = asyncio.ensure_future(call(shared, "ECHO", "given up"))
+        other = asyncio.ensure_future(call(shared, "ECHO", "other"))
+        await asyncio.sleep(0.05)
+        given_up.cancel()
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await within(other, what="the other call", timeout=2)
+        assert shared.retired and not connection.is_connected
+        assert not pool._in_use_connections
+    finally:
+        await proxy.restore()
+        await client.aclose()
+        await proxy.aclose()

@@ -60,7 +60,7 @@ async def test_commands_written_in_one_pass_of_the_loop_reach_the_server_togethe
     """Eight tasks that start in one pass and each acquire a lock of their own: no command
     is written before the last of them has written its own, and all are written by one
     callback of the loop: the first on a connection of its own (no other call was under
-    way when it was made), the seven others in one write on the connection they share.
+    way when it was made), the others in one write on the connection they share.
     (On a loop that does not show its ready callbacks, uvloop, the first is written at
     once: no other call awaited its reply when it was made.)"""
     client = make_client(server_url)
@@ -82,7 +82,10 @@ async def test_commands_written_in_one_pass_of_the_loop_reach_the_server_togethe
         leases = await within(
             asyncio.gather(*(acquire(i) for i in range(TASKS))), what="every acquire"
         )
-        assert [write.commands for write in writes] == [1, TASKS - 1], writes
+        # (On redis-py before 8, whose checkout pauses, the call that takes the connection
+        # to share may write alone, a pass before the others.)
+        assert sum(write.commands for write in writes) == TASKS, writes
+        assert writes[-1].commands >= TASKS - 2 and len(writes) <= 3, writes
         held = writes
         if not hasattr(asyncio.get_running_loop(), "_ready"):
             assert writes[0].started == 1 and writes[0].task is not None, writes
