@@ -40,6 +40,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from .base import checkin
+from .clients import closed_transport
 from .replies import CLOSED, MORE
 from .write_batch import WriteBatch
 
@@ -131,6 +132,10 @@ class SharedConnection:
             writer.write(packed)
         except OSError as exc:
             raise RedisConnectionError(f"error while writing to the socket: {exc}") from exc
+        except (RuntimeError, AttributeError, TypeError) as exc:
+            if not closed_transport(exc):
+                raise
+            raise RedisConnectionError(f"the connection was closed: {exc!r}") from exc
 
     async def _lead(self, mine: asyncio.Future[Any]) -> Any:
         """Read, handing each reply to its caller, until `mine`'s; then hand out what is

@@ -245,3 +245,31 @@ async def test_a_call_given_up_with_nothing_answered_retires_the_connection(
         await proxy.restore()
         await client.aclose()
         await proxy.aclose()
+
+
+async def test_a_write_the_loop_refuses_on_a_reset_connection_is_a_broken_connection(
+    server_url: str,
+) -> None:
+    """uvloop refuses a write on a transport the other end reset ("the handler is
+    closed"): on a shared connection that is a `ConnectionError` (sent again on another
+    connection by its caller), and the connection is given back closed.
+
+    Break seen failing: the write's `RuntimeError` raised as it is."""
+    client = make_client(server_url)
+    try:
+        pool = client.connection_pool
+        connection, quick = await checkout(pool, "ECHO")
+        shared = SharedConnection(pool, connection, quick)
+
+        def refused(data: bytes) -> None:
+            raise RuntimeError(
+                "unable to perform operation on <TCPTransport>; the handler is closed"
+            )
+
+        connection._writer.write = refused
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await within(call(shared, "ECHO", "x"), what="the refused write")
+        assert shared.retired and not connection.is_connected
+        assert not pool._in_use_connections
+    finally:
+        await client.aclose()
