@@ -19,6 +19,9 @@ each way:
   first renewal, written before `acquire()` returns);
 - pubsub-blocking: the same with redis-py's blocking client (a blocking socket read);
 - blpop-asyncio, blpop-blocking: LPUSH on the other's list, taken by its BLPOP;
+- blpop-blocking-claimed: the same, the taker having the token only once one more
+  command's reply came (a SET NX PX): a waiter woken by a signal list that then takes the
+  lock itself, as python-redis-lock's does;
 - aiolock, aiolock-busy: one `aiolock.Lock` taken in turn: each process acquires, holds
   the lock until the other waits for it (read with `Lock.info()`, untimed), releases, and
   acquires again; the waiter idle or busy as above.
@@ -61,6 +64,7 @@ VARIANTS = (
     "pubsub-blocking",
     "blpop-asyncio",
     "blpop-blocking",
+    "blpop-blocking-claimed",
     "aiolock",
     "aiolock-busy",
 )
@@ -208,24 +212,51 @@ async def blpop_asyncio(
 def blpop_blocking(
     url: str, key: str, rounds: int, first: bool, ready: Callable[[], None]
 ) -> Records:
+    return _blpop_blocking(url, key, rounds, first, ready, claimed=False)
+
+
+def blpop_blocking_claimed(
+    url: str, key: str, rounds: int, first: bool, ready: Callable[[], None]
+) -> Records:
+    return _blpop_blocking(url, key, rounds, first, ready, claimed=True)
+
+
+def _blpop_blocking(
+    url: str,
+    key: str,
+    rounds: int,
+    first: bool,
+    ready: Callable[[], None],
+    *,
+    claimed: bool,
+) -> Records:
+    """With `claimed`, the taker, woken by its BLPOP, has the token only once one more
+    command's reply came (a SET NX PX of a key of its own): the shape of a hand-off by a
+    signal list, the waiter woken and then taking the lock itself (python-redis-lock's)."""
     client = redis.Redis.from_url(url)
     mine, theirs = (f"{key}:a", f"{key}:b") if first else (f"{key}:b", f"{key}:a")
     sent: dict[str, float] = {}
     got: dict[str, float] = {}
+
+    def take() -> None:
+        reply = client.blpop([mine], timeout=0)
+        assert reply is not None
+        if claimed:
+            client.set(f"{mine}:claim", reply[1], nx=True, px=10_000)
+        got[reply[1].decode()] = now()
+        if claimed:
+            client.delete(f"{mine}:claim")  # (once the token is had: not timed)
+
     try:
         client.ping()
         ready()
         for round_ in range(rounds):
             if not first:
-                reply = client.blpop([mine], timeout=0)
-                assert reply is not None
-                got[reply[1].decode()] = now()
+                take()
             sent[str(round_)] = now()
             client.lpush(theirs, str(round_))
             if first:
-                reply = client.blpop([mine], timeout=0)
-                assert reply is not None
-                got[reply[1].decode()] = now()
+                take()
     finally:
         client.close()
     return {"sent": sent, "got": got}
@@ -291,6 +322,7 @@ SIDES: dict[str, tuple[Side, bool]] = {  # the side's function, busy or not
     "pubsub-blocking": (pubsub_blocking, False),
     "blpop-asyncio": (blpop_asyncio, False),
     "blpop-blocking": (blpop_blocking, False),
+    "blpop-blocking-claimed": (blpop_blocking_claimed, False),
     "aiolock": (aiolock_turns, False),
     "aiolock-busy": (aiolock_turns, True),
 }
