@@ -41,6 +41,11 @@ from .clients import REDIS, Client, ClientLibrary, Errors, closed_transport, val
 from .replies import direct_reader
 from .write_batch import WriteBatch, batch_for
 
+try:
+    import hiredis
+except ImportError:  # pragma: no cover - hiredis is a dependency, but may be missing
+    hiredis = None  # type: ignore[assignment]
+
 __all__ = (
     "DRAIN_ABOVE",
     "Call",
@@ -51,6 +56,7 @@ __all__ = (
     "checkin",
     "checkout",
     "exchange_packed",
+    "pack",
     "pooled",
     "quick_pool",
     "read_pair",
@@ -66,6 +72,12 @@ Call = tuple[Sequence[str], Sequence[str | int]]
 Sent = Callable[[], None] | None
 """Called once the command has been written (on the direct and Sentinel paths; through
 `execute_command`, just before redis-py is handed it)."""
+
+
+def pack(command: Command) -> bytes:
+    """`command` packed by hiredis (which the transports that send directly require)."""
+    packed: bytes = hiredis.pack_command(command)  # type: ignore[arg-type]
+    return packed
 
 
 def pooled(pool: Any, command: str) -> Awaitable[Any]:

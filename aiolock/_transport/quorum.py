@@ -215,7 +215,7 @@ class QuorumBackend(Backend):
         self.nodes = [Backend(client) for client in quorum.clients]
         for node in self.nodes:
             if isinstance(node.transport, DirectTransport):
-                node.transport.shares = False  # (see `DirectTransport.shares`)
+                node.transport.sharing.enabled = False  # (see `Sharing.enabled`)
         self._health = [_Node() for _ in self.nodes]
         self._library = self.nodes[0].library
         self._background: set[asyncio.Task[Any]] = set()

@@ -33,18 +33,20 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import weakref
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from .base import checkin
 from .clients import closed_transport
 from .replies import CLOSED, MORE
 from .write_batch import WriteBatch
 
-__all__ = ("SharedConnection",)
+__all__ = ("GiveBack", "SharedConnection")
+
+GiveBack = Callable[[Any], Awaitable[None]]
+"""How a connection goes back to where it was taken from (open, or closed)."""
 
 
 _LEAD: Final = object()
@@ -58,10 +60,9 @@ class SharedConnection:
     __slots__ = (
         "_answered",
         "_connection",
+        "_give_back",
         "_in_use",
         "_key",
-        "_pool",
-        "_quick",
         "_reading",
         "_waiting",
         "retired",
@@ -69,21 +70,21 @@ class SharedConnection:
 
     def __init__(
         self,
-        pool: Any,
         connection: Any,
-        quick: bool,
+        give_back: GiveBack,
+        *,
+        key: int = 0,
         in_use: dict[int, SharedConnection] | None = None,
     ) -> None:
-        """`connection` was taken from `pool` by `base.checkout` (`quick`: past redis-py's
-        checkout), and is read straight from its hiredis reader (`replies`). While it
-        takes calls, it is `in_use`'s entry for the pool (by its id)."""
-        self._pool = weakref.ref(pool)
-        self._in_use = in_use
-        self._key = id(pool)
-        if in_use is not None:
-            in_use[self._key] = self
+        """`connection` (connected, read straight from its hiredis reader: `replies`) is
+        given back by `give_back` once no call waits on it, or closed once it broke. While
+        it takes calls, it is `in_use`'s entry `key`."""
         self._connection = connection
-        self._quick = quick
+        self._give_back = give_back
+        self._in_use = in_use
+        self._key = key
+        if in_use is not None:
+            in_use[key] = self
         self._waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
         """The calls written and not yet answered, in the order they were written."""
         self._reading = False
@@ -223,11 +224,7 @@ class SharedConnection:
             await self._retire(RedisConnectionError("replies due to calls given up"))
             return
         self._take_no_more()
-        pool = self._pool()
-        if pool is None:
-            await self._connection.disconnect(nowait=True)
-        else:
-            await checkin(pool, self._connection, self._quick)
+        await self._give_back(self._connection)
 
     def _take_no_more(self) -> None:
         self.retired = True
@@ -248,9 +245,7 @@ class SharedConnection:
                 call.set_exception(error)
         connection = self._connection
         await connection.disconnect(nowait=True)
-        pool = self._pool()
-        if pool is not None:
-            await checkin(pool, connection, self._quick)
+        await self._give_back(connection)
 
 
 def _check_connection_level(reply: Any) -> None:

@@ -21,7 +21,7 @@ import redis.asyncio
 import redis.exceptions
 
 from aiolock import Lock
-from aiolock._transport.base import checkout
+from aiolock._transport.base import checkin, checkout
 from aiolock._transport.shared_connection import SharedConnection
 from aiolock._transport.write_batch import batch_for
 
@@ -37,11 +37,20 @@ pytestmark = pytest.mark.real_only
 async def shared_of(client: redis.asyncio.Redis) -> AsyncIterator[SharedConnection]:
     """A shared connection taken from `client`'s pool (the client closed after)."""
     try:
-        pool = client.connection_pool
-        connection, quick = await checkout(pool, "ECHO")
-        yield SharedConnection(pool, connection, quick)
+        shared, _ = await shared_from(client.connection_pool)
+        yield shared
     finally:
         await client.aclose()
+
+
+async def shared_from(pool: Any) -> tuple[SharedConnection, Any]:
+    """A shared connection taken from `pool` (given back to it), and its connection."""
+    connection, quick = await checkout(pool, "ECHO")
+
+    async def give_back(connection: Any) -> None:
+        await checkin(pool, connection, quick)
+
+    return SharedConnection(connection, give_back), connection
 
 
 def call(shared: SharedConnection, *command: str | int) -> Any:
@@ -169,8 +178,7 @@ async def test_a_broken_connection_fails_the_calls_on_it_and_the_next_takes_anot
     client, killer = make_client(server_url), make_client(server_url)
     try:
         pool = client.connection_pool
-        connection, quick = await checkout(pool, "ECHO")
-        shared = SharedConnection(pool, connection, quick)
+        shared, connection = await shared_from(pool)
         calls = [
             asyncio.ensure_future(call(shared, "BLPOP", name, 10)),
             asyncio.ensure_future(call(shared, "ECHO", "behind")),
@@ -195,8 +203,7 @@ async def test_closing_the_client_ends_a_call_waiting_on_its_shared_connection(
 ) -> None:
     client = make_client(server_url)
     pool = client.connection_pool
-    connection, quick = await checkout(pool, "ECHO")
-    shared = SharedConnection(pool, connection, quick)
+    shared, _ = await shared_from(pool)
     waiting = asyncio.ensure_future(call(shared, "BLPOP", name, 10))
     await asyncio.sleep(0.01)
     await client.aclose()
@@ -230,8 +237,7 @@ async def test_a_call_given_up_with_nothing_answered_retires_the_connection(
     client = make_client(proxy.url)
     try:
         pool = client.connection_pool
-        connection, quick = await checkout(pool, "ECHO")
-        shared = SharedConnection(pool, connection, quick)
+        shared, connection = await shared_from(pool)
         proxy.blackhole()
         given_up = asyncio.ensure_future(call(shared, "ECHO", "given up"))
         other = asyncio.ensure_future(call(shared, "ECHO", "other"))
@@ -258,8 +264,7 @@ async def test_a_write_the_loop_refuses_on_a_reset_connection_is_a_broken_connec
     client = make_client(server_url)
     try:
         pool = client.connection_pool
-        connection, quick = await checkout(pool, "ECHO")
-        shared = SharedConnection(pool, connection, quick)
+        shared, connection = await shared_from(pool)
 
         def refused(data: bytes) -> None:
             raise RuntimeError(
