@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import secrets
 import statistics
 import sys
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import hiredis
 import redis.asyncio
+from floor import server_url
 
 import aiolock
 
@@ -183,21 +183,6 @@ def table(results: dict[str, Any], tasks: int) -> str:
             f"| {row['client_cpu_us_per_cycle']:.1f} | {row['cpu_vs_pool']:.2f} |"
         )
     return "\n".join(lines)
-
-
-@contextlib.contextmanager
-def server_url(url: str) -> Iterator[str]:
-    """`url`, or a throwaway server's."""
-    if url:
-        yield url
-        return
-    from aiolock.testing import RedisServer, find_binaries
-
-    server = RedisServer(find_binaries()[0]).start()
-    try:
-        yield server.url
-    finally:
-        server.stop()
 
 
 def main() -> None:

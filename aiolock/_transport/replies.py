@@ -28,7 +28,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-__all__ = ("CLOSED", "MORE", "direct_reader")
+__all__ = ("CLOSED", "MORE", "direct_reader", "next_reply")
 
 
 _PARSER: Final[type[Any] | None] = getattr(redis._parsers.hiredis, "_AsyncHiredisParser", None)
@@ -74,31 +74,40 @@ _OWN_READS: dict[type[Any], bool] = {}
 """Whether each connection class reads as redis-py does (`_reads_as_redis_py`)."""
 
 
+async def next_reply(connection: Any, parser: Any) -> Any:
+    """The next reply read on `connection` (its redis-py hiredis `parser`), an error reply
+    returned, not raised; a closed connection, or a connection-level error reply (LOADING,
+    say: redis-py's parser makes those `ConnectionError`s), raised as `ConnectionError`;
+    a socket's error raised as it is. A RESP3 push notification before the reply goes to
+    the parser's handler."""
+    if not parser._connected:
+        raise RedisConnectionError(CLOSED)
+    while True:
+        hiredis_reader = parser._reader  # (a push's handler may have made a new one)
+        reply = hiredis_reader.gets()
+        while reply is MORE:
+            data = await parser._stream.read(parser._read_size)
+            if not data:
+                raise RedisConnectionError(CLOSED)
+            hiredis_reader.feed(data)
+            reply = hiredis_reader.gets()
+        push = getattr(parser, "_hiredis_PushNotificationType", None)
+        if push is None or not isinstance(reply, push):
+            break
+        await parser.handle_push_response(reply)
+    if isinstance(reply, RedisConnectionError):
+        raise reply
+    if isinstance(reply, list) and reply and isinstance(reply[0], RedisConnectionError):
+        raise reply[0]
+    return reply
+
+
 async def _read(connection: Any, parser: Any) -> Any:
     """The next reply on `connection`, read as `Connection.read_response` reads it with no
     timeout (the parser's reader and stream are looked up each time: a connection makes
     new ones each time it connects)."""
     try:
-        if not parser._connected:
-            raise RedisConnectionError(CLOSED)
-        while True:
-            hiredis_reader = parser._reader  # (a push's handler may have made a new one)
-            reply = hiredis_reader.gets()
-            while reply is MORE:
-                data = await parser._stream.read(parser._read_size)
-                if not data:
-                    raise RedisConnectionError(CLOSED)
-                hiredis_reader.feed(data)
-                reply = hiredis_reader.gets()
-            # A RESP3 push notification before the reply goes to the parser's handler.
-            push = getattr(parser, "_hiredis_PushNotificationType", None)
-            if push is None or not isinstance(reply, push):
-                break
-            await parser.handle_push_response(reply)
-        if isinstance(reply, RedisConnectionError):
-            raise reply
-        if isinstance(reply, list) and reply and isinstance(reply[0], RedisConnectionError):
-            raise reply[0]
+        reply = await next_reply(connection, parser)
     except OSError as exc:
         await connection.disconnect(nowait=True)
         raise RedisConnectionError(

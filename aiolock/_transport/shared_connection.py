@@ -40,7 +40,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from .clients import closed_transport
-from .replies import CLOSED, MORE
+from .replies import CLOSED, MORE, next_reply
 from .write_batch import WriteBatch
 
 __all__ = ("GiveBack", "SharedConnection")
@@ -164,28 +164,12 @@ class SharedConnection:
         """The next reply read on the connection: an error reply returned, not raised; a
         broken connection raised as `ConnectionError`."""
         connection = self._connection
-        parser = connection._parser
         try:
-            if not parser._connected:
-                raise RedisConnectionError(CLOSED)
-            while True:
-                hiredis_reader = parser._reader  # (a push's handler may have made a new one)
-                reply = hiredis_reader.gets()
-                while reply is MORE:
-                    data = await parser._stream.read(parser._read_size)
-                    if not data:
-                        raise RedisConnectionError(CLOSED)
-                    hiredis_reader.feed(data)
-                    reply = hiredis_reader.gets()
-                push = getattr(parser, "_hiredis_PushNotificationType", None)
-                if push is None or not isinstance(reply, push):
-                    break
-                await parser.handle_push_response(reply)
+            reply = await next_reply(connection, connection._parser)
         except OSError as exc:
             raise RedisConnectionError(
                 f"Error while reading from {connection._host_error()} : {exc.args}"
             ) from exc
-        _check_connection_level(reply)
         self._answered += 1
         return reply
 
