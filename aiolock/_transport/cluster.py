@@ -38,8 +38,6 @@ from .base import Call, Command, CommandTransport, Sent, Transport
 from .clients import Client, ClientLibrary, Errors, migrating_refusal
 from .cluster_pubsub import HEALTH_INTERVAL, Placement, ShardedPubSub
 from .direct import direct_connections, exchange
-from .shared_connection import GiveBack
-from .sharing import Sharing
 
 __all__ = ("DIRECT_PAUSE", "MIGRATION_MEMORY", "OWN_IDLE", "OWN_REDIRECTIONS", "ClusterTransport")
 
@@ -116,7 +114,6 @@ class ClusterTransport(CommandTransport):
         "_own_used",
         "_placement",
         "_pubsub_node",
-        "sharing",
     )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -137,7 +134,6 @@ class ClusterTransport(CommandTransport):
         self._own_closer: asyncio.Task[None] | None = None
         self._pubsub_node: str | None = None
         self._placement = Placement()  # what the pub/sub sessions learned of the cluster
-        self.sharing = Sharing()  # which direct calls go on a node's shared connection
 
     @classmethod
     def for_client(  # type: ignore[override]
@@ -200,35 +196,19 @@ class ClusterTransport(CommandTransport):
         node = self._direct_node(client, command)
         if node is None:
             return await self._routed(client, command, on_sent, then)
-        sharing = self.sharing
-        sharing.under_way += 1
-        try:
-            try:
-                if then is None and on_sent is None and sharing.wanted(node):
-                    routed = await sharing.route(node, _take, command)
-                    if routed is not None:
-                        return await sharing.call(*routed, self.batch)
-                return await self._on_own_connection(node, command, on_sent, then)
-            except Errors.redirected:
-                pass
-            except (*Errors.connection, *Errors.timeout):
-                self._direct_paused = self.loop.time() + DIRECT_PAUSE
-                raise
-        finally:
-            sharing.under_way -= 1
-        return await self._routed(client, command, None, then)
-
-    async def _on_own_connection(
-        self, node: ClusterNode, command: Command, on_sent: Sent, then: Command | None
-    ) -> Any:
-        """`command` on a connection of `node` of its own (see `send`)."""
         connection = node.acquire_connection()
         try:
             if getattr(connection, "_should_reconnect", False):  # marked by the client
                 await connection.disconnect()
             return await exchange(connection, command, on_sent, then, self.batch)
+        except Errors.redirected:
+            pass
+        except (*Errors.connection, *Errors.timeout):
+            self._direct_paused = self.loop.time() + DIRECT_PAUSE
+            raise
         finally:
             _give_back(node, connection)
+        return await self._routed(client, command, None, then)
 
     async def _routed(
         self, client: Client, command: Command, on_sent: Sent, then: Command | None
@@ -474,24 +454,6 @@ class ClusterTransport(CommandTransport):
         )
         own.RedisClusterRequestTTL = OWN_REDIRECTIONS
         return own
-
-
-async def _take(node: ClusterNode) -> tuple[Any, GiveBack]:
-    """A connection of `node` to share (`Sharing.share`), connected, and how it goes back."""
-    connection = node.acquire_connection()
-    try:
-        if getattr(connection, "_should_reconnect", False):  # marked by the client
-            await connection.disconnect()
-        if not connection.is_connected:
-            await connection.connect()  # type: ignore[no-untyped-call]
-    except BaseException:
-        _give_back(node, connection)
-        raise
-
-    async def give_back(connection: Any) -> None:
-        _give_back(node, connection)
-
-    return connection, give_back
 
 
 def _give_back(node: ClusterNode, connection: Any) -> None:

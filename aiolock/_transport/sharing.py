@@ -3,7 +3,7 @@
 A transport counts its calls under way; a call made while another is under way, that
 waits only for its one reply (no `WAIT` after it, no caller going on once it is written),
 goes on the `SharedConnection` of the source its connection would come from (a pool of
-the user's client, a node of a cluster), taken from that source when none is in use. A
+the user's client), taken from that source when none is in use. A
 lone call keeps a connection of its own: sharing would only cost it the bookkeeping.
 """
 

@@ -234,36 +234,6 @@ async def test_a_lock_cycle_sends_its_scripts_to_the_slots_primary_directly(
         assert ran == {p.port: 4 for p in primaries}, ran  # two names, two calls each
 
 
-async def test_the_calls_of_many_tasks_share_a_connection_to_each_primary(
-    cluster: ClusterGroup, name: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """24 tasks, 8 on names of each primary's, each taking and giving back its lock 5
-    times: every call goes to its slot's primary directly, each in order (the fencing
-    tokens of each name grow), and the calls to a primary share a connection (aiolock's
-    own cluster client has made a few to each, not one per task).
-
-    Break seen failing: no connection shared on a cluster (8 or more to each primary)."""
-    async with cluster.clients(1) as (client,):
-        names = names_in_thirds(name, per_third=8)
-
-        async def cycles(each: str) -> list[int]:
-            tokens = []
-            for _ in range(5):
-                async with Lock(client, each, ttl=10) as lease:
-                    tokens.append(lease.fencing_token)
-            return tokens
-
-        for each in names[::8]:  # the scripts known to every primary, the client its nodes
-            await cycle(client, each)
-        with routed_calls(monkeypatch) as routed:
-            tokens = await within(asyncio.gather(*map(cycles, names)), what="every cycle")
-        assert routed == []
-        assert all(t == sorted(set(t)) and len(t) == 5 for t in tokens), tokens
-        own = runtime_for(client).backend.transport._own  # type: ignore[attr-defined]
-        made = {node.port: len(node._connections) for node in own.get_primaries()}
-        assert all(0 < count <= 4 for count in made.values()), made
-
-
 async def test_a_call_answered_moved_goes_once_through_the_cluster_routing(
     cluster: ClusterGroup, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
