@@ -58,7 +58,6 @@ __all__ = (
     "exchange_packed",
     "pack",
     "pooled",
-    "quick_pool",
     "read_pair",
     "reader",
     "write",
@@ -99,11 +98,11 @@ async def checkout(pool: Any, command: str) -> tuple[Any, bool]:
     redis-py's `ConnectionPool.get_connection` and `release` take a lock, record metrics,
     dispatch events and ask the connection to connect, around a list pop and a set add:
     in a lock cycle those layers cost about as much as aiolock's own work on the call. A
-    plain pool of redis-py's own class (`quick_pool`) lends an idle connection directly: one
+    plain pool of redis-py's own class (`_quick`) lends an idle connection directly: one
     that is connected and has nothing unread (what redis-py checks); any other case takes
     redis-py's way.
     """
-    available = pool._available_connections if quick_pool(pool) else None
+    available = pool._available_connections if _quick(pool) else None
     if available:
         connection = available.pop()
         in_use = pool._in_use_connections
@@ -127,7 +126,7 @@ async def checkout(pool: Any, command: str) -> tuple[Any, bool]:
 
 async def checkin(pool: Any, connection: Any, quick: bool) -> None:
     """Give back a connection from `checkout`. One that was closed goes behind the idle
-    ones of a pool `checkout` lends from (`quick_pool`), so that the next calls take a
+    ones of a pool `checkout` lends from (`_quick`), so that the next calls take a
     connected one before any is connected again (a server that refuses new connections
     still answers on those)."""
     if not quick:
@@ -141,13 +140,13 @@ async def checkin(pool: Any, connection: Any, quick: bool) -> None:
             return
         in_use.remove(connection)
         pool._available_connections.append(connection)
-    if not connection.is_connected and quick_pool(pool):
+    if not connection.is_connected and _quick(pool):
         available = pool._available_connections
         if len(available) > 1 and available[-1] is connection:
             available.insert(0, available.pop())
 
 
-def quick_pool(pool: Any) -> bool:
+def _quick(pool: Any) -> bool:
     """Whether `checkout` may lend `pool`'s connections itself: redis-py's own pool class,
     its methods not replaced on the object, no credential provider (whose re-authentication
     runs when a connection is given back), RESP2 (no push notifications between commands),
@@ -175,7 +174,7 @@ def quick_pool(pool: Any) -> bool:
 
 
 _QUICK_POOLS: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
-"""Whether each pool was made so that `checkout` may lend its connections (see `quick_pool`)."""
+"""Whether each pool was made so that `checkout` may lend its connections (see `_quick`)."""
 
 
 _CHECKOUTS: dict[type[Any], Callable[[Any, str], Awaitable[Any]]] = {}
