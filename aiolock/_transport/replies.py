@@ -28,7 +28,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-__all__ = ("CLOSED", "MORE", "direct_reader", "next_reply")
+__all__ = ("CLOSED", "MORE", "direct_reader", "next_reply", "raise_connection_level")
 
 
 _PARSER: Final[type[Any] | None] = getattr(redis._parsers.hiredis, "_AsyncHiredisParser", None)
@@ -95,11 +95,17 @@ async def next_reply(connection: Any, parser: Any) -> Any:
         if push is None or not isinstance(reply, push):
             break
         await parser.handle_push_response(reply)
+    raise_connection_level(reply)
+    return reply
+
+
+def raise_connection_level(reply: Any) -> None:
+    """Raise `reply` if it is a connection-level error (LOADING, say: redis-py's parser
+    makes those `ConnectionError`s, which close the connection)."""
     if isinstance(reply, RedisConnectionError):
         raise reply
     if isinstance(reply, list) and reply and isinstance(reply[0], RedisConnectionError):
         raise reply[0]
-    return reply
 
 
 async def _read(connection: Any, parser: Any) -> Any:

@@ -40,7 +40,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from .clients import closed_transport
-from .replies import CLOSED, MORE, next_reply
+from .replies import CLOSED, MORE, next_reply, raise_connection_level
 from .write_batch import WriteBatch
 
 __all__ = ("GiveBack", "SharedConnection")
@@ -186,7 +186,7 @@ class SharedConnection:
                 await parser.handle_push_response(reply)
                 continue
             try:
-                _check_connection_level(reply)
+                raise_connection_level(reply)
             except RedisConnectionError as exc:
                 await self._retire(exc)
                 return
@@ -230,15 +230,6 @@ class SharedConnection:
         connection = self._connection
         await connection.disconnect(nowait=True)
         await self._give_back(connection)
-
-
-def _check_connection_level(reply: Any) -> None:
-    """Raise `reply` if it is a connection-level error (LOADING, say: redis-py's parser
-    makes those `ConnectionError`s, which close the connection)."""
-    if isinstance(reply, RedisConnectionError):
-        raise reply
-    if isinstance(reply, list) and reply and isinstance(reply[0], RedisConnectionError):
-        raise reply[0]
 
 
 def _settle(call: asyncio.Future[Any], reply: Any) -> None:
