@@ -13,6 +13,10 @@ Libraries (each behind the same small adapter):
     pottery (AIORedlock on one master), aioredlock, python-redis-lock (sync, in threads),
     redis-lock-py (asyncio, pub/sub).
 
+Floors of the contended scenarios, not locks: token-list (a name's one token in a Redis
+list, taken by BLPOP and given back by LPUSH, in asyncio) and token-list-threads (the same
+with blocking sockets in threads).
+
 At most N holders (the contended scenario; it reports the most holders seen at once):
     aiolock-sem1, aiolock-sem4, aiolock-sem16 (aiolock.Semaphore, limit 1, 4, 16), and
     nlocks4, nlocks16: the workaround without a semaphore, N aiolock.Locks named
@@ -278,6 +282,105 @@ class AiolockSemaphoreAdapter(Adapter):
         return (lambda: lease.lost), lease.release
 
 
+# A token's list: the least a lock can send, for the floors of the contended scenarios.
+TOKEN_LIST_INIT = """
+if redis.call('SET', KEYS[1] .. ':made', 1, 'NX') then redis.call('RPUSH', KEYS[1], 't') end
+return 1
+"""
+
+
+class TokenListAdapter(Adapter):
+    """A lower bound, not a lock: the name is a Redis list holding one token. To hold it, a
+    BLPOP takes the token (the server wakes exactly one blocked taker, in the order they
+    blocked); to give it back, an LPUSH. One command each way and nothing else: no ttl, no
+    owner, no renewal, no crash safety, no notification but the pop itself. No lock that
+    sends a command can hand over between processes with less. Here in asyncio (a pool
+    connection per blocked task), as aiolock runs."""
+
+    made: set[str]
+
+    async def open(self, url: str) -> None:
+        await super().open(url)
+        self.made = set()
+
+    async def _make(self, name: str) -> str:
+        key = f"bench:token:{name}"
+        if key not in self.made:
+            await self.client.eval(TOKEN_LIST_INIT, 1, key)
+            self.made.add(key)
+        return key
+
+    @contextlib.asynccontextmanager
+    async def hold(self, name: str) -> AsyncIterator[None]:
+        key = await self._make(name)
+        await self.client.blpop([key], timeout=0)
+        try:
+            yield
+        finally:
+            await self.client.lpush(key, "t")
+
+
+class TokenListConfirmedAdapter(TokenListAdapter):
+    """The token list with what a lease handed over needs before its block: the taker,
+    woken by its BLPOP, writes one more command (a PEXPIRE of a key of its own, as a first
+    renewal would be) before its block starts, and reads its answer while the block runs.
+    The floor of a hand-off that a stalled taker survives."""
+
+    async def open(self, url: str) -> None:
+        await super().open(url)
+        self.readers: set[asyncio.Task[None]] = set()
+
+    async def _confirm(self, key: str) -> None:
+        pool = self.client.connection_pool
+        connection = await pool.get_connection()
+        await connection.send_command("PEXPIRE", f"{key}:taker", 10_000)
+
+        async def answer() -> None:
+            try:
+                await connection.read_response()
+            finally:
+                await pool.release(connection)
+
+        task = asyncio.create_task(answer())
+        self.readers.add(task)
+        task.add_done_callback(self.readers.discard)
+
+    @contextlib.asynccontextmanager
+    async def hold(self, name: str) -> AsyncIterator[None]:
+        key = await self._make(name)
+        await self.client.blpop([key], timeout=0)
+        await self._confirm(key)
+        try:
+            yield
+        finally:
+            await self.client.lpush(key, "t")
+
+
+class TokenListThreadsAdapter(TokenListAdapter):
+    """The same token list with blocking sockets, each BLPOP and LPUSH in a thread, as
+    python-redis-lock runs in this harness."""
+
+    async def open(self, url: str) -> None:
+        await super().open(url)
+        self.sync = redis.Redis.from_url(url, max_connections=512)
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=256)
+
+    async def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        self.sync.close()
+        await super().close()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, name: str) -> AsyncIterator[None]:
+        key = await self._make(name)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self.pool, functools.partial(self.sync.blpop, [key], 0))
+        try:
+            yield
+        finally:
+            await loop.run_in_executor(self.pool, self.sync.lpush, key, "t")
+
+
 NLOCKS_POLL = 0.005  # seconds the N-locks workaround sleeps when it found every lock busy
 
 
@@ -334,6 +437,9 @@ ADAPTERS: dict[str, Callable[[], Adapter]] = {
     "redis-lock-py": RedisLockPyAdapter,
     **{f"aiolock-sem{n}": functools.partial(AiolockSemaphoreAdapter, n) for n in (1, 4, 16)},
     **{f"nlocks{n}": functools.partial(NLocksAdapter, n) for n in (4, 16)},
+    "token-list": TokenListAdapter,
+    "token-list-confirmed": TokenListConfirmedAdapter,
+    "token-list-threads": TokenListThreadsAdapter,
 }
 
 

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Final, NamedTuple, final
 from .._aio.task_blocks import Blocks
 from .._lua.layout import GRANT_MS
 from .._lua.lease import RENEW, RENEW_HOLDER, RESUME
-from .._lua.lock import Script, release_args, released
+from .._lua.lock import Join, Script, release_args, released
 from .._model import events
 from .._model.config import LockConfig
 from .._model.holder import HOST, LockInfo, pid, text
@@ -154,6 +154,10 @@ class PrimitiveBase(abc.ABC):
     _direct_grants: ClassVar[bool] = False
     """The release script tells a grant to a queue whose id says so on its process's own
     channel (RELEASE's, see DIRECT_PREFIX): its queues listen there too."""
+    _oldest_first: ClassVar[bool] = False
+    """A release that puts this process's queue in line tells how long its oldest waiter has
+    waited, and the release script serves the oldest waiter of any process first
+    (RELEASE's ARGV[9])."""
     _hands_over: ClassVar[bool] = False
     """A release of this process hands its lease straight to a task of this process waiting
     for one, in the same call, while another command of the process is putting the queue
@@ -220,7 +224,7 @@ class PrimitiveBase(abc.ABC):
         forced: bool = False,
         look_at_queue: bool = False,
         withdraw: str = "",
-        join: tuple[str, str, int] | None = None,
+        join: Join | None = None,
         claims: Sequence[str] = (),
     ) -> Call:
         """The release script call (see RELEASE's ARGV conventions)."""

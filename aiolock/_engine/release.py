@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Final
 
 from .._aio.shielding import run_shielded
+from .._lua.lock import Join
 from .._model.config import check_token
 from .._model.holder import task_name
 from .._transport.clients import migrating
@@ -178,7 +179,7 @@ class ReleasePath:
         # The queue this call puts in line, its registration and the waiters it counts:
         joining: tuple[WaitQueue, Registration, int] | None = None
         handing: Registration | None = None  # the token of a hand-over
-        join = None
+        join: Join | None = None
         claims: list[str] = []
         sent_at = runtime.loop.time()
         if queue is not None and queue.can_join:
@@ -187,12 +188,11 @@ class ReleasePath:
             claims, registration = queue.joining_started(
                 self._of._grant_ms, sent_at, give_back=not self._of._exclusive
             )
-            entry = self._of._entry(registration, task_name(queue.waiters[0].task))
-            join = (queue.wid, entry, len(queue.waiters))
+            join = self._join(queue, registration, len(queue.waiters), sent_at)
             joining = (queue, registration, join[2])
         elif queue is not None and self._may_hand_over(runtime):
             handing = Registration(0, secrets.token_hex(16), sent_at, self._of._grant_ms)
-            join = (queue.wid, self._of._entry(handing, task_name(queue.waiters[0].task)), 0)
+            join = self._join(queue, handing, 0, sent_at)
         try:
             config = self._of._config
             call = self._of._release_call(
@@ -250,6 +250,18 @@ class ReleasePath:
             else:  # released earlier (the answer was lost) or not ours: it may be free
                 notifier.local_release(channel, fence, "")
         return status
+
+    def _join(
+        self, queue: WaitQueue, registration: Registration, count: int, sent_at: float
+    ) -> Join:
+        """The release's `join` of the process's queue under `registration`, counting
+        `count` waiters: with how long its oldest waiter has waited, in µs, where the
+        primitive serves the oldest waiter first."""
+        head = queue.waiters[0]
+        entry = self._of._entry(registration, task_name(head.task))
+        if not self._of._oldest_first:
+            return (queue.wid, entry, count)
+        return (queue.wid, entry, count, max(int((sent_at - head.since) * 1e6), 0))
 
     def _may_hand_over(self, runtime: Runtime) -> bool:
         """Whether a release may hand its lease over to a task of this process now: the

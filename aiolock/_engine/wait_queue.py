@@ -96,6 +96,7 @@ class Waiter:
         "handed_more",
         "poll_hint_ms",
         "queue",
+        "since",
         "task",
         "ticket",
     )
@@ -104,6 +105,7 @@ class Waiter:
         self.queue = queue
         self.task = asyncio.current_task()
         self.ticket = ticket  # the order of its acquire() call among the process's calls
+        self.since = asyncio.get_running_loop().time()  # when it began to wait
         self.accepts = accepts  # takes a lease another task got (not under its own token)
         self._future: asyncio.Future[None] | None = None
         self._time_up = False  # the timeout of the wait in progress passed

@@ -40,6 +40,7 @@ __all__ = (
     "ACQUIRE",
     "INSPECT",
     "RELEASE",
+    "Join",
     "Script",
     "acquire_args",
     "acquired",
@@ -114,12 +115,17 @@ local function listed(token, first)
   end
   return false
 end
--- Put queue `wid` at the back of the waiter queue (or keep its place) with entry
--- "<until ms> <count> <tail>"; both queue keys live as long as their longest entry. The
--- state's `q` field tells a release that there may be waiters to serve.
-local function enqueue(wid, until_ms, count, tail)
+-- Put queue `wid` in the waiter queue with entry "<until ms> <count> <tail>": at the back
+-- (or keep its place), or, given `since` (server µs its oldest waiter has waited from), in
+-- that waiter's place (or keep an earlier one); both queue keys live as long as their
+-- longest entry. The state's `q` field tells a release that there may be waiters to serve.
+local function enqueue(wid, until_ms, count, tail, since)
   clock()
-  redis.call('ZADD', KEYS[2], 'NX', now_us, wid)
+  if since then
+    redis.call('ZADD', KEYS[2], 'LT', since, wid)
+  else
+    redis.call('ZADD', KEYS[2], 'NX', now_us, wid)
+  end
   redis.call('HSET', KEYS[1], 'q', 1)
   redis.call('HSET', KEYS[3], wid, string.format('%.0f %d ', until_ms, count) .. tail)
   local window = until_ms - now_ms + 1000
@@ -329,7 +335,9 @@ RELEASE = Script(
 -- ARGV[6] the releasing process's wait queue for this lock ('' if none waits there): it
 -- joins the waiter queue (or keeps its place) before the lock is handed on,
 -- ARGV[7] that queue's entry (as ARGV[6] of ACQUIRE), ARGV[8] its waiter count,
--- ARGV[9..] when withdrawing: tokens the lock may have been granted to under that queue
+-- ARGV[9] with ARGV[6]: how long (µs) its oldest waiter has waited ('' or left out: it
+-- goes to the back of the queue); when withdrawing, ARGV[9..]: tokens the lock may have
+-- been granted to under that queue
 -- A hold that refused an acquire (state `b`, see ACQUIRE) or was handed on is measured:
 -- the typical hold `h` moves 1/8 of the way to it.
 -- Returns 1 alone when the holder released it and nobody queued (the uncontended path: a
@@ -343,8 +351,10 @@ RELEASE = Script(
 -- A lock is handed to the first queue whose entry has not expired: granted to the token in
 -- the entry (held under it for RESERVATION ms, until its process renews it), or, for an
 -- entry without one (written by layout 1), reserved for the queue's next acquire. Granted
--- straight to the releasing process's own queue (nobody ahead of it), it is held for the
+-- straight to the releasing process's own queue (nobody ahead of it: no queue in line, or
+-- the first one scored after its oldest waiter came, see ARGV[9]), it is held for the
 -- entry's full ttl: that process is alive, and its waiter takes it without a message.
+-- Otherwise that queue goes in line in its oldest waiter's place (or keeps an earlier one).
 -- Unless the queue is the releasing process's own, this is announced on the channel
 -- KEYS[1]:released as "<released fencing token> <queue id>[ <granted fencing token>
 -- <granted seq>]" (SPUBLISH on a cluster of Redis 7+ or Valkey: the variant of `_lua.cluster`).
@@ -507,15 +517,20 @@ if ARGV[1] ~= '' and s[1] == ARGV[1] then
   end
   if own ~= '' then
     clock()
-    local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
-    if not head or head == own then
-      -- Nobody is ahead of the releasing process's own waiters: straight to them.
-      if head then
-        dequeue(head)
+    -- Its oldest waiter has waited since `since` (server µs): the queue's entries are in
+    -- the order their oldest waiters came, and one that came first is served first.
+    local waited = tonumber(ARGV[9] or '')
+    local since = waited and now_us - waited
+    local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+    if not head[1] or head[1] == own or (since and since < tonumber(head[2])) then
+      -- Nobody is ahead of the releasing process's own waiters: straight to them (its
+      -- entry, if it is in line, taken out).
+      if head[1] and redis.call('ZREM', KEYS[2], own) == 1 then
+        redis.call('HDEL', KEYS[3], own)
       end
       return {1, own, give(own, ARGV[7], true)}
     end
-    enqueue(own, now_ms + RESERVATION + GRACE, tonumber(ARGV[8]), ARGV[7])
+    enqueue(own, now_ms + RESERVATION + GRACE, tonumber(ARGV[8]), ARGV[7], since)
     s[5] = '1'
   end
   local wid, granted, seq, expiry = hand_over()
@@ -546,6 +561,11 @@ return {0, '', '', '', 0}
 )
 
 
+Join = tuple[str, str, int] | tuple[str, str, int, int]
+"""A releasing process's own wait queue, for RELEASE: (queue id, entry, waiter count), and
+how long its oldest waiter has waited (µs), where the script serves the oldest first."""
+
+
 def release_args(
     *,
     token: str = "",
@@ -556,7 +576,7 @@ def release_args(
     withdraw: str = "",
     forced: bool = False,
     look_at_queue: bool = False,
-    join: tuple[str, str, int] | None = None,
+    join: Join | None = None,
     claims: Sequence[str] = (),
 ) -> list[str | int]:
     """ARGV for RELEASE (see its header): release `token`, or `withdraw` a wait queue.
@@ -567,8 +587,8 @@ def release_args(
     `retain_ms` is how long the state stays after the release (None: until the released
     lease's own expiry); `held_ms` how long the lease was held (None: not recorded), and
     `renewed` whether the watchdog renewed it (a hold of a lease that was not is recorded
-    with an "f" after the number, see HOLD_FIXED); `join`
-    is (queue id, entry, waiter count) of the releasing process's own wait queue; `claims`
+    with an "f" after the number, see HOLD_FIXED); `join` is the releasing process's own
+    wait queue (`Join`); `claims`
     the tokens a withdrawn queue may have been granted the lock under. Arguments left at
     their defaults at the end are not sent.
     """

@@ -67,6 +67,7 @@ class _Seat(Primitive):
     _what = "election"
     _release_script = EL_RELEASE
     _direct_grants = True
+    _oldest_first = True
 
     def __init__(
         self, client: AsyncClient, name: str, config: LockConfig, *, identity: str

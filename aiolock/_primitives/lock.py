@@ -60,6 +60,7 @@ class Lock(Primitive):
 
     _release_script = RELEASE
     _direct_grants = True
+    _oldest_first = True
 
     def __init__(
         self,

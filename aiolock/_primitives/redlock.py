@@ -23,7 +23,7 @@ from .._engine.runtime import Runtime, runtime_for
 from .._engine.wait_queue import WaitQueue
 from .._lua.layout import LockKeys
 from .._lua.lease import RENEW, RESUME
-from .._lua.lock import INSPECT, Script, release_args
+from .._lua.lock import INSPECT, Join, Script, release_args
 from .._lua.redlock import RL_ACQUIRE, RL_RELEASE
 from .._model.config import check_name, check_seconds
 from .._model.holder import HOST, LockInfo, pid, text
@@ -331,7 +331,7 @@ class Redlock(Primitive):
         forced: bool = False,
         look_at_queue: bool = False,
         withdraw: str = "",
-        join: tuple[str, str, int] | None = None,
+        join: Join | None = None,
         claims: Sequence[str] = (),
     ) -> Call:
         """RL_RELEASE (no queue on the nodes: what concerns one is left out)."""

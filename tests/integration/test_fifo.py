@@ -67,6 +67,73 @@ async def test_waiting_processes_are_served_in_arrival_order(
     assert order == [3, 1, 2]
 
 
+async def local_waiters(client: redis.asyncio.Redis, name: str, count: int) -> None:
+    channel = LockKeys.build("aiolock", name).channel
+
+    def enough() -> bool:
+        queue = runtime_for(client).notifier.queue_for(channel)
+        return queue is not None and len(queue.waiters) >= count
+
+    await eventually(enough, what=f"{count} waiter(s) in the process", interval=0.001)
+
+
+async def test_the_oldest_waiter_of_any_process_is_served_first(
+    clients: list[redis.asyncio.Redis], name: str
+) -> None:
+    # Process A's two tasks wait before process C's: when A's first task releases, A's
+    # second has waited longest and goes next (in its own process, without a message),
+    # although C's queue entry reached Redis before A's was put back in line.
+    a, b, c = clients[:3]
+    holder = await Lock(b, name, ttl=10).acquire()
+    order: list[str] = []
+
+    async def waiter(client: redis.asyncio.Redis, label: str) -> None:
+        async with Lock(client, name, ttl=10):
+            order.append(label)
+
+    first = asyncio.create_task(waiter(a, "a1"))
+    await queued_in_redis(b, name, 1)
+    second = asyncio.create_task(waiter(a, "a2"))
+    await local_waiters(a, name, 2)
+    third = asyncio.create_task(waiter(c, "c"))
+    await queued_in_redis(b, name, 2)
+    await holder.release()
+    await within(asyncio.gather(first, second, third), what="every waiter served")
+    assert order == ["a1", "a2", "c"]
+
+
+async def test_a_release_puts_its_process_in_line_by_its_oldest_waiter(
+    clients: list[redis.asyncio.Redis], name: str
+) -> None:
+    # A's first task waits, then C, then A's second task, then D. A's first task is
+    # granted the lock, which takes A's queue out of Redis; its release hands the lock to
+    # C and puts A's queue back in line in its second task's place: ahead of D's.
+    a, b, c, d = clients[:4]
+    holder = await Lock(b, name, ttl=10).acquire()
+    order: list[str] = []
+    gate = asyncio.Event()
+
+    async def waiter(client: redis.asyncio.Redis, label: str) -> None:
+        async with Lock(client, name, ttl=10):
+            order.append(label)
+            if label == "a1":
+                await gate.wait()
+
+    tasks = [asyncio.create_task(waiter(a, "a1"))]
+    await queued_in_redis(b, name, 1)
+    tasks.append(asyncio.create_task(waiter(c, "c")))
+    await queued_in_redis(b, name, 2)
+    tasks.append(asyncio.create_task(waiter(a, "a2")))
+    await local_waiters(a, name, 2)
+    tasks.append(asyncio.create_task(waiter(d, "d")))
+    await queued_in_redis(b, name, 3)
+    await holder.release()
+    await eventually(lambda: order == ["a1"], what="a1 holds", interval=0.001)
+    gate.set()
+    await within(asyncio.gather(*tasks), what="every waiter served")
+    assert order == ["a1", "c", "a2", "d"]
+
+
 async def test_a_released_lock_is_reserved_for_the_first_waiting_process(
     clients: list[redis.asyncio.Redis], name: str
 ) -> None:
