@@ -67,7 +67,9 @@ class _Seat(Primitive):
     _what = "election"
     _release_script = EL_RELEASE
     _direct_grants = True
-    _oldest_first = True
+    # Candidates are not served oldest first across processes (`_oldest_first`): a
+    # transfer names who goes next by moving it to the head of the line, and the releasing
+    # process's own candidates must not go before it.
 
     def __init__(
         self, client: AsyncClient, name: str, config: LockConfig, *, identity: str

@@ -16,12 +16,13 @@ import pytest
 import redis.asyncio
 
 from aiolock import ConfigError, Election, LeaseLostError, LossReason, Term
+from aiolock._engine.runtime import runtime_for
 from aiolock._lua.election import IDS_SLACK, INFIX
 from aiolock._lua.layout import LockKeys
 from aiolock._lua.lock import ACQUIRE, acquire_args
 
 from ..conftest import CommandLog, make_client
-from ..support.waits import within
+from ..support.waits import eventually, within
 from .test_election import Observer, candidates_queued, described, first_term
 
 
@@ -57,6 +58,33 @@ async def line_up(
 
 
 # --------------------------------------------------------------------------- transfer
+async def test_a_transfer_passes_over_the_leaders_own_candidates_that_came_first(
+    clients: list[redis.asyncio.Redis], name: str
+) -> None:
+    # The leader's process has a candidate that came before the one named, and that is not
+    # in line in Redis when the term is handed over (the grant that made the leader took
+    # its process's queue out): the one named gets the term all the same.
+    first = await first_term(Election(clients[1], name, ttl=10, identity="first"))
+    election = Election(clients[0], name, ttl=10, identity="leader")
+    leading = asyncio.create_task(first_term(election))
+    await candidates_queued(clients[1], election, 1)
+    order: list[str] = []
+    own = Candidate(Election(clients[0], name, ttl=10, identity="own"), order)
+
+    def both_waiting() -> bool:
+        queue = runtime_for(clients[0]).notifier.queue_for(election._seat._channel)
+        return queue is not None and len(queue.waiters) >= 2
+
+    await eventually(both_waiting, what="two candidates waiting in the leader's process")
+    successor = Candidate(Election(clients[2], name, ttl=10, identity="successor"), order)
+    await candidates_queued(clients[1], election, 2)
+    await first.resign()
+    leader = await within(leading, what="the leader's term")
+    await leader.transfer("successor")
+    await within(asyncio.gather(own.task, successor.task), what="every term")
+    assert order == ["successor", "own"]
+
+
 async def test_a_transfer_hands_the_term_to_the_named_candidate_before_those_ahead(
     clients: list[redis.asyncio.Redis], name: str
 ) -> None:
