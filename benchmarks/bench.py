@@ -221,14 +221,11 @@ class AioredlockAdapter(Adapter):
         return (lambda: not lock.valid), (lambda: self.manager.unlock(lock))
 
 
-class PythonRedisLockAdapter(Adapter):
-    """Synchronous: each acquire blocks a thread (BLPOP), as its users run it."""
+class BlockingSockets(Adapter):
+    """A synchronous client too, its calls made in threads of a pool of their own."""
 
     async def open(self, url: str) -> None:
         await super().open(url)
-        import redis_lock
-
-        self.module = redis_lock
         self.sync = redis.Redis.from_url(url, max_connections=512)
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=256)
 
@@ -236,6 +233,16 @@ class PythonRedisLockAdapter(Adapter):
         self.pool.shutdown(wait=True)
         self.sync.close()
         await super().close()
+
+
+class PythonRedisLockAdapter(BlockingSockets):
+    """Synchronous: each acquire blocks a thread (BLPOP), as its users run it."""
+
+    async def open(self, url: str) -> None:
+        await super().open(url)
+        import redis_lock
+
+        self.module = redis_lock
 
     @contextlib.asynccontextmanager
     async def hold(self, name: str) -> AsyncIterator[None]:
@@ -356,19 +363,9 @@ class TokenListConfirmedAdapter(TokenListAdapter):
             await self.client.lpush(key, "t")
 
 
-class TokenListThreadsAdapter(TokenListAdapter):
+class TokenListThreadsAdapter(BlockingSockets, TokenListAdapter):
     """The same token list with blocking sockets, each BLPOP and LPUSH in a thread, as
     python-redis-lock runs in this harness."""
-
-    async def open(self, url: str) -> None:
-        await super().open(url)
-        self.sync = redis.Redis.from_url(url, max_connections=512)
-        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=256)
-
-    async def close(self) -> None:
-        self.pool.shutdown(wait=True)
-        self.sync.close()
-        await super().close()
 
     @contextlib.asynccontextmanager
     async def hold(self, name: str) -> AsyncIterator[None]:
