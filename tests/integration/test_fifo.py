@@ -19,6 +19,7 @@ from aiolock._lua.layout import RESERVATION_MS, LockKeys
 from aiolock._model.holder import text
 
 from ..conftest import CommandLog, make_client
+from ..support.load import scaled
 from ..support.waits import eventually, within
 
 
@@ -67,6 +68,15 @@ async def test_waiting_processes_are_served_in_arrival_order(
     assert order == [3, 1, 2]
 
 
+async def later(seconds: float = 0.2) -> None:
+    """Let time pass before the next waiter comes: the queue orders processes by when their
+    oldest waiter came, as the server's clock puts it (a release's own waiter is placed by
+    how long it has waited, which its latency makes look up to a round trip shorter), so a
+    waiter meant to come later comes later by more than a release's latency, also on a
+    loaded machine."""
+    await asyncio.sleep(scaled(seconds))
+
+
 async def local_waiters(client: redis.asyncio.Redis, name: str, count: int) -> None:
     channel = LockKeys.build("aiolock", name).channel
 
@@ -95,6 +105,7 @@ async def test_the_oldest_waiter_of_any_process_is_served_first(
     await queued_in_redis(b, name, 1)
     second = asyncio.create_task(waiter(a, "a2"))
     await local_waiters(a, name, 2)
+    await later()
     third = asyncio.create_task(waiter(c, "c"))
     await queued_in_redis(b, name, 2)
     await holder.release()
@@ -125,6 +136,7 @@ async def test_a_release_puts_its_process_in_line_by_its_oldest_waiter(
     await queued_in_redis(b, name, 2)
     tasks.append(asyncio.create_task(waiter(a, "a2")))
     await local_waiters(a, name, 2)
+    await later()
     tasks.append(asyncio.create_task(waiter(d, "d")))
     await queued_in_redis(b, name, 3)
     await holder.release()
