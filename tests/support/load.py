@@ -11,7 +11,10 @@ an order, a count) stays the same; only how long it may take changes.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Final
 
@@ -49,3 +52,34 @@ def slack() -> float:
 def scaled(seconds: float) -> float:
     """`seconds` times `slack()`, rounded to the millisecond."""
     return round(seconds * slack(), 3)
+
+
+class LoopLag:
+    """How long a busy machine kept this event loop from running, while watched: a timer
+    ticks every `every` seconds, and each tick later than that by more than `grace` (the
+    loop's own timer granularity) adds its lateness to `total`."""
+
+    def __init__(self, every: float = 0.01, grace: float = 0.002) -> None:
+        self.every = every
+        self.grace = grace
+        self.total = 0.0
+
+    async def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(self.every)
+            self.total += max(0.0, loop.time() - before - self.every - self.grace)
+
+
+@contextlib.asynccontextmanager
+async def loop_lag() -> AsyncIterator[LoopLag]:
+    """A `LoopLag` measuring while the block runs."""
+    lag = LoopLag()
+    task = asyncio.create_task(lag._tick())
+    try:
+        yield lag
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
