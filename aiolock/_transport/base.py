@@ -48,6 +48,7 @@ except ImportError:  # pragma: no cover - hiredis is a dependency, but may be mi
 
 __all__ = (
     "DRAIN_ABOVE",
+    "PACKS",
     "Call",
     "Command",
     "CommandTransport",
@@ -71,6 +72,10 @@ Call = tuple[Sequence[str], Sequence[str | int]]
 Sent = Callable[[], None] | None
 """Called once the command has been written (on the direct and Sentinel paths; through
 `execute_command`, just before redis-py is handed it)."""
+
+
+PACKS: Final = hiredis is not None
+"""Whether hiredis is there to pack commands (`pack`), as sending directly requires."""
 
 
 def pack(command: Command) -> bytes:

@@ -12,6 +12,7 @@ import redis.asyncio
 import redis.exceptions
 
 from .base import (
+    PACKS,
     Command,
     Sent,
     Transport,
@@ -25,11 +26,6 @@ from .clients import ClientLibrary
 from .shared_connection import GiveBack
 from .sharing import Sharing
 from .write_batch import WriteBatch
-
-try:
-    import hiredis
-except ImportError:  # pragma: no cover - hiredis is a dependency, but may be missing
-    hiredis = None  # type: ignore[assignment]
 
 __all__ = ("DirectTransport", "direct_connections", "exchange", "sends_directly")
 
@@ -56,7 +52,7 @@ def direct_connections(
     """Whether aiolock may send on connections of `connection_class` made with `kwargs`
     itself (see `sends_directly`)."""
     return (
-        hiredis is not None
+        PACKS
         and connection_class in library.direct
         and str(kwargs.get("encoding", "utf-8")).lower().replace("_", "-") in ("utf-8", "utf8")
         and kwargs.get("encoding_errors", "strict") == "strict"

@@ -74,8 +74,8 @@ _OWN_READS: dict[type[Any], bool] = {}
 """Whether each connection class reads as redis-py does (`_reads_as_redis_py`)."""
 
 
-async def next_reply(connection: Any, parser: Any) -> Any:
-    """The next reply read on `connection` (its redis-py hiredis `parser`), an error reply
+async def next_reply(parser: Any) -> Any:
+    """The next reply read by a connection's redis-py hiredis `parser`, an error reply
     returned, not raised; a closed connection, or a connection-level error reply (LOADING,
     say: redis-py's parser makes those `ConnectionError`s), raised as `ConnectionError`;
     a socket's error raised as it is. A RESP3 push notification before the reply goes to
@@ -113,7 +113,7 @@ async def _read(connection: Any, parser: Any) -> Any:
     timeout (the parser's reader and stream are looked up each time: a connection makes
     new ones each time it connects)."""
     try:
-        reply = await next_reply(connection, parser)
+        reply = await next_reply(parser)
     except OSError as exc:
         await connection.disconnect(nowait=True)
         raise RedisConnectionError(

@@ -165,7 +165,7 @@ class SharedConnection:
         broken connection raised as `ConnectionError`."""
         connection = self._connection
         try:
-            reply = await next_reply(connection, connection._parser)
+            reply = await next_reply(connection._parser)
         except OSError as exc:
             raise RedisConnectionError(
                 f"Error while reading from {connection._host_error()} : {exc.args}"
