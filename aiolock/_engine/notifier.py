@@ -49,7 +49,7 @@ import secrets
 from typing import TYPE_CHECKING, Any, Final
 
 from .._aio.backoff import Backoff
-from .._transport.pubsub import Inbox
+from .._transport.pubsub import Inbox, PubSubSession
 from .._transport.quorum import QuorumBackend
 from ..errors import BackendError
 from .wait_queue import Waiter, WaitQueue
@@ -410,17 +410,20 @@ class Notifier:
             self._task = self._backend.loop.create_task(self._listen(), name="aiolock-notifier")
 
     def _new_pubsub(self) -> PubSub:
-        """The backend's pub/sub; one made of node sessions (an `Inbox`) hands its
-        messages to `_delivered` as they are read."""
+        """The backend's pub/sub, which hands its messages to `_delivered` as they are read:
+        aiolock's own session (`PubSubSession`), or one made of node sessions (an `Inbox`)."""
         pubsub = self._backend.new_pubsub()
+        if isinstance(pubsub, PubSubSession):
+            pubsub.deliver = self._delivered
         inbox = getattr(pubsub, "inbox", None)
         if isinstance(inbox, Inbox):
             inbox.deliver = self._delivered
         return pubsub
 
     def _delivered(self, message: dict[str, Any]) -> None:
-        """A message handed over by a node session as it was read: heard, and dispatched
-        (in the session's task) as if the listener had read it."""
+        """A message handed over as it was read (by aiolock's session, in the event loop's
+        callback that received it; by a node session, in its task): heard, and dispatched
+        as if the listener had read it."""
         health = self._health
         if health is not None:
             health.heard, health.pinged = self._backend.loop.time(), None
@@ -564,6 +567,8 @@ class Notifier:
     async def _reset_pubsub(self, *, replace: bool) -> None:
         """Close the pub/sub connection; every subscription must be made again."""
         pubsub = self._pubsub
+        if isinstance(pubsub, PubSubSession):
+            pubsub.deliver = None  # (what it still reads is not this notifier's)
         self._pubsub = self._new_pubsub() if replace else None
         self._subscribed = {}
         for queue in self._queues.values():

@@ -1,7 +1,8 @@
 """What the client makes per operation, counted exactly: a grant from another process's
 release is taken with one future of the grantee's own (what it waits for: the renewal to
 the full ttl written, or its answer where writes cannot be seen), not one for each; the
-listener reads it without a pass over lingering channels when none lingers; and no cycle
+listener reads it without a pass over lingering channels when none lingers, and takes no
+turn at all for it (the message is dispatched as it arrives); and no cycle
 of a lock, semaphore or read-write lock leaves an object to the garbage collector."""
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from aiolock._engine.lease_issuing import LeaseIssuing
 from aiolock._engine.notifier import Notifier
 from aiolock._engine.runtime import runtime_for
 
+from ..support.waits import within
 from .test_stalls import pair, queued
 from .test_sync import sync_client
 
@@ -100,6 +102,44 @@ async def test_the_listener_reads_a_grant_without_an_idle_channel_pass(
     await lease.release()
     assert runtime_for(b).notifier.messages_received > heard, "the grant came as a message"
     assert passes == 0
+
+
+async def test_a_grant_wakes_its_waiter_with_no_turn_of_the_listener(
+    pair: tuple[redis.asyncio.Redis, redis.asyncio.Redis, Any],
+    name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The release's message is dispatched in the event loop's callback that received it
+    (`_transport.pubsub`): the listener's task, waiting for whatever else may come, takes
+    no turn between the release and the waiter's lease."""
+    a, b, _ = pair
+    reads = 0
+    next_message = Notifier._next_message
+
+    async def counted(self: Notifier, health: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        return await next_message(self, health)
+
+    holder = await Lock(a, name, ttl=30).acquire()
+    lock = Lock(b, name, ttl=30)
+    waiting = asyncio.create_task(lock.acquire())
+    await queued(a, name, waiter=b)
+    notifier = runtime_for(b).notifier
+    queue = notifier.queue_for(lock._channel)
+    assert queue is not None
+    await within(queue.subscribed.wait(), what="the waiter's channel subscribed")
+    for _ in range(3):  # (the listener goes back to its read)
+        await asyncio.sleep(0)
+    monkeypatch.setattr(Notifier, "_next_message", counted)
+    heard = notifier.messages_received
+    await holder.release()
+    lease = await within(waiting, what="the grant taken")
+    turns = reads
+    monkeypatch.undo()
+    await lease.release()
+    assert notifier.messages_received > heard, "the grant came as a message"
+    assert turns == 0
 
 
 PER_CYCLE = frozenset(
