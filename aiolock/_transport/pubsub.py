@@ -174,6 +174,9 @@ class _Tap:
             return None
         data = bytes(held)
         held.clear()
+        resume = getattr(stream, "_maybe_resume_transport", None)
+        if resume is not None:  # (a stream that held too much paused its transport)
+            resume()
         tap._fed(data)  # (and the frames the reader already holds)
         eof, failed = stream.feed_eof, stream.set_exception
 
