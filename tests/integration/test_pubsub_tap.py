@@ -148,10 +148,11 @@ async def test_an_error_of_deliver_is_raised_by_the_next_read(
             raise RuntimeError("the dispatch failed")
 
         session.deliver = fails
+        connection: Any = session.connection
         assert await publisher.publish(name, "released") == 1
         with pytest.raises(RuntimeError, match="the dispatch failed"):
             await within(session.get_message(timeout=5), what="the error")
-        assert session.connection is not None and not session.connection.is_connected
+        assert not connection.is_connected
 
 
 async def test_the_connection_closed_by_the_server_is_raised_by_the_next_read(
