@@ -3,6 +3,7 @@ Redis, raw, beside aiolock's own hand-off of one lock, all in one run.
 
     python benchmarks/floor.py                        # a throwaway server; about 30 s
     python benchmarks/floor.py --rounds 200 --url redis://127.0.0.1:PORT
+    python benchmarks/floor.py --variants pubsub-asyncio-confirmed,aiolock   # and the floor
 
 Run by `benchmarks/run.py` as the scenario `handoff-floor` (through `bench.py`), so that
 its figures come from the same run, server and interpreter as every other scenario's.
@@ -473,15 +474,19 @@ async def measure_variant(
     return gaps(mine, theirs, variant), told
 
 
-async def measure(url: str, rounds: int, warm: int = 0) -> dict[str, Any]:
-    """Every variant, one after another with one peer: p50/p99 per hand-off (µs), how
-    many hand-offs were timed, and each p50 and p99 over the floor's p50. The first `warm`
-    rounds of each variant are not timed (default: a tenth, at least 5)."""
+async def measure(
+    url: str, rounds: int, warm: int = 0, variants: tuple[str, ...] = VARIANTS
+) -> dict[str, Any]:
+    """Each of `variants` (the floor's always), one after another with one peer: p50/p99
+    per hand-off (µs), how many hand-offs were timed, and each p50 and p99 over the floor's
+    p50. The first `warm` rounds of each variant are not timed (default: a tenth, at least
+    5)."""
     warm = warm or max(rounds // 10, 5)
+    variants = (FLOOR, *(v for v in variants if v != FLOOR))
     peer = Peer(url)
     out: dict[str, Any] = {}
     try:
-        for variant in VARIANTS:
+        for variant in variants:
             made, told = await measure_variant(peer, variant, url, rounds + warm)
             timed = made[min(2 * warm, len(made) // 2) :]
             if not timed:
@@ -497,7 +502,7 @@ async def measure(url: str, rounds: int, warm: int = 0) -> dict[str, Any]:
     finally:
         peer.close()
     floor = out[f"{FLOOR.replace('-', '_')}_p50_us"]
-    for variant in VARIANTS:
+    for variant in variants:
         label = variant.replace("-", "_")
         out[f"{label}_p50_x"] = out[f"{label}_p50_us"] / floor
         out[f"{label}_p99_x"] = out[f"{label}_p99_us"] / floor
@@ -511,6 +516,8 @@ def table(results: dict[str, Any]) -> str:
     ]
     for variant in VARIANTS:
         label = variant.replace("-", "_")
+        if label + "_p50_us" not in results:
+            continue
         lines.append(
             f"| {variant} | {results[label + '_p50_us']:.0f} | {results[label + '_p99_us']:.0f} "
             f"| {results[label + '_p50_x']:.2f} | {results[label + '_p99_x']:.2f} "
@@ -548,13 +555,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2000, help="hand-offs timed each way")
     parser.add_argument("--url", default="", help="use this server instead of starting one")
     parser.add_argument("--json", action="store_true", help="print JSON, not a table")
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"comma-separated subset (the floor, {FLOOR}, always runs)",
+    )
     parser.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.peer:
         asyncio.run(peer_main(args.url))
         return
     with server_url(args.url) as url:
-        results = asyncio.run(measure(url, args.rounds))
+        chosen = tuple(v for v in args.variants.split(",") if v)
+        unknown = sorted(set(chosen) - set(VARIANTS))
+        if unknown:
+            parser.error(f"--variants: unknown {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
+        results = asyncio.run(measure(url, args.rounds, variants=chosen))
     print(json.dumps(results, indent=1) if args.json else table(results))
 
 
