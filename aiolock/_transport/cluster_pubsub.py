@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -45,7 +46,7 @@ from redis.crc import key_slot
 
 from .._aio.backoff import Backoff
 from .clients import Errors
-from .pubsub import Inbox
+from .pubsub import Inbox, PubSubSession
 
 if TYPE_CHECKING:
     from redis.asyncio.client import PubSub
@@ -98,11 +99,13 @@ class Placement:
 class _Session:
     """The session on one node (or the classic one), run by a task of its own."""
 
-    __slots__ = ("address", "pubsub", "sent", "task", "up", "wanted")
+    __slots__ = ("address", "heard", "pinged", "pubsub", "sent", "task", "up", "wanted")
 
     def __init__(self, address: str) -> None:
         self.address = address
         self.pubsub: PubSub | None = None
+        self.heard = 0.0  # when its connection last said anything (loop time)
+        self.pinged: float | None = None  # when a PING unanswered yet was sent
         self.wanted: set[str] = set()  # the channels this session is to hold
         self.sent: set[str] = set()  # those subscribed on its current connection
         self.up = False
@@ -280,6 +283,8 @@ class ShardedPubSub:
         no channel left."""
         loop = asyncio.get_running_loop()
         pubsub = session.pubsub = self._open(None if session.classic else session.address)
+        if isinstance(pubsub, PubSubSession):  # (its messages handed over as they arrive)
+            pubsub.deliver = functools.partial(self._delivered, session)
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT):
                 wanted = set(session.wanted)
@@ -287,31 +292,39 @@ class ShardedPubSub:
                     await self._write(session, pubsub, "subscribe", wanted)
             session.sent, session.up = wanted, True
             backoff.reset()
-            heard, pinged = loop.time(), None
+            session.heard, session.pinged = loop.time(), None
             while session.wanted:
                 missing = session.wanted - session.sent
                 if missing:  # wanted while this session was connecting
                     await self._send(session, "subscribe", *missing)
                 now = loop.time()
-                if pinged is not None and now - pinged >= self._every:
+                if session.pinged is not None and now - session.pinged >= self._every:
                     self._placement.silent += 1
                     raise TimeoutError(f"no answer to a PING within {self._every:g}s")
-                if pinged is None and now - heard >= self._every:
-                    pinged = now
+                if session.pinged is None and now - session.heard >= self._every:
+                    session.pinged = now
                     await self._send(session, "ping")
                 try:
                     message = await pubsub.get_message(timeout=self._every / 2)
                 except Errors.response as exc:
-                    heard, pinged = loop.time(), None
+                    session.heard, session.pinged = loop.time(), None
                     await self._refused(session, exc)
                     continue
                 if message is not None:
-                    heard, pinged = loop.time(), None
+                    session.heard, session.pinged = loop.time(), None
                     await self._forward(session, message)
         finally:
             session.up, session.pubsub = False, None
             with contextlib.suppress(Exception):
                 await asyncio.shield(pubsub.aclose())
+
+    def _delivered(self, session: _Session, message: dict[str, Any]) -> None:
+        """A message of `session`'s connection, handed over as it arrived (in the event
+        loop's callback that received it): heard, and forwarded as `_forward` would."""
+        session.heard, session.pinged = asyncio.get_running_loop().time(), None
+        channel = _text(message.get("channel"))
+        if channel in session.wanted:  # (else unsubscribed meanwhile, or moved elsewhere)
+            self.inbox.put({"type": "message", "channel": channel, "data": message["data"]})
 
     async def _forward(self, session: _Session, message: dict[str, Any]) -> None:
         kind = message.get("type")

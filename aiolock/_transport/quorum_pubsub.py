@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from .._aio.backoff import Backoff
-from .pubsub import Inbox
+from .pubsub import Inbox, PubSubSession
 
 if TYPE_CHECKING:
     from redis.asyncio.client import PubSub
@@ -51,12 +52,24 @@ FORWARDED: Final = frozenset({"message", "pong"})
 class _Node:
     """The session on one node, run by a task of its own."""
 
-    __slots__ = ("backend", "every", "index", "pubsub", "subscribed", "task", "up")
+    __slots__ = (
+        "backend",
+        "every",
+        "heard",
+        "index",
+        "pinged",
+        "pubsub",
+        "subscribed",
+        "task",
+        "up",
+    )
 
     def __init__(self, index: int, backend: Backend, every: float) -> None:
         self.index = index  # its place among the quorum's nodes
         self.backend = backend
         self.every = every
+        self.heard = 0.0  # when its connection last said anything (loop time)
+        self.pinged: float | None = None  # when a PING unanswered yet was sent
         self.pubsub: PubSub | None = None
         self.subscribed: set[str] = set()
         self.up = False  # connected, and subscribed to what was wanted when it connected
@@ -157,30 +170,39 @@ class QuorumPubSub:
             return len(nodes) == self._quorum
         return False
 
+    def _delivered(self, node: _Node, message: dict[str, Any]) -> None:
+        """A message of `node`'s connection, handed over as it arrived (in the event loop's
+        callback that received it): heard, and forwarded with the node's index."""
+        node.heard, node.pinged = asyncio.get_running_loop().time(), None
+        message["node"] = node.index  # each node announces a release
+        self.inbox.put(message)
+
     async def _session(self, node: _Node, backoff: Backoff) -> None:
         """Connect, subscribe, and read the node's messages until its session fails."""
         loop = asyncio.get_running_loop()
         pubsub = node.pubsub = node.backend.new_pubsub()
+        if isinstance(pubsub, PubSubSession):  # (its messages handed over as they arrive)
+            pubsub.deliver = functools.partial(self._delivered, node)
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT):
                 wanted = set(self._channels)
                 await pubsub.subscribe(*wanted)
             node.subscribed, node.up = wanted, True
             backoff.reset()
-            heard, pinged = loop.time(), None
+            node.heard, node.pinged = loop.time(), None
             while True:
                 missing = self._channels - node.subscribed
                 if missing:  # wanted while this session was connecting
                     await node.send("subscribe", *missing)
                 now = loop.time()
-                if pinged is not None and now - pinged >= node.every:
+                if node.pinged is not None and now - node.pinged >= node.every:
                     raise TimeoutError(f"no answer to a PING within {node.every:g}s")
-                if pinged is None and now - heard >= node.every:
-                    pinged = now
+                if node.pinged is None and now - node.heard >= node.every:
+                    node.pinged = now
                     await node.send("ping")
                 message = await pubsub.get_message(timeout=node.every / 2)
                 if message is not None:
-                    heard, pinged = loop.time(), None
+                    node.heard, node.pinged = loop.time(), None
                     if self._forwarded(node, message):
                         message["node"] = node.index  # each node announces a release
                         self.inbox.put(message)
