@@ -1,9 +1,9 @@
 """What the client makes per operation, counted exactly: a grant from another process's
 release is taken with one future of the grantee's own (what it waits for: the renewal to
 the full ttl written, or its answer where writes cannot be seen), not one for each; the
-listener reads it without a pass over lingering channels when none lingers, and takes no
-turn at all for it (the message is dispatched as it arrives); and no cycle
-of a lock, semaphore or read-write lock leaves an object to the garbage collector."""
+listener makes no pass over lingering channels for it when none lingers, and reads nothing
+for it at all (the message is dispatched as it arrives); and no cycle of a lock, semaphore
+or read-write lock leaves an object to the garbage collector."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from aiolock._engine.lease_issuing import LeaseIssuing
 from aiolock._engine.notifier import Notifier
 from aiolock._engine.runtime import runtime_for
 
+from ..support.recorded import dispatched_in
 from ..support.waits import within
 from .test_stalls import pair, queued
 from .test_sync import sync_client
@@ -110,17 +111,9 @@ async def test_a_grant_wakes_its_waiter_with_no_turn_of_the_listener(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The release's message is dispatched in the event loop's callback that received it
-    (`_transport.pubsub`): the listener's task, waiting for whatever else may come, takes
-    no turn between the release and the waiter's lease."""
+    (`_transport.pubsub`), in no task: not in the listener's, which would have to take its
+    turn first (and set up its next read) before the waiter could run."""
     a, b, _ = pair
-    reads = 0
-    next_message = Notifier._next_message
-
-    async def counted(self: Notifier, health: Any) -> Any:
-        nonlocal reads
-        reads += 1
-        return await next_message(self, health)
-
     holder = await Lock(a, name, ttl=30).acquire()
     lock = Lock(b, name, ttl=30)
     waiting = asyncio.create_task(lock.acquire())
@@ -129,17 +122,14 @@ async def test_a_grant_wakes_its_waiter_with_no_turn_of_the_listener(
     queue = notifier.queue_for(lock._channel)
     assert queue is not None
     await within(queue.subscribed.wait(), what="the waiter's channel subscribed")
-    for _ in range(3):  # (the listener goes back to its read)
-        await asyncio.sleep(0)
-    monkeypatch.setattr(Notifier, "_next_message", counted)
+    dispatched = dispatched_in(monkeypatch)
     heard = notifier.messages_received
     await holder.release()
     lease = await within(waiting, what="the grant taken")
-    turns = reads
     monkeypatch.undo()
     await lease.release()
     assert notifier.messages_received > heard, "the grant came as a message"
-    assert turns == 0
+    assert {task for kind, task in dispatched if kind == "message"} == {""}, dispatched
 
 
 PER_CYCLE = frozenset(
