@@ -44,11 +44,12 @@ class Delivered:
 
 @contextlib.asynccontextmanager
 async def tapped(
-    url: str, protocol: int, channel: str
+    url: str, protocol: int, channel: str, *, confirmed: bool = True
 ) -> AsyncIterator[tuple[PubSubSession, Delivered, redis.asyncio.Redis]]:
-    """A session subscribed to `channel`, its confirmation read (the tap is on), with a
-    `Delivered` as its `deliver`; and a client to publish with. Skipped where the
-    connection is not read straight from hiredis."""
+    """A session subscribed to `channel`, its confirmation read (the tap is on; not if
+    `confirmed` is False: nothing read yet), with a `Delivered` as its `deliver`; and a
+    client to publish with. Skipped where the connection is not read straight from
+    hiredis."""
     client = make_client(url, protocol=protocol)
     publisher = make_client(url)
     session = PubSubSession(connection_pool=client.connection_pool)
@@ -58,8 +59,9 @@ async def tapped(
         await session.subscribe(channel)
         if direct_reader(session.connection) is None:
             pytest.skip("this redis-py reads this protocol its own way")
-        confirmed = await within(session.get_message(timeout=5), what="the confirmation")
-        assert confirmed is not None and confirmed["type"] == "subscribe"
+        if confirmed:
+            answer = await within(session.get_message(timeout=5), what="the confirmation")
+            assert answer is not None and answer["type"] == "subscribe"
         yield session, delivered, publisher
     finally:
         await session.aclose()
@@ -108,15 +110,8 @@ async def test_a_message_after_something_unread_is_read_in_its_order(
 async def test_what_came_before_the_tap_is_read_first_and_once(
     server_url: str, name: str, protocol: int
 ) -> None:
-    client = make_client(server_url, protocol=protocol)
-    publisher = make_client(server_url)
-    session = PubSubSession(connection_pool=client.connection_pool)
-    delivered = Delivered()
-    session.deliver = delivered
-    try:
-        await session.subscribe(name)
-        if direct_reader(session.connection) is None:
-            pytest.skip("this redis-py reads this protocol its own way")
+    async with tapped(server_url, protocol, name, confirmed=False) as tap:
+        session, delivered, publisher = tap
         # The confirmation and a message, both sent before anything was read.
         assert await publisher.publish(name, "early") == 1
         read: list[dict[str, Any]] = []
@@ -133,10 +128,6 @@ async def test_what_came_before_the_tap_is_read_first_and_once(
         messages = [m["data"] for m in read if m["type"] == "message"]
         messages += [m["data"] for m in delivered.messages]
         assert messages == [b"early"]
-    finally:
-        await session.aclose()
-        await publisher.aclose()
-        await client.aclose()
 
 
 async def test_an_error_of_deliver_is_raised_by_the_next_read(
