@@ -322,7 +322,11 @@ class ShardedPubSub:
         """A message of `session`'s connection, handed over as it arrived (in the event
         loop's callback that received it): heard, and forwarded as `_forward` would."""
         session.heard, session.pinged = asyncio.get_running_loop().time(), None
-        channel = _text(message.get("channel"))
+        self._forward_message(session, _text(message.get("channel")), message)
+
+    def _forward_message(self, session: _Session, channel: str, message: dict[str, Any]) -> None:
+        """A plain or shard channel's message, to the notifier as a plain one, if `session`
+        still holds its channel."""
         if channel in session.wanted:  # (else unsubscribed meanwhile, or moved elsewhere)
             self.inbox.put({"type": "message", "channel": channel, "data": message["data"]})
 
@@ -332,10 +336,10 @@ class ShardedPubSub:
             self.inbox.put(message)
             return
         channel = _text(message.get("channel"))
-        if channel not in session.wanted:
-            return  # unsubscribed meanwhile, or moved to another session
         if kind in ("smessage", "message"):
-            self.inbox.put({"type": "message", "channel": channel, "data": message["data"]})
+            self._forward_message(session, channel, message)
+        elif channel not in session.wanted:
+            return  # unsubscribed meanwhile, or moved to another session
         elif kind in ("ssubscribe", "subscribe"):
             self.inbox.put({"type": "subscribe", "channel": channel, "data": None})
         elif kind == "sunsubscribe":
