@@ -421,9 +421,8 @@ class Notifier:
         return pubsub
 
     def _delivered(self, message: dict[str, Any]) -> None:
-        """A message handed over as it was read (by aiolock's session, in the event loop's
-        callback that received it; by a node session, in its task): heard, and dispatched
-        as if the listener had read it."""
+        """A message handed over as it arrived (in the event loop's callback that received
+        it, or a node session's task): heard, and dispatched as if the listener had read it."""
         health = self._health
         if health is not None:
             health.heard, health.pinged = self._backend.loop.time(), None
@@ -567,8 +566,6 @@ class Notifier:
     async def _reset_pubsub(self, *, replace: bool) -> None:
         """Close the pub/sub connection; every subscription must be made again."""
         pubsub = self._pubsub
-        if isinstance(pubsub, PubSubSession):
-            pubsub.deliver = None  # (what it still reads is not this notifier's)
         self._pubsub = self._new_pubsub() if replace else None
         self._subscribed = {}
         for queue in self._queues.values():

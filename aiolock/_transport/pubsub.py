@@ -75,6 +75,11 @@ class PubSubSession(PubSub):
     deliver: Deliver | None = None
     _tap: _Tap | None = None
 
+    async def aclose(self) -> None:
+        """Close the session; nothing it still reads goes to `deliver` any more."""
+        self.deliver = None
+        await super().aclose()
+
     def _handlers(self, kind: str) -> Mapping[Any, Any]:
         # (redis-py 5.0's asyncio PubSub keeps no shard channels)
         return self.channels if kind == "message" else getattr(self, "shard_channels", _NONE)
