@@ -172,11 +172,11 @@ class _Tap:
     def on(cls, connection: Any, session: PubSubSession) -> _Tap | None:
         """A tap on `connection` (None if its stream is not asyncio's): what its stream
         already holds is read first."""
-        tap = cls(connection, session)
-        stream: Any = tap._stream
+        stream: Any = connection._parser._stream
         held = getattr(stream, "_buffer", None)  # (bytes received, not yet parsed)
         if not isinstance(stream, asyncio.StreamReader) or not isinstance(held, bytearray):
             return None
+        tap = cls(connection, session)
         data = bytes(held)
         held.clear()
         resume = getattr(stream, "_maybe_resume_transport", None)

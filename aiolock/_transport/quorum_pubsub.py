@@ -174,6 +174,9 @@ class QuorumPubSub:
         """A message of `node`'s connection, handed over as it arrived (in the event loop's
         callback that received it): heard, and forwarded with the node's index."""
         node.heard, node.pinged = asyncio.get_running_loop().time(), None
+        self._forward(node, message)
+
+    def _forward(self, node: _Node, message: dict[str, Any]) -> None:
         message["node"] = node.index  # each node announces a release
         self.inbox.put(message)
 
@@ -204,8 +207,7 @@ class QuorumPubSub:
                 if message is not None:
                     node.heard, node.pinged = loop.time(), None
                     if self._forwarded(node, message):
-                        message["node"] = node.index  # each node announces a release
-                        self.inbox.put(message)
+                        self._forward(node, message)
         finally:
             node.up, node.pubsub = False, None
             with contextlib.suppress(Exception):
